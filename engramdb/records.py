@@ -1,0 +1,308 @@
+"""The data model: memory nodes, typed edges, and the zettel-compress result types.
+
+Everything here is plain data with validation; nothing touches a file. ``codec.py``
+turns these into bytes, ``compress/`` produces :class:`CompressResult`, ``aaak.py``
+writes and reads all of them as text.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import ValidationError
+
+__all__ = [
+    "TIERS",
+    "ALL_FLAGS",
+    "ALL_EMOTIONS",
+    "EDGE_KINDS",
+    "Node",
+    "Edge",
+    "Zettel",
+    "Tunnel",
+    "EntityIndex",
+    "CompressResult",
+    "new_id",
+    "now_ts",
+]
+
+TIERS = ("hot", "warm", "cold", "archive")
+ALL_FLAGS = ("DECISION", "ORIGIN", "CORE", "PIVOT", "GENESIS", "TECHNICAL")
+ALL_EMOTIONS = (
+    "conviction", "grief", "joy", "fear", "hope", "trust", "wonder", "rage",
+    "exhaustion", "shame", "pride", "nostalgia", "anxiety", "relief", "anticipation",
+    "frustration", "gratitude", "loneliness", "inspiration", "confusion", "clarity",
+    "guilt", "awe", "regret", "determination", "vulnerability", "acceptance",
+    "resistance", "love", "loss",
+)
+EDGE_KINDS = (
+    "tunnel", "related", "supersedes", "contradicts", "derived_from",
+    # procedural-graph relations
+    "precedes", "requires", "part_of",
+)
+
+MAX_ID_BYTES = 1024
+MAX_CONTENT_BYTES = 16 * 1024 * 1024
+
+
+def new_id() -> str:
+    """A random id (uuid4 hex). Random, not time-ordered: ids must not leak creation time."""
+    return uuid.uuid4().hex
+
+
+def now_ts(now: float | None = None) -> float:
+    """The injected clock: ``now`` when given, else the wall clock."""
+    return time.time() if now is None else float(now)
+
+
+def _str_list(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ValidationError(f"{name} must be a list of strings, not a string")
+    out = tuple(value or ())
+    for item in out:
+        if not isinstance(item, str):
+            raise ValidationError(f"{name} must contain only strings, got {type(item).__name__}")
+    return out
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValidationError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _opt_int(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(f"{name} must be a non-negative integer or None")
+    return value
+
+
+def _check_metadata(value: Any, depth: int = 0) -> None:
+    """Metadata is JSON-like: str keys; str/int/float/bool/None/list/dict values."""
+    if depth > 32:
+        raise ValidationError("metadata nests too deeply (more than 32 levels)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValidationError("metadata keys must be strings")
+            _check_metadata(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_metadata(v, depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError("metadata floats must be finite")
+    elif value is None or isinstance(value, (str, int, bool, bytes)):
+        return
+    else:
+        raise ValidationError(f"metadata values must be JSON-like, got {type(value).__name__}")
+
+
+def _freeze_vector(name: str, value: Any) -> tuple[float, ...]:
+    arr = np.asarray(value, dtype=np.float32)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValidationError(f"embedding {name!r} must be a non-empty 1-D vector")
+    if not np.all(np.isfinite(arr)):
+        raise ValidationError(f"embedding {name!r} contains NaN or infinity")
+    return tuple(float(x) for x in arr)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One memory. See spec/file-format.md for the field rules.
+
+    ``embeddings`` maps a space name to a float32 vector (kept as a tuple of floats
+    that are exactly representable in float32, so equality and round trips are exact).
+    """
+
+    id: str
+    content: str = ""
+    entities: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()
+    quote: str = ""
+    weight: float = 0.0
+    flags: tuple[str, ...] = ()
+    emotions: tuple[str, ...] = ()
+    source_start: int | None = None
+    source_end: int | None = None
+    resolved_date: str | None = None
+    tier: str = "hot"
+    importance: float = 0.5
+    created_at: float = 0.0
+    last_accessed: float = 0.0
+    access_count: int = 0
+    pinned: bool = False
+    tags: tuple[str, ...] = ()
+    source: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    embeddings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.id, str) or not self.id:
+            raise ValidationError("id must be a non-empty string")
+        if len(self.id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+            raise ValidationError(f"id is longer than {MAX_ID_BYTES} bytes")
+        for name in ("content", "quote", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValidationError(f"{name} must be a string")
+        if len(self.content) > MAX_CONTENT_BYTES:
+            raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
+        for name in ("entities", "topics", "tags"):
+            set_(self, name, _str_list(name, getattr(self, name)))
+        flags = _str_list("flags", self.flags)
+        for flag in flags:
+            if flag not in ALL_FLAGS:
+                raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
+        set_(self, "flags", flags)
+        emotions = _str_list("emotions", self.emotions)
+        for emotion in emotions:
+            if emotion not in ALL_EMOTIONS:
+                raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
+        set_(self, "emotions", emotions)
+        set_(self, "weight", _finite("weight", self.weight))
+        set_(self, "importance", _finite("importance", self.importance))
+        set_(self, "created_at", _finite("created_at", self.created_at))
+        set_(self, "last_accessed", _finite("last_accessed", self.last_accessed))
+        set_(self, "source_start", _opt_int("source_start", self.source_start))
+        set_(self, "source_end", _opt_int("source_end", self.source_end))
+        if self.resolved_date is not None and not isinstance(self.resolved_date, str):
+            raise ValidationError("resolved_date must be an ISO date string or None")
+        if self.tier not in TIERS:
+            raise ValidationError(f"tier must be one of {', '.join(TIERS)}, got {self.tier!r}")
+        if isinstance(self.access_count, bool) or not isinstance(self.access_count, int) or self.access_count < 0:
+            raise ValidationError("access_count must be a non-negative integer")
+        if not isinstance(self.pinned, bool):
+            raise ValidationError("pinned must be a bool")
+        if not isinstance(self.metadata, Mapping):
+            raise ValidationError("metadata must be a mapping")
+        _check_metadata(dict(self.metadata))
+        set_(self, "metadata", dict(self.metadata))
+        if not isinstance(self.embeddings, Mapping):
+            raise ValidationError("embeddings must map a space name to a vector")
+        emb = {}
+        for space, vec in self.embeddings.items():
+            if not isinstance(space, str) or not space:
+                raise ValidationError("embedding space names must be non-empty strings")
+            emb[space] = _freeze_vector(space, vec)
+        set_(self, "embeddings", emb)
+
+    def replace(self, **changes: Any) -> "Node":
+        """A copy with ``changes`` applied (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (lists, dicts), for JSON output."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif f.name == "embeddings":
+                value = {k: list(v) for k, v in value.items()}
+            elif f.name == "metadata":
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Node":
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ValidationError`."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValidationError(f"unknown node fields: {', '.join(sorted(unknown))}")
+        return cls(**dict(data))
+
+
+NODE_FIELDS = tuple(f.name for f in fields(Node))
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A typed, directed edge between two memory ids."""
+
+    src: str
+    dst: str
+    kind: str = "related"
+    weight: float = 1.0
+    label: str = ""
+    created_at: float = 0.0
+    valid_from: float | None = None
+    valid_to: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("src", "dst"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValidationError(f"edge {name} must be a non-empty id string")
+        if self.kind not in EDGE_KINDS:
+            raise ValidationError(f"edge kind must be one of {', '.join(EDGE_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.label, str):
+            raise ValidationError("edge label must be a string")
+        object.__setattr__(self, "weight", _finite("weight", self.weight))
+        object.__setattr__(self, "created_at", _finite("created_at", self.created_at))
+        for name in ("valid_from", "valid_to"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _finite(name, value))
+
+
+# --- zettel-compress result types (the pure pipeline's output) -----------------
+
+
+@dataclass
+class Zettel:
+    """One compressed chunk: a note with its entity codes, topics, quote and signals."""
+
+    id: str
+    entities: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    quote: str = ""
+    weight: float = 0.0
+    emotions: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    source_start: int | None = None
+    source_end: int | None = None
+    resolved_date: str | None = None
+
+
+@dataclass
+class Tunnel:
+    """An undirected link between two zettels that share entities or topics."""
+
+    from_id: str
+    to_id: str
+    label: str = ""
+
+
+@dataclass
+class EntityIndex:
+    """Entity names and their short stable codes, both ways."""
+
+    name_to_code: dict[str, str] = field(default_factory=dict)
+    code_to_name: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CompressResult:
+    """What ``compress`` returns and AAAK encodes.
+
+    ``meta`` holds ``input_length``, ``chunk_count``, ``date``, ``title``, ``warnings``
+    and (with ``keep_source``) ``source``: the normalized text the offsets index into.
+    """
+
+    zettels: list[Zettel] = field(default_factory=list)
+    tunnels: list[Tunnel] = field(default_factory=list)
+    entity_index: EntityIndex = field(default_factory=EntityIndex)
+    meta: dict[str, Any] = field(default_factory=dict)
