@@ -12,6 +12,8 @@ __all__ = [
     "StoreError",
     "StorageFullError",
     "AlreadyOpenError",
+    "FileMissingError",
+    "WriteConflictError",
     "ForkError",
     "ReadOnlyError",
     "ClosedError",
@@ -71,6 +73,21 @@ class AlreadyOpenError(StoreError):
     """The file is already open in this process with incompatible options."""
 
     default_hint = "reuse the Engram handle you already have, or close it before opening the file again"
+
+
+class FileMissingError(StoreError, FileNotFoundError):
+    """The .engram file does not exist (and creating it was not asked for)."""
+
+    default_hint = "check the path, or create the file with `engramdb init FILE`"
+
+    def __str__(self) -> str:
+        return EngramError.__str__(self)
+
+
+class WriteConflictError(StoreError):
+    """Another writer committed while this transaction had to be replayed; nothing was written."""
+
+    default_hint = "run the transaction again"
 
 
 class ForkError(StoreError):

@@ -87,25 +87,33 @@ def _opt_int(name: str, value: Any) -> int | None:
     return value
 
 
-def _check_metadata(value: Any, depth: int = 0) -> None:
-    """Metadata is JSON-like: str keys; str/int/float/bool/None/list/dict values."""
+def _normalize_metadata(value: Any, depth: int = 0) -> Any:
+    """A JSON-like copy of ``value``: str keys; str/int/float/bool/None/bytes/list/dict values.
+
+    Tuples become lists so a stored record compares equal to what it decodes to.
+    """
     if depth > 32:
         raise ValidationError("metadata nests too deeply (more than 32 levels)")
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
+        out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValidationError("metadata keys must be strings")
-            _check_metadata(v, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _check_metadata(v, depth + 1)
-    elif isinstance(value, float):
+            out[k] = _normalize_metadata(v, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_normalize_metadata(v, depth + 1) for v in value]
+    if isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError("metadata floats must be finite")
-    elif value is None or isinstance(value, (str, int, bool, bytes)):
-        return
-    else:
-        raise ValidationError(f"metadata values must be JSON-like, got {type(value).__name__}")
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -(2**63) <= value < 2**64:
+            raise ValidationError("metadata integers must fit in 64 bits")
+        return value
+    if value is None or isinstance(value, (str, bool, bytes)):
+        return value
+    raise ValidationError(f"metadata values must be JSON-like, got {type(value).__name__}")
 
 
 def _freeze_vector(name: str, value: Any) -> tuple[float, ...]:
@@ -186,8 +194,7 @@ class Node:
             raise ValidationError("pinned must be a bool")
         if not isinstance(self.metadata, Mapping):
             raise ValidationError("metadata must be a mapping")
-        _check_metadata(dict(self.metadata))
-        set_(self, "metadata", dict(self.metadata))
+        set_(self, "metadata", _normalize_metadata(self.metadata))
         if not isinstance(self.embeddings, Mapping):
             raise ValidationError("embeddings must map a space name to a vector")
         emb = {}

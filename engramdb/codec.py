@@ -1,0 +1,128 @@
+"""Records <-> bytes: versioned msgpack, zstd for large records, size-capped decoding.
+
+A node record is ``codec byte | body``. Codec byte 1 is msgpack; 2 is zstd-compressed
+msgpack (used when the packed record is larger than ``ZSTD_THRESHOLD``, where
+compression pays for itself). The body is a msgpack array whose first element is the
+schema version, so fields can be appended in later versions without breaking old files.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import zstandard
+
+from .errors import CorruptFileError, ValidationError
+from .records import Node
+
+NODE_SCHEMA = 1
+CODEC_MSGPACK = 1
+CODEC_ZSTD = 2
+ZSTD_THRESHOLD = 2048
+# Caps stop a format bug (or a hostile plaintext file) from becoming a memory bomb.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+_U64 = struct.Struct(">Q")
+
+_compressor = zstandard.ZstdCompressor(level=3)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def pack(obj: Any) -> bytes:
+    """Canonical msgpack (bin type for bytes, str for text).
+
+    Raises:
+        ValidationError: the object holds a type msgpack cannot store (or an int beyond 64 bits).
+    """
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"cannot encode value: {exc}") from None
+
+
+def unpack(data: bytes) -> Any:
+    """Size-capped msgpack decoding.
+
+    Raises:
+        CorruptFileError: the bytes are not valid msgpack within the caps.
+    """
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True,
+            max_bin_len=MAX_RECORD_BYTES, max_str_len=MAX_RECORD_BYTES,
+            max_array_len=MAX_RECORD_BYTES // 8, max_map_len=MAX_RECORD_BYTES // 16,
+        )
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as exc:
+        # msgpack raises several unrelated types on bad input
+        raise CorruptFileError(f"a record does not decode: {type(exc).__name__}") from None
+
+
+def u64(n: int) -> bytes:
+    """A docno or counter as an 8-byte big-endian key (sorts numerically)."""
+    return _U64.pack(n)
+
+
+def from_u64(data: bytes) -> int:
+    if len(data) != 8:
+        raise CorruptFileError("an 8-byte number has the wrong length")
+    return _U64.unpack(data)[0]
+
+
+def _vector_bytes(vec: tuple[float, ...]) -> bytes:
+    return np.asarray(vec, dtype="<f4").tobytes()
+
+
+def _vector_from(data: bytes) -> tuple[float, ...]:
+    if not isinstance(data, bytes) or len(data) % 4:
+        raise CorruptFileError("an embedding in a record has a bad length")
+    return tuple(float(x) for x in np.frombuffer(data, dtype="<f4"))
+
+
+def encode_node(node: Node) -> bytes:
+    """Node -> record bytes."""
+    body = pack([
+        NODE_SCHEMA, node.id, node.content, list(node.entities), list(node.topics), node.quote,
+        node.weight, list(node.flags), list(node.emotions), node.source_start, node.source_end,
+        node.resolved_date, node.tier, node.importance, node.created_at, node.last_accessed,
+        node.access_count, node.pinned, list(node.tags), node.source, node.metadata,
+        {space: _vector_bytes(vec) for space, vec in sorted(node.embeddings.items())},
+    ])
+    if len(body) > ZSTD_THRESHOLD:
+        return bytes((CODEC_ZSTD,)) + _compressor.compress(body)
+    return bytes((CODEC_MSGPACK,)) + body
+
+
+def decode_node(data: bytes) -> Node:
+    """Record bytes -> Node.
+
+    Raises:
+        CorruptFileError: unknown codec or schema, bad shape, or fields that fail validation.
+    """
+    if not data:
+        raise CorruptFileError("an empty node record")
+    codec, body = data[0], data[1:]
+    if codec == CODEC_ZSTD:
+        try:
+            body = _decompressor.decompress(body, max_output_size=MAX_RECORD_BYTES)
+        except zstandard.ZstdError:
+            raise CorruptFileError("a compressed node record does not decompress") from None
+    elif codec != CODEC_MSGPACK:
+        raise CorruptFileError(f"unknown record codec {codec}", hint="upgrade engramdb, or restore from a dump")
+    fields = unpack(body)
+    if not isinstance(fields, list) or not fields or fields[0] != NODE_SCHEMA or len(fields) < 22:
+        raise CorruptFileError("a node record has an unknown schema", hint="upgrade engramdb to read this file")
+    try:
+        (_, id_, content, entities, topics, quote, weight, flags, emotions, ss, se, rd, tier, importance,
+         created, accessed, count, pinned, tags, source, metadata, embeddings) = fields[:22]
+        if not isinstance(embeddings, dict):
+            raise ValidationError("embeddings")
+        return Node(
+            id=id_, content=content, entities=entities, topics=topics, quote=quote, weight=weight,
+            flags=flags, emotions=emotions, source_start=ss, source_end=se, resolved_date=rd, tier=tier,
+            importance=importance, created_at=created, last_accessed=accessed, access_count=count,
+            pinned=pinned, tags=tags, source=source, metadata=metadata,
+            embeddings={space: _vector_from(vec) for space, vec in embeddings.items()},
+        )
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise CorruptFileError(f"a node record holds invalid fields: {exc}") from None

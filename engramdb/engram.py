@@ -1,0 +1,730 @@
+"""The Engram facade: open a .engram file, unlock it, and read and write memories.
+
+Composes the layers below: the header and key slots (crypto), record encoding (codec),
+transactions (store) and the derived indexes. No storage logic of its own.
+"""
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping
+
+from . import codec, crypto
+from .errors import (
+    CorruptFileError, DecryptionError, DuplicateIdError, EngramError, ForeignFileError,
+    FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, ValidationError, WrongPassphraseError,
+)
+from .records import Node, new_id, now_ts
+from .store import HEADER_KEYS, TABLES, Store, Txn
+
+__all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
+
+FORMAT_NAME = "engramdb"
+FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer minor opens
+RECOVERY_PREFIX = "ERK1-"
+_NODE_FIELDS = set(Node.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :meth:`Engram.verify`."""
+
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+# --- header and key slots -------------------------------------------------------------
+
+def _slot_aad(header: Mapping[str, Any], slot: Mapping[str, Any]) -> bytes:
+    """The wrap's associated data: everything that must not change without the key noticing."""
+    return codec.pack([crypto.FORMAT_TAG, header["format"], list(header["version"]), header["cipher"],
+                       header["store_id"], slot["kind"], slot.get("label", ""), slot.get("kdf"), slot["salt"]])
+
+
+def _make_slot(header: Mapping[str, Any], dek: bytes, *, passphrase: str | bytes | None = None,
+               raw_key: bytes | None = None, kdf: crypto.KDFParams | None = None, label: str = "") -> dict:
+    salt = os.urandom(16)
+    if passphrase is not None:
+        params = kdf or crypto.KDFParams.default()
+        slot = {"kind": "passphrase", "label": label, "kdf": params.to_dict(), "salt": salt}
+        kek = crypto.derive_kek(passphrase, salt, params)
+    else:
+        slot = {"kind": "key", "label": label, "kdf": None, "salt": salt}
+        kek = crypto.kek_from_raw_key(raw_key, salt)
+    slot["nonce"], slot["wrapped"] = crypto.wrap_key(kek, dek, _slot_aad(header, slot))
+    return slot
+
+
+def _unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_key: bytes | None) -> bytes:
+    kind = "passphrase" if passphrase is not None else "key"
+    slots = [s for s in header.get("slots", ()) if isinstance(s, dict) and s.get("kind") == kind]
+    if not slots:
+        raise WrongPassphraseError(f"this file has no {kind} slot",
+                                   hint="open it with the passphrase" if kind == "key" else None)
+    for slot in slots:
+        try:
+            if kind == "passphrase":
+                kek = crypto.derive_kek(passphrase, slot["salt"], crypto.KDFParams.from_dict(slot["kdf"]))
+            else:
+                kek = crypto.kek_from_raw_key(raw_key, slot["salt"])
+            dek = crypto.unwrap_key(kek, slot["nonce"], slot["wrapped"], _slot_aad(header, slot))
+        except (KeyError, TypeError):
+            raise CorruptFileError("a key slot in the header is malformed") from None
+        if dek is not None:
+            return dek
+    raise WrongPassphraseError("the passphrase does not unlock this file" if kind == "passphrase"
+                               else "the key does not unlock this file")
+
+
+def _parse_raw_key(key: bytes | str) -> bytes:
+    """Accept 32 raw bytes or a recovery key string ``ERK1-XXXX-...``."""
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key)
+    if isinstance(key, str):
+        text = key.strip().upper()
+        if text.startswith(RECOVERY_PREFIX):
+            text = text[len(RECOVERY_PREFIX):]
+        text = text.replace("-", "")
+        try:
+            raw = base64.b32decode(text + "=" * (-len(text) % 8))
+        except ValueError:
+            raise ValidationError("the recovery key is not valid base32",
+                                  hint="copy it exactly as add_recovery_key() printed it") from None
+        return raw
+    raise ValidationError("key must be 32 bytes or a recovery-key string")
+
+
+def _format_recovery_key(raw: bytes) -> str:
+    text = base64.b32encode(raw).decode().rstrip("=")
+    return RECOVERY_PREFIX + "-".join(text[i:i + 4] for i in range(0, len(text), 4))
+
+
+def _read_header(txn: Txn, path: str) -> tuple[dict, bytes, bool]:
+    """(header, its bytes, needs_repair). Prefers the primary copy; falls back to the backup."""
+    primary, backup, digest = (txn.get_header(k) for k in HEADER_KEYS)
+    if primary is None and backup is None:
+        raise ForeignFileError(f"{path} has no engramdb header")
+    chosen = None
+    for candidate in (primary, backup):
+        if candidate is not None and digest is not None and hashlib.sha256(candidate).digest() == digest:
+            chosen = candidate
+            break
+    if chosen is None:
+        raise CorruptFileError(f"the header of {path} is damaged (its checksum does not match)",
+                               hint="restore the header with `engramdb import-key` from an exported key file, "
+                                    "or restore from a dump")
+    try:
+        header = codec.unpack(chosen)
+    except CorruptFileError:
+        raise CorruptFileError(f"the header of {path} does not decode") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise ForeignFileError(f"{path} is not an engramdb file")
+    version = header.get("version")
+    if not (isinstance(version, list) and len(version) == 2 and all(isinstance(v, int) for v in version)):
+        raise CorruptFileError(f"the header of {path} has a malformed version")
+    if version[0] > FORMAT_VERSION[0]:
+        raise FormatVersionError(f"{path} uses format {version[0]}.{version[1]}; this engramdb reads "
+                                 f"{FORMAT_VERSION[0]}.x")
+    return header, chosen, chosen != primary or backup != primary
+
+
+def _write_header(txn: Txn, header: Mapping[str, Any]) -> None:
+    data = codec.pack(dict(header))
+    txn.put_header(b"header", data)
+    txn.put_header(b"header.bak", data)
+    txn.put_header(b"header.sha256", hashlib.sha256(data).digest())
+
+
+# --- the facade ----------------------------------------------------------------------
+
+def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key: bytes | str | None = None,
+         encrypted: bool = True, create: bool = True, readonly: bool = False,
+         kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None) -> "Engram":
+    """Open (or create) a .engram file.
+
+    Args:
+        path: the data file. LMDB keeps its reader table in ``path + "-lock"``.
+        passphrase: unlocks (or, for a new file, protects) an encrypted file.
+        key: a raw 32-byte key (for example from an OS keychain) or a recovery-key string,
+            instead of a passphrase.
+        encrypted: False creates a plaintext file; only ever when asked explicitly.
+        create: create the file when missing.
+        readonly: open without write access (no write lock is ever taken).
+        kdf: argon2id parameters for a new file (default t=3, m=64 MiB, p=4).
+        verify: run LMDB's structural check before mapping the file (always done after an
+            unclean shutdown).
+        map_size: initial map size in bytes (it grows by itself).
+
+    Raises:
+        ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
+        WrongPassphraseError: the passphrase or key does not unlock the file.
+        CorruptFileError, ForeignFileError, FormatVersionError: see their hints.
+    """
+    if passphrase is not None and key is not None:
+        raise ValidationError("pass either passphrase or key, not both")
+    raw_key = _parse_raw_key(key) if key is not None else None
+    if raw_key is not None and len(raw_key) != 32:
+        raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
+    if kdf is not None:
+        kdf.check()
+    store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
+    try:
+        return Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+    except BaseException:
+        store.close()
+        raise
+
+
+class Engram:
+    """An open .engram file. Use as a context manager, or call :meth:`close`.
+
+    Thread-safe for readers; writes are serialized by LMDB's writer lock (one writer
+    across all threads and processes). Do not use a handle after ``fork()``: open the
+    file again in the child.
+    """
+
+    def __init__(self, store: Store, header: dict) -> None:
+        self._store = store
+        self._header = header
+
+    # -- opening -------------------------------------------------------------------------
+    @classmethod
+    def _unlock(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> "Engram":
+        with store.read() as txn:
+            fresh = txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
+                and txn.count("nodes") == 0 and txn.count("meta") == 0
+            if not fresh:
+                header, _, needs_repair = _read_header(txn, store.path)
+        if fresh:
+            if store.readonly:
+                raise ForeignFileError(f"{store.path} has no engramdb header")
+            return cls._initialize(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+        if header.get("encrypted"):
+            if passphrase is None and raw_key is None:
+                raise ModeMismatchError(f"{store.path} is encrypted; a passphrase or key is needed")
+            store.sealer = crypto.Sealer(_unlock(header, passphrase=passphrase, raw_key=raw_key))
+        else:
+            if passphrase is not None or raw_key is not None:
+                raise ModeMismatchError(f"{store.path} is a plaintext file; it takes no passphrase or key",
+                                        hint="open it without a passphrase (encrypted=False)")
+            blind_key = header.get("blind_key")
+            if not isinstance(blind_key, bytes) or len(blind_key) != 32:
+                raise CorruptFileError("the plaintext header lacks its index key")
+            store.sealer = crypto.Sealer(None, plain_blind_key=blind_key)
+        if header.get("cipher") != crypto.CIPHER_ID:
+            raise CorruptFileError(f"unknown cipher {header.get('cipher')!r}")
+        engram = cls(store, header)
+        with store.read() as txn:
+            txn.state  # the sealed state record must open under this key  # noqa: B018
+        if needs_repair and not store.readonly:
+            store.write(lambda t: _write_header(t, header))
+        return engram
+
+    @classmethod
+    def _initialize(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> "Engram":
+        from . import __version__
+
+        header: dict[str, Any] = {
+            "format": FORMAT_NAME, "version": list(FORMAT_VERSION), "created_by": __version__,
+            "encrypted": bool(encrypted), "cipher": crypto.CIPHER_ID, "kdf": crypto.KDF_ID,
+            "store_id": os.urandom(16), "slots": [],
+        }
+        if encrypted:
+            if passphrase is None and raw_key is None:
+                raise ModeMismatchError("a new encrypted file needs a passphrase or key",
+                                        hint="pass passphrase=..., or encrypted=False for a plaintext file")
+            dek = os.urandom(32)
+            header["slots"].append(_make_slot(header, dek, passphrase=passphrase, raw_key=raw_key, kdf=kdf))
+            store.sealer = crypto.Sealer(dek)
+        else:
+            if passphrase is not None or raw_key is not None:
+                raise ModeMismatchError("encrypted=False takes no passphrase or key")
+            header["blind_key"] = os.urandom(32)
+            store.sealer = crypto.Sealer(None, plain_blind_key=header["blind_key"])
+
+        def init(txn: Txn) -> None:
+            _write_header(txn, header)
+            txn.state  # creates the sealed state record on commit  # noqa: B018
+
+        store.write(init)
+        return cls(store, header)
+
+    # -- context management -----------------------------------------------------------
+    def __enter__(self) -> "Engram":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the handle. Safe to call twice."""
+        self._store.close()
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self._header.get("encrypted"))
+
+    @property
+    def readonly(self) -> bool:
+        return self._store.readonly
+
+    # -- records ------------------------------------------------------------------------
+    def _id_key(self, id: str) -> bytes:
+        if not isinstance(id, str) or not id:
+            raise ValidationError("an id must be a non-empty string")
+        return self._store.blind(b"id", id.encode("utf-8", "surrogatepass"))
+
+    @staticmethod
+    def _build(item: Node | str | Mapping[str, Any], fields: Mapping[str, Any], now: float | None) -> Node:
+        if isinstance(item, Node):
+            if fields:
+                item = item.replace(**fields)
+            return item
+        data = dict(item) if isinstance(item, Mapping) else {"content": item}
+        data.update(fields)
+        unknown = set(data) - _NODE_FIELDS
+        if unknown:
+            raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}",
+                                  hint=f"known fields: {', '.join(sorted(_NODE_FIELDS))}")
+        stamp = now_ts(now)
+        data.setdefault("id", new_id())
+        data.setdefault("created_at", stamp)
+        data.setdefault("last_accessed", data["created_at"])
+        return Node(**data)
+
+    def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
+        """Store one memory and return its id.
+
+        ``item`` is the content text, a mapping of node fields, or a :class:`Node`;
+        keyword arguments set further fields (``id``, ``tags``, ``importance``, ...).
+        Timestamps default to ``now`` (injectable for determinism).
+
+        Raises:
+            DuplicateIdError: a memory with that id exists.
+            ValidationError: a field is invalid.
+        """
+        node = self._build(item, fields, now)
+        return self._store.write(lambda txn: Transaction(self, txn).put_new(node))
+
+    def remember(self, text: str, /, *, now: float | None = None, **fields: Any) -> str:
+        """Store ``text`` as a memory; the friendly spelling of :meth:`add`."""
+        if not isinstance(text, str):
+            raise ValidationError("remember() takes the memory's text")
+        return self.add(text, now=now, **fields)
+
+    def add_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None) -> list[str]:
+        """Store many memories in one transaction (all or nothing); returns their ids.
+
+        Raises:
+            DuplicateIdError: an id exists already or repeats in ``items``.
+        """
+        nodes = [self._build(item, {}, now) for item in items]
+
+        def put_all(txn: Txn) -> list[str]:
+            tx = Transaction(self, txn)
+            return [tx.put_new(node) for node in nodes]
+
+        return self._store.write(put_all)
+
+    def get(self, id: str, default: Any = ..., /) -> Node:
+        """The memory with this id.
+
+        Raises:
+            NotFoundError: no such id (unless ``default`` is given).
+        """
+        with self._store.read() as txn:
+            node = Transaction(self, txn).find(id)
+        if node is None:
+            if default is not ...:
+                return default
+            raise NotFoundError(f"no memory with id {id!r}")
+        return node
+
+    def update(self, id: str, /, **changes: Any) -> Node:
+        """Change fields of a memory (read-modify-write in one transaction); returns the new node.
+
+        Raises:
+            NotFoundError: no such id.
+            ValidationError: a change is invalid (``id`` cannot change).
+        """
+        return self._store.write(lambda txn: Transaction(self, txn).update(id, **changes))
+
+    def delete(self, id: str, /, *, missing_ok: bool = False) -> bool:
+        """Delete a memory and its index entries. Returns False if it was missing and ``missing_ok``.
+
+        The ciphertext stays in free pages until they are reused; :meth:`compact` removes it.
+
+        Raises:
+            NotFoundError: no such id (unless ``missing_ok``).
+        """
+        return self._store.write(lambda txn: Transaction(self, txn).delete(id, missing_ok=missing_ok))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator["Transaction"]:
+        """A block of operations that commits atomically, or not at all on an exception::
+
+            with db.transaction() as tx:
+                node = tx.get(counter_id)
+                tx.update(counter_id, access_count=node.access_count + 1)
+
+        Reads inside see the transaction's own writes; the writer lock is held for the block.
+        """
+        with self._store.transaction() as txn:
+            yield Transaction(self, txn)
+
+    def __len__(self) -> int:
+        with self._store.read() as txn:
+            return txn.count("nodes")
+
+    def __contains__(self, id: object) -> bool:
+        if not isinstance(id, str) or not id:
+            return False
+        with self._store.read() as txn:
+            return txn.get("ids", self._id_key(id)) is not None
+
+    def __iter__(self) -> Iterator[Node]:
+        return self.scan()
+
+    def ids(self) -> list[str]:
+        """Every id, in insertion order."""
+        return [node.id for node in self.scan()]
+
+    def scan(self, *, tier: str | Iterable[str] | None = None, tags: Iterable[str] | None = None,
+             after: float | None = None, before: float | None = None, batch: int = 512) -> Iterator[Node]:
+        """Memories in insertion order, filtered by tier, tags (all must be present) and created_at.
+
+        Reads in short snapshots of ``batch`` records so a long scan never pins old pages.
+        """
+        tiers = {tier} if isinstance(tier, str) else (set(tier) if tier is not None else None)
+        want_tags = set(tags or ())
+        start = b""
+        while True:
+            with self._store.read() as txn:
+                chunk = []
+                for key, value in txn.items("nodes", start=start or None):
+                    chunk.append((key, codec.decode_node(value)))
+                    if len(chunk) >= batch:
+                        break
+            for _, node in chunk:
+                if tiers is not None and node.tier not in tiers:
+                    continue
+                if want_tags and not want_tags.issubset(node.tags):
+                    continue
+                if after is not None and node.created_at < after:
+                    continue
+                if before is not None and node.created_at >= before:
+                    continue
+                yield node
+            if len(chunk) < batch:
+                return
+            start = codec.u64(codec.from_u64(chunk[-1][0]) + 1)
+
+    # -- keys ----------------------------------------------------------------------------
+    def rekey(self, new_passphrase: str | bytes, *, kdf: crypto.KDFParams | None = None) -> None:
+        """Change the passphrase: re-wraps the data key in one transaction; no data is re-encrypted.
+
+        The old wrapped key stays in free pages until reused; call :meth:`compact` to drop it.
+
+        Raises:
+            ModeMismatchError: the file is plaintext.
+        """
+        self._require_encrypted()
+        dek = self._dek()
+        header = dict(self._header)
+        slot = _make_slot(header, dek, passphrase=new_passphrase, kdf=kdf)  # argon2 outside the write lock
+        header["slots"] = [s for s in header["slots"] if s["kind"] != "passphrase"] + [slot]
+        self._store.write(lambda txn: _write_header(txn, header))
+        self._header = header
+
+    def add_recovery_key(self) -> str:
+        """Add a recovery-key slot and return the key (``ERK1-...``). Store it somewhere safe:
+        it opens the file like the passphrase does (``open(path, key=...)``). Replaces an
+        earlier recovery key.
+        """
+        self._require_encrypted()
+        raw = os.urandom(32)
+        header = dict(self._header)
+        slot = _make_slot(header, self._dek(), raw_key=raw, label="recovery")
+        header["slots"] = [s for s in header["slots"] if s.get("label") != "recovery"] + [slot]
+        self._store.write(lambda txn: _write_header(txn, header))
+        self._header = header
+        return _format_recovery_key(raw)
+
+    def export_key(self, path: str | os.PathLike) -> None:
+        """Write the header (salt, KDF parameters, wrapped data keys; no secrets) to ``path``.
+
+        Keep it apart from the data: if the file's header is ever damaged,
+        :func:`import_key` puts it back. It is useless without the passphrase.
+        """
+        data = codec.pack(self._header)
+        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(KEYFILE_MAGIC + data)
+
+    def _require_encrypted(self) -> None:
+        if not self.encrypted:
+            raise ModeMismatchError("this file is plaintext; it has no keys to change")
+        if self.readonly:
+            raise ReadOnlyError("the file is open read-only")
+
+    def _dek(self) -> bytes:
+        return self._store.sealer._dek  # the facade is the sealer's only other user
+
+    # -- maintenance ----------------------------------------------------------------------
+    def compact(self) -> None:
+        """Rewrite the file without free pages (atomic rename). Deleted data leaves the file.
+
+        Raises:
+            AlreadyOpenError: another handle or process has the file open.
+        """
+        self._store.compact()
+
+    def verify(self, fix: bool = False) -> list[Problem]:
+        """Check the whole file: structure, header, every value's authentication, records,
+        id map, per-table digests and counts. With ``fix=True``, rebuild what derives from
+        the records (id map, indexes, digests) and report what was found before fixing.
+        """
+        problems = self._verify_structure()
+        with self._store.read() as txn:
+            problems += _check_contents(self, txn)
+        if fix and problems and not self.readonly:
+            self._store.write(lambda txn: _rebuild_derived(self, txn))
+        return problems
+
+    def _verify_structure(self) -> list[Problem]:
+        from lmdb.verify import verify as lmdb_verify
+
+        try:
+            return [Problem("structure", p) for p in lmdb_verify(self.path, subdir=False)]
+        except Exception as exc:  # the offline walker's own failures are findings, not crashes
+            return [Problem("structure", f"cannot walk the file: {exc}")]
+
+    def info(self) -> dict[str, Any]:
+        """A summary for `engramdb info`: format, encryption, counts, sizes."""
+        env = self._store.env_info()
+        with self._store.read() as txn:
+            counts = {t: txn.count(t) for t in TABLES}
+            state = txn.state
+        header = self._header
+        slots = [{"kind": s["kind"], "label": s.get("label", ""), "kdf": s.get("kdf")} for s in header["slots"]]
+        return {
+            "path": self.path, "format": header["format"], "format_version": ".".join(map(str, header["version"])),
+            "created_by": header.get("created_by"), "encrypted": self.encrypted,
+            "cipher": header["cipher"] if self.encrypted else None, "key_slots": slots,
+            "memories": counts["nodes"], "tables": counts, "commit_seq": state.seq,
+            "file_size": env["file_size"], "map_size": env["map_size"],
+            "unclean_shutdown": self._store.unclean_shutdown,
+        }
+
+
+KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
+
+
+def import_key(path: str | os.PathLike, keyfile: str | os.PathLike, *, passphrase: str | bytes | None = None,
+               key: bytes | str | None = None) -> None:
+    """Put an exported header back into a file whose header is damaged.
+
+    The key file must unlock with ``passphrase`` (or ``key``) and its data key must open
+    the file's sealed state record; otherwise nothing is written.
+
+    Raises:
+        ForeignFileError: ``keyfile`` is not an engramdb key file.
+        WrongPassphraseError: the passphrase does not unlock the key file.
+        DecryptionError: the key file belongs to another store.
+    """
+    with builtins.open(keyfile, "rb") as fh:
+        data = fh.read()
+    if not data.startswith(KEYFILE_MAGIC):
+        raise ForeignFileError(f"{keyfile} is not an engramdb key file")
+    header = codec.unpack(data[len(KEYFILE_MAGIC):])
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise ForeignFileError(f"{keyfile} is not an engramdb key file")
+    dek = _unlock(header, passphrase=passphrase, raw_key=_parse_raw_key(key) if key is not None else None)
+    store = Store.open(path, create=False)
+    try:
+        store.sealer = crypto.Sealer(dek)
+        with store.read() as txn:
+            try:
+                txn.state  # noqa: B018
+            except DecryptionError:
+                raise DecryptionError("this key file belongs to another store", hint="use that store's key file") \
+                    from None
+        store.write(lambda txn: _write_header(txn, header))
+    finally:
+        store.close()
+
+
+class Transaction:
+    """Record operations inside one write (or read) transaction; see :meth:`Engram.transaction`."""
+
+    def __init__(self, engram: Engram, txn: Txn) -> None:
+        self._engram = engram
+        self._txn = txn
+
+    def _docno(self, id: str) -> int | None:
+        raw = self._txn.get("ids", self._engram._id_key(id))
+        return None if raw is None else codec.from_u64(raw)
+
+    def _load(self, docno: int) -> Node:
+        raw = self._txn.get("nodes", codec.u64(docno))
+        if raw is None:
+            raise CorruptFileError("the id map points at a missing record",
+                                   hint="run `engramdb verify --fix FILE` to rebuild the id map")
+        return codec.decode_node(raw)
+
+    def find(self, id: str) -> Node | None:
+        """The node, or None."""
+        docno = self._docno(id)
+        return None if docno is None else self._load(docno)
+
+    def get(self, id: str) -> Node:
+        """The node.
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        node = self.find(id)
+        if node is None:
+            raise NotFoundError(f"no memory with id {id!r}")
+        return node
+
+    def put_new(self, node: Node) -> str:
+        id_key = self._engram._id_key(node.id)
+        if self._txn.get("ids", id_key) is not None:
+            raise DuplicateIdError(f"a memory with id {node.id!r} exists")
+        docno = self._txn.allocate_docno()
+        self._txn.put("nodes", codec.u64(docno), codec.encode_node(node))
+        self._txn.put("ids", id_key, codec.u64(docno))
+        # index hook: added=[(docno, node)]
+        return node.id
+
+    def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
+        """As :meth:`Engram.add`, inside this transaction."""
+        return self.put_new(Engram._build(item, fields, now))
+
+    def update(self, id: str, /, **changes: Any) -> Node:
+        """As :meth:`Engram.update`, inside this transaction."""
+        if "id" in changes and changes["id"] != id:
+            raise ValidationError("a memory's id cannot change", hint="add a new memory and delete the old one")
+        docno = self._docno(id)
+        if docno is None:
+            raise NotFoundError(f"no memory with id {id!r}")
+        old = self._load(docno)
+        unknown = set(changes) - _NODE_FIELDS
+        if unknown:
+            raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}")
+        new = old.replace(**changes)
+        self._txn.put("nodes", codec.u64(docno), codec.encode_node(new))
+        # index hook: removed=[(docno, old)], added=[(docno, new)]
+        return new
+
+    def delete(self, id: str, /, *, missing_ok: bool = False) -> bool:
+        """As :meth:`Engram.delete`, inside this transaction."""
+        id_key = self._engram._id_key(id)
+        raw = self._txn.get("ids", id_key)
+        if raw is None:
+            if missing_ok:
+                return False
+            raise NotFoundError(f"no memory with id {id!r}")
+        docno = codec.from_u64(raw)
+        old = self._load(docno)
+        self._txn.delete("nodes", codec.u64(docno))
+        self._txn.delete("ids", id_key)
+        # index hook: removed=[(docno, old)]
+        return True
+
+
+# --- verify ---------------------------------------------------------------------------
+
+def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
+    store = engram._store
+    sealer = store.sealer
+    problems: list[Problem] = []
+    header_bytes = [txn.get_header(k) for k in HEADER_KEYS]
+    if header_bytes[0] is None or hashlib.sha256(header_bytes[0]).digest() != header_bytes[2]:
+        problems.append(Problem("header", "the primary header does not match its checksum"))
+    if header_bytes[0] != header_bytes[1]:
+        problems.append(Problem("header", "the header backup differs from the primary"))
+    try:
+        state = txn.state
+    except EngramError as exc:
+        return problems + [Problem("state", f"the state record does not open: {exc.message}")]
+    docnos: dict[int, Node] = {}
+    for table in TABLES:
+        count, digest = 0, 0
+        for key, envelope in txn.raw_items(table):
+            if table == "meta" and (key in HEADER_KEYS):
+                continue
+            try:
+                plain = sealer.open(table.encode(), key, envelope)
+            except DecryptionError:
+                problems.append(Problem("decrypt", f"{table}/{key.hex()} does not authenticate"))
+                continue
+            if table == "meta":
+                continue
+            count += 1
+            digest = (digest + sealer.state_term(table.encode(), key, envelope)) % 2**256
+            if table == "nodes":
+                try:
+                    docnos[codec.from_u64(key)] = codec.decode_node(plain)
+                except EngramError as exc:
+                    problems.append(Problem("record", f"node {key.hex()}: {exc.message}"))
+        if table != "meta":
+            want_count, want_digest = state.digests.get(table, [0, 0])
+            if (count, digest) != (want_count, want_digest):
+                problems.append(Problem("digest", f"table {table}: {count} entries do not match the sealed "
+                                                  f"state ({want_count}); entries were removed, added or rolled back"))
+    mapped: set[int] = set()
+    for key, value in txn.items("ids"):
+        try:
+            docno = codec.from_u64(value)
+        except CorruptFileError:
+            problems.append(Problem("ids", f"id entry {key.hex()} is malformed"))
+            continue
+        node = docnos.get(docno)
+        if node is None or engram._id_key(node.id) != key:
+            problems.append(Problem("ids", f"id entry {key.hex()} points at a missing or different record"))
+        mapped.add(docno)
+    for docno, node in docnos.items():
+        if docno not in mapped:
+            problems.append(Problem("ids", f"record {docno} ({node.id!r}) has no id entry"))
+        if docno >= state.next_docno:
+            problems.append(Problem("state", f"record {docno} is beyond the allocated docnos"))
+    # index hook: problems from the derived indexes
+    return problems
+
+
+def _rebuild_derived(engram: Engram, txn: Txn) -> None:
+    """Rebuild the id map from the records and re-derive the digests (verify --fix)."""
+    for key in list(txn.keys("ids")):
+        txn.delete("ids", key)
+    for key, value in list(txn.items("nodes")):
+        try:
+            node = codec.decode_node(value)
+        except EngramError:
+            continue
+        txn.put("ids", engram._id_key(node.id), key)
+    # index hook: rebuild indexes
+    state = txn.state
+    sealer = engram._store.sealer
+    for table in TABLES:
+        if table == "meta":
+            continue
+        count, digest = 0, 0
+        for key, envelope in txn.raw_items(table):
+            count += 1
+            digest = (digest + sealer.state_term(table.encode(), key, envelope)) % 2**256
+        state.digests[table] = [count, digest]
+    if state.next_docno <= max((codec.from_u64(k) for k in txn.keys("nodes")), default=0):
+        state.next_docno = max(codec.from_u64(k) for k in txn.keys("nodes")) + 1

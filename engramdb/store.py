@@ -1,0 +1,676 @@
+"""The LMDB boundary: the only module that imports lmdb.
+
+It owns the environment (one per path per process), the named tables, sealed
+transactions, automatic map growth, the per-table state digests, the maintenance lock
+and the compacting copy. Everything above it sees plaintext bytes in and out of
+``Txn.get/put``; every value on disk is an envelope from :class:`crypto.Sealer`.
+
+Files of a store ``NAME.engram`` (spec/file-format.md):
+
+* ``NAME.engram``: the LMDB data file (``subdir=False``), mode 0600.
+* ``NAME.engram-lock``: LMDB's reader table. It holds no data; it may be deleted only
+  while no process has the store open, and is rebuilt by the next opener.
+* ``NAME.engram-maint``: engramdb's maintenance lock. Every opener holds a shared
+  ``flock`` on it; ``compact`` (which replaces the data file) needs it exclusively. It
+  also records whether the last session closed cleanly.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, TypeVar
+
+import lmdb
+
+from . import codec
+from .crypto import EPOCH_LIMIT, Sealer
+from .errors import (
+    AlreadyOpenError, ClosedError, CorruptFileError, EngramError, FileMissingError, ForeignFileError,
+    ForkError, ReadOnlyError, StorageFullError, StoreError, WriteConflictError,
+)
+
+T = TypeVar("T")
+
+# Generic one-byte sub-database names: the names of LMDB's tables are stored in the clear
+# in the main database, so they must leak nothing. Append only; never reorder.
+TABLES = ("meta", "nodes", "ids", "postings", "segments", "vectors", "edges", "archive", "procedures", "sources")
+_DB_NAMES = {name: b"t%d" % i for i, name in enumerate(TABLES)}
+MAX_DBS = 32
+# Map size is only address space; start generously and double on demand.
+INITIAL_MAP_SIZE = 64 * 1024 * 1024
+GROW_AT = 0.75
+MAX_READERS = 512
+HEADER_KEYS = (b"header", b"header.bak", b"header.sha256")  # the only plaintext values in a file
+STATE_KEY = b"state"
+_SNIFF = {b"ENGRAM": "a Terronex .engram file", b"SQLite format 3\x00": "an SQLite database"}
+
+
+@dataclass
+class State:
+    """The per-store counters, sealed in ``meta/state`` and updated in every write transaction."""
+
+    seq: int = 0
+    next_docno: int = 1
+    epoch: int = 0
+    sealed: int = 0
+    # table name -> [entry count, additive digest mod 2**256] (reliability rule 38)
+    digests: dict[str, list[int]] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return codec.pack([1, self.seq, self.next_docno, self.epoch, self.sealed,
+                           {t: [c, d.to_bytes(32, "big")] for t, (c, d) in sorted(self.digests.items())}])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "State":
+        fields = codec.unpack(data)
+        try:
+            version, seq, next_docno, epoch, sealed, digests = fields
+            if version != 1:
+                raise ValueError
+            return cls(seq, next_docno, epoch, sealed,
+                       {t: [c, int.from_bytes(d, "big")] for t, (c, d) in digests.items()})
+        except (TypeError, ValueError, AttributeError):
+            raise CorruptFileError("the store's state record is malformed") from None
+
+
+class _Env:
+    """One LMDB environment shared by every handle of a path in this process."""
+
+    def __init__(self, path: str, *, readonly: bool, create: bool, map_size: int | None) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.pid = os.getpid()
+        self.refs = 0
+        self.resize_lock = threading.Condition()
+        self.active_readers = 0
+        self.unclean = False
+        self.maint_fd = self._lock_maint(readonly)
+        try:
+            self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
+            self.dbs = self._open_dbs(create=not readonly)
+        except BaseException:
+            self._unlock_maint(clean=False)
+            if getattr(self, "env", None) is not None:
+                self.env.close()
+            raise
+
+    # -- maintenance lock ------------------------------------------------------------
+    def _lock_maint(self, readonly: bool) -> int | None:
+        flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(self.path + "-maint", flags | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None  # read-only media: readers cannot block a compaction they could not see anyway
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # others have it open; they wrote the marker
+            return fd
+        # We are the only opener: a leftover "open" marker means the last session died.
+        self.unclean = os.pread(fd, 16, 0).startswith(b"open")
+        if not readonly:
+            os.pwrite(fd, b"open ", 0)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def _unlock_maint(self, *, clean: bool) -> None:
+        fd, self.maint_fd = self.maint_fd, None
+        if fd is None:
+            return
+        try:
+            if clean and not self.readonly:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.pwrite(fd, b"clean", 0)  # the last closer marks a clean shutdown
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+
+    def try_exclusive(self) -> bool:
+        if self.maint_fd is None:
+            return False
+        try:
+            fcntl.flock(self.maint_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+    def release_exclusive(self) -> None:
+        if self.maint_fd is not None:
+            fcntl.flock(self.maint_fd, fcntl.LOCK_SH)
+
+    # -- environment -----------------------------------------------------------------
+    @staticmethod
+    def _open(path: str, *, readonly: bool, create: bool, map_size: int | None) -> lmdb.Environment:
+        try:
+            return lmdb.open(
+                path, subdir=False, readonly=readonly, create=create and not readonly,
+                map_size=map_size or INITIAL_MAP_SIZE, max_dbs=MAX_DBS, max_readers=MAX_READERS,
+                mode=0o600, sync=True, metasync=True, map_async=False, writemap=False, meminit=True,
+                lock=True, readahead=True, max_spare_txns=0,
+            )
+        except lmdb.InvalidError:
+            raise ForeignFileError(f"{path} is not an engramdb file (not an LMDB data file)") from None
+        except lmdb.VersionMismatchError:
+            raise ForeignFileError(f"{path} was written by an incompatible LMDB version") from None
+        except lmdb.Error as exc:
+            raise _map_lmdb_error(exc, f"cannot open {path}") from None
+
+    def _open_dbs(self, *, create: bool) -> dict:
+        with self.env.begin() as txn:
+            present = [txn.get(_DB_NAMES[name]) is not None for name in TABLES]
+            empty = txn.stat()["entries"] == 0
+        if not all(present) and not (create and empty and not any(present)):
+            # Never create our tables inside somebody else's LMDB file.
+            raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file")
+        return {name: self.env.open_db(_DB_NAMES[name], create=create) for name in TABLES}
+
+    def grow(self, *, to_at_least: int = 0) -> None:
+        """Double the map (or more), once no read transaction of this process is open."""
+        with self.resize_lock:
+            self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=30)
+            size = self.env.info()["map_size"]
+            new = max(size * 2, to_at_least)
+            self.env.set_mapsize(new)
+
+    def adopt_size(self) -> None:
+        """Another process grew the map: adopt its size (MapResizedError)."""
+        with self.resize_lock:
+            self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=30)
+            self.env.set_mapsize(0)
+
+    def headroom_check(self) -> None:
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        if used > GROW_AT * info["map_size"]:
+            self.grow()
+
+
+_registry: dict[str, _Env] = {}
+_registry_lock = threading.Lock()
+
+
+def _map_lmdb_error(exc: lmdb.Error, what: str) -> EngramError:
+    text = str(exc)
+    if isinstance(exc, lmdb.DiskError) or "File too large" in text or "No space left" in text \
+            or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return StorageFullError(f"{what}: the disk or file-size limit is full ({text})")
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
+        return CorruptFileError(f"{what}: the file structure is damaged ({text})")
+    if isinstance(exc, lmdb.ReadonlyError):
+        return ReadOnlyError(f"{what}: the file or its directory is read-only ({text})")
+    if isinstance(exc, lmdb.BadValsizeError):
+        return StoreError(f"{what}: a key or value is too large for the store ({text})",
+                          hint="keys are at most 511 bytes; this is a bug in engramdb, please report it")
+    return StoreError(f"{what}: {text}")
+
+
+def sniff(path: str) -> None:
+    """Refuse foreign and truncated files before LMDB maps them (a mapped hole is a SIGBUS).
+
+    Raises:
+        ForeignFileError: a Terronex .engram file, an SQLite file, or too short to be LMDB.
+        CorruptFileError: an empty file.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+    for magic, what in _SNIFF.items():
+        if head.startswith(magic):
+            hint = "convert it with `engramdb import FILE NEW.engram`" if magic == b"ENGRAM" else None
+            raise ForeignFileError(f"{path} is {what}, not an engramdb file", hint=hint)
+    if not head:
+        raise CorruptFileError(f"{path} is empty (0 bytes): it was truncated or is not an engramdb file")
+    if len(head) < 4096:
+        raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
+
+
+class Txn:
+    """A transaction over the sealed tables.
+
+    Values passed to :meth:`put` are sealed with AAD bound to (table, key); values from
+    :meth:`get` are opened and authenticated. Write transactions keep the per-table
+    digests and counters in the sealed state record up to date.
+    """
+
+    def __init__(self, store: "Store", write: bool) -> None:
+        self.store = store
+        self.write = write
+        self._ltxn: lmdb.Transaction | None = None
+        self._state: State | None = None
+        self._log: list[tuple[str, bytes, bytes | None]] = []
+        self._begin_seq: int | None = None
+
+    # -- lifecycle (used by Store) -----------------------------------------------------
+    def _begin(self) -> None:
+        env = self.store._env
+        for _ in range(3):
+            try:
+                self._ltxn = env.env.begin(write=self.write, buffers=False)
+                return
+            except lmdb.MapResizedError:
+                env.adopt_size()
+            except lmdb.ReadersFullError:
+                env.env.reader_check()
+            except lmdb.Error as exc:
+                raise _map_lmdb_error(exc, "cannot begin a transaction") from None
+        raise StoreError("cannot begin a transaction: the map keeps being resized by another process")
+
+    def _abort(self) -> None:
+        if self._ltxn is not None:
+            self._ltxn.abort()
+            self._ltxn = None
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                if self._state is not None:
+                    self._state.seq += 1
+                    self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
+                                       digest=False)
+                self._ltxn.commit()
+                self._ltxn = None
+                return
+            except lmdb.MapFullError:
+                if self._state is not None:
+                    self._state.seq -= 1
+                self._log = [op for op in self._log if not (op[0] == "meta" and op[1] == STATE_KEY)]
+                self._regrow_and_replay()
+            except lmdb.Error as exc:
+                self._abort()
+                raise _map_lmdb_error(exc, "commit failed; the transaction was rolled back") from None
+
+    def _regrow_and_replay(self) -> None:
+        """MapFullError aborted the LMDB transaction: grow the map, re-begin, replay our raw writes.
+
+        The writer lock is released for a moment; if another writer committed in between,
+        our reads may be stale, so we refuse to replay (the caller re-runs or retries).
+        """
+        self._abort()
+        self.store._env.grow()
+        self._begin()
+        state = self._load_state() if self._begin_seq is not None else None
+        if state is not None and state.seq != self._begin_seq:
+            raise WriteConflictError("another writer committed while the map was growing")
+        for table, key, envelope in self._log:
+            db = self.store._env.dbs[table]
+            if envelope is None:
+                self._ltxn.delete(key, db=db)
+            else:
+                self._ltxn.put(key, envelope, db=db)
+
+    # -- state -------------------------------------------------------------------------
+    def _load_state(self) -> State:
+        raw = self._ltxn.get(STATE_KEY, db=self.store._env.dbs["meta"])
+        if raw is None:
+            return State()
+        return State.from_bytes(self.store.sealer.open(b"meta", STATE_KEY, raw))
+
+    @property
+    def state(self) -> State:
+        """The sealed counters (loaded on first use; written back on commit)."""
+        if self._state is None:
+            self._state = self._load_state()
+            self._begin_seq = self._state.seq
+        return self._state
+
+    def allocate_docno(self) -> int:
+        """A new document number; never reused, even after deletes."""
+        state = self.state
+        docno = state.next_docno
+        state.next_docno += 1
+        return docno
+
+    def _seal(self, table: str, key: bytes, value: bytes) -> bytes:
+        state = self.state
+        if state.sealed >= self.store.epoch_limit:
+            state.epoch += 1
+            state.sealed = 0
+        state.sealed += 1
+        return self.store.sealer.seal(table.encode(), key, value, state.epoch)
+
+    def _put_envelope(self, table: str, key: bytes, envelope: bytes | None, *, digest: bool = True) -> bool:
+        db = self.store._env.dbs[table]
+        sealer = self.store.sealer
+        if digest:
+            old = self._ltxn.get(key, db=db)
+            entry = self.state.digests.setdefault(table, [0, 0])
+            if old is not None:
+                entry[0] -= 1
+                entry[1] = (entry[1] - sealer.state_term(table.encode(), key, old)) % 2**256
+            if envelope is not None:
+                entry[0] += 1
+                entry[1] = (entry[1] + sealer.state_term(table.encode(), key, envelope)) % 2**256
+        self._log.append((table, key, envelope))
+        while True:
+            try:
+                if envelope is None:
+                    return self._ltxn.delete(key, db=db)
+                self._ltxn.put(key, envelope, db=db)
+                return True
+            except lmdb.MapFullError:
+                self._log.pop()
+                self._regrow_and_replay()
+                self._log.append((table, key, envelope))
+            except lmdb.BadValsizeError as exc:
+                raise _map_lmdb_error(exc, "write failed") from None
+
+    def _require_write(self) -> None:
+        if not self.write:
+            raise ReadOnlyError("this is a read transaction", hint="write inside Engram.transaction() or a write call")
+
+    # -- the table API -------------------------------------------------------------------
+    def get(self, table: str, key: bytes) -> bytes | None:
+        """The plaintext stored under (table, key), or None.
+
+        Raises:
+            DecryptionError: the stored value does not authenticate.
+        """
+        raw = self._ltxn.get(key, db=self.store._env.dbs[table])
+        if raw is None:
+            return None
+        return self.store.sealer.open(table.encode(), key, raw)
+
+    def put(self, table: str, key: bytes, value: bytes) -> None:
+        """Seal ``value`` and store it under (table, key)."""
+        self._require_write()
+        if table == "meta" and (key in HEADER_KEYS or key == STATE_KEY):
+            raise StoreError(f"meta key {key!r} is reserved", hint="this is a bug in engramdb, please report it")
+        self._put_envelope(table, key, self._seal(table, key, value), digest=table != "meta")
+
+    def delete(self, table: str, key: bytes) -> bool:
+        """Remove (table, key); True when it existed."""
+        self._require_write()
+        if self._ltxn.get(key, db=self.store._env.dbs[table]) is None:
+            return False
+        return self._put_envelope(table, key, None, digest=table != "meta")
+
+    def items(self, table: str, prefix: bytes = b"", *, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, plaintext) pairs in key order, restricted to ``prefix``, from ``start`` on."""
+        sealer = self.store.sealer
+        tname = table.encode()
+        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+            if not cur.set_range(start if start is not None and start > prefix else prefix):
+                return
+            for key, raw in cur:
+                if not key.startswith(prefix):
+                    return
+                if table == "meta" and key in HEADER_KEYS:
+                    continue
+                yield key, sealer.open(tname, key, raw)
+
+    def keys(self, table: str, prefix: bytes = b"") -> Iterator[bytes]:
+        """Keys in order (no decryption)."""
+        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+            if not cur.set_range(prefix):
+                return
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(prefix):
+                    return
+                yield key
+
+    def raw_items(self, table: str) -> Iterator[tuple[bytes, bytes]]:
+        """(key, envelope) pairs as stored, for verify."""
+        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+            yield from cur
+
+    def count(self, table: str) -> int:
+        """Number of entries in a table (LMDB keeps this in the B-tree; O(1))."""
+        return self._ltxn.stat(self.store._env.dbs[table])["entries"]
+
+    # -- plaintext header (read before the key is known) --------------------------------
+    def get_header(self, key: bytes) -> bytes | None:
+        return self._ltxn.get(key, db=self.store._env.dbs["meta"])
+
+    def put_header(self, key: bytes, value: bytes) -> None:
+        self._require_write()
+        if key not in HEADER_KEYS:
+            raise StoreError(f"{key!r} is not a header key")
+        self._put_envelope("meta", key, value, digest=False)
+
+
+class Store:
+    """A handle on one .engram file's LMDB environment, with sealing.
+
+    Create with :meth:`open`; attach the :class:`Sealer` once the header is unlocked.
+    """
+
+    def __init__(self, env: _Env, readonly: bool) -> None:
+        self._env = env
+        self.readonly = readonly
+        self.sealer: Sealer | None = None
+        self.epoch_limit = EPOCH_LIMIT
+        self._local = threading.local()
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, readonly: bool = False, create: bool = True,
+             map_size: int | None = None, verify: bool = False) -> "Store":
+        """Open (or share) the environment of ``path``.
+
+        Raises:
+            FileMissingError: the file does not exist and ``create`` is false.
+            ForeignFileError, CorruptFileError: not an engramdb/LMDB file, or damaged.
+            AlreadyOpenError: the path is open in this process with a different read-only mode.
+        """
+        path = os.path.realpath(os.fspath(path))
+        with _registry_lock:
+            env = _registry.get(path)
+            if env is not None and env.pid != os.getpid():
+                _registry.pop(path)  # inherited from a parent across fork(): never touch it
+                env = None
+            if env is None:
+                exists = os.path.exists(path)
+                if not exists and (readonly or not create):
+                    raise FileMissingError(f"{path} does not exist",
+                                           hint="create it with `engramdb init FILE` or open(..., create=True)")
+                sniff(path)
+                env = _Env(path, readonly=readonly, create=create, map_size=map_size)
+                try:
+                    if exists:
+                        cls._check_not_truncated(env)
+                    if exists and (verify or env.unclean):
+                        cls._structural_verify(path)
+                except BaseException:
+                    env._unlock_maint(clean=False)
+                    env.env.close()
+                    raise
+                _registry[path] = env
+            elif env.readonly != readonly:
+                raise AlreadyOpenError(
+                    f"{path} is already open in this process {'read-only' if env.readonly else 'read-write'}")
+            elif verify:
+                cls._structural_verify(path)
+            env.refs += 1
+        return cls(env, readonly)
+
+    @staticmethod
+    def _check_not_truncated(env: _Env) -> None:
+        info = env.env.info()
+        psize = env.env.stat()["psize"]
+        if (info["last_pgno"] + 1) * psize > os.stat(env.path).st_size:
+            raise CorruptFileError(f"{env.path} is truncated: its last pages are missing")
+
+    @staticmethod
+    def _structural_verify(path: str) -> None:
+        from lmdb.verify import verify as lmdb_verify
+
+        try:
+            problems = lmdb_verify(path, subdir=False)
+        except Exception as exc:  # VerifyError and anything the offline walker trips on
+            raise CorruptFileError(f"{path} cannot be verified: {exc}") from None
+        if problems:
+            raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
+
+    # -- guards ------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("this handle is closed")
+        if self._env.pid != os.getpid():
+            raise ForkError("this handle was opened in a parent process and cannot be used after fork()")
+
+    @property
+    def path(self) -> str:
+        return self._env.path
+
+    @property
+    def unclean_shutdown(self) -> bool:
+        """True when the previous session of this file did not close cleanly."""
+        return self._env.unclean
+
+    def last_txnid(self) -> int:
+        """LMDB's last committed transaction id: it moves whenever any process commits."""
+        self._check()
+        return self._env.env.info()["last_txnid"]
+
+    def blind(self, purpose: bytes, value: bytes) -> bytes:
+        """The blind-index key of ``value`` (16 bytes)."""
+        return self.sealer.blind(purpose, value)
+
+    # -- transactions ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Txn]:
+        """A read snapshot. Inside a write transaction of this thread, that transaction is reused."""
+        self._check()
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield current
+            return
+        env = self._env
+        with env.resize_lock:
+            env.active_readers += 1
+        txn = Txn(self, write=False)
+        try:
+            txn._begin()
+            yield txn
+        finally:
+            txn._abort()
+            with env.resize_lock:
+                env.active_readers -= 1
+                env.resize_lock.notify_all()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Txn]:
+        """One write transaction for a block of code; commits on success, rolls back on error.
+
+        Nested use on the same thread joins the outer transaction. If the map must grow
+        mid-transaction, the raw writes are replayed into a new transaction; if another
+        writer committed in that instant, :class:`WriteConflictError` is raised and nothing
+        is written.
+        """
+        self._check()
+        if self.readonly:
+            raise ReadOnlyError("the file is open read-only")
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield current
+            return
+        self._env.headroom_check()
+        txn = Txn(self, write=True)
+        txn._begin()
+        self._local.txn = txn
+        try:
+            yield txn
+            txn._commit()
+        except BaseException:
+            txn._abort()
+            raise
+        finally:
+            self._local.txn = None
+
+    def write(self, fn: Callable[[Txn], T], *, retries: int = 5) -> T:
+        """Run ``fn(txn)`` in one write transaction and commit; re-run it on a write conflict.
+
+        ``fn`` must have no effects outside the transaction, since it may run more than once.
+        """
+        for attempt in range(retries):
+            try:
+                with self.transaction() as txn:
+                    return fn(txn)
+            except WriteConflictError:
+                if attempt == retries - 1 or getattr(self._local, "txn", None) is not None:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- whole-file operations --------------------------------------------------------
+    def env_info(self) -> dict:
+        self._check()
+        info = dict(self._env.env.info())
+        info["psize"] = self._env.env.stat()["psize"]
+        info["file_size"] = os.stat(self.path).st_size
+        return info
+
+    def compact(self) -> None:
+        """Replace the file by a compacting copy of itself: freed pages (and the ciphertext
+        they held) leave the file.
+
+        Raises:
+            AlreadyOpenError: another handle in this process, or another process, has the file open.
+            StorageFullError: not enough space for the copy (the original is untouched).
+        """
+        self._check()
+        if self.readonly:
+            raise ReadOnlyError("compact needs a writable handle")
+        env = self._env
+        with _registry_lock:
+            if env.refs != 1:
+                raise AlreadyOpenError("compact needs the only open handle of this file in this process",
+                                       hint="close the other handles first")
+            if not env.try_exclusive():
+                raise AlreadyOpenError("another process has this file open; compact needs exclusive access",
+                                       hint="close the other processes using the file, then retry")
+            tmp = env.path + ".compact-tmp"
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                try:
+                    env.env.copy(tmp, compact=True)
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.chmod(tmp, 0o600)
+                except lmdb.Error as exc:
+                    raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched") from None
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                        raise StorageFullError("no space for the compacting copy; the original is untouched") from None
+                    raise StoreError(f"compacting copy failed: {exc.strerror}") from None
+                env.env.close()
+                os.replace(tmp, env.path)
+                dfd = os.open(os.path.dirname(env.path), os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+                env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
+                env.dbs = env._open_dbs(create=False)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                env.release_exclusive()
+
+    def close(self) -> None:
+        """Release this handle; the environment closes with its last handle."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._env.pid != os.getpid():
+            return  # never close a parent's environment from a forked child
+        with _registry_lock:
+            env = self._env
+            env.refs -= 1
+            if env.refs == 0:
+                _registry.pop(env.path, None)
+                env.env.close()
+                env._unlock_maint(clean=True)
