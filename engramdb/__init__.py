@@ -1,4 +1,40 @@
-"""engramdb: an embedded, encrypted, single-file storage engine for LLM memory."""
+"""engramdb: an embedded, encrypted, single-file storage engine for LLM memory.
+
+    import engramdb
+    with engramdb.open("notes.engram", passphrase="correct horse") as db:
+        db.remember("Alice moved to Berlin in 2023", tags=["people"])
+
+The public surface is exactly ``__all__`` (pinned by tests/test_public_api.py).
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from .crypto import KDFParams
+from .engram import Engram, Problem, Transaction, import_key, open
+from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
+from .errors import __all__ as _error_names
+from .records import (
+    ALL_EMOTIONS, ALL_FLAGS, EDGE_KINDS, TIERS, CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel,
+)
+
+__all__ = [
+    "__version__",
+    "open",
+    "import_key",
+    "Engram",
+    "Transaction",
+    "Problem",
+    "KDFParams",
+    "Node",
+    "Edge",
+    "Zettel",
+    "Tunnel",
+    "EntityIndex",
+    "CompressResult",
+    "TIERS",
+    "ALL_FLAGS",
+    "ALL_EMOTIONS",
+    "EDGE_KINDS",
+    *_error_names,
+]

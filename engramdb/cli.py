@@ -1,0 +1,392 @@
+"""The `engramdb` command line: parse arguments, call the library, map errors to exit codes.
+
+Exit codes: 0 success; 1 an EngramError (its message and hint go to stderr); 2 a usage
+error. Passphrases come from ENGRAM_PASSPHRASE, --passphrase-file or a prompt, never argv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+from . import engram as engram_mod
+from .crypto import KDFParams
+from .errors import EngramError, ValidationError
+from .records import TIERS
+
+PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
+NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"
+
+
+class _Group(click.Group):
+    """Turns an EngramError into exit code 1 with its message and hint, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EngramError as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"hint: {exc.hint}", err=True)
+            ctx.exit(1)
+        except BrokenPipeError:  # `engramdb dump | head`
+            sys.stderr.close()
+            ctx.exit(0)
+
+
+def _emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, ensure_ascii=False, sort_keys=True, indent=None, default=_json_default))
+    else:
+        click.echo(text(data))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(type(value).__name__)
+
+
+def _read_secret_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().rstrip("\r\n")
+    except OSError as exc:
+        raise ValidationError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _passphrase(ctx: click.Context, *, confirm: bool = False) -> str | None:
+    params = ctx.find_root().params
+    if params.get("passphrase_file"):
+        return _read_secret_file(params["passphrase_file"])
+    if os.environ.get(PASSPHRASE_ENV):
+        return os.environ[PASSPHRASE_ENV]
+    if not sys.stdin.isatty():
+        raise ValidationError("no passphrase given",
+                              hint=f"set {PASSPHRASE_ENV}, pass --passphrase-file FILE, or run in a terminal")
+    return click.prompt("Passphrase", hide_input=True, confirmation_prompt=confirm)
+
+
+def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False) -> engram_mod.Engram:
+    """Open an existing file, asking for the passphrase only when the file is encrypted."""
+    root = ctx.find_root().params
+    if root.get("key_file"):
+        return engram_mod.open(path, key=_read_secret_file(root["key_file"]), create=create, readonly=readonly)
+    if root.get("plaintext"):
+        return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
+    return engram_mod.open(path, passphrase=_passphrase(ctx), create=create, readonly=readonly)
+
+
+def _parse_kdf(text: str | None) -> KDFParams | None:
+    if not text:
+        return None
+    try:
+        parts = dict(item.split("=", 1) for item in text.split(","))
+        return KDFParams(t=int(parts.pop("t")), m_kib=int(parts.pop("m")), p=int(parts.pop("p")))
+    except (KeyError, ValueError):
+        raise click.BadParameter("expected t=N,m=KIB,p=N, e.g. t=3,m=65536,p=4", param_hint="--kdf") from None
+
+
+def _node_line(node: Any) -> str:
+    tags = f"  [{', '.join(node.tags)}]" if node.tags else ""
+    text = node.content.replace("\n", " ")
+    return f"{node.id}  {node.tier:<7} {text[:80]}{'…' if len(text) > 80 else ''}{tags}"
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="engramdb")
+@click.option("--passphrase-file", type=click.Path(dir_okay=False), help="Read the passphrase from this file.")
+@click.option("--key-file", type=click.Path(dir_okay=False),
+              help="Read a raw key or recovery key (ERK1-...) from this file instead of a passphrase.")
+@click.option("--plaintext", is_flag=True, help="The file is (or will be) unencrypted.")
+def cli(passphrase_file: str | None, key_file: str | None, plaintext: bool) -> None:
+    """engramdb: an encrypted, single-file memory store for LLM apps.
+
+    The passphrase comes from $ENGRAM_PASSPHRASE, --passphrase-file, or a prompt.
+
+    Example:
+
+        ENGRAM_PASSPHRASE=secret engramdb init notes.engram
+    """
+    try:  # no core dumps: they would hold keys and plaintext
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost (default t=3,m=65536,p=4).")
+@click.option("--recovery-key", is_flag=True, help="Also create a recovery key and print it once.")
+@click.pass_context
+def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool) -> None:
+    """Create a new .engram file.
+
+    Example:
+
+        ENGRAM_PASSPHRASE=secret engramdb init notes.engram --recovery-key
+    """
+    if os.path.exists(file):
+        raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
+    root = ctx.find_root().params
+    kdf = _parse_kdf(kdf_text)
+    if root.get("plaintext"):
+        db = engram_mod.open(file, encrypted=False)
+    elif root.get("key_file"):
+        db = engram_mod.open(file, key=_read_secret_file(root["key_file"]))
+    else:
+        db = engram_mod.open(file, passphrase=_passphrase(ctx, confirm=True), kdf=kdf)
+    with db:
+        click.echo(f"created {file} ({'encrypted' if db.encrypted else 'PLAINTEXT'})")
+        if recovery_key:
+            click.echo(f"recovery key (store it safely; it is shown once): {db.add_recovery_key()}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def info(ctx: click.Context, file: str, as_json: bool) -> None:
+    """Show the format, encryption, key slots, counts and sizes of a file.
+
+    Example:
+
+        engramdb info notes.engram --json
+    """
+    with _open(ctx, file, readonly=True) as db:
+        data = db.info()
+
+    def text(d: dict) -> str:
+        lines = [f"{k:<17}{v}" for k, v in d.items() if k not in ("tables", "key_slots")]
+        lines.append(f"{'key_slots':<17}{', '.join(s['label'] or s['kind'] for s in d['key_slots']) or '-'}")
+        lines.append(f"{'tables':<17}" + ", ".join(f"{k}={v}" for k, v in d["tables"].items() if v))
+        return "\n".join(lines)
+
+    _emit(data, as_json, text)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("text")
+@click.option("--id", "id_", help="The memory's id (default: random).")
+@click.option("--tag", "tags", multiple=True, help="A tag (repeatable).")
+@click.option("--importance", type=float, help="0..1; slows decay.")
+@click.option("--tier", type=click.Choice(TIERS), help="Initial tier.")
+@click.option("--source", help="Where the memory came from.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def add(ctx: click.Context, file: str, text: str, id_: str | None, tags: tuple[str, ...],
+        importance: float | None, tier: str | None, source: str | None, as_json: bool) -> None:
+    """Add one memory (TEXT, or - to read it from stdin) and print its id.
+
+    Example:
+
+        engramdb add notes.engram "Alice moved to Berlin in 2023" --tag people
+    """
+    if text == "-":
+        text = sys.stdin.read()
+    fields = {k: v for k, v in (("id", id_), ("importance", importance), ("tier", tier), ("source", source))
+              if v is not None}
+    with _open(ctx, file) as db:
+        new_id = db.add(text, tags=list(tags), **fields)
+    _emit({"id": new_id}, as_json, lambda d: d["id"])
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def get(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
+    """Print one memory.
+
+    Example:
+
+        engramdb get notes.engram 3f2a... --json
+    """
+    with _open(ctx, file, readonly=True) as db:
+        node = db.get(id_)
+    _emit(node.to_dict(), as_json, lambda d: "\n".join(
+        f"{k:<14}{v}" for k, v in d.items() if v not in ((), [], {}, "", None)))
+
+
+@cli.command(name="list")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--tier", type=click.Choice(TIERS), help="Only this tier.")
+@click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match).")
+@click.option("--limit", type=click.IntRange(min=0), help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one memory a line.")
+@click.pass_context
+def list_(ctx: click.Context, file: str, tier: str | None, tags: tuple[str, ...], limit: int | None,
+          as_json: bool) -> None:
+    """List memories in insertion order.
+
+    Example:
+
+        engramdb list notes.engram --tag people --limit 20
+    """
+    with _open(ctx, file, readonly=True) as db:
+        for n, node in enumerate(db.scan(tier=tier, tags=tags)):
+            if limit is not None and n >= limit:
+                break
+            _emit(node.to_dict(), as_json, lambda _d: _node_line(node))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@click.pass_context
+def delete(ctx: click.Context, file: str, ids: tuple[str, ...]) -> None:
+    """Delete memories by id (in one transaction).
+
+    Example:
+
+        engramdb delete notes.engram 3f2a...
+    """
+    with _open(ctx, file) as db:
+        with db.transaction() as tx:
+            for id_ in ids:
+                tx.delete(id_)
+    click.echo(f"deleted {len(ids)}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--fix", is_flag=True, help="Rebuild derived data (id map, indexes, digests) from the records.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def verify(ctx: click.Context, file: str, fix: bool, as_json: bool) -> None:
+    """Check structure, header, every value's authentication and the cross-table invariants.
+
+    Exit code 0 when clean, 1 when problems were found.
+
+    Example:
+
+        engramdb verify notes.engram
+    """
+    with _open(ctx, file, readonly=not fix) as db:
+        problems = db.verify(fix=fix)
+    _emit([{"kind": p.kind, "detail": p.detail} for p in problems], as_json,
+          lambda ps: "\n".join(f"{p['kind']}: {p['detail']}" for p in ps) if ps else "ok")
+    if problems and not fix:
+        ctx.exit(1)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_context
+def compact(ctx: click.Context, file: str) -> None:
+    """Rewrite the file without free pages; deleted data leaves the file. Needs exclusive access.
+
+    Example:
+
+        engramdb compact notes.engram
+    """
+    before = os.stat(file).st_size if os.path.exists(file) else 0
+    with _open(ctx, file) as db:
+        db.compact()
+    click.echo(f"compacted {file}: {before} -> {os.stat(file).st_size} bytes")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--new-passphrase-file", type=click.Path(dir_okay=False), help="Read the new passphrase from here.")
+@click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost for the new passphrase.")
+@click.option("--no-compact", is_flag=True, help="Skip compacting (the old wrapped key stays in free pages).")
+@click.pass_context
+def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_text: str | None,
+          no_compact: bool) -> None:
+    """Change the passphrase. Re-wraps the data key; no data is re-encrypted.
+
+    The new passphrase comes from $ENGRAM_NEW_PASSPHRASE, --new-passphrase-file or a prompt.
+
+    Example:
+
+        ENGRAM_PASSPHRASE=old ENGRAM_NEW_PASSPHRASE=new engramdb rekey notes.engram
+    """
+    kdf = _parse_kdf(kdf_text)
+    if new_passphrase_file:
+        new = _read_secret_file(new_passphrase_file)
+    elif os.environ.get(NEW_PASSPHRASE_ENV):
+        new = os.environ[NEW_PASSPHRASE_ENV]
+    elif sys.stdin.isatty():
+        new = click.prompt("New passphrase", hide_input=True, confirmation_prompt=True)
+    else:
+        raise ValidationError("no new passphrase given",
+                              hint=f"set {NEW_PASSPHRASE_ENV} or pass --new-passphrase-file FILE")
+    with _open(ctx, file) as db:
+        db.rekey(new, kdf=kdf)
+        if not no_compact:
+            db.compact()
+    click.echo("passphrase changed")
+
+
+@cli.command(name="recovery-key")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_context
+def recovery_key(ctx: click.Context, file: str) -> None:
+    """Create (or replace) the recovery key and print it once.
+
+    Example:
+
+        engramdb recovery-key notes.engram > recovery.txt
+    """
+    with _open(ctx, file) as db:
+        click.echo(db.add_recovery_key())
+
+
+@cli.command(name="export-key")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.pass_context
+def export_key(ctx: click.Context, file: str, out: str) -> None:
+    """Save the key header (salt, KDF settings, wrapped keys; no secrets) to OUT.
+
+    Keep it apart from the data; `engramdb import-key` puts it back if the file's header is damaged.
+
+    Example:
+
+        engramdb export-key notes.engram notes.key
+    """
+    with _open(ctx, file, readonly=True) as db:
+        db.export_key(out)
+    click.echo(f"wrote {out}")
+
+
+@cli.command(name="import-key")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.argument("keyfile", type=click.Path(dir_okay=False, exists=True))
+@click.pass_context
+def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
+    """Restore a damaged header from a key file written by export-key.
+
+    Example:
+
+        engramdb import-key notes.engram notes.key
+    """
+    root = ctx.find_root().params
+    if root.get("key_file"):
+        engram_mod.import_key(file, keyfile, key=_read_secret_file(root["key_file"]))
+    else:
+        engram_mod.import_key(file, keyfile, passphrase=_passphrase(ctx))
+    click.echo(f"restored the header of {file}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `engramdb` console script."""
+    try:
+        cli.main(args=argv, prog_name="engramdb", standalone_mode=True)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
