@@ -1,0 +1,93 @@
+"""Shared fixtures: a cheap KDF profile, a fixed clock, and files that must verify clean on teardown.
+
+The cheap profile is enabled through the explicit test-only switch ``ENGRAM_TEST_WEAK_KDF``,
+set here before anything opens a file; tests of the floor remove it with ``monkeypatch``.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
+
+import pytest  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import engramdb.engram as engram_mod  # noqa: E402
+from engramdb.crypto import KDFParams  # noqa: E402
+from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node  # noqa: E402
+
+PASSPHRASE = "correct horse battery staple"
+NOW = 1_700_000_000.0
+TEST_KDF = KDFParams.for_tests()
+
+
+@pytest.fixture
+def now() -> float:
+    """A fixed clock for every timestamp a test writes."""
+    return NOW
+
+
+@pytest.fixture
+def make_db(tmp_path):
+    """``make_db(name="t.engram", **open_kwargs)`` opens (creating) an encrypted file with the
+    cheap KDF. Every handle still open at teardown must verify with no problems."""
+    opened = []
+
+    def factory(name: str = "t.engram", **kwargs):
+        kwargs.setdefault("passphrase", PASSPHRASE if kwargs.get("encrypted", True) and "key" not in kwargs
+                          else None)
+        kwargs.setdefault("kdf", TEST_KDF)
+        db = engram_mod.open(tmp_path / name, **kwargs)
+        opened.append(db)
+        return db
+
+    yield factory
+    problems = []
+    for db in opened:
+        if not db._store._closed:
+            problems += [str(p) for p in db.verify()]
+            db.close()
+    assert problems == []
+
+
+@pytest.fixture
+def tmp_engram(make_db):
+    """One open encrypted file, verified clean on teardown."""
+    return make_db()
+
+
+# --- hypothesis strategies shared by the round-trip tests ----------------------------
+
+_text = st.text(max_size=40)
+_texts = st.lists(_text, max_size=5)
+_floats = st.floats(allow_nan=False, allow_infinity=False)
+_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), _floats, _text,
+                       st.binary(max_size=20))
+metadata_values = st.recursive(
+    _json_leaf,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(_text, children, max_size=4)),
+    max_leaves=20,
+)
+
+
+@st.composite
+def nodes(draw) -> Node:
+    """Arbitrary valid nodes: unicode, empty fields, large content, nested metadata, embeddings."""
+    content = draw(st.one_of(st.text(max_size=200), st.text(min_size=3000, max_size=6000),
+                             st.just(""), st.just("x" * 200_000)))
+    return Node(
+        id=draw(st.text(min_size=1, max_size=60)),
+        content=content,
+        entities=draw(_texts), topics=draw(_texts), quote=draw(_text), weight=draw(_floats),
+        flags=draw(st.lists(st.sampled_from(ALL_FLAGS), max_size=3)),
+        emotions=draw(st.lists(st.sampled_from(ALL_EMOTIONS), max_size=3)),
+        source_start=draw(st.none() | st.integers(0, 2**63 - 1)),
+        source_end=draw(st.none() | st.integers(0, 2**63 - 1)),
+        resolved_date=draw(st.none() | _text), tier=draw(st.sampled_from(TIERS)),
+        importance=draw(_floats), created_at=draw(_floats), last_accessed=draw(_floats),
+        access_count=draw(st.integers(0, 2**63 - 1)), pinned=draw(st.booleans()), tags=draw(_texts),
+        source=draw(_text), metadata=draw(st.dictionaries(_text, metadata_values, max_size=5)),
+        embeddings=draw(st.dictionaries(st.text(min_size=1, max_size=10),
+                                        st.lists(_f32, min_size=1, max_size=16), max_size=2)),
+    )
