@@ -1,0 +1,116 @@
+"""The command line: every command, --json output, exit codes, and passphrase sources."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from engramdb.cli import cli
+
+KDF = "t=1,m=8,p=1"
+
+
+@pytest.fixture
+def run(tmp_path):
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict | None = None, input: str | None = None):
+        full_env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1", **(env or {})}
+        return runner.invoke(cli, list(args), env=full_env, input=input, catch_exceptions=False)
+
+    return invoke
+
+
+def test_lifecycle(run, tmp_path):
+    f = str(tmp_path / "c.engram")
+    assert run("init", f, "--kdf", KDF).exit_code == 0
+    added = run("add", f, "Alice moved to Berlin", "--tag", "people", "--id", "a1", "--json")
+    assert added.exit_code == 0 and json.loads(added.output) == {"id": "a1"}
+    assert run("add", f, "-", "--id", "a2", input="from stdin\n").exit_code == 0
+    got = json.loads(run("get", f, "a1", "--json").output)
+    assert got["content"] == "Alice moved to Berlin" and got["tags"] == ["people"]
+    listed = [json.loads(line) for line in run("list", f, "--json").output.splitlines()]
+    assert [n["id"] for n in listed] == ["a1", "a2"] and listed[1]["content"] == "from stdin\n"
+    assert [json.loads(x)["id"] for x in run("list", f, "--json", "--tag", "people").output.splitlines()] == ["a1"]
+    info = json.loads(run("info", f, "--json").output)
+    assert info["memories"] == 2 and info["encrypted"] is True
+    assert run("verify", f).output.strip() == "ok"
+    assert run("delete", f, "a2").exit_code == 0
+    assert run("compact", f).exit_code == 0
+    assert json.loads(run("verify", f, "--json").output) == []
+
+
+def test_errors_exit_1_with_hint_and_no_traceback(run, tmp_path):
+    f = str(tmp_path / "e.engram")
+    run("init", f, "--kdf", KDF)
+    missing = run("get", f, "nope")
+    assert missing.exit_code == 1 and "error: no memory" in missing.output and "hint:" in missing.output
+    wrong = run("list", f, env={"ENGRAM_PASSPHRASE": "bad"})
+    assert wrong.exit_code == 1 and "passphrase does not unlock" in wrong.output
+    assert "Traceback" not in missing.output + wrong.output
+    again = run("init", f, "--kdf", KDF)
+    assert again.exit_code == 1 and "exists already" in again.output
+    assert run("get", str(tmp_path / "absent.engram"), "x").exit_code == 1
+
+
+def test_usage_errors_exit_2(run, tmp_path):
+    assert run("bogus").exit_code == 2
+    assert run("init", str(tmp_path / "k.engram"), "--kdf", "nonsense").exit_code == 2
+    assert run("add").exit_code == 2
+
+
+def test_passphrase_file_and_rekey(run, tmp_path):
+    f = str(tmp_path / "p.engram")
+    pw = tmp_path / "pw.txt"
+    pw.write_text("from-file\n")
+    assert run("--passphrase-file", str(pw), "init", f, "--kdf", KDF, env={"ENGRAM_PASSPHRASE": ""}).exit_code == 0
+    assert run("--passphrase-file", str(pw), "add", f, "x", "--id", "x").exit_code == 0
+    result = run("--passphrase-file", str(pw), "rekey", f, "--kdf", KDF, env={"ENGRAM_NEW_PASSPHRASE": "next"})
+    assert result.exit_code == 0, result.output
+    assert run("get", f, "x", env={"ENGRAM_PASSPHRASE": "next"}).exit_code == 0
+    assert run("--passphrase-file", str(pw), "get", f, "x").exit_code == 1
+
+
+def test_recovery_key_and_key_file(run, tmp_path):
+    f = str(tmp_path / "r.engram")
+    out = run("init", f, "--kdf", KDF, "--recovery-key").output
+    key = out.split(": ")[-1].strip()
+    assert key.startswith("ERK1-")
+    kf = tmp_path / "key.txt"
+    kf.write_text(key)
+    assert run("--key-file", str(kf), "info", f, env={"ENGRAM_PASSPHRASE": ""}).exit_code == 0
+
+
+def test_export_and_import_key(run, tmp_path):
+    f, k = str(tmp_path / "x.engram"), str(tmp_path / "x.key")
+    run("init", f, "--kdf", KDF)
+    assert run("export-key", f, k).exit_code == 0 and os.stat(k).st_mode & 0o777 == 0o600
+    assert run("import-key", f, k).exit_code == 0
+
+
+def test_plaintext_mode(run, tmp_path):
+    f = str(tmp_path / "plain.engram")
+    assert "PLAINTEXT" in run("--plaintext", "init", f).output
+    assert run("--plaintext", "add", f, "visible", "--id", "v").exit_code == 0
+    assert run("get", f, "v").exit_code == 1  # with a passphrase: mode mismatch
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    env = {**os.environ, "ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+    f = str(tmp_path / "m.engram")
+    result = subprocess.run([sys.executable, "-m", "engramdb", "init", f, "--kdf", KDF], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-m", "engramdb", "get", f, "missing"], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+
+
+def test_every_command_has_help_with_an_example(run):
+    for name, command in cli.commands.items():
+        assert command.help and "Example:" in command.help, name
+        assert run(name, "--help").exit_code == 0

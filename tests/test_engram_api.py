@@ -1,0 +1,193 @@
+"""The Engram facade: records, transactions, scans, keys and errors, as a user calls them."""
+from __future__ import annotations
+
+import pytest
+
+import engramdb
+from engramdb import (
+    DuplicateIdError, ModeMismatchError, Node, NotFoundError, ReadOnlyError, ValidationError, WrongPassphraseError,
+)
+
+from conftest import NOW, PASSPHRASE, TEST_KDF
+
+
+def test_add_get_update_delete(make_db):
+    db = make_db()
+    mid = db.remember("Alice moved to Berlin", tags=["people"], importance=0.8, now=NOW)
+    node = db.get(mid)
+    assert (node.content, node.tags, node.importance, node.created_at, node.last_accessed) == \
+        ("Alice moved to Berlin", ("people",), 0.8, NOW, NOW)
+    assert mid in db and "nope" not in db and len(db) == 1
+    new = db.update(mid, tier="warm", access_count=3)
+    assert db.get(mid) == new and new.tier == "warm" and new.content == node.content
+    assert db.delete(mid) is True
+    assert mid not in db and len(db) == 0
+    assert db.delete(mid, missing_ok=True) is False
+    with pytest.raises(NotFoundError):
+        db.get(mid)
+    assert db.get(mid, None) is None
+
+
+def test_add_accepts_node_mapping_and_text(make_db):
+    db = make_db()
+    a = db.add(Node(id="a", content="from a node"))
+    b = db.add({"id": "b", "content": "from a mapping", "tags": ["t"]})
+    c = db.add("from text", id="c")
+    assert (a, b, c) == ("a", "b", "c")
+    assert [n.id for n in db] == ["a", "b", "c"]  # insertion order
+
+
+def test_errors_are_engram_errors_with_hints(make_db):
+    db = make_db()
+    db.add("x", id="same")
+    with pytest.raises(DuplicateIdError) as info:
+        db.add("y", id="same")
+    assert info.value.hint and "update()" in str(info.value)
+    with pytest.raises(ValidationError):
+        db.add("x", tier="lukewarm")
+    with pytest.raises(ValidationError):
+        db.add("x", colour="blue")
+    with pytest.raises(ValidationError):
+        db.update("same", id="other")
+    with pytest.raises(NotFoundError):
+        db.update("missing", tier="cold")
+    with pytest.raises(KeyError):  # NotFoundError is also a KeyError
+        db.delete("missing")
+
+
+def test_add_many_is_all_or_nothing(make_db):
+    db = make_db()
+    db.add("existing", id="dup")
+    with pytest.raises(DuplicateIdError):
+        db.add_many([{"id": "n1", "content": "one"}, {"id": "dup", "content": "two"}])
+    assert len(db) == 1 and "n1" not in db
+    with pytest.raises(DuplicateIdError):
+        db.add_many([{"id": "r", "content": "1"}, {"id": "r", "content": "2"}])
+    assert len(db) == 1
+
+
+def test_transaction_commits_or_rolls_back(make_db):
+    db = make_db()
+    with db.transaction() as tx:
+        tx.add("first", id="1")
+        tx.add("second", id="2")
+        assert tx.get("1").content == "first"  # reads see the transaction's own writes
+    assert len(db) == 2
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            tx.delete("1")
+            tx.update("2", tier="cold")
+            raise RuntimeError("abort")
+    assert "1" in db and db.get("2").tier == "hot"
+
+
+def test_scan_filters(make_db):
+    db = make_db()
+    db.add_many([
+        {"id": "a", "content": "a", "tier": "hot", "tags": ["x", "y"], "created_at": 10.0},
+        {"id": "b", "content": "b", "tier": "warm", "tags": ["x"], "created_at": 20.0},
+        {"id": "c", "content": "c", "tier": "cold", "created_at": 30.0},
+    ])
+    assert [n.id for n in db.scan(tier="hot")] == ["a"]
+    assert [n.id for n in db.scan(tier=["hot", "warm"])] == ["a", "b"]
+    assert [n.id for n in db.scan(tags=["x"])] == ["a", "b"]
+    assert [n.id for n in db.scan(tags=["x", "y"])] == ["a"]
+    assert [n.id for n in db.scan(after=15.0)] == ["b", "c"]
+    assert [n.id for n in db.scan(before=30.0)] == ["a", "b"]
+    # small batches exercise the snapshot-per-batch path
+    assert [n.id for n in db.scan(batch=1)] == ["a", "b", "c"]
+
+
+def test_reopen_keeps_everything(tmp_path):
+    path = tmp_path / "r.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("persisted", id="p", metadata={"k": [1, 2.5, None, {"n": b"\x00"}]}, embeddings={"e": [0.5, 1.0]})
+        before = db.get("p")
+    with engramdb.open(path, passphrase=PASSPHRASE) as db:
+        assert db.get("p") == before
+
+
+def test_readonly_refuses_writes(tmp_path):
+    path = tmp_path / "ro.engram"
+    engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    with engramdb.open(path, passphrase=PASSPHRASE, readonly=True) as db:
+        assert len(db) == 0
+        with pytest.raises(ReadOnlyError):
+            db.add("no")
+
+
+def test_mode_mismatch_both_ways(tmp_path):
+    plain = tmp_path / "plain.engram"
+    with engramdb.open(plain, encrypted=False) as db:
+        db.add("visible", id="v")
+        assert not db.encrypted
+    with pytest.raises(ModeMismatchError):
+        engramdb.open(plain, passphrase="x")
+    enc = tmp_path / "enc.engram"
+    engramdb.open(enc, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    with pytest.raises(ModeMismatchError):
+        engramdb.open(enc)
+    with pytest.raises(ModeMismatchError):
+        engramdb.open(tmp_path / "new.engram")  # a new encrypted file needs a key
+
+
+def test_rekey_recovery_and_raw_key(tmp_path):
+    path = tmp_path / "k.engram"
+    with engramdb.open(path, passphrase="old", kdf=TEST_KDF) as db:
+        db.add("secret", id="s")
+        recovery = db.add_recovery_key()
+        db.rekey("new", kdf=TEST_KDF)
+    with pytest.raises(WrongPassphraseError):
+        engramdb.open(path, passphrase="old")
+    with engramdb.open(path, passphrase="new") as db:
+        assert db.get("s").content == "secret"
+    with engramdb.open(path, key=recovery.lower()) as db:  # case and dashes are forgiven
+        assert db.get("s").content == "secret"
+    raw = bytes(range(32))
+    with engramdb.open(tmp_path / "raw.engram", key=raw) as db:
+        db.add("k", id="k")
+    with engramdb.open(tmp_path / "raw.engram", key=raw) as db:
+        assert "k" in db
+    with pytest.raises(WrongPassphraseError):
+        engramdb.open(tmp_path / "raw.engram", key=bytes(32))
+
+
+def test_export_and_import_key_repairs_a_destroyed_header(tmp_path):
+    import lmdb
+
+    path = tmp_path / "h.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("keep me", id="m")
+        db.export_key(tmp_path / "h.key")
+    env = lmdb.open(str(path), subdir=False, max_dbs=32)
+    meta = env.open_db(b"t0")
+    with env.begin(write=True, db=meta) as txn:
+        for key in (b"header", b"header.bak"):
+            txn.put(key, b"garbage")
+    env.close()
+    with pytest.raises(engramdb.CorruptFileError):
+        engramdb.open(path, passphrase=PASSPHRASE)
+    with pytest.raises(WrongPassphraseError):
+        engramdb.import_key(path, tmp_path / "h.key", passphrase="wrong")
+    engramdb.import_key(path, tmp_path / "h.key", passphrase=PASSPHRASE)
+    with engramdb.open(path, passphrase=PASSPHRASE) as db:
+        assert db.get("m").content == "keep me" and db.verify() == []
+
+
+def test_info_reports_counts_and_slots(make_db):
+    db = make_db()
+    db.add_many(["a", "b"])
+    info = db.info()
+    assert info["memories"] == 2 and info["encrypted"] and info["format"] == "engramdb"
+    assert [s["kind"] for s in info["key_slots"]] == ["passphrase"]
+
+
+def test_verify_fix_rebuilds_the_id_map(make_db):
+    db = make_db()
+    db.add_many([{"id": f"n{i}", "content": str(i)} for i in range(5)])
+    with db._store.transaction() as txn:  # damage derived data: drop one id entry
+        txn.delete("ids", db._id_key("n3"))
+    problems = db.verify()
+    assert any(p.kind == "ids" for p in problems)
+    db.verify(fix=True)
+    assert db.verify() == [] and db.get("n3").content == "3"
