@@ -1,0 +1,264 @@
+"""The derived indexes of one file: BM25 segments, vector blocks and the edge graph.
+
+:class:`Indexes` is what the :class:`~engramdb.engram.Engram` facade holds per handle. It
+is called *inside* the facade's write transactions, so a memory and its index entries
+commit or roll back together::
+
+    indexes.apply(txn, added=[(docno, node)], removed=[(docno, old_node)])
+
+Everything here derives from the node records (plus user edges), so
+:meth:`Indexes.rebuild` can always recreate it and :meth:`Indexes.verify` can check it.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterator, Mapping, Sequence
+
+import msgpack
+
+from ..codec import decode_node
+from ..errors import ConfigMismatchError, CorruptFileError
+from ..records import Node
+from .bm25 import SegmentedBM25
+from .graph import Graph
+from .tokenize import Tokenizer
+from .vectors import EmbeddingSpace, VectorIndex
+
+__all__ = [
+    "TOKENIZER_KEY",
+    "IndexBatch",
+    "Indexes",
+    "init_meta",
+    "load_tokenizer",
+    "node_text",
+]
+
+TOKENIZER_KEY = b"index.tokenizer"
+_U64 = struct.Struct(">Q")
+
+
+def node_text(node: Node) -> str:
+    """The text a node is indexed by: content, quote (when not inside the content),
+    entities and topics."""
+    parts = [node.content]
+    if node.quote and node.quote not in node.content:
+        parts.append(node.quote)
+    parts.extend(node.entities)
+    parts.extend(node.topics)
+    return "\n".join(p for p in parts if p)
+
+
+def init_meta(txn: Any, tokenizer: Tokenizer | None = None) -> Tokenizer:
+    """Record the tokenizer in a new file's meta (call once, at creation).
+
+    Returns:
+        The tokenizer recorded (``Tokenizer()`` when none is given).
+
+    Raises:
+        ConfigMismatchError: the file already records a different tokenizer.
+    """
+    tokenizer = tokenizer or Tokenizer()
+    existing = txn.get("meta", TOKENIZER_KEY)
+    if existing is not None:
+        return load_tokenizer(txn, tokenizer.settings())
+    txn.put("meta", TOKENIZER_KEY, msgpack.packb(tokenizer.settings(), use_bin_type=True))
+    return tokenizer
+
+
+def load_tokenizer(txn: Any, expected: Mapping[str, Any] | None = None) -> Tokenizer:
+    """The tokenizer a file was created with (checked against ``expected`` when given).
+
+    Raises:
+        ConfigMismatchError: no or unsupported settings, a mismatch with ``expected``, or
+            stemming without PyStemmer installed.
+    """
+    data = txn.get("meta", TOKENIZER_KEY)
+    if data is None:
+        raise ConfigMismatchError("the file records no tokenizer settings",
+                                  hint="the file was not created by engramdb.open(); run `engramdb verify FILE`")
+    try:
+        settings = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CorruptFileError("the tokenizer settings in meta do not decode") from exc
+    if expected is not None and dict(expected) != settings:
+        raise ConfigMismatchError(f"the file was created with tokenizer {settings!r}, not {dict(expected)!r}")
+    return Tokenizer.from_settings(settings)
+
+
+def iter_nodes(txn: Any) -> Iterator[tuple[int, Node]]:
+    """Every (docno, node) of the ``nodes`` table, in docno order.
+
+    Raises:
+        CorruptFileError: a record does not decode.
+    """
+    for key, value in txn.items("nodes"):
+        if len(key) != 8:
+            raise CorruptFileError("a node key is not an 8-byte docno")
+        yield _U64.unpack(key)[0], decode_node(value)
+
+
+class Indexes:
+    """BM25, vectors and the graph of one open store.
+
+    Args:
+        store: the :class:`~engramdb.store.Store` (for ``blind`` and ``last_txnid``).
+        tokenizer: the file's tokenizer (:func:`load_tokenizer`).
+    """
+
+    def __init__(self, store: Any, tokenizer: Tokenizer) -> None:
+        self.store = store
+        self.tokenizer = tokenizer
+        self.bm25 = SegmentedBM25(store.blind, store.last_txnid)
+        self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer)
+        self.graph = Graph()
+
+    @classmethod
+    def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> "Indexes":
+        """The indexes of a file, with the tokenizer recorded in its meta.
+
+        A file that records no tokenizer yet (new, or never written) gets ``tokenizer``
+        (default ``Tokenizer()``); its settings are recorded by the first :meth:`apply`.
+
+        Raises:
+            ConfigMismatchError: see :func:`load_tokenizer`.
+        """
+        with store.read() as txn:
+            if txn.get("meta", TOKENIZER_KEY) is not None:
+                return cls(store, load_tokenizer(txn, tokenizer.settings() if tokenizer else None))
+        return cls(store, tokenizer or Tokenizer())
+
+    def ensure_meta(self, txn: Any) -> None:
+        """Record this handle's tokenizer in meta if the file has none; refuse a different one.
+
+        Raises:
+            ConfigMismatchError: the file records another tokenizer.
+        """
+        if txn.get("meta", TOKENIZER_KEY) is None:
+            init_meta(txn, self.tokenizer)
+        elif txn.write and load_tokenizer(txn).settings() != self.tokenizer.settings():
+            raise ConfigMismatchError("another process recorded a different tokenizer for this file",
+                                      hint="open the file again")
+
+    def batch(self, txn: Any) -> "IndexBatch":
+        """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
+        one :meth:`apply` call (one segment however many memories the transaction adds)."""
+        return IndexBatch(self, txn)
+
+    def terms(self, node: Node) -> list[str]:
+        """The index terms of a node."""
+        return self.tokenizer(node_text(node))
+
+    def apply(self, txn: Any, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Node]]) -> None:
+        """Index one write transaction's changes (an update is in both lists, same docno).
+
+        Creates at most one BM25 segment and one vector block per space, then runs at most
+        one small merge step.
+
+        Raises:
+            EmbeddingError: a node's embedding does not fit its space.
+            ValidationError: the same docno is added twice.
+            CorruptFileError: the index records are damaged.
+        """
+        self.ensure_meta(txn)
+        added = sorted(added, key=lambda item: item[0])
+        removed_docnos = sorted({docno for docno, _ in removed})
+        texts = [node_text(node) for _, node in added]
+        self.vectors.apply(txn, added, texts, removed_docnos)
+        self.bm25.apply(txn, [(docno, self.tokenizer(text)) for (docno, _), text in zip(added, texts)],
+                        removed_docnos)
+        re_added = {docno for docno, _ in added}
+        for docno in removed_docnos:
+            if docno not in re_added:
+                self.graph.remove_node(txn, docno)
+
+    def add_space(self, txn: Any, space: EmbeddingSpace) -> None:
+        """Record an embedding space; an ``auto`` space also embeds the existing nodes.
+
+        Raises:
+            ConfigMismatchError: a space of that name exists with other settings.
+        """
+        before = self.vectors.spaces(txn)
+        self.vectors.add_space(txn, space)
+        if space.name not in before and space.auto:
+            nodes = list(iter_nodes(txn))
+            self.vectors.rebuild(txn, nodes, [node_text(n) for _, n in nodes])
+
+    def link_tunnels(self, txn: Any, *, now: float = 0.0) -> int:
+        """Recompute the derived tunnel edges over all nodes; returns their number."""
+        return self.graph.link_tunnels(txn, list(iter_nodes(txn)), now=now)
+
+    def rebuild(self, txn: Any, *, now: float = 0.0) -> None:
+        """Drop and rebuild every derived structure from the node records.
+
+        User edges are kept (dangling ones dropped); tunnel edges are recomputed.
+
+        Raises:
+            CorruptFileError: a node record does not decode.
+            EmbeddingError: a node's embedding does not fit its space.
+        """
+        nodes = list(iter_nodes(txn))
+        self.bm25.rebuild(txn, [(docno, self.terms(node)) for docno, node in nodes])
+        self.vectors.rebuild(txn, nodes, [node_text(n) for _, n in nodes])
+        self.graph.repair(txn, [docno for docno, _ in nodes])
+        self.graph.link_tunnels(txn, nodes, now=now)
+
+    def verify(self, txn: Any) -> list[str]:
+        """Problems where the indexes disagree with the node records (empty when consistent)."""
+        try:
+            nodes = list(iter_nodes(txn))
+        except CorruptFileError as exc:
+            return [f"nodes: {exc.message}"]
+        problems = self.bm25.verify(txn, [(docno, self.terms(node)) for docno, node in nodes])
+        problems += self.vectors.verify(txn, nodes, [node_text(n) for _, n in nodes])
+        problems += self.graph.verify(txn, [docno for docno, _ in nodes], {docno: n.id for docno, n in nodes})
+        return problems
+
+    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+        """Up to ``max_steps`` tiered merge steps on BM25 and on each vector space.
+
+        ``force=True`` merges all BM25 segments into one when the policy is satisfied
+        (before compaction). Returns the number of steps run.
+        """
+        return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps)
+
+
+class IndexBatch:
+    """Changes of one write transaction, applied to the indexes in one call.
+
+    ``remove`` after ``add`` of the same docno in the batch cancels the add; a docno
+    indexed before the batch is tombstoned once, however often it changes.
+    """
+
+    def __init__(self, indexes: Indexes, txn: Any) -> None:
+        self._indexes = indexes
+        self._txn = txn
+        self._added: dict[int, Node] = {}
+        self._removed: dict[int, Node] = {}
+        self._fresh: set[int] = set()
+
+    def add(self, docno: int, node: Node) -> None:
+        """Index ``node`` under ``docno`` (after a :meth:`remove` of its old version)."""
+        if docno not in self._removed and docno not in self._added:
+            self._fresh.add(docno)
+        self._added[docno] = node
+
+    def remove(self, docno: int, node: Node) -> None:
+        """Drop the indexed version of ``docno``."""
+        if docno in self._added:
+            del self._added[docno]
+        if docno in self._fresh:
+            self._fresh.discard(docno)
+            return
+        self._removed.setdefault(docno, node)
+
+    def flush(self) -> None:
+        """Apply the buffered changes (a no-op when empty).
+
+        Raises:
+            EmbeddingError, ValidationError, CorruptFileError: see :meth:`Indexes.apply`.
+        """
+        if self._added or self._removed:
+            added = sorted(self._added.items())
+            removed = sorted(self._removed.items())
+            self._added, self._removed, self._fresh = {}, {}, set()
+            self._indexes.apply(self._txn, added, removed)

@@ -1,0 +1,722 @@
+"""Segmented BM25 postings inside the encrypted file (spec/bm25.md).
+
+Layout (every value is sealed by the store; keys never hold a plaintext term or id):
+
+``postings`` table
+    ``blind(term) (16 bytes) | segno (u32 BE)`` -> posting block of that term in that segment.
+``segments`` table
+    ``b"dir"``                -> the directory: live segments, tombstones, corpus statistics.
+    ``b"s" | segno (u32 BE)`` -> the segment's documents: docnos and lengths (a posting block
+                                  whose "tf" column is the document length).
+    ``b"v" | segno (u32 BE)`` -> the blinded terms present in the segment (for merges).
+
+A write transaction adds one immutable segment. A delete or update marks the old
+``(segment, docno)`` pair dead in the directory (a tombstone); queries skip dead pairs and
+merges drop them. Segments merge by a tiered policy (:data:`MERGE_FACTOR` segments of the
+same size tier become one), in bounded steps.
+
+Scoring is Lucene's BM25 as bm25s implements it (method ``"lucene"``)::
+
+    idf(t)      = ln(1 + (N - df + 0.5) / (df + 0.5))
+    score(d, q) = sum over query terms t (repeats count): w_t * idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl))
+
+with k1 = 1.2, b = 0.75, N the live document count and avgdl their mean length. Ties
+break by docno ascending.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import zstandard
+
+import msgpack
+
+from ..errors import CorruptFileError, ValidationError
+
+__all__ = [
+    "K1",
+    "B",
+    "MERGE_FACTOR",
+    "SegmentedBM25",
+    "encode_block",
+    "decode_block",
+    "lucene_idf",
+    "lucene_tf_part",
+    "top_k",
+]
+
+K1 = 1.2
+B = 0.75
+MERGE_FACTOR = 10
+# Segments whose dead fraction reaches this are rewritten alone, dropping their tombstones.
+DEAD_REWRITE_FRACTION = 0.5
+# apply() runs at most one merge step, and only when it reads at most this many documents,
+# so a single remember() never pays for a large merge; larger merges run from merge().
+AUTO_MERGE_MAX_DOCS = 20_000
+
+BLOCK_RAW = 1
+BLOCK_ZSTD = 2
+_ZSTD_MIN = 96  # below this a zstd frame costs more than it saves
+_MAX_BLOCK_BYTES = 1 << 31
+_HEAD = struct.Struct("<BIBB")  # kind, count, docno-delta width, value width
+_SEG = struct.Struct(">I")
+BLIND_LEN = 16
+DIR_KEY = b"dir"
+DIR_VERSION = 1
+
+_zc = zstandard.ZstdCompressor(level=1)
+_zd = zstandard.ZstdDecompressor()
+
+
+# --- pure functions -----------------------------------------------------------------
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CorruptFileError(f"an index record does not decode ({type(exc).__name__})",
+                               hint="run `engramdb verify --fix FILE` to rebuild the indexes") from None
+
+
+def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
+    """Lucene's idf: ``ln(1 + (N - df + 0.5) / (df + 0.5))`` (always positive)."""
+    return np.log1p((n_docs - np.asarray(df, dtype=np.float64) + 0.5) / (np.asarray(df, dtype=np.float64) + 0.5))
+
+
+def lucene_tf_part(tf: np.ndarray, dl: np.ndarray, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
+    """The term-frequency factor ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` in float64."""
+    tf = tf.astype(np.float64)
+    return tf / (k1 * ((1.0 - b) + b * dl.astype(np.float64) / avgdl) + tf)
+
+
+def top_k(docnos: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best (docno, score) pairs: score descending, then docno ascending.
+
+    Exact under ties: every candidate tied with the k-th score is considered before the
+    docno tie-break, so the result does not depend on input order.
+    """
+    if k <= 0 or docnos.size == 0:
+        return docnos[:0], scores[:0]
+    if docnos.size > k:
+        part = np.argpartition(-scores, k - 1)[:k]
+        threshold = scores[part].min()
+        keep = scores >= threshold
+        docnos, scores = docnos[keep], scores[keep]
+    order = np.lexsort((docnos, -scores))[:k]
+    return docnos[order], scores[order]
+
+
+def _width(max_value: int) -> int:
+    if max_value < 1 << 8:
+        return 1
+    if max_value < 1 << 16:
+        return 2
+    if max_value < 1 << 32:
+        return 4
+    return 8
+
+
+_DT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def encode_block(docnos: np.ndarray, values: np.ndarray) -> bytes:
+    """Encode strictly increasing docnos and their positive counts (spec/bm25.md, "Blocks").
+
+    Docnos are delta-coded; both columns use the narrowest little-endian width that fits.
+    Bodies larger than a few dozen bytes are zstd-compressed.
+
+    Raises:
+        ValidationError: the docnos are not strictly increasing or the columns differ in length.
+    """
+    docnos = np.asarray(docnos, dtype=np.uint64)
+    values = np.asarray(values, dtype=np.uint64)
+    if docnos.shape != values.shape or docnos.ndim != 1:
+        raise ValidationError("a posting block needs two 1-D columns of equal length")
+    deltas = np.diff(docnos, prepend=np.uint64(0))
+    if docnos.size > 1 and not np.all(docnos[1:] > docnos[:-1]):
+        raise ValidationError("posting docnos must be strictly increasing")
+    dw = _width(int(deltas.max())) if docnos.size else 1
+    vw = _width(int(values.max())) if values.size else 1
+    body = deltas.astype(_DT[dw]).tobytes() + values.astype(_DT[vw]).tobytes()
+    if len(body) >= _ZSTD_MIN:
+        return _HEAD.pack(BLOCK_ZSTD, docnos.size, dw, vw) + _zc.compress(body)
+    return _HEAD.pack(BLOCK_RAW, docnos.size, dw, vw) + body
+
+
+def decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`encode_block`: ``(docnos uint64, values uint32-or-wider)``.
+
+    Raises:
+        CorruptFileError: unknown block kind, bad widths, or a length that does not match.
+    """
+    if len(data) < _HEAD.size:
+        raise CorruptFileError("a posting block is truncated")
+    kind, count, dw, vw = _HEAD.unpack_from(data)
+    if dw not in _DT or vw not in _DT or count * (dw + vw) > _MAX_BLOCK_BYTES:
+        raise CorruptFileError("a posting block has an invalid header")
+    body = data[_HEAD.size:]
+    if kind == BLOCK_ZSTD:
+        try:
+            body = _zd.decompress(body, max_output_size=count * (dw + vw))
+        except zstandard.ZstdError:
+            raise CorruptFileError("a posting block does not decompress") from None
+    elif kind != BLOCK_RAW:
+        raise CorruptFileError(f"unknown posting block kind {kind}", hint="upgrade engramdb to read this file")
+    if len(body) != count * (dw + vw):
+        raise CorruptFileError("a posting block has the wrong length")
+    deltas = np.frombuffer(body, dtype=_DT[dw], count=count).astype(np.uint64)
+    values = np.frombuffer(body, dtype=_DT[vw], count=count, offset=count * dw).astype(np.int64)
+    docnos = np.cumsum(deltas, dtype=np.uint64)
+    if count > 1 and not np.all(deltas[1:] > 0):
+        raise CorruptFileError("a posting block's docnos are not increasing")
+    return docnos, values
+
+
+def count_postings(docs: Sequence[tuple[int, Sequence[str]]]) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+    """Invert ``(docno, terms)`` pairs: sorted terms, and per term its docnos and tfs.
+
+    Vectorised with numpy so ingest cost is a few passes over the tokens.
+    """
+    vocab: dict[str, int] = {}
+    term_ids: list[int] = []
+    doc_index: list[int] = []
+    setdefault = vocab.setdefault
+    for i, (_, terms) in enumerate(docs):
+        term_ids.extend(setdefault(t, len(vocab)) for t in terms)
+        doc_index.extend([i] * len(terms))
+    if not term_ids:
+        return [], [], []
+    docnos = np.fromiter((d for d, _ in docs), dtype=np.uint64, count=len(docs))
+    order_docs = np.argsort(docnos, kind="stable")
+    rank_of_doc = np.empty(len(docs), dtype=np.int64)
+    rank_of_doc[order_docs] = np.arange(len(docs))
+    words = sorted(vocab)
+    rank_of_term = np.empty(len(vocab), dtype=np.int64)
+    rank_of_term[[vocab[w] for w in words]] = np.arange(len(words))
+    keys = rank_of_term[np.asarray(term_ids)] * len(docs) + rank_of_doc[np.asarray(doc_index)]
+    uniq, tfs = np.unique(keys, return_counts=True)
+    term_rank = uniq // len(docs)
+    doc_sorted = docnos[order_docs][uniq % len(docs)]
+    bounds = np.searchsorted(term_rank, np.arange(len(words) + 1))
+    out_docs = [doc_sorted[bounds[j]:bounds[j + 1]] for j in range(len(words))]
+    out_tfs = [tfs[bounds[j]:bounds[j + 1]] for j in range(len(words))]
+    return words, out_docs, out_tfs
+
+
+# --- the directory --------------------------------------------------------------------
+
+
+class _Dir:
+    """The decoded directory record (mutable copy inside a write transaction)."""
+
+    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "dead")
+
+    def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
+        self.epoch = epoch
+        self.next = next_segno
+        self.n_docs = 0
+        self.total_len = 0
+        # segno -> [ndocs (including dead), total length of its docs]
+        self.segs: dict[int, list[int]] = {}
+        # segno -> sorted uint64 array of dead docnos in that segment
+        self.dead: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> "_Dir":
+        if data is None:
+            return cls()
+        raw = _unpack(data)
+        try:
+            if raw["v"] != DIR_VERSION:
+                raise CorruptFileError("the BM25 directory has an unknown version", hint="upgrade engramdb")
+            d = cls(int(raw["epoch"]), int(raw["next"]))
+            d.n_docs = int(raw["n"])
+            d.total_len = int(raw["len"])
+            d.segs = {int(s): [int(n), int(ln)] for s, n, ln in raw["segs"]}
+            d.dead = {int(s): np.frombuffer(b, dtype="<u8").astype(np.uint64) for s, b in raw["dead"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptFileError("the BM25 directory record is malformed") from exc
+        return d
+
+    def encode(self) -> bytes:
+        return _pack({
+            "v": DIR_VERSION,
+            "epoch": self.epoch,
+            "next": self.next,
+            "n": self.n_docs,
+            "len": self.total_len,
+            "segs": [[s, n, ln] for s, (n, ln) in sorted(self.segs.items())],
+            "dead": [[s, a.astype("<u8").tobytes()] for s, a in sorted(self.dead.items()) if a.size],
+        })
+
+    def live_count(self, segno: int) -> int:
+        dead = self.dead.get(segno)
+        return self.segs[segno][0] - (0 if dead is None else int(dead.size))
+
+
+def _seg_key(prefix: bytes, segno: int) -> bytes:
+    return prefix + _SEG.pack(segno)
+
+
+def _tier(live_docs: int) -> int:
+    return 0 if live_docs < MERGE_FACTOR else int(math.log(live_docs, MERGE_FACTOR) + 1e-9)
+
+
+def plan_merge(segs: Mapping[int, Sequence[int]], dead: Mapping[int, np.ndarray]) -> list[int] | None:
+    """The next merge step of the tiered policy, or None when nothing needs merging.
+
+    A segment at least half dead is rewritten alone first. Otherwise, among segments
+    grouped by size tier (``floor(log10(live docs))``), the lowest tier holding at least
+    :data:`MERGE_FACTOR` segments merges its ``MERGE_FACTOR`` oldest ones.
+    """
+    for segno in sorted(segs):
+        ndocs = segs[segno][0]
+        ndead = int(dead[segno].size) if segno in dead else 0
+        if ndead and ndead >= DEAD_REWRITE_FRACTION * ndocs:
+            return [segno]
+    tiers: dict[int, list[int]] = {}
+    for segno in sorted(segs):
+        live = segs[segno][0] - (int(dead[segno].size) if segno in dead else 0)
+        tiers.setdefault(_tier(live), []).append(segno)
+    for tier in sorted(tiers):
+        if len(tiers[tier]) >= MERGE_FACTOR:
+            return tiers[tier][:MERGE_FACTOR]
+    return None
+
+
+# --- the index ------------------------------------------------------------------------
+
+
+class _Seg:
+    """A decoded segment's documents (immutable once committed)."""
+
+    __slots__ = ("docnos", "lens")
+
+    def __init__(self, docnos: np.ndarray, lens: np.ndarray) -> None:
+        self.docnos = docnos
+        self.lens = lens
+
+
+class SegmentedBM25:
+    """The BM25 index of one open file.
+
+    Args:
+        blind: ``store.blind`` (purpose, value) -> 16-byte blind index.
+        last_txnid: ``store.last_txnid``; a change drops the per-query caches.
+
+    The caches hold decrypted postings: segments are immutable and their numbers are never
+    reused, so a decoded block stays valid until its segment is merged away. Only data read
+    through read transactions is cached, so an aborted write can never leave stale entries.
+    """
+
+    def __init__(self, blind: Callable[[bytes, bytes], bytes], last_txnid: Callable[[], int]) -> None:
+        self._blind_fn = blind
+        self._last_txnid = last_txnid
+        self._blinds: dict[str, bytes] = {}
+        self._txnid: int | None = None
+        self._dir: _Dir | None = None
+        self._segs: dict[int, _Seg] = {}
+        self._blocks: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
+        self._terms: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    # --- keys and caches ----------------------------------------------------------------
+
+    def blind(self, term: str) -> bytes:
+        """The blinded key of ``term`` (memoised per handle)."""
+        b = self._blinds.get(term)
+        if b is None:
+            if len(self._blinds) > 500_000:
+                self._blinds.clear()
+            b = self._blinds[term] = self._blind_fn(b"term", term.encode("utf-8", "surrogatepass"))
+        return b
+
+    def _directory(self, txn: Any) -> _Dir:
+        """The directory as of ``txn``; cached for read transactions until a commit."""
+        if txn.write:
+            return _Dir.decode(txn.get("segments", DIR_KEY))
+        txnid = self._last_txnid()
+        if self._dir is None or txnid != self._txnid:
+            d = _Dir.decode(txn.get("segments", DIR_KEY))
+            if self._dir is None or d.epoch != self._dir.epoch:
+                self._segs.clear()
+                self._blocks.clear()
+            else:
+                for segno in [s for s in self._segs if s not in d.segs]:
+                    del self._segs[segno]
+                if len(self._blocks) > 1_000_000:
+                    self._blocks.clear()
+            self._terms.clear()
+            self._dir, self._txnid = d, txnid
+        return self._dir
+
+    def _segment(self, txn: Any, segno: int) -> _Seg:
+        seg = self._segs.get(segno)
+        if seg is None:
+            data = txn.get("segments", _seg_key(b"s", segno))
+            if data is None:
+                raise CorruptFileError(f"BM25 segment {segno} is missing", hint="run `engramdb verify --fix FILE`")
+            seg = _Seg(*decode_block(data))
+            if not txn.write:
+                self._segs[segno] = seg
+        return seg
+
+    def _block(self, txn: Any, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(docnos, tfs, doc lengths) of one term in one segment, or None."""
+        key = blind + _SEG.pack(segno)
+        if key in self._blocks:
+            return self._blocks[key]
+        data = txn.get("postings", key)
+        out = None
+        if data is not None:
+            docnos, tfs = decode_block(data)
+            seg = self._segment(txn, segno)
+            pos = np.searchsorted(seg.docnos, docnos)
+            if pos.size and (pos[-1] >= seg.docnos.size or not np.array_equal(seg.docnos[pos], docnos)):
+                raise CorruptFileError("a posting names a document missing from its segment",
+                                       hint="run `engramdb verify --fix FILE`")
+            out = (docnos, tfs, seg.lens[pos])
+        if not txn.write:
+            self._blocks[key] = out
+        return out
+
+    def _postings(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A term's live (docnos, tfs, lengths) over all segments, in docno order."""
+        cached = self._terms.get(blind) if not txn.write else None
+        if cached is not None:
+            return cached
+        parts = []
+        for segno in sorted(d.segs):
+            blk = self._block(txn, blind, segno)
+            if blk is None:
+                continue
+            dead = d.dead.get(segno)
+            if dead is not None and dead.size:
+                keep = ~np.isin(blk[0], dead)
+                blk = (blk[0][keep], blk[1][keep], blk[2][keep])
+            if blk[0].size:
+                parts.append(blk)
+        if not parts:
+            out = (np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        elif len(parts) == 1:
+            out = parts[0]
+        else:
+            docnos = np.concatenate([p[0] for p in parts])
+            order = np.argsort(docnos, kind="stable")
+            out = (docnos[order], np.concatenate([p[1] for p in parts])[order],
+                   np.concatenate([p[2] for p in parts])[order])
+        if not txn.write:
+            self._terms[blind] = out
+        return out
+
+    # --- queries --------------------------------------------------------------------------
+
+    def stats(self, txn: Any) -> tuple[int, int]:
+        """(live documents, total length of the live documents)."""
+        d = self._directory(txn)
+        return d.n_docs, d.total_len
+
+    def scores(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 scores of every live document matching at least one query term.
+
+        Args:
+            txn: a store transaction.
+            query_terms: index terms, a repeated term counting once per occurrence, or a
+                mapping term -> positive weight (a weight of 2 equals repeating the term).
+
+        Returns:
+            ``(docnos uint64, scores float64)``, in docno order.
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
+        if isinstance(query_terms, Mapping):
+            weights = dict(query_terms)
+        else:
+            weights = dict(Counter(query_terms))
+        d = self._directory(txn)
+        if d.n_docs <= 0 or not weights:
+            return np.zeros(0, np.uint64), np.zeros(0, np.float64)
+        avgdl = d.total_len / d.n_docs
+        all_docs, all_scores = [], []
+        for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
+            w = weights[term]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
+                raise ValidationError(f"query term weight for {term!r} must be a positive number")
+            docnos, tfs, dls = self._postings(txn, d, self.blind(term))
+            if not docnos.size:
+                continue
+            idf = float(lucene_idf(d.n_docs, docnos.size))
+            all_docs.append(docnos)
+            all_scores.append((float(w) * idf) * lucene_tf_part(tfs, dls, avgdl) if avgdl > 0 else np.zeros(docnos.size))
+        if not all_docs:
+            return np.zeros(0, np.uint64), np.zeros(0, np.float64)
+        docs = np.concatenate(all_docs)
+        contrib = np.concatenate(all_scores)
+        hi = int(docs.max())
+        if hi < 4 * docs.size + 1024:
+            acc = np.bincount(docs.astype(np.int64), weights=contrib, minlength=hi + 1)
+            hit = np.bincount(docs.astype(np.int64), minlength=hi + 1) > 0
+            out_docs = np.flatnonzero(hit).astype(np.uint64)
+            return out_docs, acc[out_docs.astype(np.int64)]
+        out_docs, inverse = np.unique(docs, return_inverse=True)
+        return out_docs, np.bincount(inverse, weights=contrib, minlength=out_docs.size)
+
+    def search(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str], k: int) -> list[tuple[int, float]]:
+        """The top ``k`` (docno, score), score descending then docno ascending.
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
+        docs, scores = self.scores(txn, query_terms)
+        docs, scores = top_k(docs, scores, k)
+        return [(int(a), float(s)) for a, s in zip(docs, scores)]
+
+    def doc_count(self, txn: Any) -> int:
+        """The number of live documents."""
+        return self._directory(txn).n_docs
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def _write_segment(self, txn: Any, d: _Dir, docs: Sequence[tuple[int, Sequence[str]]]) -> int | None:
+        if not docs:
+            return None
+        segno = d.next
+        d.next += 1
+        suffix = _SEG.pack(segno)
+        words, docnos_per, tfs_per = count_postings(docs)
+        blinds = []
+        for word, docnos, tfs in zip(words, docnos_per, tfs_per):
+            b = self.blind(word)
+            blinds.append(b)
+            txn.put("postings", b + suffix, encode_block(docnos, tfs))
+        blinds.sort()
+        order = sorted(range(len(docs)), key=lambda i: docs[i][0])
+        seg_docnos = np.asarray([docs[i][0] for i in order], dtype=np.uint64)
+        seg_lens = np.asarray([len(docs[i][1]) for i in order], dtype=np.uint64)
+        txn.put("segments", _seg_key(b"s", segno), encode_block(seg_docnos, seg_lens))
+        txn.put("segments", _seg_key(b"v", segno), b"".join(blinds))
+        total = int(seg_lens.sum())
+        d.segs[segno] = [len(docs), total]
+        d.n_docs += len(docs)
+        d.total_len += total
+        return segno
+
+    def _tombstone(self, txn: Any, d: _Dir, docno: int) -> bool:
+        """Mark the live version of ``docno`` dead; False when it is not indexed."""
+        key = np.uint64(docno)
+        for segno in sorted(d.segs, reverse=True):
+            seg = self._segment(txn, segno)
+            pos = int(np.searchsorted(seg.docnos, key))
+            if pos >= seg.docnos.size or seg.docnos[pos] != key:
+                continue
+            dead = d.dead.get(segno)
+            if dead is not None and dead.size:
+                dpos = int(np.searchsorted(dead, key))
+                if dpos < dead.size and dead[dpos] == key:
+                    continue
+                d.dead[segno] = np.insert(dead, dpos, key)
+            else:
+                d.dead[segno] = np.asarray([docno], dtype=np.uint64)
+            d.n_docs -= 1
+            d.total_len -= int(seg.lens[pos])
+            return True
+        return False
+
+    def apply(self, txn: Any, added: Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
+              *, auto_merge: bool = True) -> None:
+        """Index one write transaction: tombstone ``removed`` docnos, then add one segment.
+
+        An update is the docno in both lists. At most one small merge step follows
+        (documents read bounded by :data:`AUTO_MERGE_MAX_DOCS`).
+
+        Raises:
+            ValidationError: a docno is added twice in one call.
+            CorruptFileError: the index records are damaged.
+        """
+        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        for docno in sorted(set(removed)):
+            self._tombstone(txn, d, docno)
+        seen = set()
+        for docno, _ in added:
+            if docno in seen:
+                raise ValidationError(f"document {docno} added twice in one index batch")
+            seen.add(docno)
+        self._write_segment(txn, d, list(added))
+        if auto_merge:
+            self._merge_steps(txn, d, 1, AUTO_MERGE_MAX_DOCS)
+        txn.put("segments", DIR_KEY, d.encode())
+
+    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+        """Run up to ``max_steps`` merge steps; returns how many ran.
+
+        With ``force=True`` a step merges every segment into one when the policy has nothing
+        left to do (a full optimise, e.g. before compaction).
+
+        Raises:
+            CorruptFileError: the index records are damaged.
+        """
+        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        done = self._merge_steps(txn, d, max_steps, None)
+        if force and done < max_steps and (len(d.segs) > 1 or any(a.size for a in d.dead.values())):
+            self._merge_segments(txn, d, sorted(d.segs))
+            done += 1
+        if done:
+            txn.put("segments", DIR_KEY, d.encode())
+        return done
+
+    def _merge_steps(self, txn: Any, d: _Dir, max_steps: int, max_docs: int | None) -> int:
+        done = 0
+        while done < max_steps:
+            plan = plan_merge(d.segs, d.dead)
+            if plan is None:
+                break
+            if max_docs is not None and sum(d.segs[s][0] for s in plan) > max_docs:
+                break
+            self._merge_segments(txn, d, plan)
+            done += 1
+        return done
+
+    def _merge_segments(self, txn: Any, d: _Dir, segnos: Sequence[int]) -> None:
+        """Replace ``segnos`` by one segment holding their live documents."""
+        blinds: set[bytes] = set()
+        live_docs, live_lens = [], []
+        for segno in segnos:
+            terms = txn.get("segments", _seg_key(b"v", segno)) or b""
+            blinds.update(terms[i:i + BLIND_LEN] for i in range(0, len(terms), BLIND_LEN))
+            seg = self._segment(txn, segno)
+            dead = d.dead.get(segno)
+            keep = ~np.isin(seg.docnos, dead) if dead is not None and dead.size else np.ones(seg.docnos.size, bool)
+            live_docs.append(seg.docnos[keep])
+            live_lens.append(seg.lens[keep])
+        docnos = np.concatenate(live_docs) if live_docs else np.zeros(0, np.uint64)
+        lens = np.concatenate(live_lens) if live_lens else np.zeros(0, np.uint64)
+        order = np.argsort(docnos, kind="stable")
+        docnos, lens = docnos[order], lens[order]
+        new = d.next if docnos.size else None
+        new_blinds = []
+        for blind in sorted(blinds):
+            parts_d, parts_t = [], []
+            for segno in segnos:
+                key = blind + _SEG.pack(segno)
+                data = txn.get("postings", key)
+                if data is None:
+                    continue
+                txn.delete("postings", key)
+                pd, pt = decode_block(data)
+                dead = d.dead.get(segno)
+                if dead is not None and dead.size:
+                    keep = ~np.isin(pd, dead)
+                    pd, pt = pd[keep], pt[keep]
+                parts_d.append(pd)
+                parts_t.append(pt)
+            if new is None or not parts_d:
+                continue
+            pd = np.concatenate(parts_d)
+            if not pd.size:
+                continue
+            order = np.argsort(pd, kind="stable")
+            txn.put("postings", blind + _SEG.pack(new), encode_block(pd[order], np.concatenate(parts_t)[order]))
+            new_blinds.append(blind)
+        for segno in segnos:
+            txn.delete("segments", _seg_key(b"s", segno))
+            txn.delete("segments", _seg_key(b"v", segno))
+            del d.segs[segno]
+            d.dead.pop(segno, None)
+        if new is not None:
+            d.next += 1
+            txn.put("segments", _seg_key(b"s", new), encode_block(docnos, lens))
+            txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
+            d.segs[new] = [int(docnos.size), int(lens.sum())]
+
+    def rebuild(self, txn: Any, docs: Sequence[tuple[int, Sequence[str]]]) -> None:
+        """Drop every posting and segment and index ``docs`` as one segment.
+
+        Segment numbers keep increasing and the epoch changes, so caches in other handles
+        can never confuse old and new segments.
+
+        Raises:
+            ValidationError: a docno appears twice.
+        """
+        try:
+            old = _Dir.decode(txn.get("segments", DIR_KEY))
+            epoch, next_segno = old.epoch + 1, old.next
+        except CorruptFileError:
+            epoch, next_segno = 1, 1
+        for table in ("postings", "segments"):
+            keys = [k for k, _ in txn.items(table)]
+            for key in keys:
+                if table == "segments" and key[:1] in (b"s", b"v") and len(key) == 5:
+                    next_segno = max(next_segno, _SEG.unpack(key[1:])[0] + 1)
+                if table == "postings" and len(key) == BLIND_LEN + 4:
+                    next_segno = max(next_segno, _SEG.unpack(key[BLIND_LEN:])[0] + 1)
+                txn.delete(table, key)
+        if len({docno for docno, _ in docs}) != len(docs):
+            raise ValidationError("a docno appears twice in the documents to index")
+        d = _Dir(epoch, next_segno)
+        self._write_segment(txn, d, list(docs))
+        txn.put("segments", DIR_KEY, d.encode())
+
+    def verify(self, txn: Any, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:
+        """Compare the index with ``docs`` (every live docno and its terms).
+
+        Returns:
+            Human-readable problems; empty when postings, lengths and statistics agree.
+        """
+        problems: list[str] = []
+        try:
+            d = _Dir.decode(txn.get("segments", DIR_KEY))
+        except CorruptFileError as exc:
+            return [f"bm25: {exc.message}"]
+        expected: dict[int, Counter] = {docno: Counter(self.blind(t) for t in terms) for docno, terms in docs}
+        actual: dict[int, Counter] = {}
+        lengths: dict[int, int] = {}
+        try:
+            for segno in sorted(d.segs):
+                seg = self._segment(txn, segno)
+                dead = d.dead.get(segno, np.zeros(0, np.uint64))
+                live = ~np.isin(seg.docnos, dead)
+                seg_live = set(seg.docnos[live].tolist())
+                for docno, ln in zip(seg.docnos[live].tolist(), seg.lens[live].tolist()):
+                    if docno in lengths:
+                        problems.append(f"bm25: document {docno} is live in two segments")
+                    lengths[docno] = ln
+                    actual.setdefault(docno, Counter())
+                terms = txn.get("segments", _seg_key(b"v", segno)) or b""
+                for i in range(0, len(terms), BLIND_LEN):
+                    blind = terms[i:i + BLIND_LEN]
+                    data = txn.get("postings", blind + _SEG.pack(segno))
+                    if data is None:
+                        problems.append(f"bm25: segment {segno} lists a term with no posting block")
+                        continue
+                    pd, pt = decode_block(data)
+                    for docno, tf in zip(pd.tolist(), pt.tolist()):
+                        if docno in seg_live:
+                            actual[docno][blind] += tf
+        except CorruptFileError as exc:
+            return problems + [f"bm25: {exc.message}"]
+        missing = sorted(set(expected) - set(actual))
+        extra = sorted(set(actual) - set(expected))
+        if missing:
+            problems.append(f"bm25: {len(missing)} documents are not indexed (first docno {missing[0]})")
+        if extra:
+            problems.append(f"bm25: {len(extra)} indexed documents no longer exist (first docno {extra[0]})")
+        wrong = [docno for docno in sorted(set(expected) & set(actual))
+                 if expected[docno] != actual[docno] or lengths[docno] != sum(expected[docno].values())]
+        if wrong:
+            problems.append(f"bm25: {len(wrong)} documents have postings that differ from their text "
+                            f"(first docno {wrong[0]})")
+        n_exp = len(expected)
+        len_exp = sum(sum(c.values()) for c in expected.values())
+        if (d.n_docs, d.total_len) != (n_exp, len_exp):
+            problems.append(f"bm25: statistics say {d.n_docs} documents / {d.total_len} terms, "
+                            f"the records give {n_exp} / {len_exp}")
+        return problems

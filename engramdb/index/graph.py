@@ -1,0 +1,264 @@
+"""Typed edges between memories, tunnels, and personalised PageRank.
+
+Layout of the ``edges`` table (values sealed; keys hold only docnos and a kind number):
+
+``b"f" | src u64 | kind u8 | dst u64`` -> msgpack ``[src_id, dst_id, kind, weight, label,
+created_at, valid_from, valid_to, derived]``
+``b"r" | dst u64 | kind u8 | src u64`` -> ``b""`` (the reverse index, for incoming edges)
+
+``kind`` is the position in :data:`engramdb.records.EDGE_KINDS`. ``derived`` marks
+tunnel edges computed from the nodes' entities and topics (:func:`link_tunnels`); they
+are recomputed by a rebuild, while user edges are kept.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+from ..errors import CorruptFileError, ValidationError
+from ..records import EDGE_KINDS, Edge
+from .tunnels import link_sets
+
+__all__ = [
+    "TUNNEL_THRESHOLD",
+    "TUNNEL_TOP_K",
+    "Graph",
+    "personalized_pagerank",
+    "tunnel_tokens",
+]
+
+TUNNEL_THRESHOLD = 0.3
+TUNNEL_TOP_K = 3
+TUNNEL_LABEL = "shared entities/topics"
+_KEY = struct.Struct(">cQBQ")
+
+
+def _kind_no(kind: str) -> int:
+    try:
+        return EDGE_KINDS.index(kind)
+    except ValueError:
+        raise ValidationError(f"edge kind must be one of {', '.join(EDGE_KINDS)}, got {kind!r}") from None
+
+
+def tunnel_tokens(node: Any) -> frozenset[str]:
+    """The set a node's tunnels are computed from: its entities and topics, lowercased."""
+    return frozenset([f"e:{e.lower()}" for e in node.entities] + [f"t:{t.lower()}" for t in node.topics])
+
+
+def personalized_pagerank(adjacency: np.ndarray, seeds: np.ndarray, *, alpha: float = 0.15,
+                          iterations: int = 30, tol: float = 1e-10) -> np.ndarray:
+    """Personalised PageRank by power iteration.
+
+    ``p = alpha * s + (1 - alpha) * P^T p`` where ``P`` is ``adjacency`` row-normalised
+    (a dangling row teleports back to the seeds) and ``s`` the normalised seed vector.
+
+    Args:
+        adjacency: ``(n, n)`` non-negative weights, ``adjacency[i, j]`` for edge i -> j.
+        seeds: ``(n,)`` non-negative restart weights (not all zero).
+        alpha: restart probability.
+        iterations: maximum power iterations.
+        tol: stop when the L1 change falls below this.
+
+    Returns:
+        The stationary distribution (sums to 1).
+
+    Raises:
+        ValidationError: shapes disagree, negative weights, or all-zero seeds.
+    """
+    adjacency = np.asarray(adjacency, dtype=np.float64)
+    seeds = np.asarray(seeds, dtype=np.float64)
+    n = seeds.shape[0]
+    if adjacency.shape != (n, n) or np.any(adjacency < 0) or np.any(seeds < 0) or seeds.sum() <= 0:
+        raise ValidationError("PageRank needs an (n, n) non-negative adjacency and non-zero seeds")
+    s = seeds / seeds.sum()
+    out = adjacency.sum(axis=1)
+    dangling = out == 0
+    trans = np.divide(adjacency, out[:, None], out=np.zeros_like(adjacency), where=~dangling[:, None])
+    p = s.copy()
+    for _ in range(iterations):
+        nxt = alpha * s + (1 - alpha) * (trans.T @ p + p[dangling].sum() * s)
+        if np.abs(nxt - p).sum() < tol:
+            p = nxt
+            break
+        p = nxt
+    return p
+
+
+def _edge_value(edge: Edge, derived: bool) -> bytes:
+    return msgpack.packb([edge.src, edge.dst, edge.kind, edge.weight, edge.label, edge.created_at,
+                          edge.valid_from, edge.valid_to, derived], use_bin_type=True)
+
+
+def _edge_from(data: bytes) -> tuple[Edge, bool]:
+    try:
+        src, dst, kind, weight, label, created, vfrom, vto, derived = msgpack.unpackb(data, raw=False)
+        return Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=created,
+                    valid_from=vfrom, valid_to=vto), bool(derived)
+    except (ValueError, TypeError, ValidationError, msgpack.UnpackException) as exc:
+        raise CorruptFileError("an edge record is malformed", hint="run `engramdb verify FILE`") from exc
+
+
+class Graph:
+    """Edge storage over a store transaction (stateless; safe to share)."""
+
+    def put(self, txn: Any, src: int, dst: int, edge: Edge, *, derived: bool = False) -> None:
+        """Store ``edge`` from docno ``src`` to docno ``dst`` (replacing one of the same kind).
+
+        Raises:
+            ValidationError: an unknown kind, or an edge from a node to itself.
+        """
+        if src == dst:
+            raise ValidationError("an edge cannot link a memory to itself")
+        k = _kind_no(edge.kind)
+        txn.put("edges", _KEY.pack(b"f", src, k, dst), _edge_value(edge, derived))
+        txn.put("edges", _KEY.pack(b"r", dst, k, src), b"")
+
+    def delete(self, txn: Any, src: int, dst: int, kind: str) -> bool:
+        """Remove one edge; True when it existed.
+
+        Raises:
+            ValidationError: an unknown kind.
+        """
+        k = _kind_no(kind)
+        found = txn.delete("edges", _KEY.pack(b"f", src, k, dst))
+        txn.delete("edges", _KEY.pack(b"r", dst, k, src))
+        return found
+
+    def get(self, txn: Any, src: int, dst: int, kind: str) -> Edge | None:
+        """The edge (src, kind, dst), or None.
+
+        Raises:
+            ValidationError: an unknown kind.
+        """
+        data = txn.get("edges", _KEY.pack(b"f", src, _kind_no(kind), dst))
+        return None if data is None else _edge_from(data)[0]
+
+    def outgoing(self, txn: Any, src: int) -> list[tuple[int, Edge, bool]]:
+        """(dst docno, edge, derived) of every edge leaving ``src``, in key order."""
+        out = []
+        for key, value in txn.items("edges", b"f" + struct.pack(">Q", src)):
+            _, _, _, dst = _KEY.unpack(key)
+            edge, derived = _edge_from(value)
+            out.append((dst, edge, derived))
+        return out
+
+    def incoming(self, txn: Any, dst: int) -> list[tuple[int, str]]:
+        """(src docno, kind) of every edge arriving at ``dst``, in key order."""
+        out = []
+        for key in txn.keys("edges", b"r" + struct.pack(">Q", dst)):
+            _, _, k, src = _KEY.unpack(key)
+            out.append((src, EDGE_KINDS[k] if k < len(EDGE_KINDS) else "related"))
+        return out
+
+    def neighbours(self, txn: Any, docno: int) -> dict[int, float]:
+        """Undirected neighbour weights of ``docno`` (both directions, summed per neighbour).
+
+        ``supersedes`` and ``contradicts`` edges do not spread relevance and are skipped.
+        """
+        weights: dict[int, float] = {}
+        for dst, edge, _ in self.outgoing(txn, docno):
+            if edge.kind not in ("supersedes", "contradicts") and edge.weight > 0:
+                weights[dst] = weights.get(dst, 0.0) + edge.weight
+        for src, kind in self.incoming(txn, docno):
+            if kind in ("supersedes", "contradicts"):
+                continue
+            data = txn.get("edges", _KEY.pack(b"f", src, _kind_no(kind), docno))
+            if data is not None:
+                edge, _ = _edge_from(data)
+                if edge.weight > 0:
+                    weights[src] = weights.get(src, 0.0) + edge.weight
+        return dict(sorted(weights.items()))
+
+    def superseded(self, txn: Any, docno: int) -> bool:
+        """Whether some live memory supersedes ``docno``."""
+        return any(kind == "supersedes" for _, kind in self.incoming(txn, docno))
+
+    def remove_node(self, txn: Any, docno: int) -> int:
+        """Delete every edge touching ``docno``; returns how many edges went."""
+        n = 0
+        for key in list(txn.keys("edges", b"f" + struct.pack(">Q", docno))):
+            _, src, k, dst = _KEY.unpack(key)
+            txn.delete("edges", key)
+            txn.delete("edges", _KEY.pack(b"r", dst, k, src))
+            n += 1
+        for key in list(txn.keys("edges", b"r" + struct.pack(">Q", docno))):
+            _, dst, k, src = _KEY.unpack(key)
+            txn.delete("edges", key)
+            txn.delete("edges", _KEY.pack(b"f", src, k, dst))
+            n += 1
+        return n
+
+    def link_tunnels(self, txn: Any, nodes: Sequence[tuple[int, Any]], *, now: float = 0.0,
+                     threshold: float = TUNNEL_THRESHOLD, top_k: int = TUNNEL_TOP_K) -> int:
+        """Recompute every derived tunnel edge from the nodes' entities and topics.
+
+        Uses :func:`engramdb.index.tunnels.link_sets` (exact below 500 nodes, seeded
+        MinHash/LSH above), so the result is the same in every process. Each link is
+        stored once, from the lower docno to the higher, weighted by its Jaccard score.
+
+        Returns:
+            The number of tunnel edges now stored.
+        """
+        nodes = sorted(nodes, key=lambda item: item[0])
+        self.drop_derived(txn)
+        sets = [tunnel_tokens(node) for _, node in nodes]
+        links = link_sets(sets, threshold=threshold, top_k=top_k)
+        for link in links:
+            (a, na), (b, nb) = nodes[link.i], nodes[link.j]
+            self.put(txn, a, b, Edge(src=na.id, dst=nb.id, kind="tunnel", weight=link.score,
+                                     label=TUNNEL_LABEL, created_at=now), derived=True)
+        return len(links)
+
+    def drop_derived(self, txn: Any) -> None:
+        """Delete every derived (tunnel) edge."""
+        doomed = []
+        for key, value in txn.items("edges", b"f"):
+            _, derived = _edge_from(value)
+            if derived:
+                doomed.append(key)
+        for key in doomed:
+            _, src, k, dst = _KEY.unpack(key)
+            txn.delete("edges", key)
+            txn.delete("edges", _KEY.pack(b"r", dst, k, src))
+
+    def verify(self, txn: Any, live: Iterable[int], ids: Mapping[int, str] | None = None) -> list[str]:
+        """Edges pointing at missing nodes, or a forward/reverse index mismatch."""
+        live_set = set(live)
+        problems = []
+        fwd = set()
+        dangling = 0
+        try:
+            for key, value in txn.items("edges", b"f"):
+                _, src, k, dst = _KEY.unpack(key)
+                edge, _ = _edge_from(value)
+                fwd.add((src, k, dst))
+                if src not in live_set or dst not in live_set:
+                    dangling += 1
+                elif ids is not None and (ids.get(src) != edge.src or ids.get(dst) != edge.dst):
+                    problems.append(f"edges: the edge {src}->{dst} names ids that do not match its nodes")
+        except (CorruptFileError, struct.error) as exc:
+            return [f"edges: {exc}"]
+        rev = set()
+        for key in txn.keys("edges", b"r"):
+            _, dst, k, src = _KEY.unpack(key)
+            rev.add((src, k, dst))
+        if dangling:
+            problems.append(f"edges: {dangling} edges point at memories that no longer exist")
+        if fwd != rev:
+            problems.append(f"edges: the reverse index disagrees with the edges ({len(fwd ^ rev)} entries)")
+        return problems
+
+    def repair(self, txn: Any, live: Iterable[int]) -> None:
+        """Drop dangling edges and rebuild the reverse index from the forward edges."""
+        live_set = set(live)
+        for key in list(txn.keys("edges", b"r")):
+            txn.delete("edges", key)
+        for key in list(txn.keys("edges", b"f")):
+            _, src, k, dst = _KEY.unpack(key)
+            if src in live_set and dst in live_set:
+                txn.put("edges", _KEY.pack(b"r", dst, k, src), b"")
+            else:
+                txn.delete("edges", key)

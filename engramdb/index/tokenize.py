@@ -1,0 +1,186 @@
+"""The tokenizer: text -> index terms, fixed per file for its whole life.
+
+The contract (spec/bm25.md, section "Tokenizer"):
+
+1. Unicode NFKC normalisation, then ``str.lower()``.
+2. Terms are the matches of ``(?u)\\b\\w\\w+\\b`` (Unicode word characters, two or more):
+   the scikit-learn / bm25s pattern, so engramdb and bm25s agree token for token.
+3. Stopwords (Lucene's 33-word English set by default) are removed before stemming.
+4. Optional Snowball stemming through PyStemmer (``stemmer="english"``).
+
+The settings are written into the file's ``meta`` at creation
+(:meth:`Tokenizer.settings`) and read back on open (:meth:`Tokenizer.from_settings`),
+so a file keeps its tokenization even when the library defaults change.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigMismatchError, ValidationError
+
+__all__ = [
+    "LUCENE_EN_STOPWORDS",
+    "STOPWORD_SETS",
+    "TOKEN_PATTERN",
+    "Tokenizer",
+    "stemming_available",
+]
+
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+SETTINGS_VERSION = 1
+
+# Lucene's EnglishAnalyzer default stop set; also bm25s's "en" list.
+LUCENE_EN_STOPWORDS = (
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into",
+    "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then",
+    "there", "these", "they", "this", "to", "was", "will", "with",
+)
+STOPWORD_SETS: dict[str, tuple[str, ...]] = {"lucene_en": LUCENE_EN_STOPWORDS, "none": ()}
+
+# Bound the per-tokenizer stem memo so a long-lived handle over an open vocabulary
+# cannot grow without limit; clearing is cheap and keeps results identical.
+_STEM_CACHE_MAX = 200_000
+
+
+def stemming_available() -> bool:
+    """Whether PyStemmer (the optional ``stem`` extra) can be imported."""
+    try:
+        import Stemmer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _load_stemmer(language: str) -> Callable[[str], str]:
+    try:
+        import Stemmer
+    except ImportError as exc:
+        raise ConfigMismatchError(
+            f"this file's tokenizer stems words with Snowball ({language}) but PyStemmer is not installed",
+            hint="pip install 'engramdb[stem]' (PyStemmer), then open the file again",
+        ) from exc
+    try:
+        stemmer = Stemmer.Stemmer(language)
+    except KeyError as exc:
+        raise ConfigMismatchError(
+            f"PyStemmer has no Snowball stemmer for language {language!r}",
+            hint="use a language listed by Stemmer.algorithms(), e.g. 'english'",
+        ) from exc
+    return stemmer.stemWord
+
+
+class Tokenizer:
+    """Turns text into index terms.
+
+    Args:
+        stopwords: name of a stopword set: ``"lucene_en"`` (default) or ``"none"``.
+        stemmer: a Snowball language for PyStemmer (e.g. ``"english"``), ``None`` for no
+            stemming, or ``"auto"`` (the default): ``"english"`` when PyStemmer is
+            installed, else ``None``. The resolved value is what :meth:`settings` records.
+        normalize: a :func:`unicodedata.normalize` form, or ``None``.
+
+    Raises:
+        ValidationError: an unknown stopword set or normalisation form.
+        ConfigMismatchError: stemming is asked for but PyStemmer is missing.
+    """
+
+    def __init__(self, *, stopwords: str = "lucene_en", stemmer: str | None = "auto",
+                 normalize: str | None = "NFKC") -> None:
+        if stopwords not in STOPWORD_SETS:
+            raise ValidationError(
+                f"unknown stopword set {stopwords!r}",
+                hint=f"use one of {', '.join(sorted(STOPWORD_SETS))}",
+            )
+        if normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
+            raise ValidationError(f"unknown Unicode normalisation {normalize!r}", hint="use 'NFKC', 'NFC' or None")
+        if stemmer == "auto":
+            stemmer = "english" if stemming_available() else None
+        if stemmer is not None and (not isinstance(stemmer, str) or not stemmer):
+            raise ValidationError("stemmer must be a Snowball language name or None")
+        self.stopwords_name = stopwords
+        self.stemmer_name = stemmer
+        self.normalize = normalize
+        self._stop = frozenset(STOPWORD_SETS[stopwords])
+        self._findall = re.compile(TOKEN_PATTERN).findall
+        self._stem = _load_stemmer(stemmer) if stemmer else None
+        self._memo: dict[str, str] = {}
+
+    # --- settings persisted in meta ---------------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        """The settings to record in the file's meta (plain JSON-like data)."""
+        return {
+            "version": SETTINGS_VERSION,
+            "pattern": TOKEN_PATTERN,
+            "lowercase": True,
+            "normalize": self.normalize,
+            "stopwords": self.stopwords_name,
+            "stemmer": self.stemmer_name,
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "Tokenizer":
+        """Rebuild the tokenizer a file was created with.
+
+        Raises:
+            ConfigMismatchError: the settings come from a newer tokenizer version, use a
+                pattern this version does not implement, or need PyStemmer when it is
+                missing.
+        """
+        try:
+            version = settings["version"]
+            pattern = settings["pattern"]
+            stopwords = settings["stopwords"]
+            stemmer = settings["stemmer"]
+            normalize = settings.get("normalize")
+        except (KeyError, TypeError) as exc:
+            raise ConfigMismatchError(f"the file's tokenizer settings are incomplete: {settings!r}") from exc
+        if version != SETTINGS_VERSION or pattern != TOKEN_PATTERN or not settings.get("lowercase", False):
+            raise ConfigMismatchError(
+                f"the file's tokenizer (version {version!r}) is not supported by this engramdb",
+                hint="upgrade engramdb to open this file",
+            )
+        try:
+            return cls(stopwords=stopwords, stemmer=stemmer, normalize=normalize)
+        except ValidationError as exc:
+            raise ConfigMismatchError(f"the file's tokenizer settings are not supported: {exc.message}") from exc
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(stopwords={self.stopwords_name!r}, stemmer={self.stemmer_name!r}, normalize={self.normalize!r})"
+
+    # --- tokenizing ---------------------------------------------------------------
+
+    def words(self, text: str) -> list[str]:
+        """Normalised, lowercased words with stopwords removed, before stemming."""
+        if self.normalize:
+            text = unicodedata.normalize(self.normalize, text)
+        stop = self._stop
+        return [w for w in self._findall(text.lower()) if w not in stop]
+
+    def stem(self, word: str) -> str:
+        """The index term for one already-lowercased word (identity without a stemmer)."""
+        if self._stem is None:
+            return word
+        memo = self._memo
+        term = memo.get(word)
+        if term is None:
+            if len(memo) >= _STEM_CACHE_MAX:
+                memo.clear()
+            term = memo[word] = self._stem(word)
+        return term
+
+    def __call__(self, text: str) -> list[str]:
+        """The index terms of ``text``, in order, duplicates kept.
+
+        Raises:
+            ValidationError: ``text`` is not a string.
+        """
+        if not isinstance(text, str):
+            raise ValidationError(f"can only tokenize strings, got {type(text).__name__}")
+        words = self.words(text)
+        if self._stem is None:
+            return words
+        stem = self.stem
+        return [stem(w) for w in words]
