@@ -1047,3 +1047,879 @@ def _decode_v3(lines: list[str], strict: bool) -> CompressResult:
     if col.warnings:
         meta["warnings"] = col.warnings
     return CompressResult(zettels, tunnels, EntityIndex(name_to_code, code_to_name), meta)
+
+
+# --- store dumps (spec section 4) ----------------------------------------------------
+
+_SPACE_KEYS = ("name", "model", "dims", "dtype", "normalized")
+
+
+@dataclass(frozen=True)
+class DumpHeader:
+    """What precedes the nodes of a dump: everything needed to create the store.
+
+    Attributes:
+        version: the AAAK version (3).
+        settings: the ``@set`` lines (e.g. ``tokenizer`` -> config dict).
+        meta: the ``@meta`` lines (generic key/value).
+        spaces: one dict per embedding space (``name``, ``model``, ``dims``, ``dtype``,
+            ``normalized`` and any extra keys), sorted by name.
+    """
+
+    version: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    spaces: tuple[dict[str, Any], ...] = ()
+
+
+class ArchiveRow(NamedTuple):
+    """An archive row: a node id and its original (pre-archive) content."""
+
+    id: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ProcedureRow:
+    """One procedure row: an opaque msgpack-able dict."""
+
+    data: dict[Any, Any]
+
+
+@dataclass(frozen=True)
+class DumpSummary:
+    """What :func:`verify_dump` found in a dump that passed every check."""
+
+    header: DumpHeader
+    records: int
+    nodes: int
+    edges: int
+    archive: int
+    procedures: int
+    sha256: str
+
+
+DumpItem = Union[DumpHeader, Node, Edge, ArchiveRow, ProcedureRow]
+
+
+def _opt_sort(value: float | None) -> tuple[int, float, str]:
+    return (0, 0.0, "") if value is None else (1, value, repr(value))
+
+
+def edge_sort_key(edge: Edge) -> tuple[Any, ...]:
+    """The canonical order of edges in a dump (spec section 4).
+
+    ``None`` sorts before any number; ``-0.0`` before ``0.0`` (by repr) so the order is total.
+    """
+    return (
+        edge.src, edge.dst, edge.kind, edge.weight, repr(edge.weight), edge.created_at,
+        repr(edge.created_at), _opt_sort(edge.valid_from), _opt_sort(edge.valid_to), edge.label,
+    )
+
+
+def _check_space(space: Any) -> dict[str, Any]:
+    if not isinstance(space, Mapping):
+        raise ValidationError("each space must be a dict with name, model, dims, dtype, normalized")
+    missing = [k for k in _SPACE_KEYS if k not in space]
+    if missing:
+        raise ValidationError(f"space {space.get('name')!r} lacks {', '.join(missing)}")
+    name, model, dims, dtype, normalized = (space[k] for k in _SPACE_KEYS)
+    if not isinstance(name, str) or not name:
+        raise ValidationError("space name must be a non-empty string")
+    for key, value in (("model", model), ("dtype", dtype)):
+        if not isinstance(value, str):
+            raise ValidationError(f"space {name!r}: {key} must be a string")
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+        raise ValidationError(f"space {name!r}: dims must be a positive integer")
+    if not isinstance(normalized, bool):
+        raise ValidationError(f"space {name!r}: normalized must be a bool")
+    for key in space:
+        if not isinstance(key, str):
+            raise ValidationError(f"space {name!r}: keys must be strings")
+    return dict(space)
+
+
+def _space_line(space: dict[str, Any]) -> str:
+    parts = [
+        _esc(space["name"]), _esc(space["model"]), str(space["dims"]), _esc(space["dtype"]),
+        "1" if space["normalized"] else "0",
+    ]
+    extra = {k: v for k, v in space.items() if k not in _SPACE_KEYS}
+    if extra:
+        parts.append(tjson_dumps(extra))
+    return "@space " + "|".join(parts)
+
+
+def _vector_b64(vec: Iterable[float]) -> str:
+    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _node_lines(node: Node, spaces: Mapping[str, dict[str, Any]]) -> list[str]:
+    nid = _esc(node.id)
+    lines = [
+        _zettel_fields(
+            node.id, node.entities, node.topics, node.quote, node.weight, node.emotions, node.flags,
+            node.source_start, node.source_end, node.resolved_date, None,
+        ),
+        "@n " + "|".join((
+            nid, node.tier, _fmt_float(node.importance), _fmt_float(node.created_at),
+            _fmt_float(node.last_accessed), str(node.access_count), "1" if node.pinned else "0",
+            _enc_list(node.tags, ",", "|,"), _esc(node.source),
+        )),
+        "@c " + nid + "|" + _esc(node.content),
+    ]
+    if node.metadata:
+        lines.append("@m " + nid + "|" + tjson_dumps(node.metadata))
+    for space_name in sorted(node.embeddings):
+        vec = node.embeddings[space_name]
+        space = spaces.get(space_name)
+        if space is None:
+            raise EmbeddingError(f"node {node.id!r} has an embedding in undeclared space {space_name!r}")
+        if len(vec) != space["dims"]:
+            raise EmbeddingError(
+                f"node {node.id!r}: embedding {space_name!r} has {len(vec)} dims, the space has {space['dims']}"
+            )
+        lines.append("@v " + nid + "|" + _esc(space_name) + "|" + _vector_b64(vec))
+    return lines
+
+
+def _edge_line(edge: Edge) -> str:
+    return "@e " + "|".join((
+        _esc(edge.src), _esc(edge.dst), edge.kind, _fmt_float(edge.weight), _fmt_float(edge.created_at),
+        "" if edge.valid_from is None else _fmt_float(edge.valid_from),
+        "" if edge.valid_to is None else _fmt_float(edge.valid_to),
+        _esc(edge.label),
+    ))
+
+
+def write_dump(
+    fp: TextIO | BinaryIO,
+    *,
+    settings: Mapping[str, Any],
+    spaces: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Node],
+    edges: Iterable[Edge] = (),
+    archive: Iterable[tuple[str, str]] = (),
+    procedures: Iterable[Mapping[Any, Any]] = (),
+    meta: Mapping[str, Any] | None = None,
+) -> int:
+    """Stream a whole store to ``fp`` as a canonical AAAK v3 dump.
+
+    Ordering contract: ``nodes`` and ``archive`` are streamed and MUST already be in
+    ascending id order (LMDB key order of UTF-8 ids is exactly that); a violation raises
+    before anything out of order is written. ``settings``, ``meta``, ``spaces``, ``edges``
+    and ``procedures`` are sorted here (they are held in memory: O(number of edges)).
+
+    Args:
+        fp: a writable text stream (or binary stream; UTF-8 is written).
+        settings: store settings (``@set`` lines), e.g. ``{"tokenizer": {...}}``.
+        spaces: embedding spaces: dicts with ``name``, ``model``, ``dims``, ``dtype``,
+            ``normalized`` (extra keys are kept).
+        nodes: every node, in ascending id order.
+        edges: every edge (any order; duplicates are refused).
+        archive: ``(id, original_content)`` pairs in ascending id order.
+        procedures: procedure rows (msgpack-able dicts), any order.
+        meta: optional generic key/value map (``@meta`` lines).
+
+    Returns:
+        The record count written in the trailer: the number of lines between the
+        header and the trailer.
+
+    Raises:
+        ValidationError: a record of the wrong type, out of order or duplicated, or a
+            value tjson cannot carry.
+        EmbeddingError: an embedding in an undeclared space or with the wrong dims.
+    """
+    if not isinstance(settings, Mapping):
+        raise ValidationError("settings must be a dict")
+    meta = {} if meta is None else meta
+    if not isinstance(meta, Mapping):
+        raise ValidationError("meta must be a dict")
+    space_map: dict[str, dict[str, Any]] = {}
+    for space in spaces:
+        checked = _check_space(space)
+        if checked["name"] in space_map:
+            raise ValidationError(f"space {checked['name']!r} is declared twice")
+        space_map[checked["name"]] = checked
+    for kind, mapping in (("settings", settings), ("meta", meta)):
+        if len(mapping) > _MAX_PRELUDE:
+            raise ValidationError(f"more than {_MAX_PRELUDE} {kind} keys")
+        for key in mapping:
+            _check_str(f"{kind} key", key)
+    if len(space_map) > _MAX_PRELUDE:
+        raise ValidationError(f"more than {_MAX_PRELUDE} embedding spaces")
+    edge_list = list(edges)
+    for edge in edge_list:
+        if not isinstance(edge, Edge):
+            raise ValidationError(f"edges must be Edge objects, got {type(edge).__name__}")
+    edge_list.sort(key=edge_sort_key)
+    proc_lines = []
+    for proc in procedures:
+        if not isinstance(proc, Mapping):
+            raise ValidationError(f"procedure rows must be dicts, got {type(proc).__name__}")
+        proc_lines.append("@p " + tjson_dumps(proc))
+    proc_lines.sort()
+
+    sink = _Sink(fp)
+    sink.line(DUMP_HEADER)
+    for key in sorted(settings):
+        sink.line("@set " + _esc(key) + "|" + tjson_dumps(settings[key]))
+    for key in sorted(meta):
+        sink.line("@meta " + _esc(key) + "|" + tjson_dumps(meta[key]))
+    for name in sorted(space_map):
+        sink.line(_space_line(space_map[name]))
+    last: str | None = None
+    for node in nodes:
+        if not isinstance(node, Node):
+            raise ValidationError(f"nodes must be Node objects, got {type(node).__name__}")
+        if last is not None and node.id <= last:
+            raise ValidationError(
+                f"nodes must come in ascending id order without duplicates: {node.id!r} after {last!r}"
+            )
+        last = node.id
+        for line in _node_lines(node, space_map):
+            sink.line(line)
+    prev_key = None
+    for edge in edge_list:
+        key = edge_sort_key(edge)
+        if key == prev_key:
+            raise ValidationError(f"duplicate edge {edge.src!r} -> {edge.dst!r} ({edge.kind})")
+        prev_key = key
+        sink.line(_edge_line(edge))
+    last = None
+    for row in archive:
+        if not isinstance(row, tuple) or len(row) != 2:
+            raise ValidationError("archive rows must be (id, content) pairs")
+        aid, content = row
+        _check_str("archive id", aid)
+        _check_str("archive content", content)
+        if not aid:
+            raise ValidationError("archive ids must be non-empty")
+        if last is not None and aid <= last:
+            raise ValidationError(f"archive rows must come in ascending id order without duplicates: {aid!r}")
+        last = aid
+        sink.line("@a " + _esc(aid) + "|" + _esc(content))
+    for line in proc_lines:
+        sink.line(line)
+    return sink.finish()
+
+
+# --- reading dumps -------------------------------------------------------------------
+
+
+def _as_text_stream(fp: Any) -> TextIO:
+    if isinstance(fp, str):
+        return io.StringIO(fp, newline="\n")
+    if isinstance(fp, (bytes, bytearray)):
+        fp = io.BytesIO(bytes(fp))
+    if isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", ""):
+        return io.TextIOWrapper(fp, encoding="utf-8", errors="strict", newline="\n")
+    if not hasattr(fp, "readline"):
+        raise AAAKParseError("the dump must be a readable file object or text", hint="open the file and pass it")
+    return fp
+
+
+_SECTION = {"@set": 1, "@meta": 2, "@space": 3, "node": 4, "@e": 5, "@a": 6, "@p": 7}
+_NODE_EXT = ("@n", "@c", "@m", "@v")
+
+
+class _DumpReader:
+    """State machine over the lines of a dump; see :func:`read_dump`."""
+
+    def __init__(self, fp: Any, allow_edited: bool, max_line_chars: int, max_records: int) -> None:
+        self.fp = _as_text_stream(fp)
+        self.allow_edited = allow_edited
+        self.max_line_chars = max_line_chars
+        self.max_records = max_records
+        self.hasher = hashlib.sha256()
+        self.lineno = 0
+        self.records = 0
+        self.counts = {"nodes": 0, "edges": 0, "archive": 0, "procedures": 0}
+        self.digest = ""
+
+    def error(self, msg: str, col: int = 0, cls: type[AAAKParseError] = AAAKParseError) -> AAAKParseError:
+        return _parse_error(msg, self.lineno, col, cls)
+
+    def next_line(self) -> str | None:
+        """The next line without its LF, or None at a clean end of input."""
+        try:
+            raw = self.fp.readline(self.max_line_chars + 1)
+        except UnicodeDecodeError as exc:
+            raise _parse_error(f"not UTF-8 text: {exc.reason}", self.lineno + 1) from None
+        except EngramError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise AAAKParseError(f"cannot read the dump: {exc}", line=self.lineno + 1) from None
+        if not isinstance(raw, str):
+            raise AAAKParseError("the dump stream returned bytes; open it in text mode or pass a binary file")
+        if raw == "":
+            return None
+        self.lineno += 1
+        if not raw.endswith("\n"):
+            if len(raw) > self.max_line_chars:
+                raise self.error(f"line longer than {self.max_line_chars} characters", self.max_line_chars)
+            raise self.error("the last line has no LF: the dump is truncated", len(raw), DumpIntegrityError)
+        return raw[:-1]
+
+    def run(self) -> Iterator[DumpItem]:
+        first = self.next_line()
+        if first is None:
+            raise DumpIntegrityError("the dump is empty (no header, no trailer)", line=1, column=1)
+        self.hasher.update((first + "\n").encode("utf-8", "surrogatepass"))
+        if first != DUMP_HEADER:
+            hint = None
+            if first.startswith("FILE:"):
+                hint = "this looks like a compress result or a zettel-compress file; use `engramdb import`"
+            raise AAAKParseError(f"not an AAAK v3 dump: the first line must be {DUMP_HEADER!r}", line=1,
+                                 column=1, hint=hint)
+        settings: dict[str, Any] = {}
+        meta: dict[str, Any] = {}
+        spaces: dict[str, dict[str, Any]] = {}
+        header_sent = False
+        stage = 0
+        last_key: Any = None
+        pending: dict[str, Any] | None = None
+        while True:
+            line = self.next_line()
+            if line is None:
+                raise _parse_error("the @end trailer is missing: the dump is truncated", self.lineno + 1, 0,
+                                   DumpIntegrityError)
+            if line.startswith("@end"):
+                if pending is not None:
+                    yield self.finish_node(pending)
+                    pending = None
+                if not header_sent:
+                    yield DumpHeader(FORMAT_VERSION, settings, meta, tuple(spaces[k] for k in sorted(spaces)))
+                self.check_trailer(line)
+                return
+            self.hasher.update((line + "\n").encode("utf-8", "surrogatepass"))
+            self.records += 1
+            if self.records > self.max_records:
+                raise self.error(f"more than {self.max_records} records")
+            try:
+                if _RAW_FORBIDDEN_RE.search(line):
+                    bad = _RAW_FORBIDDEN_RE.search(line)
+                    raise _Err(f"raw control character U+{ord(bad.group()):04X} must be escaped", bad.start())
+                tag = line.split(" ", 1)[0] if line.startswith("@") else "node"
+                if tag in _NODE_EXT:
+                    if pending is None:
+                        raise _Err(f"{tag} line without a preceding node line", 0)
+                    self.node_ext(pending, tag, line)
+                    continue
+                if tag not in _SECTION:
+                    raise _Err(f"unknown line kind {line[:12]!r}", 0)
+                if pending is not None:
+                    yield self.finish_node(pending)
+                    pending = None
+                section = _SECTION[tag]
+                if section < stage:
+                    raise _Err(f"{tag} line out of order (order: @set, @meta, @space, nodes, @e, @a, @p)", 0)
+                if section != stage:
+                    last_key = None
+                    stage = section
+                if section >= 4 and not header_sent:
+                    header_sent = True
+                    yield DumpHeader(FORMAT_VERSION, settings, meta, tuple(spaces[k] for k in sorted(spaces)))
+                if tag in ("@set", "@meta"):
+                    target = settings if tag == "@set" else meta
+                    if len(target) >= _MAX_PRELUDE:
+                        raise _Err(f"more than {_MAX_PRELUDE} {tag} lines", 0)
+                    parts = _split(line, "|", len(tag) + 1, maxsplit=1)
+                    if len(parts) != 2:
+                        raise _Err(f"{tag} needs key|value", len(line))
+                    (k_raw, k_off), (v_raw, v_off) = parts
+                    key = _unesc(k_raw, k_off)
+                    if last_key is not None and key <= last_key:
+                        raise _Err(f"{tag} keys must be sorted and unique", k_off)
+                    last_key = key
+                    target[key] = _tjson_loads(v_raw, v_off)
+                elif tag == "@space":
+                    if len(spaces) >= _MAX_PRELUDE:
+                        raise _Err(f"more than {_MAX_PRELUDE} spaces", 0)
+                    space = self.parse_space(line)
+                    if last_key is not None and space["name"] <= last_key:
+                        raise _Err("@space lines must be sorted by name and unique", 7)
+                    last_key = space["name"]
+                    spaces[space["name"]] = space
+                elif tag == "node":
+                    parts = _parse_zettel_line(line, v3=True)
+                    if parts.zid == "":
+                        raise _Err("a node id must not be empty", 0)
+                    if last_key is not None and parts.zid <= last_key:
+                        raise _Err("nodes must be sorted by id and unique", 0)
+                    last_key = parts.zid
+                    pending = {"parts": parts, "line": self.lineno, "stage": 0, "spaces": spaces,
+                               "embeddings": {}, "last_space": None}
+                elif tag == "@e":
+                    edge = self.parse_edge(line)
+                    key = edge_sort_key(edge)
+                    if last_key is not None and key <= last_key:
+                        raise _Err("edges must be sorted and unique", 0)
+                    last_key = key
+                    self.counts["edges"] += 1
+                    yield edge
+                elif tag == "@a":
+                    parts2 = _split(line, "|", 3, maxsplit=1)
+                    if len(parts2) != 2:
+                        raise _Err("@a needs id|content", len(line))
+                    (i_raw, i_off), (c_raw, c_off) = parts2
+                    aid = _unesc(i_raw, i_off)
+                    if not aid:
+                        raise _Err("an archive id must not be empty", i_off)
+                    if last_key is not None and aid <= last_key:
+                        raise _Err("archive rows must be sorted by id and unique", i_off)
+                    last_key = aid
+                    self.counts["archive"] += 1
+                    yield ArchiveRow(aid, _unesc(c_raw, c_off))
+                else:  # @p
+                    if last_key is not None and line < last_key:
+                        raise _Err("procedure rows must be sorted", 0)
+                    last_key = line
+                    value = _tjson_loads(line[3:], 3)
+                    if not isinstance(value, dict):
+                        raise _Err("a procedure row must be a JSON object", 3)
+                    self.counts["procedures"] += 1
+                    yield ProcedureRow(value)
+            except _Err as err:
+                raise self.error(err.msg, err.col) from None
+
+    def parse_space(self, line: str) -> dict[str, Any]:
+        parts = _split(line, "|", 7)
+        if len(parts) not in (5, 6):
+            raise _Err("@space needs name|model|dims|dtype|normalized[|extra]", 0)
+        name = _unesc(*parts[0])
+        if not name:
+            raise _Err("a space name must not be empty", parts[0][1])
+        space: dict[str, Any] = {
+            "name": name, "model": _unesc(*parts[1]), "dims": _parse_int(*parts[2], unsigned=True),
+            "dtype": _unesc(*parts[3]),
+        }
+        if space["dims"] < 1:
+            raise _Err("dims must be positive", parts[2][1])
+        if parts[4][0] not in ("0", "1"):
+            raise _Err("normalized must be 0 or 1", parts[4][1])
+        space["normalized"] = parts[4][0] == "1"
+        if len(parts) == 6:
+            extra = _tjson_loads(*parts[5])
+            if not isinstance(extra, dict) or not extra or any(k in _SPACE_KEYS for k in extra):
+                raise _Err("the extra field must be a non-empty object of other keys", parts[5][1])
+            space.update(extra)
+        return space
+
+    def parse_edge(self, line: str) -> Edge:
+        parts = _split(line, "|", 3)
+        if len(parts) != 8:
+            raise _Err("@e needs src|dst|kind|weight|created_at|valid_from|valid_to|label", 0)
+        (src, s_off), (dst, d_off), (kind, k_off) = parts[:3]
+        try:
+            return Edge(
+                src=_unesc(src, s_off), dst=_unesc(dst, d_off), kind=kind,
+                weight=_parse_float(*parts[3]), created_at=_parse_float(*parts[4]),
+                valid_from=_parse_opt_float(*parts[5]), valid_to=_parse_opt_float(*parts[6]),
+                label=_unesc(*parts[7]),
+            )
+        except ValidationError as exc:
+            raise _Err(exc.message, k_off) from None
+
+    def node_ext(self, pending: dict[str, Any], tag: str, line: str) -> None:
+        order = {"@n": 1, "@c": 2, "@m": 3, "@v": 4}[tag]
+        allowed = {"@n": (0,), "@c": (1,), "@m": (2,), "@v": (2, 3, 4)}[tag]
+        if pending["stage"] not in allowed:
+            raise _Err(f"{tag} out of place within node {pending['parts'].zid!r} (order: @n, @c, [@m], @v...)", 0)
+        pending["stage"] = order
+        start = len(tag) + 1
+        parts = _split(line, "|", start, maxsplit={"@n": 8, "@c": 1, "@m": 1, "@v": 2}[tag])
+        nid = _unesc(*parts[0])
+        if nid != pending["parts"].zid:
+            raise _Err(f"{tag} names node {nid!r} inside node {pending['parts'].zid!r}", start)
+        if tag == "@n":
+            if len(parts) != 9:
+                raise _Err("@n needs id|tier|importance|created_at|last_accessed|access_count|pinned|tags|source", 0)
+            tier = parts[1][0]
+            if tier not in TIERS:
+                raise _Err(f"unknown tier {tier[:20]!r}", parts[1][1])
+            if parts[6][0] not in ("0", "1"):
+                raise _Err("pinned must be 0 or 1", parts[6][1])
+            pending.update(
+                tier=tier, importance=_parse_float(*parts[2]), created_at=_parse_float(*parts[3]),
+                last_accessed=_parse_float(*parts[4]), access_count=_parse_int(*parts[5], unsigned=True),
+                pinned=parts[6][0] == "1", tags=_dec_list(parts[7][0], parts[7][1], ","),
+                source=_unesc(*parts[8]),
+            )
+        elif tag == "@c":
+            if len(parts) != 2:
+                raise _Err("@c needs id|content", len(line))
+            pending["content"] = _unesc(*parts[1])
+        elif tag == "@m":
+            if len(parts) != 2:
+                raise _Err("@m needs id|json", len(line))
+            value = _tjson_loads(*parts[1])
+            if not isinstance(value, dict) or not value:
+                raise _Err("@m must hold a non-empty JSON object (omit the line when empty)", parts[1][1])
+            pending["metadata"] = value
+        else:
+            if len(parts) != 3:
+                raise _Err("@v needs id|space|base64", len(line))
+            space_name = _unesc(*parts[1])
+            if pending["last_space"] is not None and space_name <= pending["last_space"]:
+                raise _Err("@v lines must be sorted by space and unique", parts[1][1])
+            pending["last_space"] = space_name
+            space = pending["spaces"].get(space_name)
+            if space is None:
+                raise _Err(f"embedding space {space_name!r} is not declared by a @space line", parts[1][1])
+            try:
+                raw = _b64decode(parts[2][0])
+            except ValueError as exc:
+                raise _Err(str(exc), parts[2][1]) from None
+            if len(raw) != 4 * space["dims"]:
+                raise _Err(f"vector has {len(raw) / 4:g} dims, space {space_name!r} has {space['dims']}",
+                           parts[2][1])
+            pending["embeddings"][space_name] = np.frombuffer(raw, dtype="<f4")
+
+    def finish_node(self, pending: dict[str, Any]) -> Node:
+        p: _ZettelParts = pending["parts"]
+        if pending["stage"] < 2:
+            raise _parse_error(f"node {p.zid!r} lacks its {'@n' if pending['stage'] == 0 else '@c'} line",
+                               self.lineno)
+        if any(literal for _, literal in p.entities):
+            raise _parse_error(f"node {p.zid!r}: '=' literal entities are not used in dumps", pending["line"])
+        try:
+            node = Node(
+                id=p.zid, content=pending["content"], entities=[tok for tok, _ in p.entities],
+                topics=p.topics, quote=p.quote, weight=p.weight, flags=p.flags, emotions=p.emotions,
+                source_start=p.start, source_end=p.end, resolved_date=p.resolved_date,
+                tier=pending["tier"], importance=pending["importance"], created_at=pending["created_at"],
+                last_accessed=pending["last_accessed"], access_count=pending["access_count"],
+                pinned=pending["pinned"], tags=pending["tags"], source=pending["source"],
+                metadata=pending.get("metadata", {}), embeddings=pending["embeddings"],
+            )
+        except ValidationError as exc:
+            raise _parse_error(f"node {p.zid!r}: {exc.message}", pending["line"]) from None
+        self.counts["nodes"] += 1
+        return node
+
+    def check_trailer(self, line: str) -> None:
+        m = _TRAILER_RE.fullmatch(line)
+        if not m:
+            raise self.error("malformed trailer; expected '@end <records> <sha256>'")
+        if int(m.group(1)) != self.records:
+            raise self.error(
+                f"the trailer counts {m.group(1)} records but {self.records} precede it "
+                "(lines were deleted, duplicated or added)", 5, DumpIntegrityError)
+        self.digest = self.hasher.hexdigest()
+        if not self.allow_edited and not hmac.compare_digest(m.group(2).encode("ascii"), self.digest.encode("ascii")):
+            raise self.error("SHA-256 mismatch: the dump was edited or damaged", 6 + len(m.group(1)),
+                             DumpIntegrityError)
+        extra = self.next_line()
+        if extra is not None:
+            raise self.error("text after the @end trailer")
+
+
+def read_dump(
+    fp: TextIO | BinaryIO | str | bytes,
+    *,
+    allow_edited: bool = False,
+    max_line_chars: int = MAX_LINE_CHARS,
+    max_records: int = MAX_RECORDS,
+) -> Iterator[DumpItem]:
+    """Stream the records of an AAAK v3 dump, validating as it goes.
+
+    Yields a :class:`DumpHeader` first, then :class:`~engramdb.records.Node` (id order),
+    :class:`~engramdb.records.Edge`, :class:`ArchiveRow` and :class:`ProcedureRow` items.
+    The trailer is checked after the last item: **consume the iterator to the end before
+    trusting anything it yielded** (write into a temporary store, or call
+    :func:`verify_dump` first on a seekable input).
+
+    Args:
+        fp: a text stream, a binary stream (decoded as strict UTF-8), or the dump as str/bytes.
+        allow_edited: skip the SHA-256 comparison (for deliberately hand-edited dumps);
+            grammar, order, caps and the record count are still enforced.
+        max_line_chars: longest accepted line, in characters.
+        max_records: most accepted records (lines between header and trailer).
+
+    Raises:
+        AAAKParseError: a grammar, order or value error, with 1-based ``line`` and ``column``.
+        DumpIntegrityError: truncation, a wrong record count or SHA-256, or a missing trailer.
+    """
+    return _DumpReader(fp, allow_edited, max_line_chars, max_records).run()
+
+
+def verify_dump(
+    fp: TextIO | BinaryIO | str | bytes,
+    *,
+    allow_edited: bool = False,
+    max_line_chars: int = MAX_LINE_CHARS,
+    max_records: int = MAX_RECORDS,
+) -> DumpSummary:
+    """Check a whole dump (grammar, order, caps, count, SHA-256) without keeping its records.
+
+    Use it as the first pass of a two-pass restore on a seekable input: verify, seek back
+    to the start, then :func:`read_dump`.
+
+    Returns:
+        A :class:`DumpSummary` with the header and per-kind counts.
+
+    Raises:
+        AAAKParseError: as :func:`read_dump`.
+        DumpIntegrityError: as :func:`read_dump`.
+    """
+    reader = _DumpReader(fp, allow_edited, max_line_chars, max_records)
+    header: DumpHeader | None = None
+    for item in reader.run():
+        if isinstance(item, DumpHeader):
+            header = item
+    if header is None:  # run() yields the header before it can return; keep the type checker honest
+        raise AAAKParseError("the dump has no header")
+    return DumpSummary(header, reader.records, reader.counts["nodes"], reader.counts["edges"],
+                       reader.counts["archive"], reader.counts["procedures"], reader.digest)
+
+
+# --- encrypted dumps (spec section 5) ------------------------------------------------
+
+ENCRYPTED_MAGIC = b"AAAK-ENC"
+_ENC_VERSION = 1
+_KDF_ARGON2ID = 1
+_ENC_FIXED = struct.Struct(">8sBBIIB16s7s")  # magic, version, kdf, t, m_kib, p, salt, nonce prefix
+_ENC_HEADER_LEN = _ENC_FIXED.size + 32  # + HMAC-SHA256
+_CHUNK = 64 * 1024
+_TAG = 16
+_MAX_CHUNKS = 2**32
+
+
+def is_encrypted_dump(head: bytes) -> bool:
+    """True when ``head`` (the first bytes of a file) starts with the encrypted-dump magic."""
+    return bytes(head[: len(ENCRYPTED_MAGIC)]) == ENCRYPTED_MAGIC
+
+
+def _dump_keys(passphrase: str | bytes, salt: bytes, params: "_crypto.KDFParams") -> tuple[bytes, bytes]:
+    kek = _crypto.derive_kek(passphrase, salt, params)
+    return _crypto.hkdf(kek, b"engramdb/v1/aaak-enc/key"), _crypto.hkdf(kek, b"engramdb/v1/aaak-enc/mac")
+
+
+def _nonce(prefix: bytes, counter: int, last: bool) -> bytes:
+    return prefix + struct.pack(">I", counter) + (b"\x01" if last else b"\x00")
+
+
+class _EncryptingRaw(io.RawIOBase):
+    """A write-only raw stream: plaintext in, STREAM-sealed chunks out to ``out``."""
+
+    def __init__(self, out: BinaryIO, passphrase: str | bytes, params: "_crypto.KDFParams") -> None:
+        super().__init__()
+        salt = os.urandom(16)
+        self._prefix = os.urandom(7)
+        enc_key, mac_key = _dump_keys(passphrase, salt, params)
+        fixed = _ENC_FIXED.pack(ENCRYPTED_MAGIC, _ENC_VERSION, _KDF_ARGON2ID, params.t, params.m_kib, params.p,
+                                salt, self._prefix)
+        self._header = fixed + hmac.new(mac_key, fixed, hashlib.sha256).digest()
+        self._aead = AESGCM(enc_key)
+        self._out = out
+        self._buf = bytearray()
+        self._counter = 0
+        self.written = 0
+        self._emit(self._header)
+
+    def _emit(self, data: bytes) -> None:
+        self._out.write(data)
+        self.written += len(data)
+
+    def _seal(self, chunk: bytes, last: bool) -> None:
+        if self._counter >= _MAX_CHUNKS:
+            raise ValidationError("the dump is too large for one encrypted stream (2**32 chunks)")
+        self._emit(self._aead.encrypt(_nonce(self._prefix, self._counter, last), chunk, self._header))
+        self._counter += 1
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed encrypted dump")
+        view = bytes(data)
+        self._buf += view
+        # Keep at least one byte back: only close() knows which chunk is the last one.
+        while len(self._buf) > _CHUNK:
+            self._seal(bytes(self._buf[:_CHUNK]), False)
+            del self._buf[:_CHUNK]
+        return len(view)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._seal(bytes(self._buf), True)
+            self._buf.clear()
+            flush = getattr(self._out, "flush", None)
+            if flush is not None:
+                flush()
+        super().close()
+
+
+def _kdf_params(kdf: Any) -> "_crypto.KDFParams":
+    if kdf is None:
+        return _crypto.KDFParams.default()
+    if isinstance(kdf, _crypto.KDFParams):
+        return kdf
+    if isinstance(kdf, Mapping):
+        return _crypto.KDFParams(t=kdf.get("t"), m_kib=kdf.get("m_kib", kdf.get("m")), p=kdf.get("p"))
+    raise ValidationError("kdf must be a crypto.KDFParams or a dict with t, m_kib, p")
+
+
+def open_encrypted_writer(out_fp: BinaryIO, passphrase: str | bytes, *, kdf: Any = None) -> TextIO:
+    """A writable text stream whose UTF-8 bytes are encrypted into ``out_fp``.
+
+    Pass it to :func:`write_dump`, then ``close()`` it (or use ``with``): closing seals
+    the final chunk; ``out_fp`` itself stays open.
+
+    Args:
+        out_fp: a binary stream to write the container to.
+        passphrase: the passphrase (str is NFC-normalized, as for store files).
+        kdf: argon2id parameters (:class:`engramdb.crypto.KDFParams` or a dict); default t=3, m=64 MiB, p=4.
+
+    Raises:
+        WeakKDFError: parameters below the floor or above the cap.
+        ValidationError: an empty passphrase.
+    """
+    params = _kdf_params(kdf)
+    raw = _EncryptingRaw(out_fp, passphrase, params)
+    return io.TextIOWrapper(io.BufferedWriter(raw, buffer_size=_CHUNK), encoding="utf-8", newline="\n",
+                            write_through=False)
+
+
+def encrypt_dump(source: Any, out_fp: BinaryIO, passphrase: str | bytes, *, kdf: Any = None) -> int:
+    """Encrypt a plaintext dump into the AAAK-ENC container (spec section 5).
+
+    Args:
+        source: the dump as str or bytes, an iterable of str/bytes chunks, or a readable
+            text or binary file.
+        out_fp: binary stream receiving the container.
+        passphrase: the passphrase.
+        kdf: argon2id parameters, as for :func:`open_encrypted_writer`.
+
+    Returns:
+        The number of bytes written to ``out_fp``.
+
+    Raises:
+        WeakKDFError: parameters below the floor or above the cap.
+        ValidationError: an empty passphrase or a source of the wrong type.
+    """
+    raw = _EncryptingRaw(out_fp, passphrase, _kdf_params(kdf))
+    try:
+        if isinstance(source, (str, bytes, bytearray)):
+            chunks: Iterable[Any] = [source]
+        elif hasattr(source, "read"):
+            chunks = iter(lambda: source.read(_CHUNK), source.read(0))
+        else:
+            chunks = source
+        for chunk in chunks:
+            if isinstance(chunk, str):
+                chunk = chunk.encode("utf-8")
+            elif not isinstance(chunk, (bytes, bytearray, memoryview)):
+                raise ValidationError(f"cannot encrypt a {type(chunk).__name__}; pass str or bytes")
+            raw.write(chunk)
+    finally:
+        raw.close()
+    return raw.written
+
+
+class _DecryptingRaw(io.RawIOBase):
+    """A read-only raw stream over the chunks of an AAAK-ENC container."""
+
+    def __init__(self, src: BinaryIO, enc_key: bytes, header: bytes, prefix: bytes) -> None:
+        super().__init__()
+        self._src = src
+        self._aead = AESGCM(enc_key)
+        self._header = header
+        self._prefix = prefix
+        self._counter = 0
+        self._plain = b""
+        self._pos = 0
+        self._done = False
+        self._ahead = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def _read_exact(self, n: int) -> bytes:
+        parts = [self._ahead] if self._ahead else []
+        have = len(self._ahead)
+        self._ahead = b""
+        while have < n:
+            data = self._src.read(n - have)
+            if not data:
+                break
+            parts.append(data)
+            have += len(data)
+        return b"".join(parts)
+
+    def _next_chunk(self) -> None:
+        sealed = self._read_exact(_CHUNK + _TAG)
+        if len(sealed) < _TAG:
+            raise DecryptionError("the encrypted dump is truncated (no final chunk)",
+                                  hint="the file was cut short; use a complete copy")
+        self._ahead = self._read_exact(1)
+        last = not self._ahead
+        if self._counter >= _MAX_CHUNKS:
+            raise DecryptionError("too many chunks in the encrypted dump")
+        try:
+            plain = self._aead.decrypt(_nonce(self._prefix, self._counter, last), sealed, self._header)
+        except InvalidTag:
+            what = "truncated or tampered with" if last else "tampered with"
+            raise DecryptionError(f"chunk {self._counter} of the encrypted dump failed authentication: "
+                                  f"the file was {what}") from None
+        if last and not plain and self._counter > 0:
+            raise DecryptionError("the encrypted dump ends with an empty chunk (not written by engramdb)")
+        self._counter += 1
+        self._plain, self._pos = plain, 0
+        self._done = last
+
+    def readinto(self, buffer: Any) -> int:
+        while self._pos >= len(self._plain):
+            if self._done:
+                return 0
+            self._next_chunk()
+        n = min(len(buffer), len(self._plain) - self._pos)
+        buffer[:n] = self._plain[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+def decrypt_dump(in_fp: BinaryIO | bytes, passphrase: str | bytes) -> TextIO:
+    """Open an AAAK-ENC container: checks the header now, decrypts chunks lazily.
+
+    The returned text stream raises :class:`DecryptionError` from ``read``/``readline``
+    as soon as a chunk fails authentication, including truncation. Feed it to
+    :func:`read_dump`, which then checks the dump's own trailer.
+
+    Args:
+        in_fp: a binary stream positioned at the magic (or the container as bytes).
+        passphrase: the passphrase.
+
+    Returns:
+        A UTF-8 text stream of the plaintext dump.
+
+    Raises:
+        ForeignFileError: not an encrypted AAAK dump.
+        FormatVersionError: a container version or KDF this version does not know.
+        WeakKDFError: KDF parameters in the header are below the floor or above the cap.
+        WrongPassphraseError: the passphrase does not match (or the header was damaged).
+    """
+    if isinstance(in_fp, (bytes, bytearray)):
+        in_fp = io.BytesIO(bytes(in_fp))
+    header = in_fp.read(_ENC_HEADER_LEN)
+    if not isinstance(header, bytes):
+        raise ValidationError("decrypt_dump needs a binary stream (open the file with 'rb')")
+    if not is_encrypted_dump(header):
+        raise ForeignFileError("not an encrypted AAAK dump (bad magic)",
+                               hint="a plaintext dump is read with read_dump(); check the path")
+    if len(header) < _ENC_HEADER_LEN:
+        raise DecryptionError("the encrypted dump header is truncated")
+    magic, version, kdf_id, t, m_kib, p, salt, prefix = _ENC_FIXED.unpack(header[: _ENC_FIXED.size])
+    if version != _ENC_VERSION:
+        raise FormatVersionError(f"encrypted dump container version {version} is not supported")
+    if kdf_id != _KDF_ARGON2ID:
+        raise FormatVersionError(f"encrypted dump KDF id {kdf_id} is not supported")
+    enc_key, mac_key = _dump_keys(passphrase, salt, _crypto.KDFParams(t=t, m_kib=m_kib, p=p))
+    expected = hmac.new(mac_key, header[: _ENC_FIXED.size], hashlib.sha256).digest()
+    if not hmac.compare_digest(expected, header[_ENC_FIXED.size:]):
+        raise WrongPassphraseError("wrong passphrase for this encrypted dump (or its header is damaged)")
+    raw = _DecryptingRaw(in_fp, enc_key, header, prefix)
+    return io.TextIOWrapper(io.BufferedReader(raw, buffer_size=_CHUNK), encoding="utf-8", errors="strict",
+                            newline="\n")
