@@ -91,3 +91,89 @@ def nodes(draw) -> Node:
         embeddings=draw(st.dictionaries(st.text(min_size=1, max_size=10),
                                         st.lists(_f32, min_size=1, max_size=16), max_size=2)),
     )
+
+
+# --- a fork server: fresh subprocesses without paying the interpreter start-up each time ----
+
+_SERVER = r"""
+import json, os, sys, traceback
+os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
+sys.path.insert(0, sys.argv[1])
+import importlib
+module = importlib.import_module(sys.argv[2])
+out = sys.stdout.fileno()
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            getattr(module, request["fn"])(lambda text: os.write(out, (text + "\n").encode()), *request["args"])
+        except BaseException as exc:
+            os.write(out, ("EXC " + type(exc).__module__ + "." + type(exc).__name__ + " "
+                           + repr(str(exc))[:300] + "\n").encode())
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    os.write(out, ("EXIT %d %d %d\n" % (pid, code, signum)).encode())
+"""
+
+
+class ForkServer:
+    """A fresh interpreter that imports a test module once, then forks one child per request.
+
+    A child runs ``module.fn(emit, *args)``; ``emit(text)`` sends a line back. The child
+    opens any store itself (it inherits no handle: the server never opens one), and a
+    child killed by a signal is reported, so a crash is a test failure, not a dead pytest.
+    """
+
+    def __init__(self, module: str) -> None:
+        import subprocess
+        import sys
+
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, os.path.dirname(__file__), module],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env,
+        )
+
+    def start(self, fn: str, *args) -> None:
+        import json
+
+        self.proc.stdin.write(json.dumps({"fn": fn, "args": list(args)}) + "\n")
+        self.proc.stdin.flush()
+
+    def readline(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server died")
+        return line.rstrip("\n")
+
+    def finish(self) -> tuple[list[str], int, int]:
+        """Lines emitted by the current child, its exit code and the signal that killed it (0: none)."""
+        lines = []
+        while True:
+            line = self.readline()
+            if line.startswith("EXIT "):
+                _, _pid, code, signum = line.split()
+                return lines, int(code), int(signum)
+            lines.append(line)
+
+    def call(self, fn: str, *args) -> tuple[list[str], int, int]:
+        self.start(fn, *args)
+        return self.finish()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def fork_server(request):
+    """``fork_server`` forks children of the requesting test module (its functions take ``emit``)."""
+    server = ForkServer(request.module.__name__)
+    yield server
+    server.close()
