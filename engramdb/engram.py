@@ -279,6 +279,128 @@ class Engram:
     def readonly(self) -> bool:
         return self._store.readonly
 
+    # -- search (index hook: engramdb/index, engramdb/recall.py) ------------------------
+    @property
+    def indexes(self) -> "Indexes":
+        """The derived indexes (BM25, vectors, graph) of this handle, created on first use.
+
+        Raises:
+            ConfigMismatchError: the file's tokenizer needs PyStemmer and it is missing.
+        """
+        idx = self.__dict__.get("_indexes")
+        if idx is None:
+            from .index import Indexes
+
+            idx = self.__dict__["_indexes"] = Indexes.open(self._store)
+        return idx
+
+    def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
+               after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, flags: Any = None,
+               explain: bool = False, touch: bool = False, now: float | None = None) -> list["Hit"]:
+        """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
+
+        BM25 over the encrypted postings, plus vector search in every embedding space that
+        can embed the query, fused by reciprocal rank, boosted by tier and date proximity,
+        penalised when superseded, and widened by one tunnel hop. Ties break by insertion
+        order. Reads take no write lock unless ``touch=True``.
+
+        Raises:
+            ValidationError: bad arguments.
+        """
+        from .recall import recall
+
+        return recall(self._store, self.indexes, query, top_k=top_k, hops=hops, expand_query=expand_query,
+                      after=after, before=before, tiers=tiers, tags=tags, flags=flags, explain=explain,
+                      touch=touch, now=now)
+
+    def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
+                       **kwargs: Any) -> "Context":
+        """Small-to-big: the source passages of the best memories, merged, within ``max_tokens``,
+        in document order (see :func:`engramdb.recall.recall_context`).
+
+        Raises:
+            ValidationError: bad arguments.
+        """
+        from .recall import recall_context
+
+        return recall_context(self._store, self.indexes, query, top_k=top_k, max_tokens=max_tokens,
+                              source=source, **kwargs)
+
+    def add_space(self, name: str, *, dims: int, model: str = "engramdb/hashed-tfidf-v1", normalize: bool = True,
+                  auto: bool | None = None, embedder: Any = None) -> None:
+        """Create an embedding space (recorded in the file; its model and dims are enforced).
+
+        With the built-in model (the default, a hashed TF-IDF embedder that needs no
+        download), ``auto`` defaults to True: every memory gets a vector from its text.
+        ``embedder`` (a callable ``list[str] -> float32 array``) embeds queries in this
+        space for this handle.
+
+        Raises:
+            EmbeddingError: bad settings.
+            ConfigMismatchError: the space exists with another model or dims.
+        """
+        from .index.vectors import HASHED_MODEL, EmbeddingSpace
+
+        space = EmbeddingSpace(name=name, model=model, dims=dims, normalize=normalize,
+                               auto=(model == HASHED_MODEL) if auto is None else auto)
+        self._store.write(lambda txn: self.indexes.add_space(txn, space))
+        if embedder is not None:
+            self.indexes.vectors.set_embedder(name, embedder)
+
+    def set_embedder(self, space: str, embedder: Any) -> None:
+        """Use ``embedder`` (``list[str] -> float32 array``) for queries in ``space`` on this handle."""
+        self.indexes.vectors.set_embedder(space, embedder)
+
+    def spaces(self) -> dict[str, Any]:
+        """The file's embedding spaces by name."""
+        with self._store.read() as txn:
+            return self.indexes.vectors.spaces(txn)
+
+    def link(self, src: str, dst: str, kind: str = "related", *, weight: float = 1.0, label: str = "",
+             valid_from: float | None = None, valid_to: float | None = None, now: float | None = None) -> None:
+        """Add (or replace) a typed edge ``src -> dst`` (kinds: engramdb.EDGE_KINDS).
+
+        A ``supersedes`` edge ranks ``dst`` lower in recall; other kinds carry relevance one
+        hop in recall.
+
+        Raises:
+            NotFoundError: either id is missing.
+            ValidationError: bad kind or weight, or ``src == dst``.
+        """
+        from .records import Edge
+
+        edge = Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=now_ts(now),
+                    valid_from=valid_from, valid_to=valid_to)
+
+        def put(txn: Txn) -> None:
+            tx = Transaction(self, txn)
+            a, b = tx._docno(src), tx._docno(dst)
+            if a is None or b is None:
+                raise NotFoundError(f"no memory with id {src if a is None else dst!r}")
+            self.indexes.graph.put(txn, a, b, edge)
+
+        self._store.write(put)
+
+    def edges(self, id: str) -> list[Any]:
+        """The edges leaving memory ``id``, in key order.
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        with self._store.read() as txn:
+            docno = Transaction(self, txn)._docno(id)
+            if docno is None:
+                raise NotFoundError(f"no memory with id {id!r}")
+            return [edge for _, edge, _ in self.indexes.graph.outgoing(txn, docno)]
+
+    def link_tunnels(self, *, now: float | None = None) -> int:
+        """Recompute the tunnel edges (memories sharing entities/topics); returns their number."""
+        return self._store.write(lambda txn: self.indexes.link_tunnels(txn, now=now_ts(now)))
+
+    def merge_indexes(self, max_steps: int = 10, *, force: bool = False) -> int:
+        """Run up to ``max_steps`` index merge steps in one write; returns how many ran."""
+        return self._store.write(lambda txn: self.indexes.merge(txn, max_steps, force=force))
+
     # -- records ------------------------------------------------------------------------
     def _id_key(self, id: str) -> bytes:
         if not isinstance(id, str) or not id:
@@ -333,7 +455,10 @@ class Engram:
 
         def put_all(txn: Txn) -> list[str]:
             tx = Transaction(self, txn)
-            return [tx.put_new(node) for node in nodes]
+            tx._index_batch = self.indexes.batch(txn)  # index hook: one segment per call
+            ids = [tx.put_new(node) for node in nodes]
+            tx._index_batch.flush()
+            return ids
 
         return self._store.write(put_all)
 
@@ -572,6 +697,17 @@ class Transaction:
         self._engram = engram
         self._txn = txn
 
+    def _index(self, *, added: list = (), removed: list = ()) -> None:
+        # Index changes go to the batch when one is open (add_many), else straight in.
+        batch = getattr(self, "_index_batch", None)
+        if batch is None:
+            self._engram.indexes.apply(self._txn, list(added), list(removed))
+            return
+        for docno, node in removed:
+            batch.remove(docno, node)
+        for docno, node in added:
+            batch.add(docno, node)
+
     def _docno(self, id: str) -> int | None:
         raw = self._txn.get("ids", self._engram._id_key(id))
         return None if raw is None else codec.from_u64(raw)
@@ -606,7 +742,7 @@ class Transaction:
         docno = self._txn.allocate_docno()
         self._txn.put("nodes", codec.u64(docno), codec.encode_node(node))
         self._txn.put("ids", id_key, codec.u64(docno))
-        # index hook: added=[(docno, node)]
+        self._index(added=[(docno, node)])  # index hook
         return node.id
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
@@ -626,7 +762,7 @@ class Transaction:
             raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}")
         new = old.replace(**changes)
         self._txn.put("nodes", codec.u64(docno), codec.encode_node(new))
-        # index hook: removed=[(docno, old)], added=[(docno, new)]
+        self._index(removed=[(docno, old)], added=[(docno, new)])  # index hook
         return new
 
     def delete(self, id: str, /, *, missing_ok: bool = False) -> bool:
@@ -641,7 +777,7 @@ class Transaction:
         old = self._load(docno)
         self._txn.delete("nodes", codec.u64(docno))
         self._txn.delete("ids", id_key)
-        # index hook: removed=[(docno, old)]
+        self._index(removed=[(docno, old)])  # index hook
         return True
 
 
@@ -701,7 +837,7 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
             problems.append(Problem("ids", f"record {docno} ({node.id!r}) has no id entry"))
         if docno >= state.next_docno:
             problems.append(Problem("state", f"record {docno} is beyond the allocated docnos"))
-    # index hook: problems from the derived indexes
+    problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
     return problems
 
 
@@ -715,7 +851,7 @@ def _rebuild_derived(engram: Engram, txn: Txn) -> None:
         except EngramError:
             continue
         txn.put("ids", engram._id_key(node.id), key)
-    # index hook: rebuild indexes
+    engram.indexes.rebuild(txn)  # index hook
     state = txn.state
     sealer = engram._store.sealer
     for table in TABLES:

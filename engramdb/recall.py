@@ -249,6 +249,8 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
             if qvec is None:
                 continue
             v_docs, v_scores = indexes.vectors.scores(txn, name, qvec)
+            positive = v_scores > 0  # no similarity at all is no evidence
+            v_docs, v_scores = v_docs[positive], v_scores[positive]
             if filtering and v_docs.size:
                 ok = np.fromiter((_passes(txn, int(d), cache, keep) for d in v_docs), dtype=bool, count=v_docs.size)
                 v_docs, v_scores = v_docs[ok], v_scores[ok]
