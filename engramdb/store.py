@@ -80,7 +80,7 @@ class State:
 class _Env:
     """One LMDB environment shared by every handle of a path in this process."""
 
-    def __init__(self, path: str, *, readonly: bool, create: bool, map_size: int | None) -> None:
+    def __init__(self, path: str, *, readonly: bool, create: bool, map_size: int | None, verify: bool) -> None:
         self.path = path
         self.readonly = readonly
         self.pid = os.getpid()
@@ -90,7 +90,10 @@ class _Env:
         self.unclean = False
         self.maint_fd = self._lock_maint(readonly)
         try:
+            if os.path.exists(path) and (verify or self.unclean):
+                structural_verify(path)
             self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
+            self._check_not_truncated()  # before any page beyond the meta pages is touched
             self.dbs = self._open_dbs(create=not readonly)
         except BaseException:
             self._unlock_maint(clean=False)
@@ -160,6 +163,14 @@ class _Env:
             raise ForeignFileError(f"{path} was written by an incompatible LMDB version") from None
         except lmdb.Error as exc:
             raise _map_lmdb_error(exc, f"cannot open {path}") from None
+
+    def _check_not_truncated(self) -> None:
+        # A page past the end of the file is a hole in the mapping: touching it is SIGBUS.
+        info = self.env.info()
+        psize = self.env.stat()["psize"]
+        if (info["last_pgno"] + 1) * psize > os.stat(self.path).st_size:
+            raise CorruptFileError(f"{self.path} is truncated: its last pages are missing",
+                                   hint="restore the file from a dump or backup")
 
     def _open_dbs(self, *, create: bool) -> dict:
         with self.env.begin() as txn:
@@ -232,6 +243,22 @@ def sniff(path: str) -> None:
         raise CorruptFileError(f"{path} is empty (0 bytes): it was truncated or is not an engramdb file")
     if len(head) < 4096:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
+
+
+def structural_verify(path: str) -> None:
+    """LMDB's offline structural check (lmdb.verify), run before the file is mapped.
+
+    Raises:
+        CorruptFileError: the B-tree or meta pages are damaged.
+    """
+    from lmdb.verify import verify as lmdb_verify
+
+    try:
+        problems = lmdb_verify(path, subdir=False)
+    except Exception as exc:  # VerifyError and anything the offline walker trips on
+        raise CorruptFileError(f"{path} cannot be verified: {exc}") from None
+    if problems:
+        raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
 
 
 class Txn:
@@ -474,42 +501,22 @@ class Store:
                     raise FileMissingError(f"{path} does not exist",
                                            hint="create it with `engramdb init FILE` or open(..., create=True)")
                 sniff(path)
-                env = _Env(path, readonly=readonly, create=create, map_size=map_size)
+                sidecars = [p for p in (path + "-lock", path + "-maint") if not os.path.exists(p)]
                 try:
-                    if exists:
-                        cls._check_not_truncated(env)
-                    if exists and (verify or env.unclean):
-                        cls._structural_verify(path)
+                    env = _Env(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
                 except BaseException:
-                    env._unlock_maint(clean=False)
-                    env.env.close()
+                    for sidecar in sidecars:  # leave no litter beside a file we refused
+                        with contextlib.suppress(OSError):
+                            os.unlink(sidecar)
                     raise
                 _registry[path] = env
             elif env.readonly != readonly:
                 raise AlreadyOpenError(
                     f"{path} is already open in this process {'read-only' if env.readonly else 'read-write'}")
             elif verify:
-                cls._structural_verify(path)
+                structural_verify(path)
             env.refs += 1
         return cls(env, readonly)
-
-    @staticmethod
-    def _check_not_truncated(env: _Env) -> None:
-        info = env.env.info()
-        psize = env.env.stat()["psize"]
-        if (info["last_pgno"] + 1) * psize > os.stat(env.path).st_size:
-            raise CorruptFileError(f"{env.path} is truncated: its last pages are missing")
-
-    @staticmethod
-    def _structural_verify(path: str) -> None:
-        from lmdb.verify import verify as lmdb_verify
-
-        try:
-            problems = lmdb_verify(path, subdir=False)
-        except Exception as exc:  # VerifyError and anything the offline walker trips on
-            raise CorruptFileError(f"{path} cannot be verified: {exc}") from None
-        if problems:
-            raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
 
     # -- guards ------------------------------------------------------------------------
     def _check(self) -> None:
@@ -654,6 +661,7 @@ class Store:
                 finally:
                     os.close(dfd)
                 env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
+                env._check_not_truncated()
                 env.dbs = env._open_dbs(create=False)
             finally:
                 with contextlib.suppress(FileNotFoundError):

@@ -101,6 +101,7 @@ def test_scan_filters(make_db):
 def test_reopen_keeps_everything(tmp_path):
     path = tmp_path / "r.engram"
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_space("e", dims=2, normalize=False)
         db.add("persisted", id="p", metadata={"k": [1, 2.5, None, {"n": b"\x00"}]}, embeddings={"e": [0.5, 1.0]})
         before = db.get("p")
     with engramdb.open(path, passphrase=PASSPHRASE) as db:
