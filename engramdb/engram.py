@@ -837,7 +837,10 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
             problems.append(Problem("ids", f"record {docno} ({node.id!r}) has no id entry"))
         if docno >= state.next_docno:
             problems.append(Problem("state", f"record {docno} is beyond the allocated docnos"))
-    problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
+    try:
+        problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
+    except EngramError as exc:  # e.g. a record that does not decrypt (reported above): verify reports, never raises
+        problems.append(Problem("index", f"the indexes cannot be checked: {exc.message}"))
     return problems
 
 
