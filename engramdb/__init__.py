@@ -11,6 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .crypto import KDFParams
+from .backup import restore
 from .engram import Engram, Problem, Transaction, import_key, open
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
 from .errors import __all__ as _error_names
@@ -22,6 +23,7 @@ __all__ = [
     "__version__",
     "open",
     "import_key",
+    "restore",
     "Engram",
     "Transaction",
     "Problem",

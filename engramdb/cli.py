@@ -19,6 +19,7 @@ from .records import TIERS
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
 NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"
+DUMP_PASSPHRASE_ENV = "ENGRAM_DUMP_PASSPHRASE"
 
 
 class _Group(click.Group):
@@ -377,6 +378,126 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
     else:
         engram_mod.import_key(file, keyfile, passphrase=_passphrase(ctx))
     click.echo(f"restored the header of {file}")
+
+
+def _dump_passphrase(passphrase_file: str | None, *, confirm: bool) -> str:
+    if passphrase_file:
+        return _read_secret_file(passphrase_file)
+    if os.environ.get(DUMP_PASSPHRASE_ENV):
+        return os.environ[DUMP_PASSPHRASE_ENV]
+    if not sys.stdin.isatty():
+        raise ValidationError("no dump passphrase given",
+                              hint=f"set {DUMP_PASSPHRASE_ENV} or pass --dump-passphrase-file FILE")
+    return click.prompt("Dump passphrase", hide_input=True, confirmation_prompt=confirm)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@click.option("--encrypt", is_flag=True,
+              help=f"Encrypt the dump (argon2id + AES-256-GCM); passphrase from ${DUMP_PASSPHRASE_ENV}.")
+@click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The dump passphrase, from a file.")
+@click.pass_context
+def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_passphrase_file: str | None) -> None:
+    """Write the whole store as canonical AAAK v3 text (plaintext unless --encrypt).
+
+    Example:
+
+        engramdb dump notes.engram -o notes.aaak
+    """
+    from .aaak import open_encrypted_writer
+
+    if encrypt and output is None and sys.stdout.isatty():
+        raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")
+    dump_pw = _dump_passphrase(dump_passphrase_file, confirm=True) if encrypt else None
+    with _open(ctx, file, readonly=True) as db:
+        sink = click.open_file(output or "-", "wb", atomic=output is not None)
+        with sink as raw:
+            if dump_pw is not None:
+                with open_encrypted_writer(raw, dump_pw) as text:
+                    db.dump(text)
+            else:
+                db.dump(raw)
+
+
+def _read_dump_source(source: str, dump_passphrase_file: str | None):
+    """A text stream of the dump at ``source`` ("-" for stdin), decrypting when needed."""
+    from .aaak import decrypt_dump, is_encrypted_dump
+
+    raw = click.open_file(source, "rb")
+    head = raw.peek(16)[:16] if hasattr(raw, "peek") else b""
+    if is_encrypted_dump(head):
+        return decrypt_dump(raw, _dump_passphrase(dump_passphrase_file, confirm=False))
+    return raw
+
+
+@cli.command()
+@click.argument("dump_file", metavar="DUMP", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True, help="Replace FILE if it exists.")
+@click.option("--allow-edited", is_flag=True, help="Accept a hand-edited dump (the grammar is still enforced).")
+@click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost for the new file.")
+@click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The passphrase of an encrypted dump.")
+@click.pass_context
+def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_edited: bool, kdf_text: str | None,
+            dump_passphrase_file: str | None) -> None:
+    """Rebuild a store from a dump. FILE is replaced only once the new store is complete and verified.
+
+    Example:
+
+        engramdb restore notes.aaak restored.engram
+    """
+    from tqdm import tqdm
+
+    from .backup import restore as restore_store
+
+    if os.path.exists(file) and not force:
+        raise ValidationError(f"{file} exists; restore does not overwrite it", hint="pass --force to replace it")
+    root = ctx.find_root().params
+    if root.get("plaintext"):
+        options: dict[str, Any] = {"encrypted": False}
+    elif root.get("key_file"):
+        options = {"key": _read_secret_file(root["key_file"])}
+    else:
+        options = {"passphrase": _passphrase(ctx, confirm=True), "kdf": _parse_kdf(kdf_text)}
+    source = _read_dump_source(dump_file, dump_passphrase_file)
+    with tqdm(desc="restoring", unit=" memories", disable=None, file=sys.stderr) as bar:
+        def progress(n: int) -> None:
+            bar.update(n - bar.n)
+
+        count = restore_store(source, file, force=force, allow_edited=allow_edited, progress=progress, **options)
+    click.echo(f"restored {count} memories into {file}")
+
+
+@cli.command()
+@click.argument("a", type=click.Path(dir_okay=False, exists=True))
+@click.argument("b", type=click.Path(dir_okay=False, exists=True))
+@click.pass_context
+def diff(ctx: click.Context, a: str, b: str) -> None:
+    """A unified diff of two stores' canonical dumps (both unlock with the same passphrase).
+
+    Exit code 0 when they hold the same content, 1 when they differ.
+
+    Example:
+
+        engramdb diff yesterday.engram notes.engram
+    """
+    import difflib
+    import io
+
+    texts = []
+    for path in (a, b):
+        buf = io.StringIO()
+        with _open(ctx, path, readonly=True) as db:
+            db.dump(buf)
+        # the trailer (count, sha256) always differs when anything does; leave it out
+        texts.append([line for line in buf.getvalue().splitlines(keepends=True) if not line.startswith("@end ")])
+    changed = False
+    for line in difflib.unified_diff(texts[0], texts[1], fromfile=a, tofile=b):
+        changed = True
+        click.echo(line, nl=False)
+    if changed:
+        ctx.exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

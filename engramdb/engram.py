@@ -146,7 +146,8 @@ def _write_header(txn: Txn, header: Mapping[str, Any]) -> None:
 
 def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key: bytes | str | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
-         kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None) -> "Engram":
+         kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
+         tokenizer: Mapping[str, Any] | None = None) -> "Engram":
     """Open (or create) a .engram file.
 
     Args:
@@ -161,6 +162,8 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         verify: run LMDB's structural check before mapping the file (always done after an
             unclean shutdown).
         map_size: initial map size in bytes (it grows by itself).
+        tokenizer: tokenizer settings for a new file (see spec/bm25.md); a file keeps its
+            tokenizer for life, and opening it with different settings is an error.
 
     Raises:
         ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
@@ -176,7 +179,17 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         kdf.check()
     store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
     try:
-        return Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+        engram = Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+        engram._tokenizer_settings = dict(tokenizer) if tokenizer is not None else None
+        indexes = engram.indexes  # checks the requested tokenizer against the file's
+        if not store.readonly:
+            from .index import TOKENIZER_KEY
+
+            with store.read() as txn:
+                recorded = txn.get("meta", TOKENIZER_KEY) is not None
+            if not recorded:  # a new file records its tokenizer at once
+                store.write(indexes.ensure_meta)
+        return engram
     except BaseException:
         store.close()
         raise
@@ -193,6 +206,7 @@ class Engram:
     def __init__(self, store: Store, header: dict) -> None:
         self._store = store
         self._header = header
+        self._tokenizer_settings: dict[str, Any] | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -290,8 +304,11 @@ class Engram:
         idx = self.__dict__.get("_indexes")
         if idx is None:
             from .index import Indexes
+            from .index.tokenize import Tokenizer
 
-            idx = self.__dict__["_indexes"] = Indexes.open(self._store)
+            wanted = self._tokenizer_settings
+            idx = self.__dict__["_indexes"] = Indexes.open(
+                self._store, Tokenizer.from_settings(wanted) if wanted is not None else None)
         return idx
 
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
@@ -651,6 +668,16 @@ class Engram:
             "file_size": env["file_size"], "map_size": env["map_size"],
             "unclean_shutdown": self._store.unclean_shutdown,
         }
+
+
+    def dump(self, fp: Any) -> int:
+        """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).
+
+        One read snapshot; the same content always gives the same bytes. Returns the record count.
+        """
+        from .backup import dump
+
+        return dump(self, fp)
 
 
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
