@@ -1,0 +1,185 @@
+"""Whole-store dump and restore: lossless, canonical, deterministic, and safe on bad input."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engramdb
+from engramdb import AAAKParseError, EngramError, ValidationError
+from engramdb.backup import TEMP_SUFFIX
+
+from conftest import PASSPHRASE, TEST_KDF
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60) | st.sampled_from(
+    ["", "|", '"', "\\", "\n", "a|b\\c\"d\r\ne", "ünïcödé ✓ 記憶", "x" * 5000])
+finite = st.floats(allow_nan=False, allow_infinity=False)
+metadata = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite | text | st.binary(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=8)
+
+
+@st.composite
+def stores(draw):
+    ids = draw(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+                        unique=True, max_size=6))
+    nodes = []
+    for id_ in ids:
+        nodes.append(dict(
+            id=id_, content=draw(text), tags=draw(st.lists(text, max_size=3)), quote=draw(text),
+            weight=draw(finite), importance=draw(finite), created_at=draw(finite), last_accessed=draw(finite),
+            access_count=draw(st.integers(0, 2**40)), pinned=draw(st.booleans()),
+            tier=draw(st.sampled_from(engramdb.TIERS)), source=draw(text),
+            flags=draw(st.lists(st.sampled_from(engramdb.ALL_FLAGS), unique=True, max_size=2)),
+            emotions=draw(st.lists(st.sampled_from(engramdb.ALL_EMOTIONS), unique=True, max_size=2)),
+            entities=draw(st.lists(text, max_size=2)), topics=draw(st.lists(text, max_size=2)),
+            metadata=draw(st.dictionaries(text, metadata, max_size=3)),
+            embeddings=draw(st.one_of(st.just({}), st.builds(lambda v: {"vec": v},
+                                                             st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                                                                      min_size=3, max_size=3)))),
+        ))
+    edges = []
+    if len(ids) >= 2:
+        for _ in range(draw(st.integers(0, 3))):
+            a, b = draw(st.sampled_from(ids)), draw(st.sampled_from(ids))
+            if a != b:
+                edges.append((a, b, draw(st.sampled_from(["related", "supersedes", "derived_from"])),
+                              draw(finite), draw(text)))
+    return nodes, edges
+
+
+def _build(path, nodes, edges):
+    db = engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    db.add_space("vec", dims=3, model="test-model", normalize=False)
+    db.add_many(nodes)
+    for a, b, kind, weight, label in edges:
+        db.link(a, b, kind, weight=weight, label=label, now=1.0)
+    return db
+
+
+def _dump(db) -> str:
+    buf = io.StringIO()
+    db.dump(buf)
+    return buf.getvalue()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stores())
+def test_dump_restore_dump_is_identical(tmp_path_factory, store):
+    nodes, edges = store
+    d = tmp_path_factory.mktemp("rt")
+    with _build(d / "a.engram", nodes, edges) as db:
+        first = _dump(db)
+        originals = {n.id: n for n in db}
+        original_edges = {n: sorted(map(repr, db.edges(n))) for n in originals}
+    engramdb.restore(io.StringIO(first), d / "b.engram", passphrase="other", kdf=TEST_KDF)
+    with engramdb.open(d / "b.engram", passphrase="other") as db:
+        assert {n.id: n for n in db} == originals  # field for field
+        assert {n: sorted(map(repr, db.edges(n))) for n in originals} == original_edges
+        assert _dump(db) == first  # byte for byte
+        assert db.verify() == []
+
+
+def _example_dump(tmp_path) -> str:
+    nodes = [{"id": f"m{i}", "content": f"memory {i} about Berlin | \"quoted\"", "created_at": float(i),
+              "tags": ["t"]} for i in range(8)]
+    with _build(tmp_path / "ex.engram", nodes, [("m1", "m2", "related", 0.5, "x")]) as db:
+        return _dump(db)
+
+
+def test_every_corruption_is_refused_and_nothing_is_written(tmp_path):
+    good = _example_dump(tmp_path)
+    lines = good.splitlines(keepends=True)
+    bad = [good[:i] for i in range(0, len(good), max(1, len(good) // 60))]
+    bad += [good[:i] + chr(ord(good[i]) ^ 1) + good[i + 1:] for i in range(0, len(good), max(1, len(good) // 60))]
+    for i in range(1, len(lines) - 1):
+        bad.append("".join(lines[:i] + lines[i + 1:]))  # deleted line
+        bad.append("".join(lines[:i] + [lines[i]] + lines[i:]))  # duplicated line
+        bad.append("".join(lines[:i] + [lines[i + 1], lines[i]] + lines[i + 2:]))  # swapped pair
+    target = tmp_path / "target.engram"
+    for n, text in enumerate(bad):
+        if text == good:
+            continue
+        with pytest.raises(EngramError):
+            engramdb.restore(io.StringIO(text), target, passphrase=PASSPHRASE, kdf=TEST_KDF)
+        assert not target.exists(), f"case {n} left a file"
+        assert not os.path.exists(str(target) + TEMP_SUFFIX)
+
+
+def test_restore_never_overwrites_without_force(tmp_path):
+    good = _example_dump(tmp_path)
+    target = tmp_path / "existing.engram"
+    with engramdb.open(target, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("precious", id="p")
+    before = target.read_bytes()
+    with pytest.raises(ValidationError):
+        engramdb.restore(io.StringIO(good), target, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    assert target.read_bytes() == before
+    with pytest.raises(AAAKParseError):  # a bad dump with force still leaves the old file
+        engramdb.restore(io.StringIO(good[:-5]), target, force=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    assert target.read_bytes() == before
+    engramdb.restore(io.StringIO(good), target, force=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with engramdb.open(target, passphrase=PASSPHRASE) as db:
+        assert "p" not in db and len(db) == 8
+
+
+def test_restore_refuses_to_replace_a_file_open_elsewhere(tmp_path):
+    good = _example_dump(tmp_path)
+    target = tmp_path / "busy.engram"
+    engramdb.open(target, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
+        import engramdb
+        db = engramdb.open({str(target)!r}, passphrase={PASSPHRASE!r})
+        print("open", flush=True)
+        sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(engramdb.AlreadyOpenError):
+            engramdb.restore(io.StringIO(good), target, force=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    finally:
+        holder.communicate("\n", timeout=30)
+    with engramdb.open(target, passphrase=PASSPHRASE) as db:
+        assert len(db) == 0
+
+
+def test_leftover_temp_file_is_cleaned_on_next_run(tmp_path):
+    good = _example_dump(tmp_path)
+    target = tmp_path / "t.engram"
+    leftover = str(target) + TEMP_SUFFIX
+    with open(leftover, "wb") as fh:
+        fh.write(b"half-written restore from a crash")
+    engramdb.restore(io.StringIO(good), target, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    assert not os.path.exists(leftover) and target.exists()
+
+
+DETERMINISM_SCRIPT = textwrap.dedent("""
+    import io, os, sys
+    os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
+    import engramdb
+    db = engramdb.open(sys.argv[1], passphrase="p", kdf=engramdb.KDFParams.for_tests())
+    db.add_space("vec", dims=2, model="m", normalize=False)
+    db.add_many([{"id": f"n{i}", "content": f"memory {i}", "tags": ["b", "a"], "metadata": {"z": 1, "a": [i, 0.1]},
+                  "embeddings": {"vec": [i, 0.5]}} for i in range(30)], now=123.0)
+    db.link("n1", "n2", "related", now=5.0)
+    out = io.StringIO(); db.dump(out); sys.stdout.write(out.getvalue())
+""")
+
+
+def test_dumps_of_the_same_operations_are_identical_across_processes(tmp_path):
+    outputs = []
+    for n, seed in enumerate(("1", "2")):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, str(tmp_path / f"d{n}.engram")],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") > 60
