@@ -87,6 +87,7 @@ class _Env:
         self.refs = 0
         self.resize_lock = threading.Condition()
         self.active_readers = 0
+        self.active_writers = 0
         self.unclean = False
         self.maint_fd = self._lock_maint(readonly)
         try:
@@ -132,6 +133,25 @@ class _Env:
                 except OSError:
                     pass
         finally:
+            os.close(fd)
+
+    def release_inherited(self) -> None:
+        """In a forked child: drop the parent's environment so this process can open the file.
+
+        py-lmdb refuses a second environment on the same file while the inherited one
+        exists, so it must be closed; that is safe only when no transaction was open at
+        fork time (aborting an inherited read transaction clears the parent's reader slot
+        in the shared lock file). The maintenance fd shares the parent's flock: only close it.
+
+        Raises:
+            ForkError: the process forked while a transaction of this file was open.
+        """
+        if self.active_readers or self.active_writers:
+            raise ForkError("this process was forked while a transaction on the file was open; it cannot "
+                            "open the file", hint="fork while no transaction is open, or use the 'spawn' start method")
+        self.env.close()
+        fd, self.maint_fd = self.maint_fd, None
+        if fd is not None:
             os.close(fd)
 
     def try_exclusive(self) -> bool:
@@ -493,7 +513,8 @@ class Store:
         with _registry_lock:
             env = _registry.get(path)
             if env is not None and env.pid != os.getpid():
-                _registry.pop(path)  # inherited from a parent across fork(): never touch it
+                env.release_inherited()  # inherited from a parent across fork(): never use it
+                _registry.pop(path)
                 env = None
             if env is None:
                 exists = os.path.exists(path)
@@ -585,6 +606,7 @@ class Store:
         txn = Txn(self, write=True)
         txn._begin()
         self._local.txn = txn
+        self._env.active_writers += 1  # under LMDB's writer lock: one writer at a time
         try:
             yield txn
             txn._commit()
@@ -592,6 +614,7 @@ class Store:
             txn._abort()
             raise
         finally:
+            self._env.active_writers -= 1
             self._local.txn = None
 
     def write(self, fn: Callable[[Txn], T], *, retries: int = 5) -> T:
