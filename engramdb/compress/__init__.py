@@ -1,0 +1,26 @@
+"""engramdb.compress: text -> zettels, pure and deterministic (no file needed).
+
+See spec/compress.md. The public names:
+
+* :func:`compress`, :func:`compress_many`, :func:`merge_results`, :func:`top_zettels`,
+  :func:`normalize_weights`;
+* :func:`inject_context`, :func:`wake_up`, :func:`estimate_tokens`;
+* :class:`CompressStream`;
+* :func:`result_to_dict`, :func:`result_to_json` (canonical serialization);
+* :data:`ALL_FLAGS`, :data:`ALL_EMOTIONS`.
+"""
+from __future__ import annotations
+
+from ..records import ALL_EMOTIONS, ALL_FLAGS
+from .pipeline import compress, compress_many, merge_results, top_zettels
+from .weights import normalize_weights
+
+__all__ = [
+    "ALL_EMOTIONS",
+    "ALL_FLAGS",
+    "compress",
+    "compress_many",
+    "merge_results",
+    "normalize_weights",
+    "top_zettels",
+]

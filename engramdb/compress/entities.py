@@ -1,0 +1,299 @@
+"""Entities: proper nouns from capitalization evidence, speaker labels, pronouns, codes.
+
+Detection works on the whole document first (so evidence from one chunk helps the
+others), then per chunk:
+
+* A *candidate* is a capitalized token ("Alice", "Darcy's" -> "Darcy", "JWT") of two or
+  more characters that is not on the stop list (sentence starters such as "Please",
+  changelog verbs such as "Added", roles, months, honorifics, ...).
+* A candidate used as a chat speaker label ("Alice: we should ship") is an entity.
+* Otherwise it is an entity when it is capitalized mid-sentence (after a lowercase
+  word, a digit or a comma) at least as often as it appears in lowercase; a word that
+  only ever starts sentences is an entity unless the document also uses it in
+  lowercase, it is a common English word, or it is verb-shaped ("Running", "Added").
+* Pronoun coreference: "she"/"he" add the most recent gender-matching entity to a chunk
+  that names none of that gender; "they" adds the two most recent entities to a chunk
+  that names none. Gender comes from a small given-name list and from honorifics seen
+  in the document ("Mr. Darcy", "Miss Bennet").
+
+Codes are three uppercase letters derived from the name ("Alice" -> "ALC"); on a
+collision the next candidate in a fixed order is taken (other letter pairs of the name,
+then the first letter with any two letters, then any three letters), and names are
+coded in sorted order, so codes are stable and deterministic.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import combinations, product
+from string import ascii_uppercase
+from typing import Iterable, Iterator, Sequence
+
+from ..records import EntityIndex
+from .topics import BASE_STOP_WORDS
+
+__all__ = [
+    "UPPER_CLASS",
+    "EntityEvidence",
+    "assign_codes",
+    "build_entity_index",
+    "chunk_entities",
+    "code_candidates",
+    "resolve_coreferences",
+]
+
+
+def _upper_class() -> str:
+    # every uppercase letter of the BMP as a regex class, built once: Python's re has
+    # no \p{Lu}, and an ASCII-only class would miss "Émile" or "Øyvind"
+    ranges = []
+    start = prev = None
+    for cp in range(0x10000):
+        if chr(cp).isupper():
+            if start is None:
+                start = prev = cp
+            elif cp == prev + 1:
+                prev = cp
+            else:
+                ranges.append((start, prev))
+                start = prev = cp
+    ranges.append((start, prev))
+    return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+
+
+UPPER_CLASS = _upper_class()
+_NAME = rf"[{UPPER_CLASS}][\w]*(?:['\u2019\-][\w]+)*"
+_CAP = re.compile(rf"(?<![\w'\u2019\-])({_NAME})")
+# capitalized after a lowercase letter, digit, comma, semicolon or ")" and whitespace:
+# that cannot be a sentence start
+_MID = re.compile(rf"[a-z0-9\u00df-\u00ff,;)][ \t]*\n?[ \t]+({_NAME})|[a-z0-9\u00df-\u00ff,;)]\n[ \t]*({_NAME})")
+_SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
+_HONORIFIC = re.compile(rf"\b(Mr|Mrs|Ms|Miss|Sir|Lady|Lord|Madam|Mme|Mlle|Mister|Dame|King|Queen)\.?[ \t\n]+({_NAME})")
+_LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
+_POSSESSIVE = re.compile(r"['\u2019]s$")
+
+STOP_LIST = frozenset("""
+I The A An It He She They We You But And Or In On At To Of For With By From That This These Those When Where
+Which Who What How Then So If As Up About After Before Because While Although Though Monday Tuesday Wednesday
+Thursday Friday Saturday Sunday January February March April May June July August September October November
+December Its My Our Their His Her Your Mr Mrs Dr Yes No Not Just Also Very All Any Some Now Here There Today
+Tomorrow Yesterday CEO CTO CFO COO VP Director Manager President Founder Engineer Developer Lead Admin User
+Assistant System Bot Agent Human AI Section Chapter Part Appendix Figure Table Page Step Note Example Item List
+Summary Overview Introduction Conclusion Paragraph II III IV VI VII VIII IX XI XII XIII XIV XV XX Prof Sir Dame
+Lord Lady Madam Miss Ms Please Thanks Thank Sorry Hello Hi Hey Okay OK Sure Done Ready Maybe Perhaps Actually
+Basically Honestly Anyway Alright Welcome Finally Meanwhile Overall Instead Otherwise However Therefore Thus
+Hence Moreover Furthermore Additionally First Second Third Fourth Fifth Sixth Seventh Eighth Ninth Tenth Each
+Every Both Phase Last Once Again Currently Recently Previously Originally Eventually Generally Specifically
+Typically Unfortunately Fortunately Let Lets Added Removed Fixed Updated Changed Created Deleted Moved Renamed
+Bumped Pushed Pulled Merged Committed Deployed Released Tested Ran Used Applied Advised Asked Agreed Decided
+Started Finished Completed Implemented Refactored Reviewed Wrote Built Made Did Said Got Went Saw Took Came Found
+Sent Told Gave Thought Knew Check Run Use Try Make Add Fix Update Remove Install Open Close Start Stop Keep Look
+See Go Think Consider Ensure Remember Oh Ah Well Wow Yeah Yep Nope Hmm Great Good Nice Cool Indeed Still Even
+Never Always Sometimes Often Yet Nor Whether Why Whatever Whenever Wherever Whoever Such Many Much Most More
+Few Several Other Another Same Only Do Does Is Are Was Were Be Been Have Has Had Can Could Would Should Will
+Shall Might Must Deprecated Security Breaking Features Changes Bugfixes Chore Docs Refactor Note Warning
+Important Tip Todo TODO FIXME Subject Title Date Time Session Re Fwd Cc Q A
+""".split())
+# labels that look like speakers but introduce fields ("Note: ...", "Date: ...")
+_NOT_SPEAKERS = STOP_LIST | frozenset({"Status", "Result", "Answer", "Question", "Error", "Output", "Input", "Source", "Type", "Name", "Location"})
+_FEMALE_HON = frozenset({"Mrs", "Ms", "Miss", "Lady", "Madam", "Mme", "Mlle", "Dame", "Queen"})
+
+FEMALE_NAMES = frozenset("""
+alice carol emma olivia sophia sofia mia amelia isabella ava charlotte emily sarah sara anna maria laura julia
+lucy grace chloe hannah zoe ella lily nora ruby alicia diana elena eva irene jane karen kate katherine linda
+lisa megan nancy nina rachel rebecca rita rosa susan tina wendy priya aisha fatima mei yuki ingrid astrid clara
+elsa frida greta margaret beth carmen lucia paula silvia valentina bianca francesca giulia martina katya natasha
+olga svetlana tatiana vera zara leila noor samira yasmin helen ruth claire audrey naomi iris elizabeth mary
+caroline georgiana lydia kitty catherine harriet jessica melanie jennifer jolene deborah maya gina joanna
+""".split())
+MALE_NAMES = frozenset("""
+bob robert james john michael david william richard joseph thomas charles daniel matthew anthony mark steven
+paul andrew joshua kenneth kevin brian george edward ronald timothy jason jeffrey ryan jacob gary nicholas eric
+jonathan stephen larry justin scott brandon benjamin samuel frank gregory raymond alexander patrick jack dennis
+jerry tyler aaron jose adam henry nathan douglas zachary peter kyle walter ethan jeremy harold keith christian
+roger noah gerald carl terry sean austin arthur lawrence jesse dylan bryan joe bruce albert gabriel logan juan
+carlos luis miguel pedro diego marco luca giovanni ahmed ali omar hassan ravi raj kenji sven lars erik klaus
+hans ivan dmitri sergei boris liam oliver harry oscar leo arjun vikram victor hugo felix simon martin tom
+evan calvin dave sam nate andy
+""".split())
+
+_FEMALE_PRONOUN = re.compile(r"\b(?:she|her|hers|herself)\b", re.IGNORECASE)
+_MALE_PRONOUN = re.compile(r"\b(?:he|him|his|himself)\b", re.IGNORECASE)
+_PLURAL_PRONOUN = re.compile(r"\b(?:they|them|their|theirs)\b", re.IGNORECASE)
+_RECENT_KEEP = 8
+
+
+def _strip(token: str) -> str:
+    return _POSSESSIVE.sub("", token)
+
+
+def _stopped(name: str) -> bool:
+    if name in STOP_LIST:
+        return True
+    # ALL-CAPS headings ("CHAPTER", "THE") are the same words shouted
+    return name.isupper() and len(name) > 1 and name.capitalize() in STOP_LIST
+
+
+def _verb_shaped(name: str) -> bool:
+    return (name.endswith("ed") or name.endswith("ing")) and name[1:] == name[1:].lower()
+
+
+@dataclass
+class EntityEvidence:
+    """Document-wide capitalization evidence: which candidates are entities, and genders."""
+
+    accepted: frozenset[str]
+    speakers: frozenset[str]
+    gender: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def scan(cls, text: str) -> "EntityEvidence":
+        """Collect evidence over the whole normalized ``text``."""
+        candidates = Counter(_strip(t) for t in _CAP.findall(text))
+        mid = Counter(_strip(a or b) for a, b in _MID.findall(text))
+        speakers = frozenset(
+            s for s in (_strip(t) for t in _SPEAKER.findall(text))
+            if len(s) >= 2 and s not in _NOT_SPEAKERS and not s.isdigit()
+        )
+        lower = Counter(_LOWER_WORD.findall(text))
+        accepted = set()
+        for name in candidates:
+            if len(name) < 2 or _stopped(name):
+                continue
+            if name in speakers:
+                accepted.add(name)
+                continue
+            low = lower.get(name.lower(), 0)
+            m = mid.get(name, 0)
+            if m and m >= low:
+                accepted.add(name)
+            elif low or name.lower() in BASE_STOP_WORDS or _verb_shaped(name):
+                continue
+            else:
+                accepted.add(name)
+        votes: dict[str, Counter] = {}
+        for hon, name in _HONORIFIC.findall(text):
+            name = _strip(name)
+            if name in accepted:
+                votes.setdefault(name, Counter())["female" if hon in _FEMALE_HON else "male"] += 1
+        gender = {}
+        for name in accepted:
+            first = re.split(r"[\s_\-]", name)[0].lower()
+            if first in FEMALE_NAMES:
+                gender[name] = "female"
+            elif first in MALE_NAMES:
+                gender[name] = "male"
+            elif name in votes:
+                v = votes[name]
+                if v["female"] != v["male"]:
+                    gender[name] = "female" if v["female"] > v["male"] else "male"
+        return cls(frozenset(accepted), speakers, gender)
+
+
+def chunk_entities(text: str, evidence: EntityEvidence, min_frequency: int = 1) -> list[str]:
+    """Entities named in one chunk, in order of first mention."""
+    counts: Counter[str] = Counter()
+    order: dict[str, None] = {}
+    accepted = evidence.accepted
+    for token in _CAP.findall(text):
+        name = _strip(token)
+        if name in accepted:
+            counts[name] += 1
+            order.setdefault(name, None)
+    return [name for name in order if counts[name] >= min_frequency]
+
+
+def resolve_coreferences(
+    texts: Sequence[str],
+    named: Sequence[Sequence[str]],
+    gender: dict[str, str],
+    recent: Sequence[str] = (),
+) -> tuple[list[list[str]], list[str]]:
+    """Add pronoun antecedents to each chunk's entities.
+
+    Args:
+        texts: chunk texts, in order.
+        named: entities named in each chunk, in order of first mention.
+        gender: ``name -> "female" | "male"`` for the names whose gender is known.
+        recent: entities mentioned before the first chunk (a stream's state), oldest first.
+
+    Returns:
+        ``(entities per chunk, sorted; the updated recent list, oldest first)``.
+    """
+    recent_list = list(recent)
+    last = {"female": None, "male": None}
+    for name in recent_list:
+        g = gender.get(name)
+        if g:
+            last[g] = name
+    out: list[list[str]] = []
+    for text, names in zip(texts, named):
+        entities = list(names)
+        have = {gender.get(n) for n in names}
+        for g, pattern in (("female", _FEMALE_PRONOUN), ("male", _MALE_PRONOUN)):
+            who = last[g]
+            if who is not None and g not in have and who not in entities and pattern.search(text):
+                entities.append(who)
+        if not names and recent_list and _PLURAL_PRONOUN.search(text):
+            for who in recent_list[-2:]:
+                if who not in entities:
+                    entities.append(who)
+        for name in names:
+            g = gender.get(name)
+            if g:
+                last[g] = name
+            if name in recent_list:
+                recent_list.remove(name)
+            recent_list.append(name)
+        del recent_list[:-_RECENT_KEEP]
+        out.append(sorted(entities))
+    return out, recent_list
+
+
+def _letters(name: str) -> str:
+    folded = unicodedata.normalize("NFKD", name)
+    return "".join(c for c in folded if "A" <= c.upper() <= "Z" and c.isascii()).upper()
+
+
+def code_candidates(name: str) -> Iterator[str]:
+    """Codes for ``name`` in preference order; every 3-letter code appears eventually."""
+    letters = _letters(name) or "X"
+    first, rest = letters[0], letters[1:]
+    consonants = [c for c in rest if c not in "AEIOU"]
+    if len(consonants) >= 2:
+        yield first + consonants[0] + consonants[1]
+    elif len(consonants) == 1:
+        yield first + consonants[0] + letters[-1]
+    yield (first + rest[:2]).ljust(3, "X")
+    for i, j in combinations(range(len(rest)), 2):
+        yield first + rest[i] + rest[j]
+    for a, b in product(ascii_uppercase, repeat=2):
+        yield first + a + b
+    for a, b, c in product(ascii_uppercase, repeat=3):
+        yield a + b + c
+    for tail in product(ascii_uppercase, repeat=3):
+        yield first + "".join(tail)  # 4 letters once all 17,576 3-letter codes are taken
+    raise RuntimeError("entity code space exhausted")  # pragma: no cover - 475k+ names
+
+
+def assign_codes(index: EntityIndex, names: Iterable[str]) -> None:
+    """Give each new name in ``names`` a code, in sorted order; existing codes never change."""
+    used = index.code_to_name
+    for name in sorted(set(names)):
+        if name in index.name_to_code:
+            continue
+        for code in code_candidates(name):
+            if code not in used:
+                break
+        index.name_to_code[name] = code
+        index.code_to_name[code] = name
+
+
+def build_entity_index(names: Iterable[str]) -> EntityIndex:
+    """A fresh :class:`EntityIndex` for ``names``."""
+    index = EntityIndex()
+    assign_codes(index, names)
+    return index
+

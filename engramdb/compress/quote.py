@@ -1,0 +1,115 @@
+"""Quote selection: the most information-dense sentence of a chunk.
+
+Each sentence scores ``0.5 * centrality + 0.5 * density`` where
+
+* ``centrality`` is its TextRank score (Mihalcea & Tarau 2004: word-overlap Jaccard
+  graph, damping 0.85, 10 power iterations), scaled so the best sentence has 1;
+* ``density`` rewards decision words (``3 * share + 0.4 * count``), a readable length
+  (10-25 words +0.2, under 5 words -0.3, over 40 words -0.1), vocabulary variety
+  (``0.3 * unique/total``) and the first or last position (+0.1).
+
+Chat text is often lowercase and unpunctuated, so when the capital-letter sentence
+split finds a single sentence the chunk is split by lines, then by bare ``.!?``.
+The best sentence is returned with its whitespace collapsed to single spaces. Ties keep
+the earlier sentence; only IEEE-exact arithmetic is used.
+"""
+from __future__ import annotations
+
+import re
+from operator import mul
+
+from .entities import UPPER_CLASS
+
+__all__ = ["select_quote", "split_sentences"]
+
+DECISION_WORDS = frozenset({
+    "decided", "chose", "choose", "will", "must", "committed", "resolved", "determined", "agreed",
+    "concluded", "going", "plan", "intend", "shall",
+})
+_DAMPING = 0.85
+_ITERATIONS = 10
+_SPLIT = re.compile(rf"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[{UPPER_CLASS}\"'\u201c\u2018(\[])")
+_ABBREV = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|vs|etc|e\.g|i\.e|No|Vol|Fig)|\b[A-Z]{1,2})\.$")
+_BARE_SPLIT = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"[a-z]+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text`` (stripped), with chat-friendly fallbacks."""
+    parts: list[str] = []
+    for part in _SPLIT.split(text):
+        # "Mr. Darcy" and "J. Smith" end in a period but do not end a sentence
+        if parts and _ABBREV.search(parts[-1]):
+            parts[-1] = parts[-1] + " " + part
+        else:
+            parts.append(part)
+    if len(parts) <= 1:
+        by_line = [s for s in (x.strip() for x in text.split("\n")) if len(s) > 10]
+        if len(by_line) > 1:
+            parts = by_line
+        else:
+            by_punct = [s for s in _BARE_SPLIT.split(text) if len(s.strip()) > 10]
+            if len(by_punct) > 1:
+                parts = by_punct
+    out = [p.strip() for p in parts if p.strip()]
+    return out or [text.strip()]
+
+
+def _textrank(word_sets: list[set[str]]) -> list[float]:
+    n = len(word_sets)
+    if n == 1:
+        return [1.0]
+    sim = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        a = word_sets[i]
+        for j in range(i + 1, n):
+            b = word_sets[j]
+            inter = len(a & b)
+            if inter:
+                sim[i][j] = sim[j][i] = inter / (len(a) + len(b) - inter)
+    # column i of the row-normalized matrix: how sentence j votes for i
+    row_sums = [sum(row) for row in sim]
+    cols = [[sim[j][i] / row_sums[j] if row_sums[j] > 0 else 0.0 for j in range(n)] for i in range(n)]
+    scores = [1.0 / n] * n
+    base = (1.0 - _DAMPING) / n
+    for _ in range(_ITERATIONS):
+        scores = [base + _DAMPING * sum(map(mul, col, scores)) for col in cols]
+    top = max(scores)
+    return [s / top for s in scores] if top > 0 else scores
+
+
+def select_quote(text: str) -> str:
+    """The key sentence of ``text`` (see the module docstring)."""
+    trimmed = text.strip()
+    if len(trimmed.split()) < 5:
+        return " ".join(trimmed[:120].split())
+    sentences = split_sentences(trimmed)
+    if len(sentences) == 1:
+        return " ".join(sentences[0].split())
+    word_lists = [s.split() for s in sentences]
+    lowered = [[w.lower() for w in ws] for ws in word_lists]
+    centrality = _textrank([set(ws) for ws in lowered])
+    best, best_score = 0, float("-inf")
+    last = len(sentences) - 1
+    for i, words in enumerate(lowered):
+        count = len(words)
+        decisions = sum(1 for w in _WORD.findall(" ".join(words)) if w in DECISION_WORDS)
+        if 10 <= count <= 25:
+            length_bonus = 0.2
+        elif count < 5:
+            length_bonus = -0.3
+        elif count > 40:
+            length_bonus = -0.1
+        else:
+            length_bonus = 0.0
+        density = (
+            (decisions / count if count else 0.0) * 3.0
+            + decisions * 0.4
+            + length_bonus
+            + (len(set(words)) / count if count else 0.0) * 0.3
+            + (0.1 if i == 0 or i == last else 0.0)
+        )
+        score = 0.5 * centrality[i] + 0.5 * density
+        if score > best_score:
+            best, best_score = i, score
+    return " ".join(word_lists[best])
