@@ -85,8 +85,9 @@ _MAX_TJSON_DEPTH = 64
 _TRAILER_RE = re.compile(r"@end (0|[1-9][0-9]{0,17}) ([0-9a-f]{64})")
 _FLOAT_RE = re.compile(r"-?(?:[0-9]+\.[0-9]+(?:e[+-][0-9]+)?|[0-9]+e[+-][0-9]+|inf)|nan")
 _LEGACY_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_INT_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,19})")
-_UINT_RE = re.compile(r"0|[1-9][0-9]{0,19}")
+# Python refuses int() of more than 4300 digits; stay well below it.
+_INT_RE = re.compile(r"-?(?:0|[1-9][0-9]{0,3999})")
+_UINT_RE = re.compile(r"0|[1-9][0-9]{0,3999}")
 _HEADER_COUNT_RE = re.compile(r"[0-9]{1,9}")
 _OFFSETS_RE = re.compile(r"(-?[0-9]*)-(-?[0-9]*)")
 
