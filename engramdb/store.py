@@ -209,10 +209,14 @@ class _Env:
             new = max(size * 2, to_at_least)
             self.env.set_mapsize(new)
 
-    def adopt_size(self) -> None:
-        """Another process grew the map: adopt its size (MapResizedError)."""
+    def adopt_size(self, *, own_readers: int = 0) -> None:
+        """Another process grew the map: adopt its size (MapResizedError).
+
+        ``own_readers`` is the caller's own slot in ``active_readers`` (a read transaction
+        that failed to begin): waiting for it would stall until the timeout.
+        """
         with self.resize_lock:
-            self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=30)
+            self.resize_lock.wait_for(lambda: self.active_readers <= own_readers, timeout=30)
             self.env.set_mapsize(0)
 
     def headroom_check(self) -> None:
@@ -305,7 +309,7 @@ class Txn:
                 self._ltxn = env.env.begin(write=self.write, buffers=False)
                 return
             except lmdb.MapResizedError:
-                env.adopt_size()
+                env.adopt_size(own_readers=0 if self.write else 1)  # Store.read counted us already
             except lmdb.ReadersFullError:
                 env.env.reader_check()
             except lmdb.Error as exc:
