@@ -471,13 +471,19 @@ class Engram:
         nodes = [self._build(item, {}, now) for item in items]
 
         def put_all(txn: Txn) -> list[str]:
-            tx = Transaction(self, txn)
-            tx._index_batch = self.indexes.batch(txn)  # index hook: one segment per call
-            ids = [tx.put_new(node) for node in nodes]
-            tx._index_batch.flush()
-            return ids
+            with self._batched(txn) as tx:
+                return [tx.put_new(node) for node in nodes]
 
         return self._store.write(put_all)
+
+    @contextlib.contextmanager
+    def _batched(self, txn: Txn) -> Iterator["Transaction"]:
+        """Record operations whose index changes go into one batch, flushed at the end:
+        one write transaction makes at most one BM25 segment and one vector block."""
+        tx = Transaction(self, txn)
+        tx._index_batch = self.indexes.batch(txn)  # index hook
+        yield tx
+        tx._index_batch.flush()
 
     def get(self, id: str, default: Any = ..., /) -> Node:
         """The memory with this id.
@@ -522,8 +528,8 @@ class Engram:
 
         Reads inside see the transaction's own writes; the writer lock is held for the block.
         """
-        with self._store.transaction() as txn:
-            yield Transaction(self, txn)
+        with self._store.transaction() as txn, self._batched(txn) as tx:
+            yield tx
 
     def __len__(self) -> int:
         with self._store.read() as txn:
