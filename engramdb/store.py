@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import resource
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
@@ -230,9 +231,26 @@ _registry: dict[str, _Env] = {}
 _registry_lock = threading.Lock()
 
 
-def _map_lmdb_error(exc: lmdb.Error, what: str) -> EngramError:
+def _space_exhausted(path: str) -> bool:
+    """Whether the file-size limit or the disk is full at ``path``.
+
+    LMDB reports a short ``pwrite`` as EIO ("Input/output error"); a write is cut short
+    when the file reaches RLIMIT_FSIZE or the disk fills up, so look at both.
+    """
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and os.stat(path).st_size >= soft:
+            return True
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize < 1024 * 1024
+    except OSError:
+        return False
+
+
+def _map_lmdb_error(exc: lmdb.Error, what: str, *, path: str | None = None) -> EngramError:
     text = str(exc)
-    if isinstance(exc, lmdb.DiskError) or "File too large" in text or "No space left" in text \
+    short_write = "Input/output error" in text and path is not None and _space_exhausted(path)
+    if isinstance(exc, lmdb.DiskError) or "File too large" in text or "No space left" in text or short_write \
             or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         return StorageFullError(f"{what}: the disk or file-size limit is full ({text})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
@@ -338,7 +356,8 @@ class Txn:
                 self._regrow_and_replay()
             except lmdb.Error as exc:
                 self._abort()
-                raise _map_lmdb_error(exc, "commit failed; the transaction was rolled back") from None
+                raise _map_lmdb_error(exc, "commit failed; the transaction was rolled back",
+                                      path=self.store.path) from None
 
     def _regrow_and_replay(self) -> None:
         """MapFullError aborted the LMDB transaction: grow the map, re-begin, replay our raw writes.
@@ -675,7 +694,8 @@ class Store:
                         os.close(fd)
                     os.chmod(tmp, 0o600)
                 except lmdb.Error as exc:
-                    raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched") from None
+                    raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched",
+                                          path=tmp) from None
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                         raise StorageFullError("no space for the compacting copy; the original is untouched") from None
