@@ -12,15 +12,26 @@ See spec/compress.md. The public names:
 from __future__ import annotations
 
 from ..records import ALL_EMOTIONS, ALL_FLAGS
+from .context import estimate_tokens, inject_context, wake_up
+from .options import CompressOptions
 from .pipeline import compress, compress_many, merge_results, top_zettels
+from .serialize import result_to_dict, result_to_json
+from .stream import CompressStream
 from .weights import normalize_weights
 
 __all__ = [
     "ALL_EMOTIONS",
     "ALL_FLAGS",
+    "CompressOptions",
+    "CompressStream",
     "compress",
     "compress_many",
+    "estimate_tokens",
+    "inject_context",
     "merge_results",
     "normalize_weights",
+    "result_to_dict",
+    "result_to_json",
     "top_zettels",
+    "wake_up",
 ]

@@ -64,15 +64,16 @@ def _upper_class() -> str:
 
 
 UPPER_CLASS = _upper_class()
-_NAME = rf"[{UPPER_CLASS}][\w]*(?:['\u2019\-][\w]+)*"
-_CAP = re.compile(rf"(?<![\w'\u2019\-])({_NAME})")
+# a capitalized word with inner hyphens/apostrophes ("Jean-Luc", "O'Brien"); a final
+# possessive "'s" is matched but left out of the name ("Darcy's" -> "Darcy")
+_NAME = rf"[{UPPER_CLASS}]\w*(?:(?:-|['\u2019](?!s\b))\w+)*"
+_CAP = re.compile(rf"(?<![\w'\u2019\-])({_NAME})(?:['\u2019]s\b)?")
 # capitalized after a lowercase letter, digit, comma, semicolon or ")" and whitespace:
 # that cannot be a sentence start
 _MID = re.compile(rf"[a-z0-9\u00df-\u00ff,;)][ \t]*\n?[ \t]+({_NAME})|[a-z0-9\u00df-\u00ff,;)]\n[ \t]*({_NAME})")
 _SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
 _HONORIFIC = re.compile(rf"\b(Mr|Mrs|Ms|Miss|Sir|Lady|Lord|Madam|Mme|Mlle|Mister|Dame|King|Queen)\.?[ \t\n]+({_NAME})")
 _LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
-_POSSESSIVE = re.compile(r"['\u2019]s$")
 
 STOP_LIST = frozenset("""
 I The A An It He She They We You But And Or In On At To Of For With By From That This These Those When Where
@@ -125,10 +126,6 @@ _PLURAL_PRONOUN = re.compile(r"\b(?:they|them|their|theirs)\b", re.IGNORECASE)
 _RECENT_KEEP = 8
 
 
-def _strip(token: str) -> str:
-    return _POSSESSIVE.sub("", token)
-
-
 def _stopped(name: str) -> bool:
     if name in STOP_LIST:
         return True
@@ -151,10 +148,10 @@ class EntityEvidence:
     @classmethod
     def scan(cls, text: str) -> "EntityEvidence":
         """Collect evidence over the whole normalized ``text``."""
-        candidates = Counter(_strip(t) for t in _CAP.findall(text))
-        mid = Counter(_strip(a or b) for a, b in _MID.findall(text))
+        candidates = Counter(_CAP.findall(text))
+        mid = Counter(a or b for a, b in _MID.findall(text))
         speakers = frozenset(
-            s for s in (_strip(t) for t in _SPEAKER.findall(text))
+            s for s in _SPEAKER.findall(text)
             if len(s) >= 2 and s not in _NOT_SPEAKERS and not s.isdigit()
         )
         lower = Counter(_LOWER_WORD.findall(text))
@@ -175,7 +172,6 @@ class EntityEvidence:
                 accepted.add(name)
         votes: dict[str, Counter] = {}
         for hon, name in _HONORIFIC.findall(text):
-            name = _strip(name)
             if name in accepted:
                 votes.setdefault(name, Counter())["female" if hon in _FEMALE_HON else "male"] += 1
         gender = {}
@@ -197,8 +193,7 @@ def chunk_entities(text: str, evidence: EntityEvidence, min_frequency: int = 1) 
     counts: Counter[str] = Counter()
     order: dict[str, None] = {}
     accepted = evidence.accepted
-    for token in _CAP.findall(text):
-        name = _strip(token)
+    for name in _CAP.findall(text):
         if name in accepted:
             counts[name] += 1
             order.setdefault(name, None)

@@ -24,7 +24,6 @@ _WS = re.compile(r"\s")
 # "max_tokens"); "_emphasis_" marks are dropped; every other non-space character is a
 # token of its own (punctuation breaks phrases and closes negation scopes).
 _TOKEN = re.compile(r"[^\W_]+(?:[-'\u2019_][^\W_]+)*|[^\w\s]")
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
 
 
 @dataclass(frozen=True)
@@ -42,13 +41,18 @@ def normalize_text(text: str) -> str:
     return _NEWLINES.sub("\n", unicodedata.normalize("NFC", text))
 
 
+def _plain_apostrophes(s: str) -> str:
+    # three str.replace calls beat one str.translate by ~3x on chunk-sized text
+    return s.replace("\u2019", "'").replace("\u2018", "'").replace("\u02bc", "'")
+
+
 def tokenize(text: str) -> tuple[list[str], list[str]]:
     """``(tokens, lowercase tokens)`` of ``text``; lowercase ones use a plain ``'``."""
     raw = _TOKEN.findall(text)
     # one C-level lower() for the whole chunk: tokens contain no spaces
-    lowers = " ".join(raw).lower().translate(_APOSTROPHES).split(" ")
+    lowers = _plain_apostrophes(" ".join(raw).lower()).split(" ")
     if len(lowers) != len(raw):  # a lower() that changes token boundaries (exotic casing)
-        lowers = [t.lower().translate(_APOSTROPHES) for t in raw]
+        lowers = [_plain_apostrophes(t.lower()) for t in raw]
     return raw, lowers
 
 

@@ -57,8 +57,8 @@ def split_sentences(text: str) -> list[str]:
 
 def _textrank(word_sets: list[set[str]]) -> list[float]:
     n = len(word_sets)
-    if n == 1:
-        return [1.0]
+    if n <= 2:
+        return [1.0] * n  # one or two sentences always rank equal
     sim = [[0.0] * n for _ in range(n)]
     for i in range(n):
         a = word_sets[i]
@@ -87,13 +87,15 @@ def select_quote(text: str) -> str:
     if len(sentences) == 1:
         return " ".join(sentences[0].split())
     word_lists = [s.split() for s in sentences]
-    lowered = [[w.lower() for w in ws] for ws in word_lists]
-    centrality = _textrank([set(ws) for ws in lowered])
+    lowered = [s.lower() for s in sentences]
+    lower_words = [s.split() for s in lowered]
+    centrality = _textrank([set(ws) for ws in lower_words])
     best, best_score = 0, float("-inf")
     last = len(sentences) - 1
-    for i, words in enumerate(lowered):
+    is_decision = DECISION_WORDS.__contains__
+    for i, words in enumerate(lower_words):
         count = len(words)
-        decisions = sum(1 for w in _WORD.findall(" ".join(words)) if w in DECISION_WORDS)
+        decisions = sum(map(is_decision, _WORD.findall(lowered[i])))
         if 10 <= count <= 25:
             length_bonus = 0.2
         elif count < 5:

@@ -101,6 +101,8 @@ NEGATION_WINDOW = 6
 
 # TECHNICAL names a subject, not a claim: "we don't use a database" is still technical
 _NEGATION_EXEMPT = frozenset({"TECHNICAL"})
+# punctuation tokens, for word counts (a set lookup per token stays in C via map)
+_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb")
 
 assert set(FLAG_KEYWORDS) == set(ALL_FLAGS) and set(EMOTION_KEYWORDS) == set(ALL_EMOTIONS)
 
@@ -153,26 +155,33 @@ class Signals:
 
 def _match(tokens: list[str], index: dict, hits: frozenset[str], found: set[str]) -> None:
     n = len(tokens)
-    for i, t in enumerate(tokens):
-        if t not in hits:
-            continue
-        entries = index.get(t)
+    for first in sorted(hits):
+        entries = index.get(first)
         if not entries:
             continue
-        negated: bool | None = None
-        for phrase, category in entries:
-            if category in found:
-                continue
-            k = len(phrase)
-            if k > 1 and (i + k > n or tuple(tokens[i:i + k]) != phrase):
-                continue
-            if category in _NEGATION_EXEMPT:
-                found.add(category)
-                continue
-            if negated is None:
-                negated = _negated(tokens, i)
-            if not negated:
-                found.add(category)
+        i = -1
+        # list.index scans in C; only occurrences of keyword first words reach Python
+        while True:
+            try:
+                i = tokens.index(first, i + 1)
+            except ValueError:
+                break
+            negated: bool | None = None
+            for phrase, category in entries:
+                if category in found:
+                    continue
+                k = len(phrase)
+                if k > 1 and (i + k > n or tuple(tokens[i:i + k]) != phrase):
+                    continue
+                if category in _NEGATION_EXEMPT:
+                    found.add(category)
+                    continue
+                if negated is None:
+                    negated = _negated(tokens, i)
+                if not negated:
+                    found.add(category)
+            if all(category in found for _, category in entries):
+                break
 
 
 def detect(text: str, tokens: list[str] | None = None) -> Signals:
@@ -192,7 +201,7 @@ def detect(text: str, tokens: list[str] | None = None) -> Signals:
         flags=tuple(f for f in ALL_FLAGS if f in flags),
         emotions=tuple(e for e in ALL_EMOTIONS if e in emotions),
         decision_count=sum(tokens.count(w) for w in DECISION_WORDS),
-        word_count=sum(1 for t in tokens if t[0].isalnum()),
+        word_count=len(tokens) - sum(map(_PUNCTUATION.__contains__, tokens)),
     )
 
 
