@@ -26,28 +26,24 @@ RESTORE_BATCH = 1000
 TEMP_SUFFIX = ".restore-tmp"
 
 
-def _sorted_nodes(txn: Any) -> Iterator[Node]:
-    """Every node in ascending id order, holding only (id, docno) pairs in memory."""
-    order = sorted((node.id, docno) for docno, node in iter_nodes(txn))
-    for _, docno in order:
-        yield codec.decode_node(txn.get("nodes", codec.u64(docno)))
-
-
-def _edges(engram: Engram, txn: Any) -> Iterator[Edge]:
+def _scan(engram: Engram, txn: Any) -> tuple[list[int], list[Edge], dict[str, str]]:
+    """One pass over the records: docnos in id order, every edge, and the source texts."""
+    order: list[tuple[str, int]] = []
+    names: set[str] = set()
+    edges: list[Edge] = []
     graph = engram.indexes.graph
-    for docno, _ in iter_nodes(txn):
-        for _, edge, _ in graph.outgoing(txn, docno):
-            yield edge
-
-
-def _sources(engram: Engram, txn: Any) -> dict[str, str]:
-    names = sorted({node.source for _, node in iter_nodes(txn) if node.source})
-    out = {}
-    for name in names:
+    for docno, node in iter_nodes(txn):
+        order.append((node.id, docno))
+        if node.source:
+            names.add(node.source)
+        edges.extend(edge for _, edge, _ in graph.outgoing(txn, docno))
+    sources = {}
+    for name in sorted(names):
         raw = txn.get("sources", engram._store.blind(b"source", name.encode("utf-8", "surrogatepass")))
         if raw is not None:
-            out[SOURCE_META_PREFIX + name] = raw.decode("utf-8", "surrogatepass")
-    return out
+            sources[SOURCE_META_PREFIX + name] = raw.decode("utf-8", "surrogatepass")
+    order.sort()
+    return [docno for _, docno in order], edges, sources
 
 
 def dump(engram: Engram, fp: TextIO | BinaryIO) -> int:
@@ -60,14 +56,10 @@ def dump(engram: Engram, fp: TextIO | BinaryIO) -> int:
     with engram._store.read() as txn:
         spaces = [{"name": name, "model": s.model, "dims": s.dims, "dtype": s.dtype, "normalized": s.normalize,
                    "auto": s.auto} for name, s in sorted(indexes.vectors.spaces(txn).items())]
-        return aaak.write_dump(
-            fp,
-            settings={"tokenizer": indexes.tokenizer.settings()},
-            spaces=spaces,
-            nodes=_sorted_nodes(txn),
-            edges=_edges(engram, txn),
-            meta=_sources(engram, txn),
-        )
+        docnos, edges, sources = _scan(engram, txn)
+        nodes = (codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos)
+        return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
+                               nodes=nodes, edges=edges, meta=sources)
 
 
 def _remove_store_files(path: str) -> None:

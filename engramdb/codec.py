@@ -76,7 +76,7 @@ def _vector_bytes(vec: tuple[float, ...]) -> bytes:
 def _vector_from(data: bytes) -> tuple[float, ...]:
     if not isinstance(data, bytes) or len(data) % 4:
         raise CorruptFileError("an embedding in a record has a bad length")
-    return tuple(float(x) for x in np.frombuffer(data, dtype="<f4"))
+    return tuple(np.frombuffer(data, dtype="<f4").tolist())
 
 
 def encode_node(node: Node) -> bytes:

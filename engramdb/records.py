@@ -122,7 +122,7 @@ def _freeze_vector(name: str, value: Any) -> tuple[float, ...]:
         raise ValidationError(f"embedding {name!r} must be a non-empty 1-D vector")
     if not np.all(np.isfinite(arr)):
         raise ValidationError(f"embedding {name!r} contains NaN or infinity")
-    return tuple(float(x) for x in arr)
+    return tuple(arr.tolist())  # Python floats, each exactly a float32 value
 
 
 @dataclass(frozen=True)
