@@ -500,6 +500,102 @@ def diff(ctx: click.Context, a: str, b: str) -> None:
         ctx.exit(1)
 
 
+def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
+    """(text or messages, default source name) of one ingest input."""
+    with click.open_file(path, "r", encoding="utf-8") as fh:
+        raw = fh.read()
+    name = "stdin" if path == "-" else os.path.basename(path)
+    if fmt == "auto":
+        fmt = {".jsonl": "jsonl", ".md": "markdown", ".markdown": "markdown"}.get(os.path.splitext(path)[1], "text")
+    if fmt != "jsonl":
+        return raw, name
+    messages = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"{path}, line {n}: not JSON ({exc.msg})",
+                                  hint="each line must be a JSON object with a content or text field") from None
+        messages.append(item)
+    return messages, name
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("inputs", metavar="INPUT...", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(["auto", "text", "markdown", "jsonl", "chat"]), default="auto",
+              show_default=True, help="How to read the inputs (jsonl: one chat message per line).")
+@click.option("--title", help="Title for the compressed document (also its source name).")
+@click.option("--date", help="Date of the input (YYYY-MM-DD), for dates relative to it.")
+@click.option("--tag", "tags", multiple=True, help="Tag every memory (repeatable).")
+@click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True, help="Characters per chunk.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")
+@click.pass_context
+def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, title: str | None, date: str | None,
+           tags: tuple[str, ...], chunk_size: int, as_json: bool) -> None:
+    """Compress documents or conversations into memories (zettels) and store them.
+
+    Ingesting the same text again stores nothing new.
+
+    Example:
+
+        engramdb ingest notes.engram meeting.md chat.jsonl --date 2024-05-02
+    """
+    from tqdm import tqdm
+
+    options: dict[str, Any] = {"chunk_size": chunk_size}
+    if date:
+        options["date"] = date
+    result: dict[str, list[str]] = {}
+    with _open(ctx, file, create=True) as db:
+        for path in tqdm(inputs, desc="ingesting", unit=" files", disable=None, file=sys.stderr):
+            source, name = _read_ingest_input(path, fmt)
+            if title:
+                options["title"] = title
+            result[path] = db.ingest(source, source_name=title or name, tags=list(tags), **options)
+    _emit(result, as_json, lambda d: "\n".join(f"{path}: {len(ids)} memories" for path, ids in d.items()))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--max-zettels", type=click.IntRange(min=1), default=10, show_default=True, help="At most this many.")
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Hard token budget of the output.")
+@click.option("--format", "fmt", type=click.Choice(["aaak", "json", "markdown"]), default="aaak", show_default=True)
+@click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True)
+@click.option("--source", help="Only memories of this source.")
+@click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable).")
+@click.pass_context
+def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | None, fmt: str, selection: str,
+           source: str | None, tags: tuple[str, ...]) -> None:
+    """Print the stored memories that matter most, as context for a model, within a token budget.
+
+    Example:
+
+        engramdb inject notes.engram --max-tokens 500 --format markdown
+    """
+    with _open(ctx, file, readonly=True) as db:
+        click.echo(db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, format=fmt,
+                                     selection=selection, source=source, tags=tags or None))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--top-pct", type=click.FloatRange(0, 1, min_open=True), default=0.15, show_default=True,
+              help="Share of the memories to consider.")
+@click.pass_context
+def wakeup(ctx: click.Context, file: str, top_pct: float) -> None:
+    """Print a short narrative of the most important stored moments.
+
+    Example:
+
+        engramdb wakeup notes.engram
+    """
+    with _open(ctx, file, readonly=True) as db:
+        click.echo(db.wake_up(top_pct=top_pct))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `engramdb` console script."""
     try:

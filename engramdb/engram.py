@@ -676,6 +676,46 @@ class Engram:
         }
 
 
+    # -- compressed memory (engramdb/ingest.py) -----------------------------------------
+    def ingest(self, source: str | Iterable[Any], *, source_name: str | None = None, now: float | None = None,
+               tags: Iterable[str] = (), importance: float | None = None, **compress_options: Any) -> list[str]:
+        """Compress text (or a list of chat messages) into zettels and store them as memories.
+
+        Zettels become nodes (entities, topics, quote, weight, flags, emotions, offsets,
+        resolved date), tunnels become ``tunnel`` edges, and the normalized source is kept
+        (sealed) for :meth:`recall_context`. Deterministic: the same input gives the same
+        ids, and ingesting it again stores nothing new. Options are those of
+        :func:`engramdb.compress`.
+
+        Raises:
+            ValidationError: bad input or options.
+        """
+        from .ingest import ingest
+
+        return ingest(self, source if isinstance(source, str) else list(source), source_name=source_name, now=now,
+                      tags=list(tags), importance=importance, **compress_options)
+
+    def inject_context(self, *, source: str | None = None, tags: Iterable[str] | None = None, **options: Any) -> str:
+        """The stored memories that matter most, rendered for a model within a hard token
+        budget (options as :func:`engramdb.inject_context`: ``max_zettels``, ``selection``,
+        ``guarantee_flags``, ``min_weight``, ``flags``, ``format``, ``max_token_budget``,
+        ``count_tokens``). ``source`` and ``tags`` restrict which memories are considered.
+
+        Raises:
+            ValidationError: bad options.
+        """
+        from .compress import inject_context
+        from .ingest import stored_result
+
+        return inject_context(stored_result(self, source=source, tags=tags), **options)
+
+    def wake_up(self, *, top_pct: float = 0.15, source: str | None = None, tags: Iterable[str] | None = None) -> str:
+        """A short narrative of the most important stored moments (see :func:`engramdb.wake_up`)."""
+        from .compress import wake_up
+        from .ingest import stored_result
+
+        return wake_up(stored_result(self, source=source, tags=tags), top_pct=top_pct)
+
     def dump(self, fp: Any) -> int:
         """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).
 

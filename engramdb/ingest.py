@@ -1,0 +1,141 @@
+"""Compressed memory in the file: ``Engram.ingest``, ``inject_context`` and ``wake_up``.
+
+``compress`` is pure; this module stores its result (zettels as nodes, tunnels as
+edges, the normalized source for ``recall_context``) and rebuilds a
+:class:`CompressResult` from stored memories for the context builders.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import compress as zc
+from .engram import Engram, Transaction
+from .errors import ValidationError
+from .index import iter_nodes
+from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
+
+__all__ = ["ingest", "stored_result", "messages_to_text"]
+
+_SPEAKER_KEYS = ("speaker", "name", "role", "author")
+_TEXT_KEYS = ("content", "text", "message")
+_DATE_KEYS = ("date", "timestamp", "time")
+
+
+def messages_to_text(messages: Iterable[Any]) -> str:
+    """Serialize a conversation as chat lines (``Speaker: text``) with a date header line
+    (``[YYYY-MM-DD]``) wherever the date changes, the shape ``compress`` reads.
+
+    Messages are strings (taken as they are) or mappings with a speaker (``speaker``,
+    ``name``, ``role`` or ``author``), a text (``content``, ``text`` or ``message``) and
+    optionally a date (``date``, ``timestamp`` or ``time``, ISO format).
+
+    Raises:
+        ValidationError: a message has no text.
+    """
+    lines: list[str] = []
+    last_date = None
+    for n, message in enumerate(messages):
+        if isinstance(message, str):
+            lines.append(message)
+            continue
+        if not isinstance(message, Mapping):
+            raise ValidationError(f"message {n} is neither a string nor a mapping")
+        text = next((message[k] for k in _TEXT_KEYS if isinstance(message.get(k), str)), None)
+        if text is None:
+            raise ValidationError(f"message {n} has no text", hint=f"give it one of the keys {', '.join(_TEXT_KEYS)}")
+        date = next((str(message[k])[:10] for k in _DATE_KEYS if message.get(k)), None)
+        if date and date != last_date:
+            lines.append(f"[{date}]")
+            last_date = date
+        speaker = next((str(message[k]) for k in _SPEAKER_KEYS if message.get(k)), None)
+        lines.append(f"{speaker}: {text}" if speaker else text)
+    return "\n".join(lines)
+
+
+def _node_from_zettel(z: Zettel, index: EntityIndex, source_text: str, source_name: str, id_prefix: str,
+                      stamp: float, fields: Mapping[str, Any]) -> Node:
+    content = source_text[z.source_start:z.source_end] if z.source_start is not None and z.source_end is not None \
+        else z.quote
+    return Node(
+        id=id_prefix + z.id, content=content,
+        entities=[index.code_to_name.get(code, code) for code in z.entities], topics=z.topics, quote=z.quote,
+        weight=z.weight, flags=z.flags, emotions=z.emotions, source_start=z.source_start, source_end=z.source_end,
+        resolved_date=z.resolved_date, source=source_name, created_at=stamp, last_accessed=stamp, **fields,
+    )
+
+
+def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | None = None, now: float | None = None,
+           tags: Sequence[str] = (), importance: float | None = None, **compress_options: Any) -> list[str]:
+    """Compress ``source`` (text, or a list of chat messages) and store the zettels.
+
+    Ids are ``<source key>:<zettel id>``, where the source key is a hash of the normalized
+    text, so ingesting the same text twice stores it once and returns the same ids.
+    The normalized text is kept in the file (sealed) under ``source_name`` (default: the
+    ``title`` option, else ``doc-<hash>``) for :meth:`Engram.recall_context`.
+
+    Raises:
+        ValidationError: bad input or options.
+    """
+    text = source if isinstance(source, str) else messages_to_text(source)
+    result = zc.compress(text, **{**compress_options, "keep_source": True})
+    normalized = result.meta.get("source", text)
+    key = hashlib.sha256(normalized.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    name = source_name or compress_options.get("title") or f"doc-{key}"
+    stamp = now_ts(now)
+    fields: dict[str, Any] = {"tags": list(tags)}
+    if importance is not None:
+        fields["importance"] = importance
+    nodes = [_node_from_zettel(z, result.entity_index, normalized, name, f"{key}:", stamp, fields)
+             for z in result.zettels]
+    tunnels = [(f"{key}:{t.from_id}", f"{key}:{t.to_id}", t.label) for t in result.tunnels]
+
+    def store(txn: Any) -> list[str]:
+        with engram._batched(txn) as tx:
+            for node in nodes:
+                if tx.find(node.id) is None:
+                    tx.put_new(node)
+        txn.put("sources", engram._store.blind(b"source", name.encode("utf-8", "surrogatepass")),
+                normalized.encode("utf-8", "surrogatepass"))
+        for src, dst, label in tunnels:
+            a, b = tx._docno(src), tx._docno(dst)
+            engram.indexes.graph.put(txn, a, b, Edge(src=src, dst=dst, kind="tunnel", label=label, created_at=stamp),
+                                     derived=True)
+        return [node.id for node in nodes]
+
+    return engram._store.write(store)
+
+
+def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[str] | None = None) -> CompressResult:
+    """The stored memories as a :class:`CompressResult` (zettels, tunnels, entity index),
+    optionally only those of one ``source`` or carrying all ``tags``, in insertion order.
+    """
+    want_tags = set(tags or ())
+    zettels: list[Zettel] = []
+    names: list[str] = []
+    tunnels: list[Tunnel] = []
+    with engram._store.read() as txn:
+        kept: set[str] = set()
+        for docno, node in iter_nodes(txn):
+            if source is not None and node.source != source:
+                continue
+            if want_tags and not want_tags.issubset(node.tags):
+                continue
+            kept.add(node.id)
+            names.extend(node.entities)
+            zettels.append(Zettel(id=node.id, entities=list(node.entities), topics=list(node.topics),
+                                  quote=node.quote or node.content[:200], weight=node.weight,
+                                  emotions=list(node.emotions), flags=list(node.flags),
+                                  source_start=node.source_start, source_end=node.source_end,
+                                  resolved_date=node.resolved_date))
+        for docno, node in iter_nodes(txn):
+            if node.id not in kept:
+                continue
+            for _, edge, _ in engram.indexes.graph.outgoing(txn, docno):
+                if edge.kind == "tunnel" and edge.dst in kept:
+                    tunnels.append(Tunnel(from_id=edge.src, to_id=edge.dst, label=edge.label))
+    index = zc.build_entity_index(names)
+    for z in zettels:
+        z.entities = [index.name_to_code[name] for name in z.entities]
+    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index,
+                          meta={"input_length": 0, "chunk_count": len(zettels)})

@@ -1,0 +1,111 @@
+"""Compressed memory in the file: ingest, recall_context over sources, inject_context, wake_up, CLI."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+import engramdb
+from engramdb.cli import cli
+from engramdb.ingest import messages_to_text
+
+from conftest import NOW
+
+DOC = """Project Atlas kickoff
+
+Alice Johnson leads Project Atlas. We decided to use PostgreSQL for the ledger because it is reliable.
+Bob Smith worried about the migration timeline; he said the vendor contract ends in March 2024.
+
+Later that week Alice moved the weekly sync to Thursday. She asked Bob to draft the rollback plan.
+The team felt relief after the load test passed on 2024-02-12.
+
+Carol from finance approved the budget. Never store credentials in the repository; Carol insisted on the vault.
+"""
+
+CHAT = [
+    {"speaker": "Alice", "text": "I finally moved to Berlin last month!", "date": "2023-05-08"},
+    {"speaker": "Bob", "text": "Congrats! How is the new job at the robotics company?", "date": "2023-05-08"},
+    {"speaker": "Alice", "text": "Great, though I miss my sister Carol in Lisbon.", "date": "2023-05-09"},
+]
+
+
+def test_ingest_stores_zettels_with_exact_offsets(make_db):
+    db = make_db()
+    ids = db.ingest(DOC, title="Atlas kickoff", chunk_size=200, chunk_overlap=20, now=NOW)
+    assert len(ids) >= 3 and len(db) == len(ids)
+    nodes = [db.get(i) for i in ids]
+    assert all(n.source == "Atlas kickoff" and n.created_at == NOW for n in nodes)
+    assert any("Alice Johnson" in n.entities for n in nodes)
+    assert any("DECISION" in n.flags for n in nodes)
+    context = db.recall_context("Who approved the budget?", max_tokens=400)
+    assert "Carol" in context.text and "approved the budget" in context.text
+
+
+def test_ingest_is_idempotent_and_deterministic(tmp_path):
+    runs = []
+    for n in range(2):
+        with engramdb.open(tmp_path / f"i{n}.engram", passphrase="p", kdf=engramdb.KDFParams.for_tests()) as db:
+            first = db.ingest(DOC, chunk_size=200, now=NOW)
+            assert db.ingest(DOC, chunk_size=200, now=NOW + 5) == first and len(db) == len(first)
+            runs.append([db.get(i) for i in first])
+    assert runs[0] == runs[1]
+
+
+def test_messages_become_chat_lines_with_date_headers(make_db):
+    text = messages_to_text(CHAT)
+    assert text.splitlines()[:2] == ["[2023-05-08]", "Alice: I finally moved to Berlin last month!"]
+    assert "[2023-05-09]" in text
+    db = make_db()
+    ids = db.ingest(CHAT, now=NOW)
+    nodes = [db.get(i) for i in ids]
+    assert any("Alice" in n.entities and "Bob" in n.entities for n in nodes)
+    assert any((n.resolved_date or "").startswith("2023-05") for n in nodes)
+
+
+def test_tunnels_become_edges(make_db):
+    db = make_db()
+    ids = db.ingest(DOC + "\n\nAlice Johnson and Bob Smith reviewed Project Atlas again.\n", chunk_size=150, now=NOW)
+    edges = [e for i in ids for e in db.edges(i)]
+    assert edges and all(e.kind == "tunnel" and e.src in ids and e.dst in ids for e in edges)
+
+
+def test_inject_context_respects_the_budget_and_wake_up_speaks(make_db):
+    db = make_db()
+    db.ingest(DOC, chunk_size=200, now=NOW)
+    for budget in (20, 60, 200):
+        out = db.inject_context(max_token_budget=budget, format="markdown")
+        assert engramdb.estimate_tokens(out) <= budget
+    assert db.inject_context(format="json") and json.loads(db.inject_context(format="json")) is not None
+    assert db.wake_up().strip()
+
+
+def test_ingest_leaves_no_plaintext_in_the_file(make_db):
+    db = make_db()
+    db.ingest(DOC, now=NOW)
+    path = db.path
+    db.close()
+    raw = open(path, "rb").read()
+    for word in ("Atlas", "PostgreSQL", "Johnson", "credentials", "ledger"):
+        assert word.encode() not in raw and word.lower().encode() not in raw
+
+
+def test_cli_ingest_inject_wakeup(tmp_path):
+    runner = CliRunner()
+    env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+    store = str(tmp_path / "s.engram")
+    doc = tmp_path / "atlas.md"
+    doc.write_text(DOC)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps(m) for m in CHAT))
+    assert runner.invoke(cli, ["init", store, "--kdf", "t=1,m=8,p=1"], env=env).exit_code == 0
+    out = runner.invoke(cli, ["ingest", store, str(doc), str(chat), "--json"], env=env)
+    assert out.exit_code == 0, out.output
+    ids = json.loads(out.output)
+    assert set(ids) == {str(doc), str(chat)} and all(ids.values())
+    injected = runner.invoke(cli, ["inject", store, "--max-tokens", "80"], env=env)
+    assert injected.exit_code == 0 and injected.output.strip()
+    assert runner.invoke(cli, ["wakeup", store], env=env).output.strip()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    failed = runner.invoke(cli, ["ingest", store, str(bad), "--format", "jsonl"], env=env)
+    assert failed.exit_code == 1 and "not JSON" in failed.output
