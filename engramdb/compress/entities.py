@@ -73,6 +73,7 @@ _CAP = re.compile(rf"(?<![\w'\u2019\-])({_NAME})(?:['\u2019]s\b)?")
 _MID = re.compile(rf"[a-z0-9\u00df-\u00ff,;)][ \t]*\n?[ \t]+({_NAME})|[a-z0-9\u00df-\u00ff,;)]\n[ \t]*({_NAME})")
 _SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
 _HONORIFIC = re.compile(rf"\b(Mr|Mrs|Ms|Miss|Sir|Lady|Lord|Madam|Mme|Mlle|Mister|Dame|King|Queen)\.?[ \t\n]+({_NAME})")
+_CONTRACTION = re.compile(r"['\u2019](?:t|ll|re|ve|d|m)$", re.IGNORECASE)
 _LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
 
 STOP_LIST = frozenset("""
@@ -95,7 +96,8 @@ See Go Think Consider Ensure Remember Oh Ah Well Wow Yeah Yep Nope Hmm Great Goo
 Never Always Sometimes Often Yet Nor Whether Why Whatever Whenever Wherever Whoever Such Many Much Most More
 Few Several Other Another Same Only Do Does Is Are Was Were Be Been Have Has Had Can Could Would Should Will
 Shall Might Must Deprecated Security Breaking Features Changes Bugfixes Chore Docs Refactor Note Warning
-Important Tip Todo TODO FIXME Subject Title Date Time Session Re Fwd Cc Q A
+Important Tip Todo TODO FIXME Subject Title Date Time Session Re Fwd Cc Q A Changelog Unreleased Release
+Readme Later Soon Afterwards Earlier Amongst Whilst Illustration Self Thanks Cheers Regards Sounds Absolutely
 """.split())
 # labels that look like speakers but introduce fields ("Note: ...", "Date: ...")
 _NOT_SPEAKERS = STOP_LIST | frozenset({"Status", "Result", "Answer", "Question", "Error", "Output", "Input", "Source", "Type", "Name", "Location"})
@@ -106,7 +108,7 @@ alice carol emma olivia sophia sofia mia amelia isabella ava charlotte emily sar
 lucy grace chloe hannah zoe ella lily nora ruby alicia diana elena eva irene jane karen kate katherine linda
 lisa megan nancy nina rachel rebecca rita rosa susan tina wendy priya aisha fatima mei yuki ingrid astrid clara
 elsa frida greta margaret beth carmen lucia paula silvia valentina bianca francesca giulia martina katya natasha
-olga svetlana tatiana vera zara leila noor samira yasmin helen ruth claire audrey naomi iris elizabeth mary
+olga svetlana tatiana vera zara leila noor marie sophie camille amelie samira yasmin helen ruth claire audrey naomi iris elizabeth mary
 caroline georgiana lydia kitty catherine harriet jessica melanie jennifer jolene deborah maya gina joanna
 """.split())
 MALE_NAMES = frozenset("""
@@ -117,7 +119,7 @@ jerry tyler aaron jose adam henry nathan douglas zachary peter kyle walter ethan
 roger noah gerald carl terry sean austin arthur lawrence jesse dylan bryan joe bruce albert gabriel logan juan
 carlos luis miguel pedro diego marco luca giovanni ahmed ali omar hassan ravi raj kenji sven lars erik klaus
 hans ivan dmitri sergei boris liam oliver harry oscar leo arjun vikram victor hugo felix simon martin tom
-evan calvin dave sam nate andy
+evan calvin dave sam nate andy pierre jean louis andre
 """.split())
 
 _FEMALE_PRONOUN = re.compile(r"\b(?:she|her|hers|herself)\b", re.IGNORECASE)
@@ -127,7 +129,10 @@ _RECENT_KEEP = 8
 
 
 def _stopped(name: str) -> bool:
-    if name in STOP_LIST:
+    if name in STOP_LIST or _CONTRACTION.search(name):
+        return True
+    head = name.split("-", 1)[0]
+    if head != name and head in STOP_LIST:  # "To-morrow", "Self-Made"
         return True
     # ALL-CAPS headings ("CHAPTER", "THE") are the same words shouted
     return name.isupper() and len(name) > 1 and name.capitalize() in STOP_LIST
