@@ -68,6 +68,9 @@ __all__ = [
     "read_dump",
     "verify_dump",
     "edge_sort_key",
+    "tjson_dumps",
+    "tjson_loads",
+    "tjson_untag",
     "encrypt_dump",
     "open_encrypted_writer",
     "decrypt_dump",
@@ -358,6 +361,20 @@ def tjson_loads(text: str) -> Any:
         return _tjson_loads(text, 0)
     except _Err as exc:
         raise AAAKParseError(exc.msg, column=exc.col + 1) from None
+
+
+def tjson_untag(value: Any) -> Any:
+    """Turn an already-parsed JSON value with tjson tags (``$bytes``, ``$map``, ``$$``) back into Python values.
+
+    For JSON produced by :func:`tjson_dumps` but parsed by someone else (e.g. a JSONL line).
+
+    Raises:
+        AAAKParseError: an unknown ``$`` key, bad base64, or nesting deeper than 64 levels.
+    """
+    try:
+        return _from_tagged(value, 0)
+    except (ValueError, TypeError) as exc:
+        raise AAAKParseError(f"bad tagged JSON: {exc}") from None
 
 
 def _tjson_loads(text: str, col: int) -> Any:

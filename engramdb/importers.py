@@ -1,0 +1,598 @@
+"""Readers that turn other tools' memory files into engramdb records, and a JSONL exporter.
+
+Everything here is pure: readers take a file object (or bytes/str) and yield records;
+nothing is written anywhere. The caller (``engramdb import``) puts them into a store.
+
+Sources:
+
+* **AAAK v1/v2 text** (zettel-compress) and v3 result documents — :func:`iter_aaak`:
+  one :class:`~engramdb.records.Node` per zettel, then one ``tunnel`` edge per tunnel.
+* **JSONL of Trace-Lite ``Memory`` objects** — :func:`iter_jsonl`: one node per line.
+* **Terronex ``.engram`` v1** (magic ``ENGRAM``, msgpack header, msgpack or AES-256-GCM
+  payload) — :func:`iter_terronex`: one node per memory node, then edges for links and
+  for the parent/child hierarchy. Read-only.
+
+:func:`export_jsonl` writes nodes as Trace-Lite ``Memory`` lines; it adds an
+``engramdb`` block so that :func:`iter_jsonl` restores the exact node.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import struct
+from datetime import datetime, timezone
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, TextIO, Union
+
+import numpy as np
+
+from .aaak import decode, is_encrypted_dump, tjson_dumps, tjson_untag
+from .errors import (
+    AAAKParseError,
+    EngramError,
+    ImportFormatError,
+    ModeMismatchError,
+    ValidationError,
+    WrongPassphraseError,
+)
+from .records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Edge, Node, now_ts
+
+__all__ = [
+    "ImportItem",
+    "detect_format",
+    "iter_import",
+    "iter_aaak",
+    "iter_jsonl",
+    "iter_terronex",
+    "export_jsonl",
+]
+
+ImportItem = Union[Node, Edge]
+
+TERRONEX_MAGIC = b"ENGRAM"
+# Terronex writes these fixed KDF parameters (src/io.ts); they are not stored in the file.
+_TX_ARGON2 = {"time_cost": 3, "memory_cost": 65536, "parallelism": 1}
+_TX_PBKDF2_ITERATIONS = 100_000
+_MAX_JSONL_LINE = 64 * 1024 * 1024
+_MAX_TERRONEX_BYTES = 4 * 1024 * 1024 * 1024
+_ENGRAMDB_BLOCK = "engramdb"
+_EXPORT_VERSION = 1
+
+
+def _read_all(source: Any, limit: int) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    elif hasattr(source, "read"):
+        data = source.read(limit + 1)
+        if isinstance(data, str):
+            raise ImportFormatError("this format is binary; open the file with 'rb'")
+    else:
+        raise ImportFormatError(f"cannot read from a {type(source).__name__}; pass a file object or bytes")
+    if len(data) > limit:
+        raise ImportFormatError(f"the file is larger than {limit} bytes")
+    return data
+
+
+def detect_format(head: bytes) -> str:
+    """Guess the format of a file from its first bytes (at least 16 are best).
+
+    Returns:
+        One of ``"terronex"``, ``"aaak-encrypted"``, ``"aaak-dump"``, ``"aaak"``, ``"jsonl"``.
+
+    Raises:
+        ImportFormatError: none of the supported formats.
+    """
+    head = bytes(head)
+    if head.startswith(TERRONEX_MAGIC):
+        return "terronex"
+    if is_encrypted_dump(head):
+        return "aaak-encrypted"
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text.startswith(b"FILE:||||v3|dump"):
+        return "aaak-dump"
+    if text.startswith(b"{"):
+        return "jsonl"
+    if text.startswith(b"FILE:") or text[:1].isdigit():
+        return "aaak"
+    raise ImportFormatError("unrecognized file format (expected AAAK, JSONL memories or a Terronex .engram file)")
+
+
+def iter_import(
+    source: BinaryIO, *, fmt: str | None = None, passphrase: str | bytes | None = None,
+    space: str = "default", now: float | None = None, id_prefix: str = "",
+) -> Iterator[ImportItem]:
+    """Read any supported source; ``fmt`` is detected from the first bytes when omitted.
+
+    Args:
+        source: a binary file object positioned at the start (seekable when ``fmt`` is None).
+        fmt: ``"aaak"``, ``"jsonl"`` or ``"terronex"``.
+        passphrase: for encrypted Terronex files.
+        space: embedding space name for imported vectors.
+        now: the clock for records that carry no timestamps.
+        id_prefix: prepended to every imported id (to keep several imports apart).
+
+    Raises:
+        ImportFormatError: unknown or malformed input (AAAK dumps are restored, not imported).
+    """
+    if fmt is None:
+        head = source.read(64)
+        source.seek(0)
+        fmt = detect_format(head)
+    if fmt in ("aaak-dump", "aaak-encrypted"):
+        raise ImportFormatError("this is an engramdb dump", hint="use `engramdb restore DUMP FILE` for dumps")
+    if fmt == "aaak":
+        return iter_aaak(source, now=now, id_prefix=id_prefix)
+    if fmt == "jsonl":
+        return iter_jsonl(source, space=space, now=now, id_prefix=id_prefix)
+    if fmt == "terronex":
+        return iter_terronex(source, passphrase=passphrase, space=space, id_prefix=id_prefix)
+    raise ImportFormatError(f"unknown import format {fmt!r}; use aaak, jsonl or terronex")
+
+
+# --- AAAK v1 / v2 (and v3 result documents) -----------------------------------------
+
+
+def iter_aaak(
+    source: str | bytes | TextIO | BinaryIO, *, strict: bool = False, now: float | None = None,
+    id_prefix: str = "",
+) -> Iterator[ImportItem]:
+    """Zettels of an AAAK result document as nodes, then its tunnels as ``tunnel`` edges.
+
+    A node's ``content`` is its source passage when the document carries
+    ``meta["source"]`` and offsets, else its quote. ``created_at``/``last_accessed`` are
+    ``now``; ``metadata["aaak"]`` keeps the document's date and title.
+
+    Raises:
+        ImportFormatError: the text is not AAAK (or, with ``strict``, malformed), or a
+            zettel cannot be a node (empty id, non-finite weight, negative offset).
+    """
+    if hasattr(source, "read"):
+        source = source.read()
+    try:
+        result = decode(source, strict=strict)
+    except AAAKParseError as exc:
+        raise ImportFormatError(f"not a readable AAAK document: {exc.message}",
+                                hint=exc.hint) from None
+    ts = now_ts(now)
+    text_source = result.meta.get("source")
+    doc = {k: result.meta[k] for k in ("date", "title") if isinstance(result.meta.get(k), str)}
+    for z in result.zettels:
+        content = z.quote
+        if (isinstance(text_source, str) and z.source_start is not None and z.source_end is not None
+                and 0 <= z.source_start <= z.source_end <= len(text_source)):
+            content = text_source[z.source_start:z.source_end]
+        try:
+            yield Node(
+                id=id_prefix + z.id, content=content, entities=z.entities, topics=z.topics, quote=z.quote,
+                weight=z.weight, flags=[f for f in z.flags if f in ALL_FLAGS],
+                emotions=[e for e in z.emotions if e in ALL_EMOTIONS], source_start=z.source_start,
+                source_end=z.source_end, resolved_date=z.resolved_date, created_at=ts, last_accessed=ts,
+                source="import:aaak", metadata={"aaak": doc} if doc else {},
+            )
+        except ValidationError as exc:
+            raise ImportFormatError(f"zettel {z.id!r} cannot be imported: {exc.message}") from None
+    for t in result.tunnels:
+        try:
+            yield Edge(id_prefix + t.from_id, id_prefix + t.to_id, "tunnel", label=t.label, created_at=ts)
+        except ValidationError as exc:
+            raise ImportFormatError(f"tunnel {t.from_id!r}<->{t.to_id!r} cannot be imported: {exc.message}") from None
+
+
+# --- JSONL of Trace-Lite Memory objects ---------------------------------------------
+
+
+def _parse_time(value: Any, name: str, default: float) -> float:
+    """ISO 8601 strings (Trace-Lite) or numbers in milliseconds (JavaScript Date.now())."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise ValidationError(f"{name} must be an ISO 8601 string or milliseconds")
+    if isinstance(value, (int, float)):
+        return float(value) / 1000.0
+    if isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValidationError(f"{name} {value[:40]!r} is not an ISO 8601 date") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.timestamp()
+    raise ValidationError(f"{name} must be an ISO 8601 string or milliseconds")
+
+
+def _format_time(ts: float) -> str | float | None:
+    try:
+        dt = datetime.fromtimestamp(ts, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        # Out of datetime's range: milliseconds (which _parse_time also reads), or null when even
+        # that overflows; the engramdb block keeps the exact value either way.
+        ms = ts * 1000.0
+        return ms if math.isfinite(ms) else None
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _vector(value: Any, name: str) -> list[float] | None:
+    """A JSON embedding: a list, or the {"0": x, "1": y} object JSON.stringify makes of a Float32Array."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        try:
+            keys = sorted(value, key=int)
+        except (TypeError, ValueError):
+            raise ValidationError(f"{name} must be a list of numbers") from None
+        if keys != [str(i) for i in range(len(keys))]:
+            raise ValidationError(f"{name} has gaps in its indexes")
+        value = [value[k] for k in keys]
+    if not isinstance(value, list) or not value:
+        raise ValidationError(f"{name} must be a non-empty list of numbers")
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValidationError(f"{name} must contain only numbers")
+    return [float(x) for x in value]
+
+
+def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
+    if not isinstance(obj, dict):
+        raise ValidationError("each line must be a JSON object (a Memory)")
+    block = obj.get(_ENGRAMDB_BLOCK)
+    if isinstance(block, dict) and block.get("v") == _EXPORT_VERSION and isinstance(block.get("node"), dict):
+        # Written by export_jsonl: the block has every field exactly; content and metadata live
+        # in the Memory fields so Trace-Lite sees them.
+        fields = dict(block["node"])
+        fields["content"] = obj.get("content", "")
+        fields["metadata"] = obj.get("metadata") or {}
+        fields["id"] = id_prefix + str(fields.get("id", ""))
+        return Node.from_dict(fields)
+    mem_id = obj.get("id")
+    if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
+        raise ValidationError("a Memory needs a non-empty string id")
+    embedding = _vector(obj.get("embedding"), "embedding")
+    tier = obj.get("tier", "hot")
+    if isinstance(tier, str):
+        tier = tier.lower()
+    importance = obj.get("importance", 0.5)
+    tags = obj.get("tags") or []
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ValidationError("metadata must be an object")
+    created = _parse_time(obj.get("createdAt"), "createdAt", now)
+    return Node(
+        id=id_prefix + str(mem_id), content=obj.get("content", ""), tags=tags, importance=importance,
+        tier=tier, created_at=created,
+        last_accessed=_parse_time(obj.get("lastAccessed"), "lastAccessed", created),
+        access_count=obj.get("accessCount", 0), source=obj.get("source") or "",
+        metadata=metadata, embeddings={space: embedding} if embedding is not None else {},
+    )
+
+
+def iter_jsonl(
+    source: str | bytes | TextIO | BinaryIO, *, space: str = "default", now: float | None = None,
+    id_prefix: str = "", max_line_chars: int = _MAX_JSONL_LINE,
+) -> Iterator[Node]:
+    """One node per JSONL line of Trace-Lite ``Memory`` objects.
+
+    Field mapping: ``id``, ``content``, ``tags``, ``importance``, ``tier``, ``accessCount``,
+    ``source``, ``metadata`` map to the node fields of the same meaning; ``createdAt`` /
+    ``lastAccessed`` are ISO 8601 strings (or JavaScript milliseconds); ``embedding`` goes
+    into the space ``space``. Blank lines are skipped. Lines written by
+    :func:`export_jsonl` are restored exactly.
+
+    Raises:
+        ImportFormatError: a line that is not JSON, is too long, or is not a valid Memory
+            (the message names the line).
+    """
+    if isinstance(source, (bytes, bytearray)):
+        source = io.BytesIO(bytes(source))
+    if isinstance(source, str):
+        source = io.StringIO(source)
+    if isinstance(source, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(source, "mode", ""):
+        source = io.TextIOWrapper(source, encoding="utf-8", errors="strict", newline="")
+    ts = now_ts(now)
+    lineno = 0
+    while True:
+        try:
+            line = source.readline(max_line_chars + 1)
+        except UnicodeDecodeError as exc:
+            raise ImportFormatError(f"line {lineno + 1}: not UTF-8 ({exc.reason})") from None
+        if not line:
+            return
+        lineno += 1
+        if len(line) > max_line_chars:
+            raise ImportFormatError(f"line {lineno} is longer than {max_line_chars} characters")
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if isinstance(obj, dict) and isinstance(obj.get(_ENGRAMDB_BLOCK), dict):
+                obj = tjson_untag(obj)
+            node = _memory_to_node(obj, space, ts, id_prefix)
+        except RecursionError:
+            raise ImportFormatError(f"line {lineno}: JSON nests too deeply") from None
+        except AAAKParseError as exc:
+            raise ImportFormatError(f"line {lineno}: {exc.message}") from None
+        except ValueError as exc:  # JSONDecodeError and ValidationError are ValueErrors
+            message = exc.message if isinstance(exc, EngramError) else str(exc)
+            raise ImportFormatError(f"line {lineno}: {message}") from None
+        yield node
+
+
+def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | None = None) -> int:
+    """Write nodes as JSONL Trace-Lite ``Memory`` objects (one per line, keys sorted).
+
+    ``embedding`` is the vector of ``space`` (default: the node's only or first space by
+    name; ``null`` when it has none); timestamps are ISO 8601 with milliseconds. An extra
+    ``engramdb`` key carries every other field exactly, so :func:`iter_jsonl` gives back
+    the same nodes; metadata bytes are written as ``{"$bytes": base64}``.
+
+    Returns:
+        The number of lines written.
+
+    Raises:
+        ValidationError: something that is not a Node.
+    """
+    binary = isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", "")
+    count = 0
+    for node in nodes:
+        if not isinstance(node, Node):
+            raise ValidationError(f"export_jsonl takes Node objects, got {type(node).__name__}")
+        chosen = space if space is not None else (sorted(node.embeddings)[0] if node.embeddings else None)
+        vec = node.embeddings.get(chosen) if chosen is not None else None
+        block = node.to_dict()
+        del block["content"], block["metadata"]
+        record = {
+            "id": node.id, "content": node.content, "embedding": list(vec) if vec is not None else None,
+            "tags": list(node.tags), "importance": node.importance, "tier": node.tier,
+            "createdAt": _format_time(node.created_at), "lastAccessed": _format_time(node.last_accessed),
+            "accessCount": node.access_count, "source": node.source, "metadata": dict(node.metadata),
+            _ENGRAMDB_BLOCK: {"v": _EXPORT_VERSION, "node": block},
+        }
+        line = tjson_dumps(record) + "\n"
+        fp.write(line.encode("utf-8") if binary else line)
+        count += 1
+    return count
+
+
+# --- Terronex .engram v1 ------------------------------------------------------------
+
+
+def _tx_key(passphrase: str | bytes, salt: bytes, kdf: str) -> bytes:
+    secret = passphrase.encode("utf-8") if isinstance(passphrase, str) else bytes(passphrase)
+    if not secret:
+        raise ValidationError("the passphrase is empty")
+    if kdf == "argon2id":
+        from argon2.low_level import Type, hash_secret_raw
+
+        return hash_secret_raw(secret=secret, salt=salt, hash_len=32, type=Type.ID, version=19, **_TX_ARGON2)
+    return hashlib.pbkdf2_hmac("sha256", secret, salt, _TX_PBKDF2_ITERATIONS, 32)
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """Make a msgpack value fit node metadata (str keys, 64-bit ints, no ext types)."""
+    import msgpack
+
+    if depth > 30:
+        return None
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, depth + 1) for v in value]
+    if isinstance(value, msgpack.ExtType):
+        return {"ext": value.code, "data": value.data}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool, bytes)):
+        return value
+    return repr(value)
+
+
+def _tx_embedding(value: Any) -> np.ndarray | None:
+    """Embeddings as msgpackr writes them: a bin of float32 bytes, a number list, or ext 0x74."""
+    import msgpack
+
+    if value is None:
+        return None
+    if isinstance(value, msgpack.ExtType):
+        # msgpackr's typed-array extension: first byte = typed-array kind (7 Float32, 8 Float64).
+        if value.code != 0x74 or not value.data or value.data[0] not in (7, 8):
+            raise ValidationError(f"unsupported embedding encoding (msgpack ext {value.code})")
+        dtype = "<f4" if value.data[0] == 7 else "<f8"
+        value = np.frombuffer(value.data[1:], dtype=dtype) if (len(value.data) - 1) % np.dtype(dtype).itemsize == 0 \
+            else None
+        if value is None:
+            raise ValidationError("embedding bytes are not a whole number of floats")
+        return value.astype(np.float32)
+    if isinstance(value, (bytes, bytearray)):
+        if len(value) % 4:
+            raise ValidationError("embedding bytes are not a whole number of float32 values")
+        return np.frombuffer(bytes(value), dtype="<f4")
+    if isinstance(value, dict):  # a Float32Array that went through JSON: {"0": x, ...}
+        return np.asarray(_vector(value, "embedding"), dtype=np.float32)
+    if isinstance(value, list):
+        return np.asarray(_vector(value, "embedding"), dtype=np.float32)
+    raise ValidationError(f"unsupported embedding type {type(value).__name__}")
+
+
+_TX_LINK_KINDS = {"related": "related", "contradicts": "contradicts", "supersedes": "supersedes",
+                  "elaborates": "derived_from", "summarizes": "derived_from", "references": "related",
+                  "causes": "related"}
+
+
+def _ms(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return default
+    return float(value) / 1000.0
+
+
+def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[str]]) -> Node:
+    if not isinstance(raw, dict):
+        raise ValidationError("a node must be a map")
+    nid = raw.get("id")
+    if not isinstance(nid, str) or not nid:
+        raise ValidationError("a node needs a non-empty string id")
+    content = raw.get("content") or {}
+    if not isinstance(content, dict):
+        content = {"type": "text", "data": content}
+    data = content.get("data", "")
+    temporal = raw.get("temporal") or {}
+    quality = raw.get("quality") or {}
+    meta = raw.get("metadata") or {}
+    if not isinstance(temporal, dict) or not isinstance(quality, dict) or not isinstance(meta, dict):
+        raise ValidationError("temporal, quality and metadata must be maps")
+    created = _ms(temporal.get("created"), 0.0)
+    tier = temporal.get("decayTier", "hot")
+    score = quality.get("score", 0.5)
+    extra = {k: v for k, v in content.items() if k != "data"}
+    terronex = {
+        "content": extra, "parent_id": raw.get("parentId"), "children": raw.get("children"),
+        "depth": raw.get("depth"), "path": raw.get("path"), "embedding_model": raw.get("embeddingModel"),
+        "temporal": temporal, "quality": quality,
+        "metadata": {k: v for k, v in meta.items() if k not in ("tags", "custom")},
+    }
+    if not isinstance(data, str):
+        terronex["data"] = data  # binary content (image, audio) is kept, not dropped
+        data = ""
+    metadata: dict[str, Any] = {"terronex": _jsonable(terronex)}
+    if meta.get("custom") is not None:
+        metadata["custom"] = _jsonable(meta["custom"])
+    emb = _tx_embedding(raw.get("embedding"))
+    tags = meta.get("tags") or []
+    return Node(
+        id=id_prefix + nid, content=data, entities=entity_names.get(nid, []),
+        tier=tier if tier in TIERS else "hot",
+        importance=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool)
+        and math.isfinite(score) else 0.5,
+        created_at=created, last_accessed=_ms(temporal.get("accessed"), created),
+        tags=[t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
+        source=meta.get("sourceFile") if isinstance(meta.get("sourceFile"), str) else "import:terronex",
+        metadata=metadata, embeddings={space: emb} if emb is not None and emb.size else {},
+    )
+
+
+def iter_terronex(
+    source: bytes | BinaryIO, *, passphrase: str | bytes | None = None, space: str = "default",
+    id_prefix: str = "", verify_integrity: bool = True, max_bytes: int = _MAX_TERRONEX_BYTES,
+) -> Iterator[ImportItem]:
+    """Nodes of a Terronex ``.engram`` v1 file, then its links and hierarchy as edges.
+
+    Layout (read-only): ``ENGRAM`` | major (1) | minor | u32 LE header length | msgpack
+    header | payload, where the payload is msgpack ``{nodes, entities, links, deltas}``,
+    or AES-256-GCM ciphertext‖tag of it with a key from argon2id (t=3, m=64 MiB, p=1) or
+    PBKDF2-SHA256 (100,000 iterations) over the header's salt. The header's unkeyed
+    SHA-256 ``integrity`` of the stored payload is checked first.
+
+    Mapping: ``content.data`` → content (binary data is kept in metadata), ``embedding``
+    → the ``space`` vector, ``temporal.created/accessed`` (ms) → ``created_at`` /
+    ``last_accessed``, ``decayTier`` → tier, ``quality.score`` → importance,
+    ``metadata.tags`` → tags, ``metadata.sourceFile`` → source, entity mentions → the
+    node's entities, the rest under ``metadata["terronex"]``. Links become edges
+    (``related``/``contradicts``/``supersedes``; ``elaborates``/``summarizes`` →
+    ``derived_from``; ``follows`` → ``precedes`` reversed; others ``related`` with the
+    type as label; ``bidirectional`` adds the reverse edge); ``parentId`` gives a
+    ``part_of`` edge from child to parent.
+
+    Raises:
+        ImportFormatError: not a Terronex v1 file, damaged, or an unreadable record.
+        ModeMismatchError: the file is encrypted and no passphrase was given.
+        WrongPassphraseError: the passphrase does not decrypt the payload.
+    """
+    import msgpack
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    data = _read_all(source, max_bytes)
+    if not data.startswith(TERRONEX_MAGIC):
+        raise ImportFormatError("not a Terronex .engram file (no ENGRAM magic)")
+    if len(data) < 12:
+        raise ImportFormatError("the Terronex file is truncated (header)")
+    major, minor, header_len = data[6], data[7], struct.unpack_from("<I", data, 8)[0]
+    if major != 1:
+        raise ImportFormatError(f"Terronex format version {major}.{minor} is not supported (only v1)",
+                                hint="convert it to v1 with the Terronex tools, or export JSONL from it")
+    if 12 + header_len > len(data):
+        raise ImportFormatError("the Terronex file is truncated (header length beyond the end)")
+    try:
+        header = msgpack.unpackb(data[12:12 + header_len], raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ImportFormatError(f"the Terronex header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("security"), dict):
+        raise ImportFormatError("the Terronex header has no security section")
+    security = header["security"]
+    payload = data[12 + header_len:]
+    integrity = security.get("integrity")
+    if verify_integrity and isinstance(integrity, (bytes, bytearray)) and len(integrity) == 32:
+        if hashlib.sha256(payload).digest() != bytes(integrity):
+            raise ImportFormatError("Terronex integrity check failed: the file is damaged",
+                                    hint="use an undamaged copy, or pass verify_integrity=False to try anyway")
+    if security.get("encrypted"):
+        if passphrase is None:
+            raise ModeMismatchError("this Terronex file is encrypted", hint="pass its passphrase")
+        salt, nonce = security.get("salt"), security.get("nonce")
+        if not isinstance(salt, (bytes, bytearray)) or not isinstance(nonce, (bytes, bytearray)) or len(nonce) != 12:
+            raise ImportFormatError("the encrypted Terronex header lacks a salt or a 12-byte nonce")
+        kdf = "argon2id" if security.get("kdf") == "argon2id" else "pbkdf2"
+        key = _tx_key(passphrase, bytes(salt), kdf)
+        try:
+            payload = AESGCM(key).decrypt(bytes(nonce), payload, None)
+        except InvalidTag:
+            raise WrongPassphraseError("the passphrase does not decrypt this Terronex file (or it is damaged)") \
+                from None
+        except ValueError as exc:
+            raise ImportFormatError(f"the Terronex payload cannot be decrypted: {exc}") from None
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ImportFormatError(f"the Terronex payload is not valid msgpack: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("nodes", []), list):
+        raise ImportFormatError("the Terronex payload has no node list")
+    entity_names: dict[str, list[str]] = {}
+    for ent in body.get("entities") or []:
+        if not isinstance(ent, dict) or not isinstance(ent.get("name"), str):
+            continue
+        for mention in ent.get("mentions") or []:
+            if isinstance(mention, dict) and isinstance(mention.get("nodeId"), str):
+                names = entity_names.setdefault(mention["nodeId"], [])
+                if ent["name"] not in names:
+                    names.append(ent["name"])
+    parents: list[tuple[str, str, float]] = []
+    for index, raw in enumerate(body.get("nodes") or []):
+        try:
+            node = _tx_node(raw, space, id_prefix, entity_names)
+        except ValidationError as exc:
+            raise ImportFormatError(f"Terronex node #{index}: {exc.message}") from None
+        parent = raw.get("parentId")
+        if isinstance(parent, str) and parent:
+            parents.append((node.id, id_prefix + parent, node.created_at))
+        yield node
+    for child, parent, created in parents:
+        yield Edge(child, parent, "part_of", created_at=created)
+    for index, link in enumerate(body.get("links") or []):
+        try:
+            yield from _tx_edges(link, id_prefix)
+        except ValidationError as exc:
+            raise ImportFormatError(f"Terronex link #{index}: {exc.message}") from None
+
+
+def _tx_edges(link: Any, id_prefix: str) -> Iterator[Edge]:
+    if not isinstance(link, dict):
+        raise ValidationError("a link must be a map")
+    src, dst, kind = link.get("sourceId"), link.get("targetId"), link.get("type", "related")
+    if not isinstance(src, str) or not isinstance(dst, str):
+        raise ValidationError("a link needs sourceId and targetId strings")
+    weight = link.get("confidence", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        weight = 1.0
+    created = _ms(link.get("created"), 0.0)
+    src, dst = id_prefix + src, id_prefix + dst
+    if kind == "follows":  # "A follows B" is "B precedes A"
+        pairs = [(dst, src, "precedes", "")]
+    else:
+        mapped = _TX_LINK_KINDS.get(kind, "related")
+        label = "" if kind == mapped else str(kind)
+        pairs = [(src, dst, mapped, label)]
+    if link.get("bidirectional"):
+        pairs.append((pairs[0][1], pairs[0][0], pairs[0][2], pairs[0][3]))
+    for a, b, k, label in pairs:
+        yield Edge(a, b, k, weight=float(weight), label=label, created_at=created)
