@@ -1,0 +1,169 @@
+"""Embedding spaces and exact vector search: errors, brute-force equality, blocks, caches."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engramdb.crypto import Sealer
+from engramdb.errors import ConfigMismatchError, CorruptFileError, EmbeddingError, ValidationError
+from engramdb.index.vectors import (
+    HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder, VectorIndex, decode_vector_block, encode_vector_block,
+)
+from engramdb.records import Node
+from engramdb.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "v.engram")
+    s.sealer = Sealer(b"\x05" * 32)
+    yield s
+    s.close()
+
+
+def _node(i: int, vec=None, space: str = "s") -> Node:
+    return Node(id=f"n{i}", content=f"text {i}", embeddings={} if vec is None else {space: vec})
+
+
+def _brute(matrix: np.ndarray, docnos: np.ndarray, q: np.ndarray, k: int) -> list[tuple[int, float]]:
+    scores = matrix @ q
+    order = sorted(range(len(docnos)), key=lambda i: (-float(scores[i]), int(docnos[i])))[:k]
+    return [(int(docnos[i]), float(scores[i])) for i in order]
+
+
+def test_exact_search_equals_brute_force_across_blocks_and_deletes(store):
+    rng = np.random.default_rng(7)
+    vi = VectorIndex(store.blind, store.last_txnid)
+    store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "test-model", 16, normalize=False)))
+    vectors = rng.normal(size=(300, 16)).astype(np.float32)
+    vectors[5] = vectors[9]  # an exact tie, broken by docno
+    for start in range(0, 300, 37):
+        batch = [(i + 1, _node(i + 1, vectors[i])) for i in range(start, min(300, start + 37))]
+        store.write(lambda txn, batch=batch: vi.apply(txn, batch, ["" for _ in batch], []))
+    dead = [3, 50, 51, 299]
+    store.write(lambda txn: vi.apply(txn, [], [], dead))
+    live = np.asarray([i for i in range(1, 301) if i not in dead], dtype=np.uint64)
+    matrix = vectors[live.astype(int) - 1]
+    for q in (rng.normal(size=16).astype(np.float32), vectors[5]):
+        with store.read() as txn:
+            got = vi.search(txn, "s", q, 10)
+        want = _brute(matrix, live, q, 10)
+        assert [d for d, _ in got] == [d for d, _ in want]
+        assert np.allclose([s for _, s in got], [s for _, s in want], rtol=1e-6)
+    with store.read() as txn:
+        assert vi.count(txn, "s") == 296
+        assert vi.verify(txn, [(int(d), _node(int(d), vectors[int(d) - 1])) for d in live], [""] * len(live)) == []
+    store.write(lambda txn: vi.merge(txn, 10))
+    with store.read() as txn:
+        assert [d for d, _ in vi.search(txn, "s", vectors[0], 5)] == [d for d, _ in _brute(matrix, live, vectors[0], 5)]
+
+
+def test_errors_are_embedding_errors_with_hints(store):
+    vi = VectorIndex(store.blind, store.last_txnid)
+    with pytest.raises(EmbeddingError, match="unknown embedding space"):
+        store.write(lambda txn: vi.apply(txn, [(1, _node(1, [1.0, 2.0]))], ["x"], []))
+    store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "m", 3)))
+    with pytest.raises(EmbeddingError, match="3 dims, got a vector of 2") as err:
+        store.write(lambda txn: vi.apply(txn, [(1, _node(1, [1.0, 2.0]))], ["x"], []))
+    assert err.value.hint
+    with pytest.raises(EmbeddingError, match="unknown embedding space 'other'"):
+        store.write(lambda txn: vi.apply(txn, [(1, _node(1, [1.0, 2.0, 3.0], space="other"))], ["x"], []))
+    with pytest.raises(EmbeddingError, match="zero vector"):
+        store.write(lambda txn: vi.apply(txn, [(1, _node(1, [0.0, 0.0, 0.0]))], ["x"], []))
+    with store.read() as txn:
+        for bad in ([1.0, float("nan"), 0.0], [1.0, 2.0], [[1.0, 2.0, 3.0, 4.0]], ["a", "b", "c"]):
+            with pytest.raises(EmbeddingError):
+                vi.search(txn, "s", bad, 3)
+        with pytest.raises(EmbeddingError, match="unknown"):
+            vi.search(txn, "nope", [1.0, 0.0, 0.0], 3)
+    # NaN never reaches the index through a Node either: the record itself refuses it
+    with pytest.raises(ValidationError):
+        _node(2, [float("nan"), 1.0, 1.0])
+
+
+def test_space_settings_are_recorded_and_enforced(store):
+    vi = VectorIndex(store.blind, store.last_txnid)
+    space = EmbeddingSpace("s", "all-MiniLM-L6-v2", 384)
+    store.write(lambda txn: vi.add_space(txn, space))
+    store.write(lambda txn: vi.add_space(txn, space))  # idempotent
+    with pytest.raises(ConfigMismatchError):
+        store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "other-model", 384)))
+    fresh = VectorIndex(store.blind, store.last_txnid)
+    with store.read() as txn:
+        assert fresh.spaces(txn) == {"s": space}
+    for bad in (dict(name="", model="m", dims=3), dict(name="s", model="", dims=3), dict(name="s", model="m", dims=0),
+                dict(name="s", model="m", dims=3, dtype="float16"), dict(name="s", model="m", dims=3, auto=True)):
+        with pytest.raises(EmbeddingError):
+            EmbeddingSpace(**bad)
+
+
+def test_normalised_space_is_cosine(store):
+    vi = VectorIndex(store.blind, store.last_txnid)
+    store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "m", 2)))
+    store.write(lambda txn: vi.apply(txn, [(1, _node(1, [10.0, 0.0])), (2, _node(2, [1.0, 1.0]))], ["", ""], []))
+    with store.read() as txn:
+        hits = vi.search(txn, "s", [0.0, 5.0], 2)
+    assert [d for d, _ in hits] == [2, 1]
+    assert hits[0][1] == pytest.approx(2 ** -0.5, rel=1e-6)
+
+
+def test_auto_space_embeds_text_with_the_hashed_model(store):
+    vi = VectorIndex(store.blind, store.last_txnid)
+    store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("h", HASHED_MODEL, 64, auto=True)))
+    nodes = [(1, _node(1)), (2, _node(2)), (3, Node(id="n3", content=""))]
+    texts = ["apples and pears", "a red car in the city", ""]
+    store.write(lambda txn: vi.apply(txn, nodes, texts, []))
+    with store.read() as txn:
+        assert vi.count(txn, "h") == 2  # an empty text has no vector
+        q = vi.embed_query(txn, "h", "pears")
+        assert [d for d, _ in vi.search(txn, "h", q, 1)] == [1]
+        assert vi.embed_query(txn, "h", "") is None
+
+
+def test_hashed_embedder_is_deterministic_and_normalised():
+    emb = HashedTfidfEmbedder(32)
+    a = emb(["the quick brown fox", "fox fox fox", ""])
+    assert a.dtype == np.float32 and a.shape == (3, 32)
+    assert np.allclose(np.linalg.norm(a[:2], axis=1), 1.0)
+    assert not np.any(a[2])
+    # pinned: CRC-32 hashing, so these bytes are the same in every process
+    assert HashedTfidfEmbedder(32)(["the quick brown fox"]).tobytes() == a[:1].tobytes()
+    with pytest.raises(ValidationError):
+        HashedTfidfEmbedder(0)
+
+
+def test_a_second_handle_refreshes_its_matrix_after_a_commit(store, tmp_path):
+    other = Store.open(tmp_path / "v.engram")
+    other.sealer = store.sealer
+    try:
+        writer = VectorIndex(store.blind, store.last_txnid)
+        reader = VectorIndex(other.blind, other.last_txnid)
+        store.write(lambda txn: writer.add_space(txn, EmbeddingSpace("s", "m", 2, normalize=False)))
+        store.write(lambda txn: writer.apply(txn, [(1, _node(1, [1.0, 0.0]))], [""], []))
+        with other.read() as txn:
+            assert reader.search(txn, "s", [1.0, 0.0], 5) == [(1, 1.0)]
+        store.write(lambda txn: writer.apply(txn, [(2, _node(2, [2.0, 0.0]))], [""], [1]))
+        with other.read() as txn:
+            assert reader.search(txn, "s", [1.0, 0.0], 5) == [(2, 2.0)]
+    finally:
+        other.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 20), st.integers(1, 9), st.data())
+def test_vector_block_round_trip(rows, dims, data):
+    docnos = np.asarray(sorted(data.draw(st.sets(st.integers(0, 2**64 - 1), min_size=rows, max_size=rows))),
+                        dtype=np.uint64)
+    matrix = np.asarray(data.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=rows * dims,
+                                           max_size=rows * dims)), dtype=np.float32).reshape(rows, dims)
+    got_d, got_m = decode_vector_block(encode_vector_block(docnos, matrix))
+    assert got_d.tolist() == docnos.tolist() and got_m.tobytes() == matrix.tobytes()
+
+
+def test_bad_vector_blocks_are_corrupt_file_errors():
+    blob = encode_vector_block(np.asarray([1, 2], dtype=np.uint64), np.ones((2, 3), dtype=np.float32))
+    for bad in (blob[:5], blob[:-1], blob + b"\x00"):
+        with pytest.raises(CorruptFileError):
+            decode_vector_block(bad)
