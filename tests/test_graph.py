@@ -1,0 +1,135 @@
+"""Typed edges keyed by docno, tunnels from shared entities/topics, personalised PageRank."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engramdb.crypto import Sealer
+from engramdb.errors import NotFoundError, ValidationError
+from engramdb.index.graph import Graph, personalized_pagerank, tunnel_tokens
+from engramdb.records import Edge, Node
+from engramdb.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "g.engram")
+    s.sealer = Sealer(b"\x03" * 32)
+    yield s
+    s.close()
+
+
+def _edge(a: str, b: str, kind: str = "related", weight: float = 1.0) -> Edge:
+    return Edge(src=a, dst=b, kind=kind, weight=weight, created_at=1.0)
+
+
+def test_put_get_delete_and_both_directions(store):
+    g = Graph()
+    store.write(lambda txn: g.put(txn, 1, 2, _edge("a", "b", weight=2.0)))
+    store.write(lambda txn: g.put(txn, 3, 1, _edge("c", "a", kind="supersedes")))
+    store.write(lambda txn: g.put(txn, 1, 2, _edge("a", "b", kind="tunnel", weight=0.5)))
+    with store.read() as txn:
+        assert g.get(txn, 1, 2, "related").weight == 2.0
+        assert [(d, e.kind) for d, e, _ in g.outgoing(txn, 1)] == [(2, "tunnel"), (2, "related")]  # key order
+        assert g.incoming(txn, 1) == [(3, "supersedes")]
+        assert g.neighbours(txn, 1) == {2: 2.5}  # supersedes spreads no relevance
+        assert g.neighbours(txn, 2) == {1: 2.5}
+        assert g.superseded(txn, 1) and not g.superseded(txn, 3)
+        assert g.verify(txn, [1, 2, 3]) == []
+        assert g.verify(txn, [1, 2])  # node 3 is gone: a dangling edge
+    assert store.write(lambda txn: g.delete(txn, 1, 2, "tunnel"))
+    assert not store.write(lambda txn: g.delete(txn, 1, 2, "tunnel"))
+    assert store.write(lambda txn: g.remove_node(txn, 1)) == 2
+    with store.read() as txn:
+        assert list(txn.keys("edges")) == []
+
+
+def test_bad_edges(store):
+    g = Graph()
+    with pytest.raises(ValidationError):
+        store.write(lambda txn: g.put(txn, 1, 1, _edge("a", "a")))
+    with pytest.raises(ValidationError):
+        store.write(lambda txn: g.delete(txn, 1, 2, "friendship"))
+
+
+def test_repair_drops_dangling_and_restores_reverse_index(store):
+    g = Graph()
+    store.write(lambda txn: g.put(txn, 1, 2, _edge("a", "b")))
+    store.write(lambda txn: g.put(txn, 2, 9, _edge("b", "z")))
+    rev = store.write(lambda txn: [k for k in txn.keys("edges", b"r")])
+    store.write(lambda txn: txn.delete("edges", rev[0]))
+    with store.read() as txn:
+        assert len(g.verify(txn, [1, 2])) == 2
+    store.write(lambda txn: g.repair(txn, [1, 2]))
+    with store.read() as txn:
+        assert g.verify(txn, [1, 2]) == []
+        assert [d for d, _, _ in g.outgoing(txn, 2)] == []
+
+
+def test_tunnels_link_shared_entities_and_are_recomputed(store):
+    g = Graph()
+    nodes = [
+        (1, Node(id="a", entities=("Caroline",), topics=("adoption",))),
+        (2, Node(id="b", entities=("caroline",), topics=("adoption",))),
+        (3, Node(id="c", entities=("Melanie",), topics=("painting",))),
+        (4, Node(id="d", entities=("Melanie",), topics=("painting", "lake"))),
+    ]
+    store.write(lambda txn: g.put(txn, 1, 3, _edge("a", "c")))  # a user edge survives
+    assert store.write(lambda txn: g.link_tunnels(txn, nodes)) == 2
+    with store.read() as txn:
+        tunnels = sorted((s, d, round(e.weight, 3)) for s in (1, 2, 3, 4) for d, e, derived in g.outgoing(txn, s)
+                         if derived)
+        assert tunnels == [(1, 2, 1.0), (3, 4, 0.667)]
+    assert store.write(lambda txn: g.link_tunnels(txn, nodes[:3])) == 1
+    with store.read() as txn:
+        assert [d for d, _, _ in g.outgoing(txn, 1)] == [2, 3]
+        assert [d for d, _, _ in g.outgoing(txn, 3)] == []
+    assert tunnel_tokens(nodes[0][1]) == frozenset({"e:caroline", "t:adoption"})
+
+
+def _closed_form(adj: np.ndarray, seeds: np.ndarray, alpha: float) -> np.ndarray:
+    n = len(seeds)
+    s = seeds / seeds.sum()
+    out = adj.sum(axis=1)
+    trans = np.zeros_like(adj)
+    for i in range(n):
+        trans[i] = adj[i] / out[i] if out[i] > 0 else s  # dangling rows teleport to the seeds
+    return alpha * np.linalg.solve(np.eye(n) - (1 - alpha) * trans.T, s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 7).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.0]), min_size=n, max_size=n), min_size=n, max_size=n),
+    st.lists(st.sampled_from([0.0, 1.0, 3.0]), min_size=n, max_size=n).filter(lambda s: sum(s) > 0))))
+def test_pagerank_equals_the_closed_form(case):
+    adj, seeds = (np.asarray(x, dtype=np.float64) for x in case)
+    np.fill_diagonal(adj, 0.0)
+    got = personalized_pagerank(adj, seeds, alpha=0.15, iterations=500, tol=1e-14)
+    want = _closed_form(adj, seeds, 0.15)
+    assert np.allclose(got, want, atol=1e-9)
+    assert got.sum() == pytest.approx(1.0)
+
+
+def test_pagerank_rejects_bad_input():
+    with pytest.raises(ValidationError):
+        personalized_pagerank(np.zeros((2, 2)), np.zeros(2))
+    with pytest.raises(ValidationError):
+        personalized_pagerank(np.zeros((2, 3)), np.ones(2))
+    with pytest.raises(ValidationError):
+        personalized_pagerank(-np.ones((2, 2)), np.ones(2))
+
+
+def test_engram_link_and_edges(make_db):
+    db = make_db()
+    db.add("one", id="a")
+    db.add("two", id="b")
+    db.link("a", "b", "supersedes", label="newer")
+    assert [(e.dst, e.kind, e.label) for e in db.edges("a")] == [("b", "supersedes", "newer")]
+    with pytest.raises(NotFoundError):
+        db.link("a", "missing")
+    with pytest.raises(ValidationError):
+        db.link("a", "b", "friendship")
+    db.delete("b")
+    assert db.edges("a") == []  # edges of a deleted memory go with it
