@@ -194,13 +194,16 @@ class _Env:
                                    hint="restore the file from a dump or backup")
 
     def _open_dbs(self, *, create: bool) -> dict:
-        with self.env.begin() as txn:
-            present = [txn.get(_DB_NAMES[name]) is not None for name in TABLES]
-            empty = txn.stat()["entries"] == 0
-        if not all(present) and not (create and empty and not any(present)):
-            # Never create our tables inside somebody else's LMDB file.
-            raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file")
-        return {name: self.env.open_db(_DB_NAMES[name], create=create) for name in TABLES}
+        try:
+            with self.env.begin() as txn:
+                present = [txn.get(_DB_NAMES[name]) is not None for name in TABLES]
+                empty = txn.stat()["entries"] == 0
+            if not all(present) and not (create and empty and not any(present)):
+                # Never create our tables inside somebody else's LMDB file.
+                raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file")
+            return {name: self.env.open_db(_DB_NAMES[name], create=create) for name in TABLES}
+        except lmdb.Error as exc:  # the main B-tree is damaged (an unverified open)
+            raise _map_lmdb_error(exc, f"cannot open the tables of {self.path}") from None
 
     def grow(self, *, to_at_least: int = 0) -> None:
         """Double the map (or more), once no read transaction of this process is open."""
@@ -603,6 +606,8 @@ class Store:
         try:
             txn._begin()
             yield txn
+        except lmdb.Error as exc:  # a damaged page met while reading: never a library exception
+            raise _map_lmdb_error(exc, "read failed") from None
         finally:
             txn._abort()
             with env.resize_lock:
@@ -633,6 +638,9 @@ class Store:
         try:
             yield txn
             txn._commit()
+        except lmdb.Error as exc:  # from a read or write inside the block (commit maps its own)
+            txn._abort()
+            raise _map_lmdb_error(exc, "the transaction failed and was rolled back", path=self.path) from None
         except BaseException:
             txn._abort()
             raise
