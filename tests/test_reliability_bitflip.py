@@ -1,0 +1,143 @@
+"""Random bit flips anywhere in the file: opening with verification and reading every node
+either raises an EngramError or returns the original data; never wrong data, never a crash,
+never a foreign exception. Each damaged copy is read in a forked child, so a crash is seen.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+
+import pytest
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb.engram as engram
+from engramdb import codec
+from engramdb.errors import EngramError
+
+PAGE = 4096
+
+
+def build(path) -> dict[str, str]:
+    """A file with small, overflow-sized and updated records; returns {id: record hex}."""
+    rnd = random.Random(5)
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"s{i}", "content": f"small record {i}", "tags": ["t"]} for i in range(40)], now=1.0)
+        db.add_many([{"id": f"b{i}", "metadata": {"blob": rnd.randbytes(rnd.randint(2000, 9000))}}
+                     for i in range(15)], now=1.0)
+        for i in range(0, 40, 3):
+            db.update(f"s{i}", importance=0.9, content=f"updated record {i}")
+        db.delete("s1")
+        expected = {node.id: codec.encode_node(node).hex() for node in db.scan()}
+    return expected
+
+
+def read_all(emit, path: str, expected_path: str, verify: bool) -> None:
+    with open(expected_path) as fh:
+        expected = json.load(fh)
+    try:
+        db = engram.open(path, passphrase=PASSPHRASE, verify=verify)
+    except EngramError as exc:
+        emit(f"DETECTED open {type(exc).__name__}")
+        return
+    detected = wrong = 0
+    kinds = set()
+    for id_, record in sorted(expected.items()):
+        try:
+            node = db.get(id_)
+        except EngramError as exc:
+            detected += 1
+            kinds.add(type(exc).__name__)
+            continue
+        if codec.encode_node(node).hex() != record:
+            wrong += 1
+    try:
+        db.close()
+    except EngramError:
+        pass
+    emit(f"WRONG {wrong}" if wrong else (f"DETECTED read {detected} {','.join(sorted(kinds))}" if detected
+                                         else "OK"))
+
+
+def flip_runs(fork_server, tmp_path, flips: int, *, verify: bool, data_pages_only: bool, seed: int,
+              page_headers: bool = False) -> dict:
+    original = tmp_path / "orig.engram"
+    expected = build(original)
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(expected))
+    size = os.path.getsize(original)
+    rnd = random.Random(seed)
+    outcomes: dict[str, int] = {}
+    failures = []
+    for i in range(flips):
+        damaged = tmp_path / f"flip{i}.engram"
+        shutil.copyfile(original, damaged)
+        offset = rnd.randrange(2 * PAGE if data_pages_only else 0, size)
+        if page_headers:  # page number, flags, bounds: what the B-tree walk trusts most
+            offset = offset // PAGE * PAGE + rnd.randrange(16)
+        bit = rnd.randrange(8)
+        with open(damaged, "r+b") as fh:
+            fh.seek(offset)
+            byte = fh.read(1)[0]
+            fh.seek(offset)
+            fh.write(bytes([byte ^ (1 << bit)]))
+        lines, code, signum = fork_server.call("read_all", str(damaged), str(expected_path), verify)
+        outcome = lines[-1].split()[0] if lines and code == 0 else f"CRASH signal {signum}" if signum else \
+            f"EXCEPTION {lines[-1] if lines else code}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if outcome not in ("OK", "DETECTED"):
+            failures.append((offset, bit, outcome, lines[-1:]))
+        for suffix in ("", "-lock", "-maint"):
+            with contextlib.suppress(FileNotFoundError):  # a refused file leaves no sidecars
+                os.unlink(str(damaged) + suffix)
+    where = "page headers" if page_headers else "data pages" if data_pages_only else "anywhere"
+    print(f"seed {seed}, {flips} flips ({where}) of a {size}-byte file, verify={verify}: {outcomes}")
+    return {"outcomes": outcomes, "failures": failures}
+
+
+SEED = int(os.environ.get("ENGRAM_TEST_SEED", "11"))
+
+
+def test_bit_flips_with_verification(fork_server, tmp_path):
+    result = flip_runs(fork_server, tmp_path, 250, verify=True, data_pages_only=False, seed=SEED)
+    assert result["failures"] == []
+    assert result["outcomes"].get("DETECTED", 0) > 0
+
+
+def test_bit_flips_in_data_pages_without_verification(fork_server, tmp_path):
+    result = flip_runs(fork_server, tmp_path, 200, verify=False, data_pages_only=True, seed=SEED + 1)
+    wrong = [f for f in result["failures"] if f[2].startswith("WRONG")]
+    assert wrong == []
+    assert result["failures"] == []
+
+
+def test_bit_flips_in_page_headers_with_verification(fork_server, tmp_path):
+    result = flip_runs(fork_server, tmp_path, 200, verify=True, data_pages_only=False, seed=SEED + 3,
+                       page_headers=True)
+    assert result["failures"] == []
+
+
+def test_wrong_page_type_in_every_data_page_without_verification(fork_server, tmp_path):
+    """Regression: a page whose type flags were damaged made ``get`` leak lmdb.CorruptedError
+    ("Located page was wrong type") when the file was opened without verification."""
+    original = tmp_path / "orig.engram"
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(build(original)))
+    outcomes = []
+    for page in range(2, os.path.getsize(original) // PAGE):
+        damaged = tmp_path / f"page{page}.engram"
+        data = bytearray(original.read_bytes())
+        data[page * PAGE + 10] ^= 0x03  # mp_flags: branch <-> leaf
+        damaged.write_bytes(bytes(data))
+        lines, code, signum = fork_server.call("read_all", str(damaged), str(expected_path), False)
+        assert (code, signum) == (0, 0) and lines[-1].startswith(("OK", "DETECTED")), (page, lines)
+        outcomes.append(lines[-1])
+    assert any(o.startswith("DETECTED read") and "CorruptFileError" in o for o in outcomes), outcomes
+
+
+@pytest.mark.soak
+def test_bit_flips_soak(fork_server, tmp_path):
+    result = flip_runs(fork_server, tmp_path, 3000, verify=True, data_pages_only=False, seed=SEED + 2)
+    assert result["failures"] == []
