@@ -1,0 +1,240 @@
+"""recall / recall_context through the Engram facade: pipeline, filters, determinism, isolation."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import engramdb.engram as engram_mod
+from engramdb.errors import ValidationError
+from engramdb.recall import count_tokens
+
+NOW = 1_700_000_000.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FACTS = [
+    ("move", "Caroline moved to New York for a new job in May 2023", "2023-05-08"),
+    ("paint", "Melanie painted a sunrise over the lake", "2023-07-01"),
+    ("adopt", "Caroline is researching adoption agencies", "2022-11-20"),
+    ("wed", "Melanie and her husband celebrated their wedding anniversary", "2023-01-15"),
+    ("race", "Melanie ran a charity race for mental health", "2023-05-20"),
+    ("guitar", "Caroline plays the guitar and writes songs", None),
+]
+
+
+@pytest.fixture
+def db(make_db):
+    db = make_db()
+    for id_, text, date in FACTS:
+        db.add(text, id=id_, resolved_date=date, now=NOW)
+    return db
+
+
+def test_basic_ranking_and_explain(db):
+    hits = db.recall("Where did Caroline move to?", top_k=3, explain=True)
+    assert hits[0].id == "move"
+    parts = hits[0].parts
+    assert parts["bm25_rank"] == 1.0 and parts["bm25"] > 0 and parts["rrf"] > 0
+    assert set(parts) >= {"bm25", "bm25_rank", "rrf", "tier", "superseded", "date"}
+    assert db.recall("Where did Caroline move to?", top_k=3)[0].parts is None
+    assert hits == sorted(hits, key=lambda h: (-h.score, h.docno))
+    assert json.dumps([h.to_dict() for h in hits])  # JSON-ready
+
+
+def test_synonyms_expand_the_query(db):
+    assert [h.id for h in db.recall("relocate", top_k=2)] == ["move"]
+    assert db.recall("relocate", top_k=2, expand_query=False) == []
+    assert [h.id for h in db.recall("marriage", top_k=1)] == ["wed"]
+    assert [h.id for h in db.recall("NYC", top_k=1)] == ["move"]
+
+
+def test_date_proximity_breaks_otherwise_equal_scores(make_db):
+    db = make_db()
+    db.add("Melanie went to a concert", id="old", resolved_date="2021-03-01", now=NOW)
+    db.add("Melanie went to a concert", id="new", resolved_date="2023-08-01", now=NOW)
+    assert [h.id for h in db.recall("Melanie concert", top_k=2)] == ["old", "new"]  # tie: docno order
+    hits = db.recall("Melanie concert in August 2023", top_k=2, explain=True)
+    assert [h.id for h in hits] == ["new", "old"]
+    assert hits[0].parts["date"] > hits[1].parts["date"] == 0.0
+
+
+def test_filters(db, make_db):
+    db.update("race", tier="cold", tags=("sport",), flags=("DECISION",))
+    assert [h.id for h in db.recall("Melanie", tiers=["cold"])] == ["race"]
+    assert [h.id for h in db.recall("Melanie", tags="sport")] == ["race"]
+    assert [h.id for h in db.recall("Melanie", flags=["DECISION"])] == ["race"]
+    assert db.recall("Melanie", after=NOW + 1) == []
+    assert len(db.recall("Melanie", before=NOW + 1, top_k=10)) == 3
+    with pytest.raises(ValidationError):
+        db.recall("x", tiers=["lukewarm"])
+    with pytest.raises(ValidationError):
+        db.recall("x", flags=["NOPE"])
+    with pytest.raises(ValidationError):
+        db.recall("x", after="yesterday")
+    with pytest.raises(ValidationError):
+        db.recall("x", top_k=-1)
+    with pytest.raises(ValidationError):
+        db.recall(None)  # type: ignore[arg-type]
+    assert db.recall("Melanie", top_k=0) == []
+
+
+def test_tier_boost_and_superseded_penalty(make_db):
+    db = make_db()
+    db.add("the meeting is on Monday", id="a", now=NOW)
+    db.add("the meeting is on Monday", id="b", now=NOW)
+    assert [h.id for h in db.recall("meeting monday", top_k=2, hops=False)] == ["a", "b"]
+    db.add("correction: it was rescheduled", id="fix", now=NOW)
+    db.link("fix", "a", "supersedes")
+    hits = db.recall("meeting monday", top_k=2, hops=False, explain=True)
+    assert [h.id for h in hits] == ["b", "a"]
+    assert hits[1].parts["superseded"] < 1.0
+    db.update("b", tier="archive")
+    assert [h.id for h in db.recall("meeting monday", top_k=2, hops=False)] == ["b", "a"]  # 0.85 > 0.5
+
+
+def test_one_hop_brings_linked_memories(make_db):
+    db = make_db()
+    db.add("Caroline adopted a puppy named Oscar", id="pup", now=NOW)
+    db.add("He loves chasing tennis balls", id="balls", now=NOW)
+    db.add("unrelated note about taxes", id="tax", now=NOW)
+    assert [h.id for h in db.recall("Caroline puppy", top_k=3)] == ["pup"]
+    db.link("pup", "balls", "related")
+    hits = db.recall("Caroline puppy", top_k=3, explain=True)
+    assert [h.id for h in hits] == ["pup", "balls"]
+    assert hits[1].parts["hop"] > 0
+    assert [h.id for h in db.recall("Caroline puppy", top_k=3, hops=False)] == ["pup"]
+
+
+def test_vectors_join_the_fusion(db):
+    db.add_space("hashed", dims=128)
+    assert db.spaces()["hashed"].auto
+    hits = db.recall("guitar songs", top_k=2, explain=True)
+    assert hits[0].id == "guitar"
+    assert "vector:hashed" in hits[0].parts and hits[0].parts["vector_rank:hashed"] == 1.0
+
+
+def test_touch_bumps_access_in_one_write_and_default_reads_do_not(db):
+    before = db._store.last_txnid()
+    db.recall("Caroline")
+    assert db._store.last_txnid() == before  # the read path writes nothing
+    hits = db.recall("Caroline", top_k=2, touch=True, now=NOW + 50)
+    assert db._store.last_txnid() == before + 1  # one batched write
+    for h in hits:
+        assert h.node.access_count == 1 and h.node.last_accessed == NOW + 50
+        assert db.get(h.id).access_count == 1
+
+
+def test_readonly_handle_recalls(db, tmp_path):
+    path = db.path
+    db.close()
+    ro = engram_mod.open(path, passphrase="correct horse battery staple", readonly=True)
+    try:
+        assert ro.recall("Caroline guitar", top_k=1)[0].id == "guitar"
+        assert ro.recall("Caroline guitar", top_k=1, touch=True)[0].node.access_count == 0
+    finally:
+        ro.close()
+
+
+def test_deleted_memories_are_never_returned(db):
+    for id_, _, _ in FACTS[:3]:
+        db.delete(id_)
+    found = {h.id for h in db.recall("Caroline Melanie moved lake adoption", top_k=10)}
+    assert found.isdisjoint({"move", "paint", "adopt"})
+    db.merge_indexes(10, force=True)
+    assert {h.id for h in db.recall("Caroline Melanie moved lake adoption", top_k=10)} == found
+
+
+def test_no_plaintext_term_in_the_file(make_db):
+    db = make_db()
+    db.add_space("hashed", dims=32)
+    db.add("the zyxwvquartz sentinel lives in aardvarkplum county", id="zzsentinelid", tags=("qqtagword",),
+           entities=("Xylophonia",), now=NOW)
+    db.link_tunnels()
+    assert db.recall("zyxwvquartz")[0].id == "zzsentinelid"
+    path = db.path
+    db.close()
+    with open(path, "rb") as fh:
+        raw = fh.read().lower()
+    for word in (b"zyxwvquartz", b"aardvarkplum", b"zzsentinelid", b"qqtagword", b"xylophonia", b"hashed",
+                 b"sentinel"):
+        assert word not in raw
+
+
+def test_recall_context_merges_spans_under_budget_in_document_order(make_db):
+    db = make_db()
+    source = "".join(f"Sentence number {i} talks about topic{i}. " for i in range(40))
+    starts = [source.index(f"Sentence number {i} ") for i in range(41) if i < 40] + [len(source)]
+
+    def span(i, j):
+        return starts[i], starts[j]
+
+    db._store.write(lambda txn: txn.put("sources", db._store.blind(b"source", b"doc"), source.encode()))
+    for n, (i, j) in enumerate([(30, 32), (2, 4), (3, 6), (10, 11)]):
+        s, e = span(i, j)
+        db.add(f"note about topic{i} and topic{j - 1}", id=f"z{n}", source="doc", source_start=s, source_end=e,
+               now=NOW)
+    db.add("a memory without a source about topic2", id="bare", now=NOW)
+    ctx = db.recall_context("topic30 topic2 topic3 topic10", top_k=10, max_tokens=10_000, hops=False)
+    texts = [p.text for p in ctx.passages if p.source == "doc"]
+    # z1 [2,4) and z2 [3,6) overlap: one passage [2,6); emitted by offset
+    assert [(p.start, p.end) for p in ctx.passages if p.source == "doc"] == [span(2, 6), span(10, 11), span(30, 32)]
+    assert texts[0].startswith("Sentence number 2 ") and texts[0].endswith("topic5. ")
+    assert any(p.source == "" and p.text.startswith("a memory without") for p in ctx.passages)
+    assert ctx.tokens == sum(p.tokens for p in ctx.passages)
+    # a tight budget admits in rank order and never exceeds it
+    small = db.recall_context("topic30 topic2 topic3 topic10", top_k=10, max_tokens=15, hops=False)
+    assert small.tokens <= 15 and small.passages
+    assert db.recall_context("topic30", max_tokens=0).passages == ()
+    only = db.recall_context("topic2", source="doc", hops=False)
+    assert {p.source for p in only.passages} == {"doc"}
+    with pytest.raises(ValidationError):
+        db.recall_context("x", max_tokens=-1)
+    assert count_tokens("Hello, world!") == 4
+
+
+def _run(code: str, seed: str) -> str:
+    env = dict(os.environ, PYTHONHASHSEED=seed, ENGRAM_TEST_WEAK_KDF="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_recall_is_deterministic_across_processes_and_hash_seeds(tmp_path):
+    code = f"""
+        import engramdb.engram as em
+        from engramdb.crypto import KDFParams
+        db = em.open({str(tmp_path / 'det.engram')!r} + __import__('os').environ['PYTHONHASHSEED'],
+                     passphrase='pw', kdf=KDFParams.for_tests())
+        words = 'apple pear lake sunrise moved relocate job career wedding spouse new york nyc'.split()
+        items = [dict(id='m%d' % i, content=' '.join(words[(i * 7 + j) % len(words)] for j in range(i % 5 + 1)),
+                      entities=[words[i % 4]], created_at=1.0) for i in range(60)]
+        db.add_many(items)
+        db.add_space('h', dims=32)
+        db.link_tunnels(now=1.0)
+        for q in ['apple lake', 'moving to nyc', 'career', 'wedding spouse pear', 'zzz']:
+            print(q, [(h.id, repr(h.score)) for h in db.recall(q, top_k=8, explain=True)])
+        print(db.recall_context('apple career', max_tokens=30).text)
+    """
+    outputs = {_run(code, seed) for seed in ("0", "1", "4242")}
+    assert len(outputs) == 1
+    assert "m" in outputs.pop()
+
+
+def test_a_second_process_commit_is_visible_to_a_long_lived_handle(make_db):
+    db = make_db()
+    db.add("first memory about apples", id="a1", now=NOW)
+    assert [h.id for h in db.recall("apples")] == ["a1"]
+    _run(f"""
+        import engramdb.engram as em
+        from engramdb.crypto import KDFParams
+        db = em.open({db.path!r}, passphrase='correct horse battery staple', kdf=KDFParams.for_tests())
+        db.add('second memory about apples and apples', id='a2')
+        db.delete('a1')
+        db.close()
+    """, "0")
+    assert [h.id for h in db.recall("apples")] == ["a2"]
