@@ -41,6 +41,7 @@ __all__ = [
     "build_entity_index",
     "chunk_entities",
     "code_candidates",
+    "gazetteer_gender",
     "resolve_coreferences",
 ]
 
@@ -142,6 +143,16 @@ def _verb_shaped(name: str) -> bool:
     return (name.endswith("ed") or name.endswith("ing")) and name[1:] == name[1:].lower()
 
 
+def gazetteer_gender(name: str) -> str | None:
+    """``"female"``/``"male"`` when the first part of ``name`` is a known given name."""
+    first = re.split(r"[\s_\-]", name)[0].lower()
+    if first in FEMALE_NAMES:
+        return "female"
+    if first in MALE_NAMES:
+        return "male"
+    return None
+
+
 @dataclass
 class EntityEvidence:
     """Document-wide capitalization evidence: which candidates are entities, and genders."""
@@ -181,11 +192,9 @@ class EntityEvidence:
                 votes.setdefault(name, Counter())["female" if hon in _FEMALE_HON else "male"] += 1
         gender = {}
         for name in accepted:
-            first = re.split(r"[\s_\-]", name)[0].lower()
-            if first in FEMALE_NAMES:
-                gender[name] = "female"
-            elif first in MALE_NAMES:
-                gender[name] = "male"
+            known = gazetteer_gender(name)
+            if known:
+                gender[name] = known
             elif name in votes:
                 v = votes[name]
                 if v["female"] != v["male"]:
@@ -216,12 +225,14 @@ def resolve_coreferences(
     Args:
         texts: chunk texts, in order.
         named: entities named in each chunk, in order of first mention.
-        gender: ``name -> "female" | "male"`` for the names whose gender is known.
+        gender: ``name -> "female" | "male"`` from document evidence; names missing
+            from it fall back to the given-name list.
         recent: entities mentioned before the first chunk (a stream's state), oldest first.
 
     Returns:
         ``(entities per chunk, sorted; the updated recent list, oldest first)``.
     """
+    gender = _GenderOf(gender)
     recent_list = list(recent)
     last = {"female": None, "male": None}
     for name in recent_list:
@@ -250,6 +261,11 @@ def resolve_coreferences(
         del recent_list[:-_RECENT_KEEP]
         out.append(sorted(entities))
     return out, recent_list
+
+
+class _GenderOf(dict):
+    def get(self, name, default=None):  # type: ignore[override]
+        return super().get(name) or gazetteer_gender(name) or default
 
 
 def _letters(name: str) -> str:

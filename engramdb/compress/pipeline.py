@@ -56,10 +56,12 @@ def analyze(
     first_id: int = 1,
     recent: Sequence[str] = (),
     session: PartialDate | None = None,
+    gender: dict[str, str] | None = None,
 ) -> Analysis:
     """Normalize, chunk and analyze ``text`` into zettels with raw weights.
 
-    ``recent`` and ``session`` carry a stream's coreference and session-date state in.
+    ``recent``, ``session`` and ``gender`` carry a stream's coreference and
+    session-date state in (``gender`` is updated with this text's evidence).
     Zettel entities are names; the caller codes them.
     """
     normalized = normalize_text(text)
@@ -77,7 +79,9 @@ def analyze(
     evidence = EntityEvidence.scan(normalized)
     texts = [c.text for c in chunks]
     named = [chunk_entities(t, evidence, opts.min_entity_frequency) for t in texts]
-    entities, recent_out = resolve_coreferences(texts, named, evidence.gender, recent)
+    if gender is not None:
+        gender.update(evidence.gender)
+    entities, recent_out = resolve_coreferences(texts, named, gender if gender is not None else evidence.gender, recent)
     stop = BASE_STOP_WORDS | frozenset(opts.stop_words) if opts.stop_words else BASE_STOP_WORDS
     speakers = speaker_names(normalized)
 

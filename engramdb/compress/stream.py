@@ -74,7 +74,7 @@ class CompressStream:
         self._input_length = 0
         self._recent: list[str] = []
         self._session = None
-        self._warnings: list[str] = []
+        self._gender: dict[str, str] = {}
 
     @property
     def size(self) -> int:
@@ -94,7 +94,7 @@ class CompressStream:
             raise ValidationError(f"push takes a str, got {type(text).__name__}", hint="decode bytes first")
         self._turn += 1
         self._input_length += len(text)
-        analysis = analyze(text, self._opts, recent=self._recent, session=self._session)
+        analysis = analyze(text, self._opts, recent=self._recent, session=self._session, gender=self._gender)
         self._recent, self._session = analysis.recent, analysis.session
         assign_codes(self._index, (name for z in analysis.zettels for name in z.entities))
         touched: list[str] = []
