@@ -78,8 +78,11 @@ def test_unsupported_settings_are_refused(change):
 
 
 def test_incomplete_or_unknown_settings_are_refused():
+    assert Tokenizer.from_settings({"stemmer": None}).settings() == Tokenizer(stemmer=None).settings()
+    with pytest.raises(ConfigMismatchError, match="unknown tokenizer settings"):
+        Tokenizer.from_settings({"stemming": True})
     with pytest.raises(ConfigMismatchError):
-        Tokenizer.from_settings({"version": 1})
+        Tokenizer.from_settings(["stemmer"])  # type: ignore[arg-type]
     with pytest.raises(ConfigMismatchError):
         Tokenizer.from_settings(dict(Tokenizer(stemmer=None).settings(), stopwords="klingon"))
     with pytest.raises(ConfigMismatchError, match="no Snowball stemmer"):

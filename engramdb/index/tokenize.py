@@ -122,30 +122,33 @@ class Tokenizer:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> "Tokenizer":
-        """Rebuild the tokenizer a file was created with.
+        """Rebuild the tokenizer a file was created with, or build one from options.
+
+        Missing keys take the defaults, so ``{"stemmer": None}`` is a valid request; keys
+        that are present must match what this version implements.
 
         Raises:
-            ConfigMismatchError: the settings come from a newer tokenizer version, use a
-                pattern this version does not implement, or need PyStemmer when it is
-                missing.
+            ConfigMismatchError: unknown keys, settings from a newer tokenizer version, a
+                pattern this version does not implement, or stemming without PyStemmer.
         """
-        try:
-            version = settings["version"]
-            pattern = settings["pattern"]
-            stopwords = settings["stopwords"]
-            stemmer = settings["stemmer"]
-            normalize = settings.get("normalize")
-        except (KeyError, TypeError) as exc:
-            raise ConfigMismatchError(f"the file's tokenizer settings are incomplete: {settings!r}") from exc
-        if version != SETTINGS_VERSION or pattern != TOKEN_PATTERN or not settings.get("lowercase", False):
+        if not isinstance(settings, Mapping):
+            raise ConfigMismatchError(f"tokenizer settings must be a mapping, got {type(settings).__name__}")
+        unknown = sorted(set(settings) - {"version", "pattern", "lowercase", "normalize", "stopwords", "stemmer"})
+        if unknown:
+            raise ConfigMismatchError(f"unknown tokenizer settings: {', '.join(map(str, unknown))}",
+                                      hint="known: stopwords, stemmer, normalize")
+        version = settings.get("version", SETTINGS_VERSION)
+        if (version != SETTINGS_VERSION or settings.get("pattern", TOKEN_PATTERN) != TOKEN_PATTERN
+                or settings.get("lowercase", True) is not True):
             raise ConfigMismatchError(
                 f"the file's tokenizer (version {version!r}) is not supported by this engramdb",
                 hint="upgrade engramdb to open this file",
             )
         try:
-            return cls(stopwords=stopwords, stemmer=stemmer, normalize=normalize)
+            return cls(stopwords=settings.get("stopwords", "lucene_en"), stemmer=settings.get("stemmer", "auto"),
+                       normalize=settings.get("normalize", "NFKC"))
         except ValidationError as exc:
-            raise ConfigMismatchError(f"the file's tokenizer settings are not supported: {exc.message}") from exc
+            raise ConfigMismatchError(f"the tokenizer settings are not supported: {exc.message}") from exc
 
     def __repr__(self) -> str:
         return f"Tokenizer(stopwords={self.stopwords_name!r}, stemmer={self.stemmer_name!r}, normalize={self.normalize!r})"
