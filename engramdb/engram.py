@@ -19,7 +19,7 @@ from .errors import (
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, ValidationError, WrongPassphraseError,
 )
 from .records import Node, new_id, now_ts
-from .store import HEADER_KEYS, TABLES, Store, Txn
+from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
 
@@ -651,12 +651,7 @@ class Engram:
         return problems
 
     def _verify_structure(self) -> list[Problem]:
-        from lmdb.verify import verify as lmdb_verify
-
-        try:
-            return [Problem("structure", p) for p in lmdb_verify(self.path, subdir=False)]
-        except Exception as exc:  # the offline walker's own failures are findings, not crashes
-            return [Problem("structure", f"cannot walk the file: {exc}")]
+        return [Problem("structure", p) for p in structural_problems(self.path)]
 
     def info(self) -> dict[str, Any]:
         """A summary for `engramdb info`: format, encryption, counts, sizes."""

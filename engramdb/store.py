@@ -290,18 +290,26 @@ def sniff(path: str) -> None:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
 
 
+def structural_problems(path: str) -> list[str]:
+    """LMDB's offline structural check (lmdb.verify): the problems found, empty when sound.
+
+    It reads the file with plain I/O, never through a mapping, so a damaged file cannot crash it.
+    """
+    from lmdb.verify import verify as lmdb_verify
+
+    try:
+        return list(lmdb_verify(path, subdir=False))
+    except Exception as exc:  # VerifyError and anything the offline walker trips on
+        return [f"cannot walk the file: {exc}"]
+
+
 def structural_verify(path: str) -> None:
     """LMDB's offline structural check (lmdb.verify), run before the file is mapped.
 
     Raises:
         CorruptFileError: the B-tree or meta pages are damaged.
     """
-    from lmdb.verify import verify as lmdb_verify
-
-    try:
-        problems = lmdb_verify(path, subdir=False)
-    except Exception as exc:  # VerifyError and anything the offline walker trips on
-        raise CorruptFileError(f"{path} cannot be verified: {exc}") from None
+    problems = structural_problems(path)
     if problems:
         raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
 
