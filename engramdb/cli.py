@@ -596,6 +596,63 @@ def wakeup(ctx: click.Context, file: str, top_pct: float) -> None:
         click.echo(db.wake_up(top_pct=top_pct))
 
 
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("query")
+@click.option("--top-k", "top_k", type=click.IntRange(min=0), default=5, show_default=True, help="How many hits.")
+@click.option("--explain", is_flag=True, help="Show each hit's score parts.")
+@click.option("--no-hops", is_flag=True, help="Do not add memories one tunnel/edge hop away.")
+@click.option("--tag", "tags", multiple=True, help="Only memories with one of these tags (repeatable).")
+@click.option("--tier", "tiers", multiple=True, type=click.Choice(TIERS), help="Only these tiers (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one hit a line.")
+@click.pass_context
+def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool, no_hops: bool,
+           tags: tuple[str, ...], tiers: tuple[str, ...], as_json: bool) -> None:
+    """Find the memories that best answer QUERY (BM25, vectors, synonyms, one tunnel hop).
+
+    Example:
+
+        engramdb recall notes.engram "where did Alice move?" --top-k 3 --explain
+    """
+    with _open(ctx, file, readonly=True) as db:
+        hits = db.recall(query, top_k=top_k, explain=explain, hops=not no_hops,
+                         tags=list(tags) or None, tiers=list(tiers) or None)
+    for rank, hit in enumerate(hits, start=1):
+        def text(d: dict, rank: int = rank, hit: Any = hit) -> str:
+            line = f"{rank:>3}. {hit.score!r:<22} {_node_line(hit.node)}"
+            if hit.parts is not None:
+                line += "\n     " + "  ".join(f"{k}={v!r}" for k, v in hit.parts.items())
+            return line
+
+        _emit(hit.to_dict(), as_json, text)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("query")
+@click.option("--max-tokens", "max_tokens", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Hard token budget of the context.")
+@click.option("--top-k", "top_k", type=click.IntRange(min=0), default=10, show_default=True,
+              help="How many memories to draw passages from.")
+@click.option("--source", help="Only passages from this source.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: int, source: str | None,
+            as_json: bool) -> None:
+    """Print the source passages of the memories that answer QUERY, within a token budget.
+
+    Example:
+
+        engramdb context notes.engram "Alice's move" --max-tokens 500
+    """
+    with _open(ctx, file, readonly=True) as db:
+        result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source=source)
+    data = {"tokens": result.tokens, "passages": [
+        {"source": p.source, "start": p.start, "end": p.end, "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
+        for p in result.passages]}
+    _emit(data, as_json, lambda _d: result.text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `engramdb` console script."""
     try:

@@ -399,7 +399,8 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
     ``source_end``), or its own content when it has none. Overlapping or touching spans of
     one source merge. Spans are admitted in rank order while the total stays within
     ``max_tokens`` (a span that does not fit is skipped, later smaller ones may still fit),
-    and are emitted in document order: sources in order of their best hit, spans by offset.
+    and are emitted in document order: sources (and memories without one) in order of their
+    earliest memory (insertion order), spans of a source by offset.
 
     Args:
         store, indexes: as for :func:`recall`.
@@ -430,10 +431,11 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
     texts: dict[str, str | None] = {}
     # spans[source] = list of [start, end, ids]; content-only hits use source "" + docno
     admitted: dict[str, list[list[Any]]] = {}
-    source_rank: dict[str, int] = {}
+    # document order: sources (and content-only memories) by their earliest memory's docno
+    source_order: dict[str, int] = {}
     used = 0
     with store.read() as txn:
-        for rank, hit in enumerate(hits):
+        for hit in hits:
             node = hit.node
             src_text = None
             if node.source and node.source_start is not None and node.source_end is not None:
@@ -454,9 +456,9 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
                 continue
             used += new_cost - old_cost
             admitted[key] = merged
-            source_rank.setdefault(key, rank)
+            source_order[key] = min(source_order.get(key, hit.docno), hit.docno)
     passages = []
-    for key in sorted(admitted, key=lambda k: source_rank[k]):
+    for key in sorted(admitted, key=lambda k: (source_order[k], k)):
         text = texts[key] or ""
         content_only = key.startswith("\x00")
         for start, end, ids in admitted[key]:
