@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from itertools import chain
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -34,6 +35,7 @@ from ..errors import ValidationError
 
 __all__ = [
     "DEFAULT_SEED",
+    "ESTIMATE_MARGIN",
     "LSH_MIN_ITEMS",
     "Link",
     "candidate_pairs",
@@ -108,22 +110,83 @@ def _constants(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_sets(sets: Sequence[Iterable[str]]) -> list[frozenset[str]]:
+    if isinstance(sets, (str, bytes)):
+        raise ValidationError("sets must be a sequence of token sets, not a string",
+                              hint="pass one frozenset of tokens per item")
     out = []
     for k, s in enumerate(sets):
-        if isinstance(s, str):
+        if isinstance(s, (str, bytes)):
             raise ValidationError(
                 f"item {k} is a string, not a set of tokens",
                 hint="pass one frozenset of tokens per item, e.g. frozenset(text.split())",
             )
-        fs = s if isinstance(s, frozenset) else frozenset(s)
-        for token in fs:
-            if not isinstance(token, str):
-                raise ValidationError(
-                    f"item {k} contains a {type(token).__name__}; tokens must be strings",
-                    hint="convert tokens with str() before linking",
-                )
-        out.append(fs)
+        try:
+            out.append(s if type(s) is frozenset else frozenset(s))
+        except TypeError as exc:
+            raise ValidationError(f"item {k} is not a set of tokens: {exc}",
+                                  hint="pass one frozenset of strings per item") from exc
     return out
+
+
+def _token_hash(token: str) -> int:
+    try:
+        return zlib.crc32(token.encode("utf-8", "surrogatepass"))
+    except AttributeError:
+        raise ValidationError(
+            f"tokens must be strings, got {type(token).__name__}", hint="convert tokens with str() before linking"
+        ) from None
+
+
+class _Prepared:
+    """Token sets as integer arrays (CSR over the non-empty sets), built once."""
+
+    def __init__(self, sets: Sequence[frozenset[str]]) -> None:
+        self.n = len(sets)
+        rows = [idx for idx, s in enumerate(sets) if s]
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.row_of = np.full(self.n, -1, dtype=np.int64)
+        self.row_of[self.rows] = np.arange(len(rows), dtype=np.int64)
+        # token order inside a frozenset depends on the hash seed; nothing below does
+        flat_tokens = list(chain.from_iterable(sets[idx] for idx in rows))
+        self.vocab = {t: k for k, t in enumerate(dict.fromkeys(flat_tokens))}
+        self.flat = np.fromiter(map(self.vocab.__getitem__, flat_tokens), dtype=np.int64, count=len(flat_tokens))
+        self.sizes = np.fromiter((len(sets[idx]) for idx in rows), dtype=np.int64, count=len(rows))
+        self.starts = np.cumsum(self.sizes) - self.sizes
+        self._keys: np.ndarray | None = None
+
+    def signatures(self, num_hashes: int, seed: int) -> np.ndarray:
+        sig = np.full((self.n, num_hashes), 0xFFFFFFFF, dtype=np.uint32)
+        if not len(self.rows):
+            return sig
+        hashes = np.fromiter(map(_token_hash, self.vocab), dtype=np.uint64, count=len(self.vocab))
+        a, b = _constants(num_hashes, seed)
+        # multiply-shift hashing: the high 32 bits of (a*h + b) mod 2**64 (uint64 wraps)
+        permuted = ((hashes[:, None] * a[None, :] + b[None, :]) >> _SHIFT32).astype(np.uint32)
+        sig[self.rows] = np.minimum.reduceat(permuted[self.flat], self.starts, axis=0)
+        return sig
+
+    def keys(self) -> np.ndarray:
+        """Sorted ``row * V + token`` membership keys."""
+        if self._keys is None:
+            v = max(len(self.vocab), 1)
+            owner = np.repeat(np.arange(len(self.rows), dtype=np.int64), self.sizes)
+            self._keys = np.sort(owner * v + self.flat)
+        return self._keys
+
+    def jaccard(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """Exact Jaccard of the set pairs ``(i[k], j[k])`` (both non-empty), vectorized."""
+        if not len(i):
+            return np.empty(0, dtype=np.float64)
+        ri, rj = self.row_of[i], self.row_of[j]
+        li, lj = self.sizes[ri], self.sizes[rj]
+        first = np.cumsum(li) - li
+        within = np.arange(int(li.sum()), dtype=np.int64) - np.repeat(first, li)
+        tokens = self.flat[np.repeat(self.starts[ri], li) + within]
+        query = np.repeat(rj, li) * max(len(self.vocab), 1) + tokens
+        keys = self.keys()
+        pos = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+        inter = np.add.reduceat((keys[pos] == query).astype(np.int64), first)
+        return inter / (li + lj - inter)
 
 
 def minhash_signatures(
@@ -134,40 +197,11 @@ def minhash_signatures(
     An empty set gets the all-``0xFFFFFFFF`` row (callers should not band it).
 
     Raises:
-        ValidationError: ``num_hashes`` is not a positive integer.
+        ValidationError: ``num_hashes`` is not a positive integer, or a token is not a string.
     """
     if isinstance(num_hashes, bool) or not isinstance(num_hashes, int) or num_hashes < 1:
         raise ValidationError("num_hashes must be a positive integer", hint="the default is 64")
-    n = len(sets)
-    sig = np.full((n, num_hashes), 0xFFFFFFFF, dtype=np.uint32)
-    vocab: dict[str, int] = {}
-    flat: list[int] = []
-    starts: list[int] = []
-    rows: list[int] = []
-    for idx, s in enumerate(sets):
-        if not s:
-            continue
-        rows.append(idx)
-        starts.append(len(flat))
-        for token in s:
-            col = vocab.get(token)
-            if col is None:
-                col = vocab[token] = len(vocab)
-            flat.append(col)
-    if not rows:
-        return sig
-    hashes = np.fromiter(
-        (zlib.crc32(t.encode("utf-8", "surrogatepass")) for t in vocab),
-        dtype=np.uint64,
-        count=len(vocab),
-    )
-    a, b = _constants(num_hashes, seed)
-    # multiply-shift hashing: the high 32 bits of (a*h + b) mod 2**64 (uint64 wraps)
-    permuted = ((a[:, None] * hashes[None, :] + b[:, None]) >> _SHIFT32).astype(np.uint32)
-    gathered = permuted[:, np.asarray(flat, dtype=np.intp)]
-    mins = np.minimum.reduceat(gathered, np.asarray(starts, dtype=np.intp), axis=1)
-    sig[np.asarray(rows, dtype=np.intp)] = mins.T
-    return sig
+    return _Prepared(_check_sets(sets)).signatures(num_hashes, seed)
 
 
 def _lsh_arrays(sig: np.ndarray, rows: int, bucket_cap: int, chain: int, keep: np.ndarray, n: int) -> np.ndarray:
@@ -280,11 +314,20 @@ def candidate_pairs(
     Raises:
         ValidationError: an item is not a set of strings.
     """
-    items = _check_sets(sets)
+    return _candidates(_check_sets(sets), lsh_min, seed, min_estimate)
+
+
+def _lsh_codes(prep: _Prepared, seed: int, min_estimate: float) -> np.ndarray:
+    sig = prep.signatures(NUM_HASHES, seed)
+    codes = _lsh_arrays(sig[prep.rows], ROWS_PER_BAND, BUCKET_CAP, HOT_BUCKET_CHAIN, prep.rows, prep.n)
+    return _estimate_filter(sig, codes, prep.n, min_estimate)
+
+
+def _candidates(items: list[frozenset[str]], lsh_min: int, seed: int, min_estimate: float) -> list[tuple[int, int]]:
     n = len(items)
     if n > lsh_min:
-        sig = minhash_signatures(items, seed=seed)
-        return lsh_pairs(sig, skip=[not s for s in items], min_estimate=min_estimate)
+        codes = _lsh_codes(_Prepared(items), seed, min_estimate)
+        return [(c // n, c % n) for c in codes.tolist()]
     postings: dict[str, list[int]] = {}
     for idx, s in enumerate(items):
         for token in s:
@@ -361,12 +404,34 @@ def link_sets(
     # A custom scorer may rank pairs above their plain Jaccard, so only plain Jaccard
     # can use the MinHash estimate as a pre-filter.
     margin = max(0.0, threshold - ESTIMATE_MARGIN) if score is None else 0.0
-    pairs = candidate_pairs(items, lsh_min=lsh_min, seed=seed, min_estimate=margin)
+    if score is None and len(items) > lsh_min:
+        return _link_lsh(items, threshold, top_k, seed, margin)
+    pairs = _candidates(items, lsh_min, seed, margin)
     if score is None:
-        scored = ((i, j, jaccard(items[i], items[j])) for i, j in pairs)
+        scored = []
+        for i, j in pairs:  # jaccard() inlined: this loop runs once per candidate
+            a, b = items[i], items[j]
+            inter = len(a & b)
+            if inter:
+                scored.append((i, j, inter / (len(a) + len(b) - inter)))
     else:
         scored = ((i, j, float(score(i, j))) for i, j in pairs)
     return select_links(scored, len(items), threshold=threshold, top_k=top_k)
+
+
+def _link_lsh(items: list[frozenset[str]], threshold: float, top_k: int, seed: int, margin: float) -> list[Link]:
+    """The LSH path of :func:`link_sets` with plain Jaccard, scored in numpy."""
+    prep = _Prepared(items)
+    codes = _lsh_codes(prep, seed, margin)
+    n = prep.n
+    i, j = codes // n, codes % n
+    score = prep.jaccard(i, j)
+    keep = (score > 0.0) & (score >= threshold)
+    i, j, score = i[keep], j[keep], score[keep]
+    order = np.lexsort((j, i, -score))  # best score first, then (i, j)
+    return select_links(
+        zip(i[order].tolist(), j[order].tolist(), score[order].tolist()), n, threshold=threshold, top_k=top_k
+    )
 
 
 def link_ids(
