@@ -141,12 +141,11 @@ def _esc(value: str, delims: str = "|") -> str:
     return pattern.sub(lambda m: table.get(m.group()) or "\\u%04X" % ord(m.group()), value)
 
 
-def _unesc(raw: str, col: int = 0, *, v3: bool = True) -> str:
-    """Undo :func:`_esc`. ``col`` is the field's offset in the line, for error positions."""
-    if v3:
-        bad = _RAW_FORBIDDEN_RE.search(raw)
-        if bad:
-            raise _Err(f"raw control character U+{ord(bad.group()):04X} must be escaped", col + bad.start())
+def _unesc(raw: str, col: int = 0) -> str:
+    """Undo :func:`_esc`. ``col`` is the field's offset in the line, for error positions.
+
+    Raw control characters are refused per line (:func:`_check_raw`), not per field.
+    """
     if "\\" not in raw:
         return raw
     out: list[str] = []
@@ -641,7 +640,7 @@ def _parse_entity_items(raw: str, col: int, *, v3: bool) -> list[tuple[str, bool
                 raise _Err("empty entity item (write \\~ for the empty string)", col + off)
             continue  # v2 drops empty codes
         else:
-            out.append((_unesc(item, col + off, v3=v3), literal))
+            out.append((_unesc(item, col + off), literal))
     return out
 
 
@@ -650,7 +649,7 @@ def _parse_zettel_line(line: str, *, v3: bool) -> _ZettelParts:
     colon = _find_unescaped(line, ":", 0)
     if colon < 0:
         raise _Err("not a zettel line: no ':' after the id", 0)
-    zid = _unesc(line[:colon], 0, v3=v3)
+    zid = _unesc(line[:colon], 0)
     if v3 and zid in ("E", "T", "FILE") and line[0] != "\\":
         raise _Err("this id must be written with its first character escaped", 0)
     head = _split(line, "|", colon + 1, maxsplit=2)
@@ -662,7 +661,7 @@ def _parse_zettel_line(line: str, *, v3: bool) -> _ZettelParts:
     close = _find_unescaped(rest, '"', 1)
     if close < 0:
         raise _Err("the quote is not closed", rest_col + len(rest))
-    quote = _unesc(rest[1:close], rest_col + 1, v3=v3)
+    quote = _unesc(rest[1:close], rest_col + 1)
     after = rest[close + 1:]
     after_col = rest_col + close + 1
     if not after.startswith("|"):
@@ -686,9 +685,9 @@ def _parse_zettel_line(line: str, *, v3: bool) -> _ZettelParts:
         flags = _dec_list(flags_raw, after_col + f_col, "+")
         topics = _dec_list(topics_raw, topics_col, ",")
     else:
-        emotions = [_unesc(x, after_col + e_col, v3=False) for x, _ in _split(emotions_raw, "+") if x]
-        flags = [_unesc(x, after_col + f_col, v3=False) for x, _ in _split(flags_raw, "+") if x]
-        topics = [_unesc(x, topics_col + o, v3=False) for x, o in _split(topics_raw, ",") if x]
+        emotions = [_unesc(x, after_col + e_col) for x, _ in _split(emotions_raw, "+") if x]
+        flags = [_unesc(x, after_col + f_col) for x, _ in _split(flags_raw, "+") if x]
+        topics = [_unesc(x, topics_col + o) for x, o in _split(topics_raw, ",") if x]
     start = end = None
     resolved = None
     if len(tail) >= 4:
@@ -741,7 +740,7 @@ def _parse_entity_line(line: str, *, v3: bool) -> list[tuple[str, str]]:
         if len(parts) != 2:
             raise _Err("an entity entry must be CODE=Name", off)
         (code, c_off), (name, n_off) = parts
-        pairs.append((_unesc(code, off + c_off, v3=v3), _unesc(name, off + n_off, v3=v3)))
+        pairs.append((_unesc(code, off + c_off), _unesc(name, off + n_off)))
     return pairs
 
 
@@ -846,6 +845,13 @@ def decode(text: str, *, strict: bool = False) -> CompressResult:
     return _decode_legacy(lines, version, strict)
 
 
+def _check_raw(line: str) -> None:
+    """A v3 line never holds raw CR, TAB or characters of the \\u set (they are escaped)."""
+    bad = _RAW_FORBIDDEN_RE.search(line)
+    if bad:
+        raise _Err(f"raw control character U+{ord(bad.group()):04X} must be escaped", bad.start())
+
+
 class _Collector:
     """Strict mode raises; lenient mode records ``line N: message`` warnings."""
 
@@ -883,9 +889,9 @@ def _decode_legacy(lines: list[str], version: int, strict: bool) -> CompressResu
                 if fields and _HEADER_COUNT_RE.fullmatch(fields[0]):
                     declared = int(fields[0])
                 if len(fields) > 2 and fields[2]:
-                    date = _unesc(fields[2], 0, v3=False) if v2 else fields[2]
+                    date = _unesc(fields[2], 0) if v2 else fields[2]
                 if len(fields) > 3 and fields[3]:
-                    title = _unesc(fields[3], 0, v3=False) if v2 else fields[3]
+                    title = _unesc(fields[3], 0) if v2 else fields[3]
                 continue
             if not saw_header:
                 saw_header = True
@@ -961,6 +967,7 @@ def _decode_v3(lines: list[str], strict: bool) -> CompressResult:
     meta: dict[str, Any] = {}
     declared = None
     try:
+        _check_raw(header)
         if len(hfields) != 5:
             raise _Err("a v3 result header has 5 fields: count|codes|date|title|v3", 0)
         count_raw = hfields[0][0]
@@ -1009,6 +1016,7 @@ def _decode_v3(lines: list[str], strict: bool) -> CompressResult:
         hasher.update(line.encode("utf-8", "surrogatepass") + b"\n")
         records += 1
         try:
+            _check_raw(line)
             if kind in ("unknown", "FILE"):
                 raise _Err(f"unexpected line {line[:20]!r} in a result document", 0)
             rank = _RESULT_ORDER[kind]
@@ -1415,9 +1423,7 @@ class _DumpReader:
             if self.records > self.max_records:
                 raise self.error(f"more than {self.max_records} records")
             try:
-                if _RAW_FORBIDDEN_RE.search(line):
-                    bad = _RAW_FORBIDDEN_RE.search(line)
-                    raise _Err(f"raw control character U+{ord(bad.group()):04X} must be escaped", bad.start())
+                _check_raw(line)
                 tag = line.split(" ", 1)[0] if line.startswith("@") else "node"
                 if tag in _NODE_EXT:
                     if pending is None:
