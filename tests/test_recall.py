@@ -105,7 +105,7 @@ def test_one_hop_brings_linked_memories(make_db):
     db.link("pup", "balls", "related")
     hits = db.recall("Caroline puppy", top_k=3, explain=True)
     assert [h.id for h in hits] == ["pup", "balls"]
-    assert hits[1].parts["hop"] > 0
+    assert hits[1].parts["hop:bm25"] > 0 and hits[1].parts["bm25"] == 0.0
     assert [h.id for h in db.recall("Caroline puppy", top_k=3, hops=False)] == ["pup"]
 
 

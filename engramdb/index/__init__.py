@@ -19,7 +19,7 @@ import msgpack
 from ..codec import decode_node
 from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
-from .bm25 import SegmentedBM25
+from .bm25 import SegmentedBM25, snapshot_id
 from .graph import Graph
 from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
@@ -111,6 +111,20 @@ class Indexes:
         self.bm25 = SegmentedBM25(store.blind, store.last_txnid)
         self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer)
         self.graph = Graph()
+        self._read_cache: dict[Any, Any] = {}
+        self._read_cache_id: int | None = None
+
+    def read_cache(self, txn: Any) -> dict[Any, Any] | None:
+        """A dict for memoising reads of ``txn``'s committed state (decoded nodes, edges),
+        emptied whenever another snapshot is read; None inside write transactions, whose
+        state is not committed."""
+        if txn.write:
+            return None
+        sid = snapshot_id(txn, self.store.last_txnid)
+        if sid != self._read_cache_id or len(self._read_cache) > 500_000:
+            self._read_cache = {}
+            self._read_cache_id = sid
+        return self._read_cache
 
     @classmethod
     def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> "Indexes":

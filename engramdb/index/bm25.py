@@ -46,6 +46,7 @@ __all__ = [
     "decode_block",
     "lucene_idf",
     "lucene_tf_part",
+    "snapshot_id",
     "top_k",
 ]
 
@@ -85,6 +86,20 @@ def _unpack(data: bytes) -> Any:
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptFileError(f"an index record does not decode ({type(exc).__name__})",
                                hint="run `engramdb verify --fix FILE` to rebuild the indexes") from None
+
+
+def snapshot_id(txn: Any, fallback: Callable[[], int]) -> int:
+    """The id of the committed state ``txn`` reads (what a cache built from it is valid for).
+
+    ``store.last_txnid()`` called after the transaction began may already be newer than the
+    snapshot, and labelling a cache with it would serve stale data until the next commit.
+    LMDB's read-transaction id is the snapshot's own id; store.Txn does not expose it
+    publicly yet, hence the private attribute with a fallback.
+    """
+    ltxn = getattr(txn, "_ltxn", None)
+    if ltxn is not None:
+        return int(ltxn.id())
+    return fallback()
 
 
 def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
@@ -343,7 +358,7 @@ class SegmentedBM25:
         """The directory as of ``txn``; cached for read transactions until a commit."""
         if txn.write:
             return _Dir.decode(txn.get("segments", DIR_KEY))
-        txnid = self._last_txnid()
+        txnid = snapshot_id(txn, self._last_txnid)
         if self._dir is None or txnid != self._txnid:
             d = _Dir.decode(txn.get("segments", DIR_KEY))
             if self._dir is None or d.epoch != self._dir.epoch:

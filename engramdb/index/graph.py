@@ -26,6 +26,7 @@ __all__ = [
     "TUNNEL_THRESHOLD",
     "TUNNEL_TOP_K",
     "Graph",
+    "one_hop",
     "personalized_pagerank",
     "tunnel_tokens",
 ]
@@ -85,6 +86,27 @@ def personalized_pagerank(adjacency: np.ndarray, seeds: np.ndarray, *, alpha: fl
             break
         p = nxt
     return p
+
+
+def one_hop(adjacency: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """The mass one step of personalised PageRank moves from ``seeds``: ``P^T s``.
+
+    ``P`` is ``adjacency`` row-normalised; a node without edges passes nothing on. This is
+    the first-order term of :func:`personalized_pagerank` (the walk's first hop), which is
+    what recall's one-hop expansion needs: each node receives, from every neighbour, that
+    neighbour's score times the share of its edge weight pointing here.
+
+    Raises:
+        ValidationError: shapes disagree or weights are negative.
+    """
+    adjacency = np.asarray(adjacency, dtype=np.float64)
+    seeds = np.asarray(seeds, dtype=np.float64)
+    n = seeds.shape[0]
+    if adjacency.shape != (n, n) or np.any(adjacency < 0):
+        raise ValidationError("one_hop needs an (n, n) non-negative adjacency matching the seeds")
+    out = adjacency.sum(axis=1)
+    trans = np.divide(adjacency, out[:, None], out=np.zeros_like(adjacency), where=out[:, None] > 0)
+    return trans.T @ seeds
 
 
 def _edge_value(edge: Edge, derived: bool) -> bytes:

@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 
 from ..errors import CorruptFileError, EmbeddingError, ValidationError
-from .bm25 import MERGE_FACTOR, plan_merge, top_k
+from .bm25 import plan_merge, snapshot_id, top_k
 from .tokenize import Tokenizer
 
 __all__ = [
@@ -265,7 +265,7 @@ class VectorIndex:
     def _refresh(self, txn: Any) -> dict[str, EmbeddingSpace]:
         if txn.write:
             return self._read_spaces(txn)
-        txnid = self._last_txnid()
+        txnid = snapshot_id(txn, self._last_txnid)
         if self._spaces is None or txnid != self._txnid:
             self._spaces = self._read_spaces(txn)
             for cache in self._caches.values():
