@@ -64,11 +64,16 @@ def _make_slot(header: Mapping[str, Any], dek: bytes, *, passphrase: str | bytes
 
 def _unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_key: bytes | None) -> bytes:
     kind = "passphrase" if passphrase is not None else "key"
-    slots = [s for s in header.get("slots", ()) if isinstance(s, dict) and s.get("kind") == kind]
+    if not isinstance(header.get("slots"), list):
+        raise CorruptFileError("the header's key slots are malformed")
+    slots = [s for s in header["slots"] if isinstance(s, dict) and s.get("kind") == kind]
     if not slots:
         raise WrongPassphraseError(f"this file has no {kind} slot",
                                    hint="open it with the passphrase" if kind == "key" else None)
     for slot in slots:
+        salt = slot.get("salt")
+        if not isinstance(salt, bytes) or not 8 <= len(salt) <= 1024:  # argon2 needs >= 8 bytes
+            raise CorruptFileError("a key slot in the header has a malformed salt")
         try:
             if kind == "passphrase":
                 kek = crypto.derive_kek(passphrase, slot["salt"], crypto.KDFParams.from_dict(slot["kdf"]))
