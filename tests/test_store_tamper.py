@@ -11,6 +11,8 @@ import lmdb
 import msgpack
 import pytest
 from conftest import PASSPHRASE, TEST_KDF
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import engramdb.engram as engram
 from engramdb import codec
@@ -424,3 +426,50 @@ def test_missing_file(tmp_path):
     with pytest.raises(FileMissingError):
         reopen(tmp_path / "nope.engram", readonly=True)
     assert not (tmp_path / "nope.engram").exists()
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=20),
+                    st.binary(max_size=40), st.lists(st.integers(0, 3), max_size=3),
+                    st.dictionaries(st.text(max_size=5), st.integers(-5, 5), max_size=3))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_header_values_raise_only_engram_errors(tmp_path_factory, data):
+    """Any value in any header field (the attacker recomputes the checksum): the open
+    fails with an EngramError or succeeds with the right data; never a library exception."""
+    path = tmp_path_factory.mktemp("hostile") / "h.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("payload", id="p")
+    header = read_header(path)
+    target = data.draw(st.sampled_from(["header", "slot"]))
+    where = header if target == "header" else header["slots"][0]
+    key = data.draw(st.sampled_from(sorted(where)))
+    if data.draw(st.booleans()):
+        where.pop(key)
+    else:
+        where[key] = data.draw(_values)
+    write_header(path, header)
+    try:
+        db = reopen(path)
+    except EngramError:
+        return
+    with db:
+        assert db.get("p").content == "payload"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(st.binary(max_size=200), _values))
+def test_arbitrary_header_bytes_raise_only_engram_errors(tmp_path_factory, junk):
+    path = tmp_path_factory.mktemp("junk") / "j.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    data = junk if isinstance(junk, bytes) else msgpack.packb(junk, use_bin_type=True)
+    env = raw(path)
+    meta = raw_table(env, 0)
+    with env.begin(write=True) as txn:
+        for key in (b"header", b"header.bak"):
+            txn.put(key, data, db=meta)
+        txn.put(b"header.sha256", hashlib.sha256(data).digest(), db=meta)
+    env.close()
+    with pytest.raises(EngramError):
+        reopen(path)
