@@ -15,8 +15,9 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from . import codec, crypto
 from .errors import (
-    CorruptFileError, DecryptionError, DuplicateIdError, EngramError, ForeignFileError,
-    FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, ValidationError, WrongPassphraseError,
+    CorruptFileError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, ForeignFileError,
+    FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
+    WrongPassphraseError,
 )
 from .records import Node, new_id, now_ts
 from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
@@ -621,9 +622,16 @@ class Engram:
         :func:`import_key` puts it back. It is useless without the passphrase.
         """
         data = codec.pack(self._header)
-        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(KEYFILE_MAGIC + data)
+        try:
+            fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
+                fh.write(KEYFILE_MAGIC + data)
+                fh.flush()
+                os.fsync(fd)
+        except OSError as exc:
+            raise StoreError(f"cannot write the key file {os.fspath(path)}: {exc.strerror}",
+                             hint="choose a writable path on another disk than the data") from None
 
     def _require_encrypted(self) -> None:
         if not self.encrypted:
@@ -741,8 +749,12 @@ def import_key(path: str | os.PathLike, keyfile: str | os.PathLike, *, passphras
         WrongPassphraseError: the passphrase does not unlock the key file.
         DecryptionError: the key file belongs to another store.
     """
-    with builtins.open(keyfile, "rb") as fh:
-        data = fh.read()
+    try:
+        with builtins.open(keyfile, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise FileMissingError(f"cannot read the key file {os.fspath(keyfile)}: {exc.strerror}",
+                               hint="pass the file written by export_key() / `engramdb export-key`") from None
     if not data.startswith(KEYFILE_MAGIC):
         raise ForeignFileError(f"{keyfile} is not an engramdb key file")
     header = codec.unpack(data[len(KEYFILE_MAGIC):])
