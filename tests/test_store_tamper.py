@@ -473,3 +473,17 @@ def test_arbitrary_header_bytes_raise_only_engram_errors(tmp_path_factory, junk)
     env.close()
     with pytest.raises(EngramError):
         reopen(path)
+
+
+def test_key_file_errors_are_engram_errors(tmp_path, closed_file):
+    path, _ = closed_file
+    with pytest.raises(FileMissingError):
+        engram.import_key(path, tmp_path / "missing.key", passphrase=PASSPHRASE)
+    with reopen(path) as db:
+        with pytest.raises(EngramError):
+            db.export_key(tmp_path / "no-such-dir" / "k.key")
+        existing = tmp_path / "k.key"
+        existing.write_bytes(b"old")
+        os.chmod(existing, 0o644)
+        db.export_key(existing)  # an existing, world-readable file is narrowed to 0600
+    assert os.stat(existing).st_mode & 0o777 == 0o600
