@@ -828,7 +828,13 @@ def decode(text: str, *, strict: bool = False) -> CompressResult:
     version = 1
     if head.startswith("FILE:"):
         fields = [f for f, _ in _split(head, "|", 5)]
-        if len(fields) >= 5 and fields[4] == "v3" and first == 0 and lines[0] == head:
+        if len(fields) >= 5 and fields[4] == "v3" and (first != 0 or lines[0] != head):
+            raise AAAKParseError(
+                "an AAAK v3 document must start with its header line and use LF line endings",
+                line=first + 1, column=1,
+                hint="the file was re-indented or converted to CRLF; convert it back (e.g. dos2unix)",
+            )
+        if len(fields) >= 5 and fields[4] == "v3":
             if len(fields) >= 6 and fields[5] == "dump":
                 raise AAAKParseError(
                     "this is an engramdb store dump, not a compress result", line=1, column=1,
@@ -1333,16 +1339,18 @@ def write_dump(
 # --- reading dumps -------------------------------------------------------------------
 
 
-def _as_text_stream(fp: Any) -> TextIO:
+def _as_text_stream(fp: Any) -> tuple[TextIO, bool]:
+    """(text stream, whether we wrapped a caller's binary stream and must detach it)."""
     if isinstance(fp, str):
-        return io.StringIO(fp, newline="\n")
+        return io.StringIO(fp, newline="\n"), False
     if isinstance(fp, (bytes, bytearray)):
         fp = io.BytesIO(bytes(fp))
     if isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", ""):
-        return io.TextIOWrapper(fp, encoding="utf-8", errors="strict", newline="\n")
+        # newline="\n": split on LF only and translate nothing, so the hash sees the real bytes.
+        return io.TextIOWrapper(fp, encoding="utf-8", errors="strict", newline="\n"), True
     if not hasattr(fp, "readline"):
         raise AAAKParseError("the dump must be a readable file object or text", hint="open the file and pass it")
-    return fp
+    return fp, False
 
 
 _SECTION = {"@set": 1, "@meta": 2, "@space": 3, "node": 4, "@e": 5, "@a": 6, "@p": 7}
@@ -1353,7 +1361,7 @@ class _DumpReader:
     """State machine over the lines of a dump; see :func:`read_dump`."""
 
     def __init__(self, fp: Any, allow_edited: bool, max_line_chars: int, max_records: int) -> None:
-        self.fp = _as_text_stream(fp)
+        self.fp, self._wrapped = _as_text_stream(fp)
         self.allow_edited = allow_edited
         self.max_line_chars = max_line_chars
         self.max_records = max_records
@@ -1388,10 +1396,26 @@ class _DumpReader:
         return raw[:-1]
 
     def run(self) -> Iterator[DumpItem]:
+        try:
+            yield from self._run()
+        finally:
+            if self._wrapped:
+                # A TextIOWrapper closes its buffer when collected: hand the caller's file back
+                # open (e.g. to seek(0) after verify_dump).
+                try:
+                    self.fp.detach()
+                except (ValueError, OSError):
+                    pass
+
+    def _run(self) -> Iterator[DumpItem]:
         first = self.next_line()
         if first is None:
             raise DumpIntegrityError("the dump is empty (no header, no trailer)", line=1, column=1)
         self.hasher.update((first + "\n").encode("utf-8", "surrogatepass"))
+        if first != DUMP_HEADER and first.strip() == DUMP_HEADER:
+            raise AAAKParseError(
+                "the dump header is indented or ends in CR: a dump uses LF line endings only", line=1,
+                column=1, hint="the file was converted to CRLF or re-indented; convert it back (e.g. dos2unix)")
         if first != DUMP_HEADER:
             hint = None
             if first.startswith("FILE:"):

@@ -23,7 +23,7 @@ import json
 import math
 import struct
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, TextIO, Union
+from typing import Any, BinaryIO, Iterable, Iterator, TextIO, Union
 
 import numpy as np
 
@@ -286,9 +286,20 @@ def iter_jsonl(
         source = io.BytesIO(bytes(source))
     if isinstance(source, str):
         source = io.StringIO(source)
-    if isinstance(source, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(source, "mode", ""):
+    wrapped = isinstance(source, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(source, "mode", "")
+    if wrapped:
         source = io.TextIOWrapper(source, encoding="utf-8", errors="strict", newline="")
-    ts = now_ts(now)
+    try:
+        yield from _jsonl_lines(source, space, now_ts(now), id_prefix, max_line_chars)
+    finally:
+        if wrapped:  # give the caller's binary file back open
+            try:
+                source.detach()
+            except (ValueError, OSError):
+                pass
+
+
+def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line_chars: int) -> Iterator[Node]:
     lineno = 0
     while True:
         try:
@@ -311,7 +322,7 @@ def iter_jsonl(
             raise ImportFormatError(f"line {lineno}: JSON nests too deeply") from None
         except AAAKParseError as exc:
             raise ImportFormatError(f"line {lineno}: {exc.message}") from None
-        except ValueError as exc:  # JSONDecodeError and ValidationError are ValueErrors
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
             message = exc.message if isinstance(exc, EngramError) else str(exc)
             raise ImportFormatError(f"line {lineno}: {message}") from None
         yield node

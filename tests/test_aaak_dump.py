@@ -278,6 +278,30 @@ def test_streams_text_binary_and_bytes(dump, tmp_path):
         list(read_dump(dump.encode("utf-8") + b"\xff"))
 
 
+def test_two_pass_restore_on_one_open_file(dump, tmp_path):
+    """verify_dump, seek(0), read_dump: the caller's file stays open between the passes."""
+    path = tmp_path / "d.aaak"
+    path.write_text(dump, encoding="utf-8", newline="")
+    with open(path, "rb") as fp:
+        summary = verify_dump(fp)
+        assert not fp.closed
+        fp.seek(0)
+        nodes = [x for x in read_dump(fp) if isinstance(x, Node)]
+        assert not fp.closed
+    assert len(nodes) == summary.nodes == 6
+
+
+def test_crlf_and_indented_documents_are_refused_clearly(dump):
+    with pytest.raises(AAAKParseError, match="LF line endings"):
+        list(read_dump(dump.replace("\n", "\r\n").encode("utf-8")))
+    from engramdb.aaak import decode, encode
+    from engramdb.records import CompressResult, Zettel
+    text = encode(CompressResult(zettels=[Zettel("1")]))
+    for bad in (text.replace("\n", "\r\n"), "\n" + text, "  " + text):
+        with pytest.raises(AAAKParseError, match="LF line endings"):
+            decode(bad)
+
+
 def test_writer_refuses_bad_input():
     base = example_store()
     cases = [
