@@ -32,6 +32,7 @@ from string import ascii_uppercase
 from typing import Iterable, Iterator, Sequence
 
 from ..records import EntityIndex
+from .normalize import tokenize
 from .topics import BASE_STOP_WORDS
 
 __all__ = [
@@ -69,11 +70,15 @@ UPPER_CLASS = _upper_class()
 # possessive "'s" is matched but left out of the name ("Darcy's" -> "Darcy")
 _NAME = rf"[{UPPER_CLASS}]\w*(?:(?:-|['\u2019](?!s\b))\w+)*"
 _CAP = re.compile(rf"(?<![\w'\u2019\-])({_NAME})(?:['\u2019]s\b)?")
-# capitalized after a lowercase letter, digit, comma, semicolon or ")" and whitespace:
-# that cannot be a sentence start
-_MID = re.compile(rf"[a-z0-9\u00df-\u00ff,;)][ \t]*\n?[ \t]+({_NAME})|[a-z0-9\u00df-\u00ff,;)]\n[ \t]*({_NAME})")
+# One pass finds every capitalized word and tells whether it stands mid-sentence: group
+# 1 when the previous character is a lowercase letter, a digit, "," ";" or ")" followed
+# by one space or line break (that cannot be a sentence start), group 2 otherwise.
+_CAP_CONTEXT = re.compile(
+    rf"(?<![\w'\u2019\-])(?:(?<=[a-z0-9\u00df-\u00ff,;)][ \n])({_NAME})|({_NAME}))(?:['\u2019]s\b)?"
+)
 _SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
-_HONORIFIC = re.compile(rf"\b(Mr|Mrs|Ms|Miss|Sir|Lady|Lord|Madam|Mme|Mlle|Mister|Dame|King|Queen)\.?[ \t\n]+({_NAME})")
+_HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Miss", "Sir", "Lady", "Lord", "Madam", "Mme", "Mlle", "Mister", "Dame",
+                         "King", "Queen"})
 _CONTRACTION = re.compile(r"['\u2019](?:t|ll|re|ve|d|m)$", re.IGNORECASE)
 _LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
 
@@ -123,9 +128,9 @@ hans ivan dmitri sergei boris liam oliver harry oscar leo arjun vikram victor hu
 evan calvin dave sam nate andy pierre jean louis andre
 """.split())
 
-_FEMALE_PRONOUN = re.compile(r"\b(?:she|her|hers|herself)\b", re.IGNORECASE)
-_MALE_PRONOUN = re.compile(r"\b(?:he|him|his|himself)\b", re.IGNORECASE)
-_PLURAL_PRONOUN = re.compile(r"\b(?:they|them|their|theirs)\b", re.IGNORECASE)
+_FEMALE_PRONOUNS = frozenset({"she", "her", "hers", "herself"})
+_MALE_PRONOUNS = frozenset({"he", "him", "his", "himself"})
+_PLURAL_PRONOUNS = frozenset({"they", "them", "their", "theirs"})
 _RECENT_KEEP = 8
 
 
@@ -160,12 +165,25 @@ class EntityEvidence:
     accepted: frozenset[str]
     speakers: frozenset[str]
     gender: dict[str, str] = field(default_factory=dict)
+    _forms: dict[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def forms(self) -> dict[str, str]:
+        """Token form -> entity name, possessives included (``"Darcy's" -> "Darcy"``)."""
+        if self._forms is None:
+            forms = {}
+            for name in self.accepted:
+                forms[name] = name
+                forms[name + "'s"] = name
+                forms[name + "\u2019s"] = name
+            self._forms = forms
+        return self._forms
 
     @classmethod
     def scan(cls, text: str) -> "EntityEvidence":
         """Collect evidence over the whole normalized ``text``."""
-        candidates = Counter(_CAP.findall(text))
-        mid = Counter(a or b for a, b in _MID.findall(text))
+        pairs = _CAP_CONTEXT.findall(text)
+        candidates = Counter(a or b for a, b in pairs)
+        mid = Counter(a for a, _ in pairs if a)
         speakers = frozenset(
             s for s in _SPEAKER.findall(text)
             if len(s) >= 2 and s not in _NOT_SPEAKERS and not s.isdigit()
@@ -186,10 +204,17 @@ class EntityEvidence:
                 continue
             else:
                 accepted.add(name)
+        # an honorific right before a name ("Mr. Darcy", "Mrs. and Miss Bennet") votes
+        # for its gender; capitalized words come in text order, so "right before" is
+        # "the previous capitalized word"
         votes: dict[str, Counter] = {}
-        for hon, name in _HONORIFIC.findall(text):
-            if name in accepted:
-                votes.setdefault(name, Counter())["female" if hon in _FEMALE_HON else "male"] += 1
+        prev = ""
+        for a, b in pairs:
+            name = a or b
+            if prev in _HONORIFICS and name in accepted:
+                votes.setdefault(name, Counter())["female" if prev in _FEMALE_HON else "male"] += 1
+            if name not in _HONORIFICS or prev not in _HONORIFICS:
+                prev = name
         gender = {}
         for name in accepted:
             known = gazetteer_gender(name)
@@ -202,20 +227,37 @@ class EntityEvidence:
         return cls(frozenset(accepted), speakers, gender)
 
 
-def chunk_entities(text: str, evidence: EntityEvidence, min_frequency: int = 1) -> list[str]:
-    """Entities named in one chunk, in order of first mention."""
-    counts: Counter[str] = Counter()
-    order: dict[str, None] = {}
-    accepted = evidence.accepted
-    for name in _CAP.findall(text):
-        if name in accepted:
-            counts[name] += 1
-            order.setdefault(name, None)
-    return [name for name in order if counts[name] >= min_frequency]
+def chunk_entities(
+    text: str, evidence: EntityEvidence, min_frequency: int = 1, tokens: list[str] | None = None
+) -> list[str]:
+    """Entities named in one chunk, in order of first mention.
+
+    ``tokens`` are :func:`.normalize.tokenize` tokens of ``text`` (original case) when the
+    caller has them; a possessive token ("Darcy's") counts for its name.
+    """
+    if tokens is None:
+        tokens = tokenize(text)[0]
+    forms = evidence.forms()
+    present = forms.keys() & set(tokens)
+    if not present:
+        return []
+    first: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for form in present:
+        name = forms[form]
+        at = tokens.index(form)
+        if name not in first or at < first[name]:
+            first[name] = at
+        if min_frequency > 1:
+            counts[name] = counts.get(name, 0) + tokens.count(form)
+    names = sorted(first, key=lambda n: (first[n], n))
+    if min_frequency > 1:
+        names = [n for n in names if counts[n] >= min_frequency]
+    return names
 
 
 def resolve_coreferences(
-    texts: Sequence[str],
+    words: Sequence[Iterable[str]],
     named: Sequence[Sequence[str]],
     gender: dict[str, str],
     recent: Sequence[str] = (),
@@ -223,7 +265,7 @@ def resolve_coreferences(
     """Add pronoun antecedents to each chunk's entities.
 
     Args:
-        texts: chunk texts, in order.
+        words: the lowercase words of each chunk (any iterable), in order.
         named: entities named in each chunk, in order of first mention.
         gender: ``name -> "female" | "male"`` from document evidence; names missing
             from it fall back to the given-name list.
@@ -240,14 +282,15 @@ def resolve_coreferences(
         if g:
             last[g] = name
     out: list[list[str]] = []
-    for text, names in zip(texts, named):
+    for chunk_words, names in zip(words, named):
+        vocab = chunk_words if isinstance(chunk_words, (set, frozenset)) else set(chunk_words)
         entities = list(names)
         have = {gender.get(n) for n in names}
-        for g, pattern in (("female", _FEMALE_PRONOUN), ("male", _MALE_PRONOUN)):
+        for g, pronouns in (("female", _FEMALE_PRONOUNS), ("male", _MALE_PRONOUNS)):
             who = last[g]
-            if who is not None and g not in have and who not in entities and pattern.search(text):
+            if who is not None and g not in have and who not in entities and not pronouns.isdisjoint(vocab):
                 entities.append(who)
-        if not names and recent_list and _PLURAL_PRONOUN.search(text):
+        if not names and recent_list and not _PLURAL_PRONOUNS.isdisjoint(vocab):
             for who in recent_list[-2:]:
                 if who not in entities:
                     entities.append(who)

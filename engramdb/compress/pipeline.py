@@ -77,19 +77,21 @@ def analyze(
         return Analysis(normalized, [], [], list(recent), dates.last_header(session), warnings)
 
     evidence = EntityEvidence.scan(normalized)
-    texts = [c.text for c in chunks]
-    named = [chunk_entities(t, evidence, opts.min_entity_frequency) for t in texts]
+    tokens = [tokenize(c.text) for c in chunks]
+    lower_sets = [set(low) for _, low in tokens]
+    named = [chunk_entities(c.text, evidence, opts.min_entity_frequency, raw) for c, (raw, _) in zip(chunks, tokens)]
     if gender is not None:
         gender.update(evidence.gender)
-    entities, recent_out = resolve_coreferences(texts, named, gender if gender is not None else evidence.gender, recent)
+    entities, recent_out = resolve_coreferences(
+        lower_sets, named, gender if gender is not None else evidence.gender, recent
+    )
     stop = BASE_STOP_WORDS | frozenset(opts.stop_words) if opts.stop_words else BASE_STOP_WORDS
     speakers = speaker_names(normalized)
 
     zettels = []
     prev_end = 0
     for k, chunk in enumerate(chunks):
-        tokens = tokenize(chunk.text)
-        signals = detect(chunk.text, tokens[1])
+        signals = detect(chunk.text, tokens[k][1], lower_sets[k])
         # the quote comes from the chunk's own text: its overlap with the previous
         # chunk often starts mid-sentence and was already quotable there
         own = chunk.text[max(0, prev_end - chunk.start):]
@@ -97,7 +99,7 @@ def analyze(
         zettels.append(Zettel(
             id=zettel_id(first_id + k),
             entities=entities[k],
-            topics=extract_topics(chunk.text, stop, speakers, tokens=tokens),
+            topics=extract_topics(chunk.text, stop, speakers, tokens=tokens[k]),
             quote=select_quote(own if len(own.split()) >= 5 else chunk.text),
             weight=raw_weight(signals),
             emotions=list(signals.emotions),

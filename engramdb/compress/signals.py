@@ -184,14 +184,15 @@ def _match(tokens: list[str], index: dict, hits: frozenset[str], found: set[str]
                 break
 
 
-def detect(text: str, tokens: list[str] | None = None) -> Signals:
+def detect(text: str, tokens: list[str] | None = None, vocab: set[str] | None = None) -> Signals:
     """Flags, emotions and decision-word counts of ``text`` in one pass.
 
-    ``tokens`` are the lowercase tokens of ``text`` when the caller has them already.
+    ``tokens`` are the lowercase tokens of ``text`` and ``vocab`` their set, when the
+    caller has them already.
     """
     if tokens is None:
         tokens = tokenize(text)[1]
-    hits = _FIRST_WORDS.intersection(tokens)
+    hits = _FIRST_WORDS.intersection(vocab if vocab is not None else tokens)
     flags: set[str] = set()
     emotions: set[str] = set()
     if hits:
@@ -200,7 +201,7 @@ def detect(text: str, tokens: list[str] | None = None) -> Signals:
     return Signals(
         flags=tuple(f for f in ALL_FLAGS if f in flags),
         emotions=tuple(e for e in ALL_EMOTIONS if e in emotions),
-        decision_count=sum(tokens.count(w) for w in DECISION_WORDS),
+        decision_count=sum(tokens.count(w) for w in DECISION_WORDS.intersection(vocab if vocab is not None else tokens)),
         word_count=len(tokens) - sum(map(_PUNCTUATION.__contains__, tokens)),
     )
 
