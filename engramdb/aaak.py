@@ -1427,6 +1427,7 @@ class _DumpReader:
         spaces: dict[str, dict[str, Any]] = {}
         header_sent = False
         stage = 0
+        prelude_size = 0
         last_key: Any = None
         pending: dict[str, Any] | None = None
         while True:
@@ -1452,6 +1453,10 @@ class _DumpReader:
                 if tag in _NODE_EXT:
                     if pending is None:
                         raise _Err(f"{tag} line without a preceding node line", 0)
+                    pending["size"] += len(line)
+                    if pending["size"] > self.max_line_chars:
+                        raise _Err(f"node {pending['parts'].zid!r} holds more than {self.max_line_chars} "
+                                   "characters in total", 0)
                     self.node_ext(pending, tag, line)
                     continue
                 if tag not in _SECTION:
@@ -1468,6 +1473,10 @@ class _DumpReader:
                 if section >= 4 and not header_sent:
                     header_sent = True
                     yield DumpHeader(FORMAT_VERSION, settings, meta, tuple(spaces[k] for k in sorted(spaces)))
+                if section < 4:
+                    prelude_size += len(line)
+                    if prelude_size > self.max_line_chars:
+                        raise _Err(f"the @set/@meta/@space lines hold more than {self.max_line_chars} characters", 0)
                 if tag in ("@set", "@meta"):
                     target = settings if tag == "@set" else meta
                     if len(target) >= _MAX_PRELUDE:
@@ -1496,7 +1505,7 @@ class _DumpReader:
                     if last_key is not None and parts.zid <= last_key:
                         raise _Err("nodes must be sorted by id and unique", 0)
                     last_key = parts.zid
-                    pending = {"parts": parts, "line": self.lineno, "stage": 0, "spaces": spaces,
+                    pending = {"parts": parts, "line": self.lineno, "stage": 0, "spaces": spaces, "size": len(line),
                                "embeddings": {}, "last_space": None}
                 elif tag == "@e":
                     edge = self.parse_edge(line)
