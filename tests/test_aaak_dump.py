@@ -265,7 +265,7 @@ def test_caps_bound_memory():
     many_settings = DUMP_HEADER + "\n" + "".join(f'@set k{i:04d}|"{"x" * 900}"\n' for i in range(20))
     with pytest.raises(AAAKParseError, match="lines hold more than 10000 characters"):
         list(read_dump(many_settings, max_line_chars=10_000))
-    fat_node = DUMP_HEADER + '\nn:||""|0.0|||\n@n n|hot|0.5|0.0|0.0|0|0||\n@c n|' + "x" * 6000 + "\n@m n|{" + \
+    fat_node = DUMP_HEADER + '\nn:||""|0.0||\n@n n|hot|0.5|0.0|0.0|0|0||\n@c n|' + "x" * 6000 + "\n@m n|{" + \
         ",".join(f'"k{i:04d}":1' for i in range(600)) + "}\n"
     with pytest.raises(AAAKParseError, match="node 'n' holds more than 10000"):
         list(read_dump(fat_node, max_line_chars=10_000))
