@@ -1257,6 +1257,9 @@ def write_dump(
         The record count written in the trailer: the number of lines between the
         header and the trailer.
 
+    If an error is raised part-way, what was already written has no trailer, so no
+    reader will ever accept it as a dump; delete it.
+
     Raises:
         ValidationError: a record of the wrong type, out of order or duplicated, or a
             value tjson cannot carry.
