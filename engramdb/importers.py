@@ -414,15 +414,15 @@ def _tx_embedding(value: Any) -> np.ndarray | None:
             else None
         if value is None:
             raise ValidationError("embedding bytes are not a whole number of floats")
-        return value.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return value.astype(np.float32)
     if isinstance(value, (bytes, bytearray)):
         if len(value) % 4:
             raise ValidationError("embedding bytes are not a whole number of float32 values")
         return np.frombuffer(bytes(value), dtype="<f4")
-    if isinstance(value, dict):  # a Float32Array that went through JSON: {"0": x, ...}
-        return np.asarray(_vector(value, "embedding"), dtype=np.float32)
-    if isinstance(value, list):
-        return np.asarray(_vector(value, "embedding"), dtype=np.float32)
+    if isinstance(value, (dict, list)):  # a number list, or a Float32Array that went through JSON
+        with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: Node refuses them
+            return np.asarray(_vector(value, "embedding"), dtype=np.float32)
     raise ValidationError(f"unsupported embedding type {type(value).__name__}")
 
 
