@@ -11,7 +11,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .crypto import KDFParams
+from . import aaak
 from .backup import restore
+from .compress import (
+    CompressStream, compress, compress_many, estimate_tokens, inject_context, merge_results, normalize_weights,
+    top_zettels, wake_up,
+)
 from .engram import Engram, Problem, Transaction, import_key, open
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
 from .errors import __all__ as _error_names
@@ -24,6 +29,16 @@ __all__ = [
     "open",
     "import_key",
     "restore",
+    "aaak",
+    "compress",
+    "compress_many",
+    "merge_results",
+    "top_zettels",
+    "normalize_weights",
+    "inject_context",
+    "wake_up",
+    "estimate_tokens",
+    "CompressStream",
     "Engram",
     "Transaction",
     "Problem",

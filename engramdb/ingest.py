@@ -10,10 +10,11 @@ import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
 from . import compress as zc
+from .compress.entities import build_entity_index
 from .engram import Engram, Transaction
 from .errors import ValidationError
 from .index import iter_nodes
-from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
+from .records import CompressResult, Edge, Node, Tunnel, Zettel, now_ts
 
 __all__ = ["ingest", "stored_result", "messages_to_text"]
 
@@ -53,13 +54,13 @@ def messages_to_text(messages: Iterable[Any]) -> str:
     return "\n".join(lines)
 
 
-def _node_from_zettel(z: Zettel, index: EntityIndex, source_text: str, source_name: str, id_prefix: str,
+def _node_from_zettel(z: Zettel, source_text: str, source_name: str, id_prefix: str,
                       stamp: float, fields: Mapping[str, Any]) -> Node:
     content = source_text[z.source_start:z.source_end] if z.source_start is not None and z.source_end is not None \
         else z.quote
     return Node(
         id=id_prefix + z.id, content=content,
-        entities=[index.code_to_name.get(code, code) for code in z.entities], topics=z.topics, quote=z.quote,
+        entities=z.entities, topics=z.topics, quote=z.quote,
         weight=z.weight, flags=z.flags, emotions=z.emotions, source_start=z.source_start, source_end=z.source_end,
         resolved_date=z.resolved_date, source=source_name, created_at=stamp, last_accessed=stamp, **fields,
     )
@@ -86,7 +87,7 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
     fields: dict[str, Any] = {"tags": list(tags)}
     if importance is not None:
         fields["importance"] = importance
-    nodes = [_node_from_zettel(z, result.entity_index, normalized, name, f"{key}:", stamp, fields)
+    nodes = [_node_from_zettel(z, normalized, name, f"{key}:", stamp, fields)
              for z in result.zettels]
     tunnels = [(f"{key}:{t.from_id}", f"{key}:{t.to_id}", t.label) for t in result.tunnels]
 
@@ -134,8 +135,5 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
             for _, edge, _ in engram.indexes.graph.outgoing(txn, docno):
                 if edge.kind == "tunnel" and edge.dst in kept:
                     tunnels.append(Tunnel(from_id=edge.src, to_id=edge.dst, label=edge.label))
-    index = zc.build_entity_index(names)
-    for z in zettels:
-        z.entities = [index.name_to_code[name] for name in z.entities]
-    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index,
+    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=build_entity_index(names),
                           meta={"input_length": 0, "chunk_count": len(zettels)})
