@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from engramdb.crypto import Sealer
 from engramdb.errors import CorruptFileError, ValidationError
 from engramdb.index import bm25 as bm
-from engramdb.index.bm25 import SegmentedBM25, count_postings, decode_block, encode_block, plan_merge, top_k
+from engramdb.index.bm25 import (
+    SegmentedBM25, count_postings, decode_block, encode_block, encode_blocks, plan_merge, top_k,
+)
 from engramdb.index.tokenize import Tokenizer
 from engramdb.store import Store
 
@@ -280,11 +282,16 @@ def test_top_k_is_exact_with_ties(pairs, k):
 @given(st.lists(st.lists(vocab, max_size=8), max_size=20))
 def test_count_postings_inverts_documents(corpus):
     docs = [(100 - i, toks) for i, toks in enumerate(corpus)]  # docnos given in descending order
-    words, docnos, tfs = count_postings(docs)
+    words, docnos, tfs, bounds = count_postings(docs)
     assert words == sorted({t for toks in corpus for t in toks})
-    for w, dn, tf in zip(words, docnos, tfs):
+    assert len(bounds) == len(words) + 1 and bounds[-1] == docnos.size
+    blocks = encode_blocks(docnos, tfs, bounds)
+    for j, w in enumerate(words):
         want = sorted((d, Counter(toks)[w]) for d, toks in docs if w in toks)
-        assert list(zip(dn.tolist(), tf.tolist())) == want
+        a, b = bounds[j], bounds[j + 1]
+        assert list(zip(docnos[a:b].tolist(), tfs[a:b].tolist())) == want
+        got_d, got_t = decode_block(blocks[j])
+        assert list(zip(got_d.tolist(), got_t.tolist())) == want
 
 
 def test_plan_merge_policy():

@@ -118,4 +118,13 @@ def test_stem_memo_is_bounded(monkeypatch):
     monkeypatch.setattr(tk, "_STEM_CACHE_MAX", 3)
     tok = Tokenizer(stemmer="english")
     assert tok("alpha beta gamma delta epsilon") == ["alpha", "beta", "gamma", "delta", "epsilon"]
-    assert len(tok._memo) <= 3
+    assert tok("running zeta") == ["run", "zeta"]
+    assert len(tok._memo) == 2  # full memo cleared before new words went in
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=40) | texts)
+def test_fast_pattern_matches_the_declared_pattern(text):
+    import re
+
+    assert re.findall(tk._FAST_PATTERN, text) == re.findall(tk.TOKEN_PATTERN, text)

@@ -25,9 +25,10 @@ break by docno ascending.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import struct
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "MERGE_FACTOR",
     "SegmentedBM25",
     "encode_block",
+    "encode_blocks",
     "decode_block",
     "lucene_idf",
     "lucene_tf_part",
@@ -153,18 +155,56 @@ def encode_block(docnos: np.ndarray, values: np.ndarray) -> bytes:
         ValidationError: the docnos are not strictly increasing or the columns differ in length.
     """
     docnos = np.asarray(docnos, dtype=np.uint64)
+    if docnos.ndim != 1:
+        raise ValidationError("a posting block needs two 1-D columns of equal length")
+    return encode_blocks(docnos, values, np.asarray([0, docnos.size]))[0]
+
+
+def _widths(maxima: np.ndarray) -> np.ndarray:
+    return np.select([maxima < 1 << 8, maxima < 1 << 16, maxima < 1 << 32], [1, 2, 4], 8)
+
+
+def encode_blocks(docnos: np.ndarray, values: np.ndarray, bounds: np.ndarray) -> list[bytes]:
+    """:func:`encode_block` for many blocks at once: block ``j`` is rows
+    ``bounds[j]:bounds[j + 1]``. Vectorised, so a segment of many short posting lists costs
+    a few numpy passes plus one small bytes join per block.
+
+    Raises:
+        ValidationError: docnos not strictly increasing within a block, or column mismatch.
+    """
+    docnos = np.asarray(docnos, dtype=np.uint64)
     values = np.asarray(values, dtype=np.uint64)
+    bounds = np.asarray(bounds, dtype=np.int64)
     if docnos.shape != values.shape or docnos.ndim != 1:
         raise ValidationError("a posting block needs two 1-D columns of equal length")
+    starts, ends = bounds[:-1], bounds[1:]
+    if docnos.size > 1:
+        inner = np.ones(docnos.size - 1, dtype=bool)
+        inner[starts[(starts > 0) & (starts < docnos.size)] - 1] = False
+        if not np.all(docnos[1:][inner] > docnos[:-1][inner]):
+            raise ValidationError("posting docnos must be strictly increasing")
     deltas = np.diff(docnos, prepend=np.uint64(0))
-    if docnos.size > 1 and not np.all(docnos[1:] > docnos[:-1]):
-        raise ValidationError("posting docnos must be strictly increasing")
-    dw = _width(int(deltas.max())) if docnos.size else 1
-    vw = _width(int(values.max())) if values.size else 1
-    body = deltas.astype(_DT[dw]).tobytes() + values.astype(_DT[vw]).tobytes()
-    if len(body) >= _ZSTD_MIN:
-        return _HEAD.pack(BLOCK_ZSTD, docnos.size, dw, vw) + _zc.compress(body)
-    return _HEAD.pack(BLOCK_RAW, docnos.size, dw, vw) + body
+    nonempty = starts < ends
+    deltas[starts[nonempty]] = docnos[starts[nonempty]]
+    dws = np.ones(len(starts), dtype=np.int64)
+    vws = np.ones(len(starts), dtype=np.int64)
+    if docnos.size:
+        dws[nonempty] = _widths(np.maximum.reduceat(deltas, starts[nonempty]))
+        vws[nonempty] = _widths(np.maximum.reduceat(values, starts[nonempty]))
+    cols_d = {w: deltas.astype(_DT[w]) for w in np.unique(dws[nonempty]).tolist()}
+    cols_v = {w: values.astype(_DT[w]) for w in np.unique(vws[nonempty]).tolist()}
+    out = []
+    head, zc = _HEAD.pack, _zc.compress
+    for a, b, dw, vw in zip(starts.tolist(), ends.tolist(), dws.tolist(), vws.tolist()):
+        if a == b:
+            out.append(head(BLOCK_RAW, 0, 1, 1))
+            continue
+        body = cols_d[dw][a:b].tobytes() + cols_v[vw][a:b].tobytes()
+        if len(body) >= _ZSTD_MIN:
+            out.append(head(BLOCK_ZSTD, b - a, dw, vw) + zc(body))
+        else:
+            out.append(head(BLOCK_RAW, b - a, dw, vw) + body)
+    return out
 
 
 def decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -196,35 +236,35 @@ def decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return docnos, values
 
 
-def count_postings(docs: Sequence[tuple[int, Sequence[str]]]) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
-    """Invert ``(docno, terms)`` pairs: sorted terms, and per term its docnos and tfs.
+def count_postings(docs: Sequence[tuple[int, Sequence[str]]]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Invert ``(docno, terms)`` pairs.
 
-    Vectorised with numpy so ingest cost is a few passes over the tokens.
+    Returns:
+        ``(words, docnos, tfs, bounds)``: the sorted distinct terms, and flat columns in
+        which term ``words[j]`` owns rows ``bounds[j]:bounds[j + 1]`` (docno order).
     """
-    vocab: dict[str, int] = {}
+    # a defaultdict numbering new terms on first sight: a C-level lookup per token
+    vocab: dict[str, int] = defaultdict(itertools.count().__next__)
     term_ids: list[int] = []
-    doc_index: list[int] = []
-    setdefault = vocab.setdefault
-    for i, (_, terms) in enumerate(docs):
-        term_ids.extend(setdefault(t, len(vocab)) for t in terms)
-        doc_index.extend([i] * len(terms))
+    lengths: list[int] = []
+    for _, terms in docs:
+        term_ids += map(vocab.__getitem__, terms)
+        lengths.append(len(terms))
     if not term_ids:
-        return [], [], []
-    docnos = np.fromiter((d for d, _ in docs), dtype=np.uint64, count=len(docs))
+        return [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(1, np.int64)
+    n = len(docs)
+    docnos = np.fromiter((d for d, _ in docs), dtype=np.uint64, count=n)
     order_docs = np.argsort(docnos, kind="stable")
-    rank_of_doc = np.empty(len(docs), dtype=np.int64)
-    rank_of_doc[order_docs] = np.arange(len(docs))
+    rank_of_doc = np.empty(n, dtype=np.int64)
+    rank_of_doc[order_docs] = np.arange(n)
     words = sorted(vocab)
     rank_of_term = np.empty(len(vocab), dtype=np.int64)
     rank_of_term[[vocab[w] for w in words]] = np.arange(len(words))
-    keys = rank_of_term[np.asarray(term_ids)] * len(docs) + rank_of_doc[np.asarray(doc_index)]
+    doc_index = np.repeat(np.arange(n), lengths)
+    keys = rank_of_term[np.asarray(term_ids)] * n + rank_of_doc[doc_index]
     uniq, tfs = np.unique(keys, return_counts=True)
-    term_rank = uniq // len(docs)
-    doc_sorted = docnos[order_docs][uniq % len(docs)]
-    bounds = np.searchsorted(term_rank, np.arange(len(words) + 1))
-    out_docs = [doc_sorted[bounds[j]:bounds[j + 1]] for j in range(len(words))]
-    out_tfs = [tfs[bounds[j]:bounds[j + 1]] for j in range(len(words))]
-    return words, out_docs, out_tfs
+    bounds = np.searchsorted(uniq // n, np.arange(len(words) + 1))
+    return words, docnos[order_docs][uniq % n], tfs, bounds
 
 
 # --- the directory --------------------------------------------------------------------
@@ -507,12 +547,12 @@ class SegmentedBM25:
         segno = d.next
         d.next += 1
         suffix = _SEG.pack(segno)
-        words, docnos_per, tfs_per = count_postings(docs)
+        words, docnos, tfs, bounds = count_postings(docs)
         blinds = []
-        for word, docnos, tfs in zip(words, docnos_per, tfs_per):
+        for word, block in zip(words, encode_blocks(docnos, tfs, bounds)):
             b = self.blind(word)
             blinds.append(b)
-            txn.put("postings", b + suffix, encode_block(docnos, tfs))
+            txn.put("postings", b + suffix, block)
         blinds.sort()
         order = sorted(range(len(docs)), key=lambda i: docs[i][0])
         seg_docnos = np.asarray([docs[i][0] for i in order], dtype=np.uint64)

@@ -1,0 +1,286 @@
+"""Search benchmark: engramdb (encrypted) side by side with bm25s, SQLite FTS5, encrypted
+SQLite FTS5 (SQLite3 Multiple Ciphers via apsw-sqlite3mc) and sqlite-vec, on the same texts.
+
+Run (from the repository root; one run, a few minutes at 100k documents):
+
+    python tools/bench/bench_search.py --docs 100000 --queries 200
+
+Optional peers: ``pip install apsw-sqlite3mc sqlite-vec`` (skipped with a note when
+missing). The corpus is generated, seeded: ~60-token documents drawn with Zipf-like
+frequencies from the vocabulary of the two Gutenberg texts in ../shared/data (falling back
+to a synthetic vocabulary). Queries are 3-5 distinct mid-frequency words.
+
+Prints medians (and p90) per system, ratios, and the machine. Figures go into
+tools/bench/README.md by hand; this script never runs inside pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import engramdb.engram as engram_mod  # noqa: E402
+from engramdb.index.vectors import EmbeddingSpace, VectorIndex  # noqa: E402
+from engramdb.crypto import Sealer  # noqa: E402
+from engramdb.store import Store  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(HERE, "..", "..", "..", "shared", "data", "gutenberg")
+
+
+def vocabulary(seed: int) -> tuple[list[str], np.ndarray]:
+    words: Counter = Counter()
+    for name in ("pride_and_prejudice_pg1342.txt", "origin_of_species_pg1228.txt"):
+        path = os.path.join(SHARED, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                words.update(re.findall(r"[a-z]{2,}", fh.read().lower()))
+    if len(words) < 1000:
+        rng = np.random.default_rng(seed)
+        words = Counter({"w" + "".join(rng.choice(list("abcdefghij"), 6)): 1 for _ in range(30_000)})
+    vocab = sorted(words, key=lambda w: (-words[w], w))
+    ranks = np.arange(1, len(vocab) + 1, dtype=np.float64)
+    p = 1.0 / ranks ** 1.07
+    return vocab, p / p.sum()
+
+
+def corpus(n: int, seed: int) -> list[str]:
+    vocab, p = vocabulary(seed)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(40, 81, size=n)
+    ids = rng.choice(len(vocab), size=int(lengths.sum()), p=p)
+    out, pos = [], 0
+    for ln in lengths:
+        out.append(" ".join(vocab[i] for i in ids[pos:pos + ln]))
+        pos += ln
+    return out
+
+
+def queries(n: int, seed: int) -> list[str]:
+    vocab, _ = vocabulary(seed)
+    rng = np.random.default_rng(seed + 1)
+    mid = vocab[200:6000]
+    return [" ".join(rng.choice(mid, size=int(rng.integers(3, 6)), replace=False)) for _ in range(n)]
+
+
+def timed(fn, items) -> list[float]:
+    out = []
+    for item in items:
+        t = time.perf_counter()
+        fn(item)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def summary(name: str, times: list[float]) -> dict:
+    med = statistics.median(times)
+    p90 = sorted(times)[int(0.9 * (len(times) - 1))]
+    print(f"  {name:<34} median {med * 1e3:9.3f} ms   p90 {p90 * 1e3:9.3f} ms   {1 / med:10.1f} /s", flush=True)
+    return {"median": med, "p90": p90}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--dims", type=int, default=384)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="engram-bench-")
+    try:
+        run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, tmp: str) -> None:
+    print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
+          f"numpy {np.__version__}")
+    texts = corpus(args.docs, args.seed)
+    qs = queries(args.queries, args.seed)
+    print(f"corpus: {len(texts)} docs, {sum(len(t.split()) for t in texts) / len(texts):.1f} words/doc; "
+          f"{len(qs)} queries of 3-5 words\n")
+    results: dict[str, dict] = {}
+
+    # --- ingest ------------------------------------------------------------------------------
+    print("bulk ingest (one transaction)")
+    path = os.path.join(tmp, "bench.engram")
+    t0 = time.perf_counter()
+    db = engram_mod.open(path, passphrase="bench passphrase")  # default argon2id (t=3, m=64 MiB, p=4)
+    kdf_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    db.add_many([{"id": f"d{i}", "content": t, "created_at": 0.0, "last_accessed": 0.0} for i, t in enumerate(texts)])
+    ingest_s = time.perf_counter() - t0
+    print(f"  engramdb (encrypted, postings)     {len(texts) / ingest_s:10.0f} docs/s  ({ingest_s:.2f} s)")
+
+    fts_path = os.path.join(tmp, "fts.sqlite")
+    con = sqlite3.connect(fts_path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
+    t0 = time.perf_counter()
+    with con:
+        con.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, t) for i, t in enumerate(texts)))
+    fts_ingest = time.perf_counter() - t0
+    print(f"  sqlite3 FTS5 (plaintext)           {len(texts) / fts_ingest:10.0f} docs/s  ({fts_ingest:.2f} s)")
+
+    mc = None
+    try:
+        import apsw
+
+        mc = apsw.Connection(os.path.join(tmp, "fts-mc.sqlite"))
+        mc.pragma("cipher", "chacha20")
+        mc.pragma("key", "bench passphrase")
+        mc.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
+        t0 = time.perf_counter()
+        with mc:
+            mc.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, t) for i, t in enumerate(texts)))
+        mc_ingest = time.perf_counter() - t0
+        print(f"  SQLite3MC FTS5 (encrypted)         {len(texts) / mc_ingest:10.0f} docs/s  ({mc_ingest:.2f} s)")
+    except ImportError:
+        mc_ingest = None
+        print("  SQLite3MC FTS5: skipped (pip install apsw-sqlite3mc)")
+    print(f"  ratio engramdb / FTS5 insert: {fts_ingest / ingest_s:.2f}x"
+          + (f"; engramdb / SQLite3MC: {mc_ingest / ingest_s:.2f}x" if mc_ingest else ""))
+
+    # --- BM25 queries ------------------------------------------------------------------------
+    print("\nBM25 top-10 (warm)")
+    idx = db.indexes
+    tok = idx.tokenizer
+    q_terms = [tok(q) for q in qs]
+    store = db._store
+
+    def ours(terms):
+        with store.read() as txn:
+            return idx.bm25.search(txn, terms, 10)
+
+    for terms in q_terms[:20]:
+        ours(terms)  # warm the postings cache
+    results["engramdb"] = summary("engramdb BM25 (encrypted)", timed(ours, q_terms))
+    results["recall"] = summary("engramdb recall() full pipeline", timed(lambda q: db.recall(q, top_k=10), qs))
+
+    import bm25s
+
+    doc_terms = [tok(t) for t in texts]
+    retriever = bm25s.BM25(k1=1.2, b=0.75, method="lucene", backend="numpy")
+    retriever.index(doc_terms, show_progress=False)
+    vocab = retriever.vocab_dict
+
+    def theirs(terms):
+        known = [t for t in terms if t in vocab]
+        scores = retriever.get_scores(known)
+        top = np.argpartition(-scores, 10)[:10]
+        return top[np.lexsort((top, -scores[top]))]
+
+    results["bm25s"] = summary("bm25s (numpy backend)", timed(theirs, q_terms))
+    same = 0
+    with store.read() as txn:
+        for terms in q_terms:
+            mine = [d - 1 for d, _ in idx.bm25.search(txn, terms, 10)]  # docno = position + 1
+            known = [t for t in terms if t in vocab]
+            full = np.asarray(retriever.get_scores(known), dtype=np.float64)
+            top = np.lexsort((np.arange(len(full)), -full))[:10]
+            same += mine == [int(i) for i in top if full[i] > 0]
+    print(f"  same top-10 as bm25s (bm25s scores in float32; ties by docno): {same}/{len(q_terms)} queries")
+
+    def fts_or(q, c=con):
+        return c.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
+                         (" OR ".join(q.split()),)).fetchall()
+
+    results["fts5"] = summary("sqlite3 FTS5 OR-query", timed(fts_or, qs))
+    if mc is not None:
+        def mc_or(q):
+            return list(mc.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
+                                   (" OR ".join(q.split()),)))
+        results["fts5mc"] = summary("SQLite3MC FTS5 OR-query (encrypted)", timed(mc_or, qs))
+    m = results["engramdb"]["median"]
+    print(f"  engramdb is {results['bm25s']['median'] / m:.1f}x bm25s-numpy, "
+          f"{results['fts5']['median'] / m:.1f}x FTS5"
+          + (f", {results['fts5mc']['median'] / m:.1f}x SQLite3MC FTS5" if "fts5mc" in results else ""))
+
+    # --- cold open ------------------------------------------------------------------------------
+    db.close()
+    t0 = time.perf_counter()
+    db = engram_mod.open(path, passphrase="bench passphrase")
+    t_open = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    db.recall(qs[0], top_k=10)
+    t_first = time.perf_counter() - t1
+    print(f"\ncold open + first query: open {t_open:.3f} s (argon2id ~{kdf_s:.3f} s at creation), "
+          f"first recall {t_first:.3f} s; size {os.path.getsize(path) / 1e6:.1f} MB")
+    db.close()
+
+    # --- vectors -----------------------------------------------------------------------------------
+    print(f"\nexact vector top-10, {args.docs} x {args.dims} float32")
+    rng = np.random.default_rng(args.seed)
+    mat = rng.standard_normal((args.docs, args.dims)).astype(np.float32)
+    mat /= np.linalg.norm(mat, axis=1, keepdims=True)
+    qv = rng.standard_normal((args.queries, args.dims)).astype(np.float32)
+    vstore = Store.open(os.path.join(tmp, "vec.engram"))
+    vstore.sealer = Sealer(os.urandom(32))
+    vi = VectorIndex(vstore.blind, vstore.last_txnid)
+    vstore.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "bench-random", args.dims, normalize=False)))
+
+    class Row:  # the index reads only .embeddings; a Node would copy 384 floats into a tuple
+        __slots__ = ("embeddings",)
+
+        def __init__(self, vec):
+            self.embeddings = {"s": vec}
+
+    t0 = time.perf_counter()
+    for start in range(0, args.docs, 20_000):
+        rows = [(i + 1, Row(mat[i])) for i in range(start, min(args.docs, start + 20_000))]
+        vstore.write(lambda txn, rows=rows: vi.apply(txn, rows, [""] * len(rows), []))
+    print(f"  engramdb vector ingest               {args.docs / (time.perf_counter() - t0):10.0f} vectors/s")
+    with vstore.read() as txn:
+        vi.search(txn, "s", qv[0], 10)  # load the matrix
+
+    def ours_vec(q):
+        with vstore.read() as txn:
+            return vi.search(txn, "s", q, 10)
+
+    def bare(q):
+        s = mat @ q
+        top = np.argpartition(-s, 10)[:10]
+        return top[np.argsort(-s[top])]
+
+    results["vec"] = summary("engramdb exact (encrypted)", timed(ours_vec, qv))
+    results["numpy"] = summary("bare numpy matvec + argpartition", timed(bare, qv))
+    print(f"  engramdb / bare numpy: {results['vec']['median'] / results['numpy']['median']:.2f}x")
+    try:
+        import apsw
+        import sqlite_vec
+
+        # python's sqlite3 here is built without extension loading; apsw loads sqlite-vec
+        vcon = apsw.Connection(os.path.join(tmp, "vec.sqlite"))
+        vcon.enable_load_extension(True)
+        vcon.load_extension(sqlite_vec.loadable_path())
+        vcon.execute(f"CREATE VIRTUAL TABLE v USING vec0(embedding float[{args.dims}])")
+        with vcon:
+            vcon.executemany("INSERT INTO v(rowid, embedding) VALUES (?, ?)",
+                             ((i + 1, mat[i].tobytes()) for i in range(args.docs)))
+
+        def vec_q(q):
+            return list(vcon.execute("SELECT rowid FROM v WHERE embedding MATCH ? AND k = 10 ORDER BY distance",
+                                     (q.tobytes(),)))
+
+        results["sqlite-vec"] = summary("sqlite-vec exact (vec0, plaintext)", timed(vec_q, qv[:50]))
+        print(f"  sqlite-vec / engramdb: {results['sqlite-vec']['median'] / results['vec']['median']:.1f}x")
+    except (ImportError, AttributeError) as exc:
+        print(f"  sqlite-vec: skipped ({exc}; pip install apsw-sqlite3mc sqlite-vec)")
+    vstore.close()
+
+
+if __name__ == "__main__":
+    main()
