@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import compress as zc
+from .compress import compress
 from .compress.entities import build_entity_index
 from .engram import Engram, Transaction
 from .errors import ValidationError
@@ -79,7 +79,7 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
         ValidationError: bad input or options.
     """
     text = source if isinstance(source, str) else messages_to_text(source)
-    result = zc.compress(text, **{**compress_options, "keep_source": True})
+    result = compress(text, **{**compress_options, "keep_source": True})
     normalized = result.meta.get("source", text)
     key = hashlib.sha256(normalized.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     name = source_name or compress_options.get("title") or f"doc-{key}"
