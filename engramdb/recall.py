@@ -22,6 +22,7 @@ over ranks it lets weak neighbours overtake strong matches (on LoCoMo, R@10 0.48
 """
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import math
 import re
@@ -266,6 +267,7 @@ class _Run:
         shared = indexes.read_cache(txn)
         self._shared = shared if shared is not None else {}
         self.nodes: dict[int, Node | None] = {}
+        self.has_edges = txn.count("edges") > 0
         self.filtering = any(v is not None for v in (keep.after, keep.before, keep.tiers, keep.tags, keep.flags))
 
     def node(self, docno: int) -> Node | None:
@@ -307,7 +309,7 @@ class _Run:
         docnos, scores = _top_k(docnos, scores, limit)
         base = {int(d): float(s) for d, s in zip(docnos, scores)}
         spread: dict[int, float] = {}
-        if self.hops and base:
+        if self.hops and base and self.has_edges:
             nodes = sorted(base)
             adjacency = {d: self.neighbours(d) for d in nodes}
             if any(adjacency.values()):
@@ -341,12 +343,22 @@ class _Run:
                 p[rank_key] = float(rank)
                 if hop:
                     p[hop_key] = hop
+        # Boosts need the node, and decoding is the cost of a query, so walk candidates by
+        # fused score and stop once even the largest boost cannot lift the next one into
+        # the top k (the result is the same as boosting every candidate).
+        max_boost = max(TIER_BOOST.values()) * (1.0 + (DATE_WEIGHT if dates else 0.0))
         scored: dict[int, float] = {}
-        for docno in sorted(fused):
+        kth: list[tuple[float, int]] = []  # the best k (score, -docno) so far, ascending
+        for docno, base in sorted(fused.items(), key=lambda item: (-item[1], item[0])):
+            if len(kth) == top_k and base * max_boost < kth[0][0]:
+                break
             node = self.node(docno)
             if node is None:
                 continue  # deleted since the index was read, or filtered out
-            scored[docno] = self._boost(docno, node, fused[docno], dates, parts[docno])
+            scored[docno] = score = self._boost(docno, node, base, dates, parts[docno])
+            bisect.insort(kth, (score, -docno))
+            if len(kth) > top_k:
+                del kth[0]
         order = sorted(scored.items(), key=lambda item: (-item[1], item[0]))[:top_k]
         hits = []
         for docno, score in order:

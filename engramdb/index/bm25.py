@@ -381,7 +381,8 @@ class SegmentedBM25:
         self._dir: _Dir | None = None
         self._segs: dict[int, _Seg] = {}
         self._blocks: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
-        self._terms: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per committed state: (blind) -> live postings, (b"s", blind) -> scored postings
+        self._terms: dict[Any, tuple[np.ndarray, ...]] = {}
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -472,6 +473,25 @@ class SegmentedBM25:
             self._terms[blind] = out
         return out
 
+    def _term_scores(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """A term's live docnos and their BM25 contributions ``idf * tf_part`` (weight 1).
+
+        Cached with the postings: both depend only on the committed state.
+        """
+        key = (b"s", blind)
+        cached = self._terms.get(key) if not txn.write else None
+        if cached is not None:
+            return cached
+        docnos, tfs, dls = self._postings(txn, d, blind)
+        if docnos.size and d.total_len > 0:
+            contrib = float(lucene_idf(d.n_docs, docnos.size)) * lucene_tf_part(tfs, dls, d.total_len / d.n_docs)
+        else:
+            contrib = np.zeros(docnos.size)
+        out = (docnos, contrib)
+        if not txn.write:
+            self._terms[key] = out
+        return out
+
     # --- queries --------------------------------------------------------------------------
 
     def stats(self, txn: Any) -> tuple[int, int]:
@@ -500,18 +520,16 @@ class SegmentedBM25:
         d = self._directory(txn)
         if d.n_docs <= 0 or not weights:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64)
-        avgdl = d.total_len / d.n_docs
         all_docs, all_scores = [], []
         for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
             w = weights[term]
             if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
                 raise ValidationError(f"query term weight for {term!r} must be a positive number")
-            docnos, tfs, dls = self._postings(txn, d, self.blind(term))
+            docnos, contrib = self._term_scores(txn, d, self.blind(term))
             if not docnos.size:
                 continue
-            idf = float(lucene_idf(d.n_docs, docnos.size))
             all_docs.append(docnos)
-            all_scores.append((float(w) * idf) * lucene_tf_part(tfs, dls, avgdl) if avgdl > 0 else np.zeros(docnos.size))
+            all_scores.append(contrib if w == 1 else float(w) * contrib)
         if not all_docs:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64)
         docs = np.concatenate(all_docs)

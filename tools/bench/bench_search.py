@@ -84,6 +84,19 @@ def timed(fn, items) -> list[float]:
     return out
 
 
+def interleaved(systems: dict, n: int) -> dict[str, list[float]]:
+    """Time ``systems[name] = (fn, items)`` round-robin, item by item, so that noise from
+    other processes on a shared machine hits every system alike."""
+    out: dict[str, list[float]] = {name: [] for name in systems}
+    for i in range(n):
+        for name, (fn, items) in systems.items():
+            if i < len(items):
+                t = time.perf_counter()
+                fn(items[i])
+                out[name].append(time.perf_counter() - t)
+    return out
+
+
 def summary(name: str, times: list[float]) -> dict:
     med = statistics.median(times)
     p90 = sorted(times)[int(0.9 * (len(times) - 1))]
@@ -167,8 +180,6 @@ def run(args, tmp: str) -> None:
 
     for terms in q_terms[:20]:
         ours(terms)  # warm the postings cache
-    results["engramdb"] = summary("engramdb BM25 (encrypted)", timed(ours, q_terms))
-    results["recall"] = summary("engramdb recall() full pipeline", timed(lambda q: db.recall(q, top_k=10), qs))
 
     import bm25s
 
@@ -183,7 +194,22 @@ def run(args, tmp: str) -> None:
         top = np.argpartition(-scores, 10)[:10]
         return top[np.lexsort((top, -scores[top]))]
 
-    results["bm25s"] = summary("bm25s (numpy backend)", timed(theirs, q_terms))
+    def fts_or(q, c=con):
+        return c.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
+                         (" OR ".join(q.split()),)).fetchall()
+
+    systems = {"engramdb": (ours, q_terms), "recall": (lambda q: db.recall(q, top_k=10), qs),
+               "bm25s": (theirs, q_terms), "fts5": (fts_or, qs)}
+    if mc is not None:
+        def mc_or(q):
+            return list(mc.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
+                                   (" OR ".join(q.split()),)))
+        systems["fts5mc"] = (mc_or, qs)
+    labels = {"engramdb": "engramdb BM25 (encrypted)", "recall": "engramdb recall() full pipeline",
+              "bm25s": "bm25s (numpy backend)", "fts5": "sqlite3 FTS5 OR-query",
+              "fts5mc": "SQLite3MC FTS5 OR-query (encrypted)"}
+    for name, times in interleaved(systems, len(qs)).items():
+        results[name] = summary(labels[name], times)
     same = 0
     with store.read() as txn:
         for terms in q_terms:
@@ -194,16 +220,6 @@ def run(args, tmp: str) -> None:
             same += mine == [int(i) for i in top if full[i] > 0]
     print(f"  same top-10 as bm25s (bm25s scores in float32; ties by docno): {same}/{len(q_terms)} queries")
 
-    def fts_or(q, c=con):
-        return c.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
-                         (" OR ".join(q.split()),)).fetchall()
-
-    results["fts5"] = summary("sqlite3 FTS5 OR-query", timed(fts_or, qs))
-    if mc is not None:
-        def mc_or(q):
-            return list(mc.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
-                                   (" OR ".join(q.split()),)))
-        results["fts5mc"] = summary("SQLite3MC FTS5 OR-query (encrypted)", timed(mc_or, qs))
     m = results["engramdb"]["median"]
     print(f"  engramdb is {results['bm25s']['median'] / m:.1f}x bm25s-numpy, "
           f"{results['fts5']['median'] / m:.1f}x FTS5"
@@ -255,8 +271,9 @@ def run(args, tmp: str) -> None:
         top = np.argpartition(-s, 10)[:10]
         return top[np.argsort(-s[top])]
 
-    results["vec"] = summary("engramdb exact (encrypted)", timed(ours_vec, qv))
-    results["numpy"] = summary("bare numpy matvec + argpartition", timed(bare, qv))
+    times = interleaved({"vec": (ours_vec, qv), "numpy": (bare, qv)}, len(qv))
+    results["vec"] = summary("engramdb exact (encrypted)", times["vec"])
+    results["numpy"] = summary("bare numpy matvec + argpartition", times["numpy"])
     print(f"  engramdb / bare numpy: {results['vec']['median'] / results['numpy']['median']:.2f}x")
     try:
         import apsw
