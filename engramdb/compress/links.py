@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..index.tunnels import (
     ESTIMATE_MARGIN,
     LSH_MIN_ITEMS,
+    TokenSets,
     candidate_pairs,
+    greedy_links,
     jaccard,
-    select_links,
 )
 from ..records import ALL_EMOTIONS, ALL_FLAGS, EntityIndex, Tunnel, Zettel
 
@@ -33,15 +36,23 @@ def topic_tokens(topics: Sequence[str]) -> frozenset[str]:
     return frozenset(w for t in topics for w in t.split() if len(w) >= 2)
 
 
-def _pairs(entity_sets: list[frozenset[str]], topic_sets: list[frozenset[str]], threshold: float) -> list[tuple[int, int]]:
+def _scored_pairs(entity_sets: list[frozenset[str]], topic_sets: list[frozenset[str]], threshold: float):
+    """Candidate pairs with their tunnel score, best first, as Python lists."""
     n = len(entity_sets)
+    ents, tops = TokenSets(entity_sets), TokenSets(topic_sets)
     if n <= LSH_MIN_ITEMS:
-        return candidate_pairs([e | {"\x00" + t for t in ts} for e, ts in zip(entity_sets, topic_sets)])
-    by_entity = candidate_pairs(
-        entity_sets, min_estimate=max(0.0, threshold / ENTITY_BOOST - ESTIMATE_MARGIN)
-    )
-    by_topic = candidate_pairs(topic_sets, min_estimate=max(0.0, threshold - ESTIMATE_MARGIN))
-    return sorted(set(by_entity) | set(by_topic))
+        # exact: every pair sharing an entity or a topic word ("\x00" keeps the two apart)
+        i, j = TokenSets([e | {"\x00" + t for t in ts} for e, ts in zip(entity_sets, topic_sets)]).candidates()
+    else:
+        ei, ej = ents.candidates(min_estimate=max(0.0, threshold / ENTITY_BOOST - ESTIMATE_MARGIN))
+        ti, tj = tops.candidates(min_estimate=max(0.0, threshold - ESTIMATE_MARGIN))
+        codes = np.unique(np.concatenate((ei * n + ej, ti * n + tj)))
+        i, j = codes // n, codes % n
+    score = np.maximum(ENTITY_BOOST * ents.jaccard(i, j), tops.jaccard(i, j))
+    keep = (score > 0.0) & (score >= threshold)
+    i, j, score = i[keep], j[keep], score[keep]
+    order = np.lexsort((j, i, -score))  # best first, then (i, j)
+    return zip(i[order].tolist(), j[order].tolist(), score[order].tolist())
 
 
 def _label(a: Zettel, b: Zettel, index: EntityIndex, verbose: bool) -> str:
@@ -80,19 +91,8 @@ def build_tunnels(
         return []
     entity_sets = [frozenset(z.entities) for z in zettels]
     topic_sets = [topic_tokens(z.topics) for z in zettels]
-    scored = []
-    for i, j in _pairs(entity_sets, topic_sets, threshold):
-        # jaccard() inlined: this loop runs once per candidate pair
-        a, b = entity_sets[i], entity_sets[j]
-        inter = len(a & b) if a and b else 0
-        e = ENTITY_BOOST * inter / (len(a) + len(b) - inter) if inter else 0.0
-        a, b = topic_sets[i], topic_sets[j]
-        inter = len(a & b) if a and b else 0
-        t = inter / (len(a) + len(b) - inter) if inter else 0.0
-        score = e if e > t else t
-        if score >= threshold and score > 0.0:
-            scored.append((i, j, score))
-    links = select_links(scored, len(zettels), threshold=threshold, top_k=top_k)
+    scored = _scored_pairs(entity_sets, topic_sets, threshold)
+    links = greedy_links(scored, len(zettels), top_k)
     return [
         Tunnel(zettels[link.i].id, zettels[link.j].id, _label(zettels[link.i], zettels[link.j], index, verbose_labels))
         for link in links

@@ -68,8 +68,11 @@ def _textrank(word_sets: list[set[str]]) -> list[float]:
             if inter:
                 sim[i][j] = sim[j][i] = inter / (len(a) + len(b) - inter)
     # column i of the row-normalized matrix: how sentence j votes for i
-    row_sums = [sum(row) for row in sim]
-    cols = [[sim[j][i] / row_sums[j] if row_sums[j] > 0 else 0.0 for j in range(n)] for i in range(n)]
+    normed = []
+    for row in sim:
+        total = sum(row)
+        normed.append([v / total for v in row] if total > 0 else row)
+    cols = list(zip(*normed))
     scores = [1.0 / n] * n
     base = (1.0 - _DAMPING) / n
     for _ in range(_ITERATIONS):

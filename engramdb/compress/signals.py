@@ -15,6 +15,7 @@ weight (see :mod:`.weights`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from ..records import ALL_EMOTIONS, ALL_FLAGS
 from .normalize import tokenize
@@ -111,18 +112,23 @@ def _phrase_tokens(phrase: str) -> tuple[str, ...]:
     return tuple(tokenize(phrase)[1])
 
 
-def _build(table: dict[str, tuple[str, ...]]) -> dict[str, list[tuple[tuple[str, ...], str]]]:
-    by_first: dict[str, list[tuple[tuple[str, ...], str]]] = {}
-    for category, phrases in table.items():
-        for phrase in phrases:
-            toks = _phrase_tokens(phrase)
-            by_first.setdefault(toks[0], []).append((toks, category))
-    return by_first
+def _build() -> tuple[dict[str, list[str]], dict[tuple[str, str], list[tuple[tuple[str, ...], str]]]]:
+    """Single-word keywords by word; longer ones by their first two words."""
+    single: dict[str, list[str]] = {}
+    multi: dict[tuple[str, str], list[tuple[tuple[str, ...], str]]] = {}
+    for table in (FLAG_KEYWORDS, EMOTION_KEYWORDS):
+        for category, phrases in table.items():
+            for phrase in phrases:
+                toks = _phrase_tokens(phrase)
+                if len(toks) == 1:
+                    single.setdefault(toks[0], []).append(category)
+                else:
+                    multi.setdefault((toks[0], toks[1]), []).append((toks, category))
+    return single, multi
 
 
-_FLAG_INDEX = _build(FLAG_KEYWORDS)
-_EMOTION_INDEX = _build(EMOTION_KEYWORDS)
-_FIRST_WORDS = frozenset(_FLAG_INDEX) | frozenset(_EMOTION_INDEX)
+_SINGLE, _MULTI = _build()
+_MULTI_FIRST = frozenset(a for a, _ in _MULTI)
 
 
 def _negated(tokens: list[str], i: int) -> bool:
@@ -153,35 +159,49 @@ class Signals:
     word_count: int
 
 
-def _match(tokens: list[str], index: dict, hits: frozenset[str], found: set[str]) -> None:
-    n = len(tokens)
-    for first in sorted(hits):
-        entries = index.get(first)
-        if not entries:
+def _occurrences(tokens: list[str], word: str):
+    i = -1
+    while True:  # list.index scans in C; only real occurrences reach Python
+        try:
+            i = tokens.index(word, i + 1)
+        except ValueError:
+            return
+        yield i
+
+
+def _admit(tokens: list[str], i: int, categories: list[str], found: set[str]) -> None:
+    negated: bool | None = None
+    for category in categories:
+        if category in found:
             continue
-        i = -1
-        # list.index scans in C; only occurrences of keyword first words reach Python
-        while True:
-            try:
-                i = tokens.index(first, i + 1)
-            except ValueError:
+        if category in _NEGATION_EXEMPT:
+            found.add(category)
+            continue
+        if negated is None:
+            negated = _negated(tokens, i)
+        if not negated:
+            found.add(category)
+
+
+def _match(tokens: list[str], vocab: set[str] | frozenset[str], found: set[str]) -> None:
+    for word in sorted(_SINGLE.keys() & vocab):
+        categories = _SINGLE[word]
+        for i in _occurrences(tokens, word):
+            if all(c in found for c in categories):
                 break
-            negated: bool | None = None
+            _admit(tokens, i, categories, found)
+    if _MULTI_FIRST.isdisjoint(vocab):
+        return
+    n = len(tokens)
+    for pair in sorted(_MULTI.keys() & set(zip(tokens, islice(tokens, 1, None)))):
+        entries = _MULTI[pair]
+        for i in _occurrences(tokens, pair[0]):
+            if all(c in found for _, c in entries):
+                break
             for phrase, category in entries:
-                if category in found:
-                    continue
                 k = len(phrase)
-                if k > 1 and (i + k > n or tuple(tokens[i:i + k]) != phrase):
-                    continue
-                if category in _NEGATION_EXEMPT:
-                    found.add(category)
-                    continue
-                if negated is None:
-                    negated = _negated(tokens, i)
-                if not negated:
-                    found.add(category)
-            if all(category in found for _, category in entries):
-                break
+                if category not in found and i + k <= n and tuple(tokens[i:i + k]) == phrase:
+                    _admit(tokens, i, [category], found)
 
 
 def detect(text: str, tokens: list[str] | None = None, vocab: set[str] | None = None) -> Signals:
@@ -192,16 +212,14 @@ def detect(text: str, tokens: list[str] | None = None, vocab: set[str] | None = 
     """
     if tokens is None:
         tokens = tokenize(text)[1]
-    hits = _FIRST_WORDS.intersection(vocab if vocab is not None else tokens)
-    flags: set[str] = set()
-    emotions: set[str] = set()
-    if hits:
-        _match(tokens, _FLAG_INDEX, hits, flags)
-        _match(tokens, _EMOTION_INDEX, hits, emotions)
+    if vocab is None:
+        vocab = set(tokens)
+    found: set[str] = set()
+    _match(tokens, vocab, found)
     return Signals(
-        flags=tuple(f for f in ALL_FLAGS if f in flags),
-        emotions=tuple(e for e in ALL_EMOTIONS if e in emotions),
-        decision_count=sum(tokens.count(w) for w in DECISION_WORDS.intersection(vocab if vocab is not None else tokens)),
+        flags=tuple(f for f in ALL_FLAGS if f in found),
+        emotions=tuple(e for e in ALL_EMOTIONS if e in found),
+        decision_count=sum(tokens.count(w) for w in DECISION_WORDS.intersection(vocab)),
         word_count=len(tokens) - sum(map(_PUNCTUATION.__contains__, tokens)),
     )
 

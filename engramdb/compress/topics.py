@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+from itertools import compress, islice
+from operator import and_
 from typing import Collection
 
 from .normalize import tokenize
@@ -65,6 +67,39 @@ def speaker_names(text: str) -> frozenset[str]:
     return frozenset(k for k, c in counts.items() if c >= 3)
 
 
+class _Memo(dict):
+    """A dict that computes missing entries with ``fn`` (``map(memo.__getitem__, ...)``
+    then stays in C for every token seen before)."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key: str) -> bool:
+        if len(self) > _MEMO_MAX:
+            self.clear()  # bounded: a long-lived process sees an open vocabulary
+        value = self[key] = self.fn(key)
+        return value
+
+
+_MEMO_MAX = 200_000
+# a phrase word needs four letters besides hyphens
+_LONG_ENOUGH = _Memo(lambda t: len(t.replace("-", "")) >= 4)
+_CONTENT_MEMOS: dict[tuple[frozenset[str], frozenset[str]], _Memo] = {}
+
+
+def _content_memo(stop_words: frozenset[str], speakers: frozenset[str]) -> _Memo:
+    key = (stop_words, speakers)
+    memo = _CONTENT_MEMOS.get(key)
+    if memo is None:
+        if len(_CONTENT_MEMOS) > 64:
+            _CONTENT_MEMOS.clear()
+        memo = _CONTENT_MEMOS[key] = _Memo(
+            lambda t: len(t) >= 3 and t[0].isalpha() and t not in stop_words and t not in speakers
+        )
+    return memo
+
+
 @lru_cache(maxsize=1 << 16)
 def _boost(raw: str) -> float:
     if len(raw) >= 2 and raw.isupper():
@@ -95,25 +130,27 @@ def extract_topics(
     if n == 0:
         return []
 
-    content = [
-        len(t) >= 3 and t[0].isalpha() and t not in stop_words and t not in speakers
-        for t in lowers
-    ]
+    ok = _content_memo(frozenset(stop_words), frozenset(speakers))
+    content = list(map(ok.__getitem__, lowers))
     # a speaker label ("Alice:") is not a topic, nor is a parenthesized timestamp
     # "(1:56 pm on 8 May, 2023)": digits never qualify, "pm"/"on"/"may" are stop words
-    for i in range(n - 1):
-        if content[i] and lowers[i + 1] == ":" and raw[i][0].isupper():
-            content[i] = False
+    i = 0
+    while True:
+        try:
+            i = lowers.index(":", i + 1)
+        except ValueError:
+            break
+        if content[i - 1] and raw[i - 1][0].isupper():
+            content[i - 1] = False
     positions: dict[str, list[int]] = {}
     first_raw: dict[str, str] = {}
-    for i, ok in enumerate(content):
-        if ok:
-            t = lowers[i]
-            if t in positions:
-                positions[t].append(i)
-            else:
-                positions[t] = [i]
-                first_raw[t] = raw[i]
+    for i in compress(range(n), content):
+        t = lowers[i]
+        if t in positions:
+            positions[t].append(i)
+        else:
+            positions[t] = [i]
+            first_raw[t] = raw[i]
     if not positions:
         return []
 
@@ -128,11 +165,10 @@ def extract_topics(
         scores[t] = (k / n) * (1.0 + spread) * _boost(first_raw[t])
 
     phrases: dict[str, list] = {}  # display -> [freq, words]
-    for i in range(n - 1):
-        if not (content[i] and content[i + 1]):
-            continue
+    long_enough = _LONG_ENOUGH
+    for i in compress(range(n - 1), map(and_, content, islice(content, 1, None))):
         a, b = lowers[i], lowers[i + 1]
-        if a == b or len(a.replace("-", "")) < 4 or len(b.replace("-", "")) < 4:
+        if a == b or not long_enough[a] or not long_enough[b]:
             continue
         key = a + " " + b
         entry = phrases.get(key)
@@ -142,7 +178,7 @@ def extract_topics(
             entry[0] += 1
         if i + 2 < n and content[i + 2]:
             c = lowers[i + 2]
-            if len(c.replace("-", "")) >= 4 and c != b and c != a:
+            if c != b and c != a and long_enough[c]:
                 key3 = key + " " + c
                 entry = phrases.get(key3)
                 if entry is None:

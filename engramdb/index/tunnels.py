@@ -38,7 +38,9 @@ __all__ = [
     "ESTIMATE_MARGIN",
     "LSH_MIN_ITEMS",
     "Link",
+    "TokenSets",
     "candidate_pairs",
+    "greedy_links",
     "jaccard",
     "link_ids",
     "link_sets",
@@ -174,9 +176,16 @@ class _Prepared:
         return self._keys
 
     def jaccard(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """Exact Jaccard of the set pairs ``(i[k], j[k])`` (both non-empty), vectorized."""
-        if not len(i):
-            return np.empty(0, dtype=np.float64)
+        """Exact Jaccard of the set pairs ``(i[k], j[k])``, vectorized (0 if one is empty)."""
+        i = np.asarray(i, dtype=np.int64)
+        j = np.asarray(j, dtype=np.int64)
+        out = np.zeros(len(i), dtype=np.float64)
+        full = (self.row_of[i] >= 0) & (self.row_of[j] >= 0) if len(i) else np.zeros(0, dtype=bool)
+        if full.any():
+            out[full] = self._jaccard_full(i[full], j[full])
+        return out
+
+    def _jaccard_full(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         ri, rj = self.row_of[i], self.row_of[j]
         li, lj = self.sizes[ri], self.sizes[rj]
         first = np.cumsum(li) - li
@@ -344,6 +353,40 @@ def _candidates(items: list[frozenset[str]], lsh_min: int, seed: int, min_estima
     return sorted(pairs)
 
 
+class TokenSets:
+    """Token sets prepared once: candidate pairs and exact Jaccard as numpy arrays.
+
+    For callers that score pairs themselves (compress combines entity and topic
+    similarity): ``i, j = ts.candidates(); scores = ts.jaccard(i, j)``.
+
+    Raises:
+        ValidationError: an item is not a set of strings.
+    """
+
+    def __init__(self, sets: Sequence[Iterable[str]]) -> None:
+        self.items = _check_sets(sets)
+        self._prep = _Prepared(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def candidates(
+        self, *, lsh_min: int = LSH_MIN_ITEMS, seed: int = DEFAULT_SEED, min_estimate: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate pairs as sorted int64 arrays ``(i, j)``, ``i < j`` (see :func:`candidate_pairs`)."""
+        n = len(self.items)
+        if n > lsh_min:
+            codes = _lsh_codes(self._prep, seed, min_estimate)
+        else:
+            pairs = _candidates(self.items, lsh_min, seed, min_estimate)
+            codes = np.asarray([a * n + b for a, b in pairs], dtype=np.int64)
+        return codes // max(n, 1), codes % max(n, 1)
+
+    def jaccard(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """Exact Jaccard similarity of each pair ``(i[k], j[k])`` (float64; 0 if a set is empty)."""
+        return self._prep.jaccard(i, j)
+
+
 def select_links(
     scored: Iterable[tuple[int, int, float]], n: int, *, threshold: float, top_k: int
 ) -> list[Link]:
@@ -355,6 +398,11 @@ def select_links(
         (s for s in scored if s[2] > 0.0 and s[2] >= threshold),
         key=lambda s: (-s[2], s[0], s[1]),
     )
+    return greedy_links(ranked, n, top_k)
+
+
+def greedy_links(ranked: Iterable[tuple[int, int, float]], n: int, top_k: int) -> list[Link]:
+    """:func:`select_links` for pairs already filtered and ranked best first."""
     used = [0] * n
     accepted: list[Link] = []
     for i, j, score in ranked:
@@ -429,9 +477,7 @@ def _link_lsh(items: list[frozenset[str]], threshold: float, top_k: int, seed: i
     keep = (score > 0.0) & (score >= threshold)
     i, j, score = i[keep], j[keep], score[keep]
     order = np.lexsort((j, i, -score))  # best score first, then (i, j)
-    return select_links(
-        zip(i[order].tolist(), j[order].tolist(), score[order].tolist()), n, threshold=threshold, top_k=top_k
-    )
+    return greedy_links(zip(i[order].tolist(), j[order].tolist(), score[order].tolist()), n, top_k)
 
 
 def link_ids(
