@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engramdb.crypto import Sealer
 from engramdb.errors import NotFoundError, ValidationError
-from engramdb.index.graph import Graph, personalized_pagerank, tunnel_tokens
+from engramdb.index.graph import Graph, one_hop, personalized_pagerank, tunnel_tokens
 from engramdb.records import Edge, Node
 from engramdb.store import Store
 
@@ -133,3 +133,20 @@ def test_engram_link_and_edges(make_db):
         db.link("a", "b", "friendship")
     db.delete("b")
     assert db.edges("a") == []  # edges of a deleted memory go with it
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=n, max_size=n), min_size=n, max_size=n),
+    st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=n, max_size=n))))
+def test_one_hop_is_the_first_pagerank_step(case):
+    adj, seeds = (np.asarray(x, dtype=np.float64) for x in case)
+    got = one_hop(adj, seeds)
+    want = np.zeros(len(seeds))
+    for i in range(len(seeds)):
+        out = adj[i].sum()
+        if out > 0:
+            want += seeds[i] * adj[i] / out
+    assert np.allclose(got, want)
+    with pytest.raises(ValidationError):
+        one_hop(-adj - 1, seeds)
