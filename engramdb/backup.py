@@ -18,7 +18,7 @@ from .errors import AAAKParseError, AlreadyOpenError, EngramError, ValidationErr
 from .index import iter_nodes
 from .records import Edge, Node
 
-__all__ = ["dump", "restore", "SOURCE_META_PREFIX"]
+__all__ = ["dump", "restore", "import_records", "SOURCE_META_PREFIX"]
 
 # Source texts (what recall_context cuts passages from) travel as @meta lines.
 SOURCE_META_PREFIX = "source:"
@@ -186,10 +186,60 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
         chunk = edges[start:start + RESTORE_BATCH]
 
         def put_edges(txn: Any, chunk: list[Edge] = chunk) -> None:
-            tx = Transaction(db, txn)
-            for edge in chunk:
-                db.indexes.graph.put(txn, tx._docno(edge.src), tx._docno(edge.dst), edge,
-                                     derived=edge.kind == "tunnel")
+            _put_edges(db, txn, chunk)
 
         db._store.write(put_edges)
     return count
+
+
+def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int = RESTORE_BATCH,
+                   progress: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """Store imported nodes (in batches of ``batch``) and then their edges; returns (nodes, edges).
+
+    Embedding spaces that do not exist yet are created from the first vector seen
+    (model ``"imported"``, not normalised). Memories whose id already exists are refused
+    (:class:`DuplicateIdError`), so importing twice changes nothing.
+    """
+    known = set(engram.spaces())
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    count = 0
+
+    def flush() -> None:
+        nonlocal count, nodes
+        for node in nodes:
+            for name, vec in sorted(node.embeddings.items()):
+                if name not in known:
+                    engram.add_space(name, dims=len(vec), model="imported", normalize=False)
+                    known.add(name)
+        count += len(engram.add_many(nodes))
+        nodes = []
+        if progress:
+            progress(count)
+
+    for item in items:
+        if isinstance(item, Node):
+            nodes.append(item)
+            if len(nodes) >= batch:
+                flush()
+        else:
+            edges.append(item)
+    if nodes:
+        flush()
+    for start in range(0, len(edges), batch):
+        chunk = edges[start:start + batch]
+
+        def put_edges(txn: Any, chunk: list[Edge] = chunk) -> None:
+            _put_edges(engram, txn, chunk)
+
+        engram._store.write(put_edges)
+    return count, len(edges)
+
+
+def _put_edges(engram: Engram, txn: Any, edges: list[Edge]) -> None:
+    tx = Transaction(engram, txn)
+    for edge in edges:
+        src, dst = tx._docno(edge.src), tx._docno(edge.dst)
+        if src is None or dst is None:
+            raise AAAKParseError(f"an edge names a memory that is not there: {edge.src if src is None else edge.dst!r}")
+        engram.indexes.graph.put(txn, src, dst, edge, derived=edge.kind == "tunnel")

@@ -653,6 +653,65 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
     _emit(data, as_json, lambda _d: result.text)
 
 
+@cli.command(name="import")
+@click.argument("source", type=click.Path(dir_okay=False, exists=True, allow_dash=True))
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["auto", "aaak", "jsonl", "terronex"]), default="auto",
+              show_default=True, help="The source format (auto: detected from its first bytes).")
+@click.option("--source-passphrase-file", type=click.Path(dir_okay=False),
+              help="Passphrase of an encrypted Terronex file (else $ENGRAM_SOURCE_PASSPHRASE).")
+@click.option("--id-prefix", default="", help="Prepended to every imported id.")
+@click.option("--space", default="default", show_default=True, help="Embedding space for imported vectors.")
+@click.pass_context
+def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
+            id_prefix: str, space: str) -> None:
+    """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram v1 file.
+
+    Example:
+
+        engramdb import memories.jsonl notes.engram
+    """
+    import io
+
+    from tqdm import tqdm
+
+    from .backup import import_records
+    from .importers import iter_import
+
+    if source_passphrase_file:
+        source_pw = _read_secret_file(source_passphrase_file)
+    else:
+        source_pw = os.environ.get("ENGRAM_SOURCE_PASSPHRASE") or None
+    with click.open_file(source, "rb") as fh:
+        data = io.BytesIO(fh.read())  # detection needs a seekable source
+    items = iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
+                        id_prefix=id_prefix)
+    with _open(ctx, file, create=True) as db, \
+            tqdm(desc="importing", unit=" memories", disable=None, file=sys.stderr) as bar:
+        nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
+    click.echo(f"imported {nodes} memories and {edges} edges into {file}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@click.option("--space", help="The embedding space written as `embedding` (default: the node's first).")
+@click.pass_context
+def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: str | None) -> None:
+    """Export memories as JSONL (Trace-Lite `Memory` objects; lossless with `engramdb import`).
+
+    Example:
+
+        engramdb export notes.engram -o memories.jsonl
+    """
+    from .importers import export_jsonl
+
+    with _open(ctx, file, readonly=True) as db, click.open_file(output or "-", "w", encoding="utf-8",
+                                                                 atomic=output is not None) as out:
+        export_jsonl(db.scan(), out, space=space)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `engramdb` console script."""
     try:
