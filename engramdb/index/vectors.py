@@ -329,13 +329,15 @@ class VectorIndex:
             EmbeddingError: an unknown space, wrong dims, or non-finite values.
         """
         spaces = self._read_spaces(txn) if txn.write else self._refresh(txn)
-        rows: dict[str, tuple[list[int], list[np.ndarray]]] = {}
+        rows: dict[str, tuple[list[int], list[Any]]] = {}
         for (docno, node) in nodes:
-            for name, vec in sorted(node.embeddings.items()):
+            for name, vec in node.embeddings.items():
                 space = self._space(spaces, name)
-                rows.setdefault(name, ([], []))
-                rows[name][0].append(docno)
-                rows[name][1].append(_check_matrix(space, vec)[0])
+                if len(vec) != space.dims:  # checked per row: a ragged batch cannot be stacked
+                    raise EmbeddingError(f"space {name!r} has {space.dims} dims, got a vector of {len(vec)}")
+                entry = rows.setdefault(name, ([], []))
+                entry[0].append(docno)
+                entry[1].append(vec)
         for name, space in spaces.items():
             if not space.auto:
                 continue
@@ -344,12 +346,13 @@ class VectorIndex:
                 continue
             emb = self.embedder(space)
             mat = np.asarray(emb([texts[i] for i, _ in todo]), dtype=np.float32)
-            rows.setdefault(name, ([], []))
+            entry = rows.setdefault(name, ([], []))
             for (_, docno), vec in zip(todo, mat):
-                if np.any(vec):
-                    rows[name][0].append(docno)
-                    rows[name][1].append(_check_matrix(space, vec)[0])
-        return {name: (docnos, np.stack(vecs)) for name, (docnos, vecs) in sorted(rows.items()) if docnos}
+                if np.any(vec):  # an empty text has no vector
+                    entry[0].append(docno)
+                    entry[1].append(vec)
+        return {name: (docnos, _check_matrix(spaces[name], np.asarray(vecs, dtype=np.float32)))
+                for name, (docnos, vecs) in sorted(rows.items()) if docnos}
 
     def _block(self, txn: Any, name: str, prefix: bytes, blockno: int) -> tuple[np.ndarray, np.ndarray]:
         cache = self._caches.setdefault(name, _SpaceCache())
