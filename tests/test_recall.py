@@ -238,3 +238,31 @@ def test_a_second_process_commit_is_visible_to_a_long_lived_handle(make_db):
         db.close()
     """, "0")
     assert [h.id for h in db.recall("apples")] == ["a2"]
+
+
+def test_verify_finds_damaged_indexes_and_fix_rebuilds_them(make_db):
+    db = make_db()
+    for id_, text, date in FACTS:
+        db.add(text, id=id_, resolved_date=date, now=NOW)
+    db.add_space("hashed", dims=32)
+    db.link("move", "adopt")
+    before = [(h.id, h.score) for h in db.recall("Caroline moved", top_k=4)]
+    store = db._store
+    with store.read() as txn:
+        posting = next(iter(txn.keys("postings")))
+        vector_dir = next(k for k in txn.keys("vectors") if k.endswith(b"\x00\x00\x00\x00"))
+        reverse = next(iter(txn.keys("edges", b"r")))
+
+    def damage(txn):
+        txn.delete("postings", posting)
+        txn.delete("vectors", vector_dir)
+        txn.delete("edges", reverse)
+
+    store.write(damage)
+    problems = [str(p) for p in db.verify()]
+    assert any(p.startswith("index: bm25") for p in problems)
+    assert any(p.startswith("index: vectors") for p in problems)
+    assert any(p.startswith("index: edges") for p in problems)
+    db.verify(fix=True)
+    assert db.verify() == []
+    assert [(h.id, h.score) for h in db.recall("Caroline moved", top_k=4)] == before
