@@ -3,7 +3,8 @@
     ENGRAM_PASSPHRASE=demo-passphrase python tools/examples/demo.py demo.engram
 
 Creates an encrypted .engram file (or reopens it), adds the sample memories once,
-reads them back, and shows that the raw file holds none of their text.
+reads them back, answers two questions with recall, and shows that the raw file
+holds none of their text.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def main(path: str) -> None:
         first = db.get("sample-00")
         db.update(first.id, importance=0.9)
         print(f"updated {first.id}: importance {first.importance} -> {db.get(first.id).importance}")
+        for question in ("Where did Alice move?", "what did we decide about authentication"):
+            best = db.recall(question, top_k=1)[0]
+            print(f"recall {question!r} -> {best.id}: {best.node.content}")
         problems = db.verify()
         print(f"verify: {'ok' if not problems else problems}")
     with open(path, "rb") as fh:
