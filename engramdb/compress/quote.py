@@ -39,7 +39,7 @@ def split_sentences(text: str) -> list[str]:
     parts: list[str] = []
     for part in _SPLIT.split(text):
         # "Mr. Darcy" and "J. Smith" end in a period but do not end a sentence
-        if parts and _ABBREV.search(parts[-1]):
+        if parts and _ABBREV.search(parts[-1], max(0, len(parts[-1]) - 8)):
             parts[-1] = parts[-1] + " " + part
         else:
             parts.append(part)
@@ -96,9 +96,11 @@ def select_quote(text: str) -> str:
     best, best_score = 0, float("-inf")
     last = len(sentences) - 1
     is_decision = DECISION_WORDS.__contains__
+    # most chunks have no decision word at all: then no sentence needs counting
+    any_decision = not DECISION_WORDS.isdisjoint(_WORD.findall(" ".join(lowered)))
     for i, words in enumerate(lower_words):
         count = len(words)
-        decisions = sum(map(is_decision, _WORD.findall(lowered[i])))
+        decisions = sum(map(is_decision, _WORD.findall(lowered[i]))) if any_decision else 0
         if 10 <= count <= 25:
             length_bonus = 0.2
         elif count < 5:

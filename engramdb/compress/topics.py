@@ -51,6 +51,7 @@ possible sure true false yes ok okay said says say one two three much many very 
 yeah really think know got get like just thing things lot going want also don't i'm it's that's can't
 didn't doesn't isn't wasn't won't i've i'll i'd you're we're they're let's there's what's
 use using sounds amongst whilst mrs mr miss
+hey hello wow thanks thank cool awesome nice lol haha gonna wanna guess see
 """.split())
 
 _TECH_SUFFIXES = ("tion", "ing", "ment", "ity", "ness", "ism", "ist", "ize", "ise", "ous", "ful", "less", "able", "ible")
