@@ -318,3 +318,12 @@ def test_result_to_json_is_canonical():
     assert a == b and hashlib.sha256(a.encode()).hexdigest()
     with pytest.raises(ValidationError):
         result_to_json("nope")  # type: ignore[arg-type]
+
+
+def test_public_helpers_validate_input():
+    with pytest.raises(ValidationError):
+        normalize_weights([Zettel(id="1", weight=0.2)], temperature=0)
+    with pytest.raises(ValidationError):
+        normalize_weights(["not a zettel"])  # type: ignore[list-item]
+    with pytest.raises(ValidationError):
+        top_zettels("nope", 3)  # type: ignore[arg-type]

@@ -232,8 +232,12 @@ def top_zettels(result: CompressResult, n: int) -> list[Zettel]:
     """The ``n`` heaviest zettels, heaviest first (document order on ties).
 
     Raises:
-        ValidationError: ``n`` is not a non-negative integer.
+        ValidationError: ``result`` is not a CompressResult or ``n`` is not a
+            non-negative integer.
     """
+    if not isinstance(result, CompressResult):
+        raise ValidationError(f"expected a CompressResult, got {type(result).__name__}",
+                              hint="pass the value compress() returned")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValidationError("n must be a non-negative integer", hint="e.g. top_zettels(result, 5)")
     order = sorted(range(len(result.zettels)), key=lambda i: (-result.zettels[i].weight, i))

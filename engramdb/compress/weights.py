@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from ..errors import ValidationError
 from ..records import Tunnel, Zettel
 from .signals import Signals
 
@@ -84,7 +85,20 @@ def normalize_weights(zettels: Sequence[Zettel], temperature: float = 0.5) -> No
     """Rank-normalize the weights of ``zettels`` onto ``[0, 1]``, in place.
 
     With one zettel the weight is left as is (there is no rank to spread).
+
+    Raises:
+        ValidationError: ``temperature`` is not a positive finite number, or an item is
+            not a Zettel with a finite numeric weight.
     """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValidationError(f"temperature must be a positive number, got {temperature!r}", hint="the default is 0.5")
+    for z in zettels:
+        if not isinstance(z, Zettel) or isinstance(z.weight, bool) or not isinstance(z.weight, (int, float)) \
+                or not math.isfinite(z.weight):
+            raise ValidationError("normalize_weights takes Zettels with finite numeric weights",
+                                  hint="pass result.zettels from compress()")
     n = len(zettels)
     if n <= 1:
         return
