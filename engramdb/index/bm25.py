@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+import threading
 from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -273,7 +274,7 @@ def count_postings(docs: Sequence[tuple[int, Sequence[str]]]) -> tuple[list[str]
 class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
-    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "dead")
+    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "dead", "terms")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -284,6 +285,9 @@ class _Dir:
         self.segs: dict[int, list[int]] = {}
         # segno -> sorted uint64 array of dead docnos in that segment
         self.dead: dict[int, np.ndarray] = {}
+        # decoded postings valid for exactly this committed state (read transactions only);
+        # kept on the directory object so a thread on an older snapshot never feeds a newer one
+        self.terms: dict[Any, tuple[np.ndarray, ...]] = {}
 
     @classmethod
     def decode(cls, data: bytes | None) -> "_Dir":
@@ -381,8 +385,7 @@ class SegmentedBM25:
         self._dir: _Dir | None = None
         self._segs: dict[int, _Seg] = {}
         self._blocks: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
-        # per committed state: (blind) -> live postings, (b"s", blind) -> scored postings
-        self._terms: dict[Any, tuple[np.ndarray, ...]] = {}
+        self._lock = threading.Lock()
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -399,20 +402,20 @@ class SegmentedBM25:
         """The directory as of ``txn``; cached for read transactions until a commit."""
         if txn.write:
             return _Dir.decode(txn.get("segments", DIR_KEY))
-        txnid = snapshot_id(txn, self._last_txnid)
-        if self._dir is None or txnid != self._txnid:
-            d = _Dir.decode(txn.get("segments", DIR_KEY))
-            if self._dir is None or d.epoch != self._dir.epoch:
-                self._segs.clear()
-                self._blocks.clear()
-            else:
-                for segno in [s for s in self._segs if s not in d.segs]:
-                    del self._segs[segno]
-                if len(self._blocks) > 1_000_000:
+        sid = snapshot_id(txn, self._last_txnid)
+        with self._lock:
+            if self._dir is None or sid != self._txnid:
+                d = _Dir.decode(txn.get("segments", DIR_KEY))
+                if self._dir is None or d.epoch != self._dir.epoch:
+                    self._segs.clear()
                     self._blocks.clear()
-            self._terms.clear()
-            self._dir, self._txnid = d, txnid
-        return self._dir
+                else:
+                    for segno in [s for s in self._segs if s not in d.segs]:
+                        del self._segs[segno]
+                    if len(self._blocks) > 1_000_000:
+                        self._blocks.clear()
+                self._dir, self._txnid = d, sid
+            return self._dir
 
     def _segment(self, txn: Any, segno: int) -> _Seg:
         seg = self._segs.get(segno)
@@ -446,7 +449,7 @@ class SegmentedBM25:
 
     def _postings(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A term's live (docnos, tfs, lengths) over all segments, in docno order."""
-        cached = self._terms.get(blind) if not txn.write else None
+        cached = d.terms.get(blind) if not txn.write else None
         if cached is not None:
             return cached
         parts = []
@@ -470,7 +473,7 @@ class SegmentedBM25:
             out = (docnos[order], np.concatenate([p[1] for p in parts])[order],
                    np.concatenate([p[2] for p in parts])[order])
         if not txn.write:
-            self._terms[blind] = out
+            d.terms[blind] = out
         return out
 
     def _term_scores(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -479,7 +482,7 @@ class SegmentedBM25:
         Cached with the postings: both depend only on the committed state.
         """
         key = (b"s", blind)
-        cached = self._terms.get(key) if not txn.write else None
+        cached = d.terms.get(key) if not txn.write else None
         if cached is not None:
             return cached
         docnos, tfs, dls = self._postings(txn, d, blind)
@@ -489,7 +492,7 @@ class SegmentedBM25:
             contrib = np.zeros(docnos.size)
         out = (docnos, contrib)
         if not txn.write:
-            self._terms[key] = out
+            d.terms[key] = out
         return out
 
     # --- queries --------------------------------------------------------------------------

@@ -218,13 +218,15 @@ class _VDir:
 
 
 class _SpaceCache:
-    __slots__ = ("blocks", "matrix", "docnos", "dir")
+    """Decoded blocks (immutable) and the live matrix with the state it was built from."""
+
+    __slots__ = ("blocks", "live")
 
     def __init__(self) -> None:
         self.blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.matrix: np.ndarray | None = None
-        self.docnos: np.ndarray | None = None
-        self.dir: _VDir | None = None
+        # (snapshot id, directory key, docnos, matrix): replaced as a whole, so a reader on
+        # another snapshot never sees a half-updated pair
+        self.live: tuple[int, tuple, np.ndarray, np.ndarray] | None = None
 
 
 class VectorIndex:
@@ -241,8 +243,7 @@ class VectorIndex:
         self._blind_fn = blind
         self._last_txnid = last_txnid
         self._tokenizer = tokenizer
-        self._txnid: int | None = None
-        self._spaces: dict[str, EmbeddingSpace] | None = None
+        self._spaces_state: tuple[int, dict[str, EmbeddingSpace]] | None = None
         self._caches: dict[str, _SpaceCache] = {}
         self._embedders: dict[str, Callable[[list[str]], np.ndarray]] = {}
 
@@ -266,12 +267,10 @@ class VectorIndex:
         if txn.write:
             return self._read_spaces(txn)
         txnid = snapshot_id(txn, self._last_txnid)
-        if self._spaces is None or txnid != self._txnid:
-            self._spaces = self._read_spaces(txn)
-            for cache in self._caches.values():
-                cache.matrix = cache.docnos = cache.dir = None
-            self._txnid = txnid
-        return self._spaces
+        state = self._spaces_state
+        if state is None or txnid != state[0]:
+            state = self._spaces_state = (txnid, self._read_spaces(txn))
+        return state[1]
 
     def spaces(self, txn: Any) -> dict[str, EmbeddingSpace]:
         """The file's embedding spaces by name.
@@ -482,14 +481,24 @@ class VectorIndex:
     # --- search -------------------------------------------------------------------------------
 
     def _matrix(self, txn: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(docnos, matrix) of the live rows of space ``name``, cached between commits."""
+        """(docnos, matrix) of the live rows of space ``name``.
+
+        Kept in memory between queries; rebuilt only when the space's blocks or tombstones
+        changed (a commit elsewhere that touches no vector keeps the matrix).
+        """
         cache = self._caches.setdefault(name, _SpaceCache())
-        if cache.matrix is not None and not txn.write:
-            return cache.docnos, cache.matrix
+        sid = None if txn.write else snapshot_id(txn, self._last_txnid)
+        live = cache.live
+        if live is not None and sid is not None and live[0] == sid:
+            return live[2], live[3]
         prefix = self._prefix(name)
         d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-        for blockno in [b for b in cache.blocks if b not in d.blocks]:
-            del cache.blocks[blockno]
+        key = (tuple(sorted(d.blocks)), tuple((b, a.tobytes()) for b, a in sorted(d.dead.items())))
+        if live is not None and sid is not None and live[1] == key:
+            cache.live = (sid, key, live[2], live[3])
+            return live[2], live[3]
+        for blockno in [b for b in list(cache.blocks) if b not in d.blocks]:
+            cache.blocks.pop(blockno, None)
         docs, mats = [], []
         for blockno in sorted(d.blocks):
             docnos, matrix = self._block(txn, name, prefix, blockno)
@@ -499,12 +508,12 @@ class VectorIndex:
                 docnos, matrix = docnos[keep], matrix[keep]
             docs.append(docnos)
             mats.append(matrix)
-        space = self._spaces[name] if self._spaces and name in self._spaces else None
-        dims = space.dims if space else (mats[0].shape[1] if mats else 0)
+        space = self._read_spaces(txn).get(name) if not mats else None
         docnos = np.concatenate(docs) if docs else np.zeros(0, np.uint64)
-        matrix = np.ascontiguousarray(np.concatenate(mats)) if mats else np.zeros((0, dims), np.float32)
-        if not txn.write:
-            cache.docnos, cache.matrix, cache.dir = docnos, matrix, d
+        matrix = np.ascontiguousarray(np.concatenate(mats)) if mats else \
+            np.zeros((0, space.dims if space else 0), np.float32)
+        if sid is not None:
+            cache.live = (sid, key, docnos, matrix)
         return docnos, matrix
 
     def scores(self, txn: Any, space: str, query: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -550,7 +559,7 @@ class VectorIndex:
             EmbeddingError: unknown space.
         """
         self._space(self._refresh(txn), space)
-        return _VDir.decode(txn.get("vectors", self._prefix(space) + _DIR)).n
+        return int(self._matrix(txn, space)[0].size)
 
     def verify(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[str]:
         """Compare the stored rows with the node records (and auto vectors)."""
