@@ -266,3 +266,36 @@ def test_verify_finds_damaged_indexes_and_fix_rebuilds_them(make_db):
     db.verify(fix=True)
     assert db.verify() == []
     assert [(h.id, h.score) for h in db.recall("Caroline moved", top_k=4)] == before
+
+
+def test_concurrent_readers_while_a_writer_commits(make_db):
+    import threading
+
+    db = make_db()
+    db.add_many([{"id": f"s{i}", "content": f"seed apples {i}"} for i in range(20)], now=NOW)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader():
+        try:
+            while not stop.is_set():
+                hits = db.recall("apples pears", top_k=5)
+                assert len(hits) == 5 and hits == sorted(hits, key=lambda h: (-h.score, h.docno))
+        except BaseException as exc:  # surfaced below, in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(30):
+            db.add(f"pears and apples {i}", id=f"w{i}", now=NOW)
+            if i % 7 == 0 and i < 20:
+                db.delete(f"s{i}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    ids = [h.id for h in db.recall("pears", top_k=100)]
+    assert ids == [f"w{i}" for i in range(30)]
