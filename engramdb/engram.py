@@ -186,6 +186,13 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
     store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
     try:
         engram = Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+        if verify or store.unclean_shutdown:  # verify-then-trust: the snapshot must be the last commit
+            with store.read() as txn:
+                binding = txn.binding_problem()
+            if binding:
+                raise CorruptFileError(f"{store.path}: {binding}",
+                                       hint="open it without verify=True and run `engramdb verify --fix FILE`, "
+                                            "or restore from a dump or backup")
         engram._tokenizer_settings = dict(tokenizer) if tokenizer is not None else None
         indexes = engram.indexes  # checks the requested tokenizer against the file's
         if not store.readonly:
@@ -881,6 +888,9 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
         state = txn.state
     except EngramError as exc:
         return problems + [Problem("state", f"the state record does not open: {exc.message}")]
+    binding = txn.binding_problem()
+    if binding:
+        problems.append(Problem("state", binding))
     docnos: dict[int, Node] = {}
     for table in TABLES:
         count, digest = 0, 0

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import os
 import resource
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
@@ -60,20 +61,25 @@ class State:
     sealed: int = 0
     # table name -> [entry count, additive digest mod 2**256] (reliability rule 38)
     digests: dict[str, list[int]] = field(default_factory=dict)
+    # LMDB's txnid of the commit that wrote this record (0: not recorded). Binds the sealed
+    # state to the meta page LMDB chose, so a damaged meta that selects another root is seen.
+    txnid: int = 0
 
     def to_bytes(self) -> bytes:
         return codec.pack([1, self.seq, self.next_docno, self.epoch, self.sealed,
-                           {t: [c, d.to_bytes(32, "big")] for t, (c, d) in sorted(self.digests.items())}])
+                           {t: [c, d.to_bytes(32, "big")] for t, (c, d) in sorted(self.digests.items())},
+                           self.txnid])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "State":
         fields = codec.unpack(data)
         try:
-            version, seq, next_docno, epoch, sealed, digests = fields
-            if version != 1:
+            version, seq, next_docno, epoch, sealed, digests, *rest = fields
+            txnid = rest[0] if rest else 0  # appended field: absent in the first files
+            if version != 1 or not isinstance(txnid, int):
                 raise ValueError
             return cls(seq, next_docno, epoch, sealed,
-                       {t: [c, int.from_bytes(d, "big")] for t, (c, d) in digests.items()})
+                       {t: [c, int.from_bytes(d, "big")] for t, (c, d) in digests.items()}, txnid)
         except (TypeError, ValueError, AttributeError):
             raise CorruptFileError("the store's state record is malformed") from None
 
@@ -90,8 +96,13 @@ class _Env:
         self.active_readers = 0
         self.active_writers = 0
         self.unclean = False
+        self.meta_problem: str | None = None
         self.maint_fd = self._lock_maint(readonly)
         try:
+            if self.meta_problem and (verify or self.unclean):  # verify-then-trust; see meta_problem
+                raise CorruptFileError(f"{path}: {self.meta_problem}",
+                                       hint="restore from a dump or backup; an open without verify=True still "
+                                            "reads it, possibly one commit behind")
             if os.path.exists(path) and (verify or self.unclean):
                 structural_verify(path)
             self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
@@ -117,6 +128,7 @@ class _Env:
             return fd
         # We are the only opener: a leftover "open" marker means the last session died.
         self.unclean = os.pread(fd, 16, 0).startswith(b"open")
+        self.meta_problem = meta_problem(self.path)  # nobody can be committing right now
         if not readonly:
             os.pwrite(fd, b"open ", 0)
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -290,6 +302,45 @@ def sniff(path: str) -> None:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
 
 
+_META_MAGIC = 0xBEEFC0DE
+# Offsets in an LMDB 0.9 meta page: a 16-byte page header, then MDB_meta (magic, version,
+# address, mapsize, two 48-byte MDB_db records whose first holds the page size, last_pg, txnid).
+_META_PSIZE, _META_TXNID = 40, 144
+
+
+def meta_problem(path: str) -> str | None:
+    """Check LMDB's two meta pages against each other (they carry no checksum).
+
+    Each commit writes the meta page of its txnid's parity, and LMDB trusts the page with
+    the larger txnid. So in a sound file page 0 holds an even txnid, page 1 an odd one,
+    and they differ by one. A damaged txnid breaks this and would silently select an
+    older root. Only meaningful while nobody commits (the caller holds the maintenance
+    lock exclusively). Returns a description of the problem, or None.
+    """
+    try:
+        with open(path, "rb") as fh:
+            first = fh.read(4096)
+            if len(first) < 4096 or struct.unpack_from("<I", first, 16)[0] != _META_MAGIC:
+                return None  # not LMDB, or too short: sniff and LMDB report it
+            psize = struct.unpack_from("<I", first, _META_PSIZE)[0]
+            if psize not in (4096, 8192, 16384, 32768, 65536):
+                return f"meta page 0 is damaged (page size {psize})"
+            fh.seek(psize)
+            second = fh.read(_META_TXNID + 8)
+    except FileNotFoundError:
+        return None  # a new file
+    except OSError as exc:
+        return f"cannot read the meta pages: {exc.strerror}"
+    if len(second) < _META_TXNID + 8:
+        return None
+    txnids = [struct.unpack_from("<Q", page, _META_TXNID)[0] for page in (first, second)]
+    if max(txnids) <= 1:
+        return None  # a new file, or a compacting copy
+    if txnids[0] % 2 or not txnids[1] % 2 or abs(txnids[0] - txnids[1]) != 1:
+        return f"the meta pages are damaged (commit ids {txnids[0]} and {txnids[1]})"
+    return None
+
+
 def structural_problems(path: str) -> list[str]:
     """LMDB's offline structural check (lmdb.verify): the problems found, empty when sound.
 
@@ -353,8 +404,11 @@ class Txn:
     def _commit(self) -> None:
         while True:
             try:
+                if self._state is None and self._log:
+                    self.state  # every commit that changes the file rewrites the state  # noqa: B018
                 if self._state is not None:
                     self._state.seq += 1
+                    self._state.txnid = self._ltxn.id()
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
                 self._ltxn.commit()
@@ -395,6 +449,21 @@ class Txn:
         if raw is None:
             return State()
         return State.from_bytes(self.store.sealer.open(b"meta", STATE_KEY, raw))
+
+    def binding_problem(self) -> str | None:
+        """Whether the sealed state was written by the commit this snapshot shows.
+
+        Every engramdb commit records its LMDB txnid in the state; a mismatch means the
+        file was committed to outside engramdb, or a damaged meta page made LMDB pick
+        another (older) root. For verify: raising at open would also lock out repair.
+        """
+        state = self.state
+        committed = self._ltxn.id() - (1 if self.write else 0)
+        # A compacting copy restarts LMDB's txnids at 1; compact() re-binds the state at once.
+        if state.txnid and committed != 1 and state.txnid != committed:
+            return (f"the sealed state was written by commit {state.txnid}, but the file shows commit "
+                    f"{committed}: it was changed outside engramdb, or a meta page is damaged")
+        return None
 
     @property
     def state(self) -> State:
@@ -726,6 +795,8 @@ class Store:
                 env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
                 env._check_not_truncated()
                 env.dbs = env._open_dbs(create=False)
+                with self.transaction() as txn:  # the copy restarted LMDB's txnids: re-bind the state
+                    txn.state  # noqa: B018
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
