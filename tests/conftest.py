@@ -101,6 +101,7 @@ os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
 sys.path.insert(0, sys.argv[1])
 import importlib
 module = importlib.import_module(sys.argv[2])
+importlib.import_module("conftest").warm_up()
 out = sys.stdout.fileno()
 for line in sys.stdin:
     request = json.loads(line)
@@ -119,6 +120,25 @@ for line in sys.stdin:
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
     os.write(out, ("EXIT %d %d %d\n" % (pid, code, signum)).encode())
 """
+
+
+def warm_up() -> None:
+    """Pay first-use costs (lazy imports inside numpy and the indexes) once in the fork
+    server, so a child's first transaction is as fast as its later ones. The store is
+    closed again before any fork: children inherit no environment."""
+    import shutil
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="engram-warm-")
+    try:
+        with engram_mod.open(os.path.join(work, "w.engram"), passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+            with db.transaction() as tx:
+                tx.add(id="w", content="warm up the indexes", tags=["t"], now=NOW)
+            db.update("w", importance=0.9)
+            db.delete("w")
+            db.verify()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 class ForkServer:

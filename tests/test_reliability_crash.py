@@ -79,7 +79,7 @@ def run_kills(fork_server, path: str, kills: int, seed: int) -> int:
         line = fork_server.readline()
         assert line == "READY", line  # the writer opened the store itself
         pid = _child_pid(fork_server)
-        time.sleep(rnd.random() * 0.04)
+        time.sleep(rnd.random() * 0.06)
         os.kill(pid, signal.SIGKILL)
         lines, code, signum = fork_server.finish()
         assert signum == signal.SIGKILL, (code, lines[-3:])

@@ -68,9 +68,10 @@ def reopen(path, **kwargs):
 
 
 def assert_intact(path, nodes):
+    """The data is back; the only finding left is that the test itself committed with raw LMDB."""
     with reopen(path) as db:
         assert {i: db.get(i) for i in nodes} == nodes
-        assert db.verify() == []
+        assert [p for p in db.verify() if "changed outside engramdb" not in p.detail] == []
 
 
 # --- keys and the header -----------------------------------------------------------------
@@ -487,3 +488,28 @@ def test_key_file_errors_are_engram_errors(tmp_path, closed_file):
         os.chmod(existing, 0o644)
         db.export_key(existing)  # an existing, world-readable file is narrowed to 0600
     assert os.stat(existing).st_mode & 0o777 == 0o600
+
+
+def test_verify_reports_a_commit_made_outside_engramdb(closed_file):
+    path, nodes = closed_file
+    with reopen(path) as db:
+        assert db.verify() == []
+    _put_raw(path, 6, b"stray", b"value")
+    _put_raw(path, 6, b"stray", None)  # no net change, but two foreign commits
+    with reopen(path) as db:
+        assert [p.kind for p in db.verify()] == ["state"]
+        db.add("an engramdb commit re-binds the state", id="new")
+        assert db.verify() == []
+
+
+def test_verified_open_refuses_a_snapshot_that_is_not_the_last_engramdb_commit(closed_file):
+    path, nodes = closed_file
+    _put_raw(path, 6, b"stray", b"value")  # commits engramdb did not make
+    _put_raw(path, 6, b"stray", None)
+    with pytest.raises(CorruptFileError, match="outside engramdb"):
+        reopen(path, verify=True)
+    with reopen(path) as db:  # the lenient open still reads, and verify(fix=True) re-binds
+        assert db.get("id0") == nodes["id0"]
+        assert [p.kind for p in db.verify(fix=True)] == ["state"]
+    with reopen(path, verify=True) as db:
+        assert db.verify() == []
