@@ -21,6 +21,7 @@ import datetime as _dt
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from typing import Collection
 
 __all__ = ["DateIndex", "PartialDate", "find_headers", "parse_date", "to_iso"]
 
@@ -59,6 +60,10 @@ _RELATIVE = re.compile(
 )
 _TIME = re.compile(
     rf"\b(?:\d{{1,2}}[:.]\d{{2}}(?:[:.]\d{{2}})?(?:\s*[ap]\.?m\.?)?|\d{{1,2}}\s*[ap]\.?m\.?|on|at|{_WEEKDAY_RE})\b"
+)
+# every relative expression contains one of these words
+_RELATIVE_WORDS = frozenset(
+    ["yesterday", "today", "tonight", "tomorrow", "day", "days", "week", "weeks", "month", "months", "year", *_WEEKDAYS]
 )
 # A session header is a line of its own: "[2023-05-08] Session 3", "DATE: 8 May 2023",
 # "## Session 2 (May 9, 2023)". Its date dates every chunk until the next header.
@@ -232,23 +237,22 @@ def _resolve_relative(m: re.Match[str], anchor: PartialDate) -> PartialDate | No
 class DateIndex:
     """Every date signal of one normalized text, scanned once; resolves chunks by span."""
 
+    text: str
     absolute: list[tuple[int, PartialDate]]
     headers: list[tuple[int, PartialDate]]
-    relative: list[re.Match[str]]
     option: PartialDate | None
 
     def __post_init__(self) -> None:
         self._abs_pos = [a[0] for a in self.absolute]
         self._hdr_pos = [h[0] for h in self.headers]
-        self._rel_pos = [m.start() for m in self.relative]
 
     @classmethod
     def scan(cls, text: str, option: str | None = None) -> "DateIndex":
         """Scan ``text`` once; ``option`` is the ``date`` option (unparseable -> ignored)."""
         return cls(
+            text=text,
             absolute=find_absolute(text),
             headers=find_headers(text),
-            relative=list(_RELATIVE.finditer(text)),
             option=parse_date(option) if option else None,
         )
 
@@ -256,10 +260,14 @@ class DateIndex:
         """Line offsets of the session headers (chunk hard breaks)."""
         return list(self._hdr_pos)
 
-    def resolve(self, start: int, end: int, session: PartialDate | None = None) -> str | None:
+    def resolve(
+        self, start: int, end: int, session: PartialDate | None = None, vocab: Collection[str] | None = None
+    ) -> str | None:
         """The ``resolved_date`` of the chunk ``[start, end)`` (see the module docstring).
 
-        ``session`` is the session date carried in from earlier text (a stream).
+        ``session`` is the session date carried in from earlier text (a stream);
+        ``vocab`` the chunk's lowercase words, if known (it lets most chunks skip the
+        search for relative expressions).
         """
         lo, hi = bisect_left(self._abs_pos, start), bisect_left(self._abs_pos, end)
         best: PartialDate | None = None
@@ -272,9 +280,11 @@ class DateIndex:
         header = self.headers[k - 1][1] if k else session
         anchor = header or (self.absolute[lo - 1][1] if lo else None) or self.option
         if anchor is not None:
-            r = bisect_left(self._rel_pos, start)
-            if r < len(self._rel_pos) and self._rel_pos[r] < end:
-                resolved = _resolve_relative(self.relative[r], anchor)
+            m = None
+            if vocab is None or not _RELATIVE_WORDS.isdisjoint(vocab):
+                m = _RELATIVE.search(self.text, start, end)
+            if m is not None:
+                resolved = _resolve_relative(m, anchor)
                 if resolved is not None:
                     return to_iso(resolved)
         fallback = header or self.option

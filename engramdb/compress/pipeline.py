@@ -106,7 +106,7 @@ def analyze(
             flags=list(signals.flags),
             source_start=chunk.start,
             source_end=chunk.end,
-            resolved_date=dates.resolve(chunk.start, chunk.end, session),
+            resolved_date=dates.resolve(chunk.start, chunk.end, session, lower_sets[k]),
         ))
     return Analysis(normalized, chunks, zettels, recent_out, dates.last_header(session), warnings)
 
