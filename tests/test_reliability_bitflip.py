@@ -18,6 +18,7 @@ from engramdb import codec
 from engramdb.errors import EngramError
 
 PAGE = 4096
+META_TXNID = 144  # offset of mm_txnid in an LMDB meta page
 
 
 def build(path) -> dict[str, str]:
@@ -62,7 +63,7 @@ def read_all(emit, path: str, expected_path: str, verify: bool) -> None:
 
 
 def flip_runs(fork_server, tmp_path, flips: int, *, verify: bool, data_pages_only: bool, seed: int,
-              page_headers: bool = False) -> dict:
+              page_headers: bool = False, meta_pages: bool = False) -> dict:
     original = tmp_path / "orig.engram"
     expected = build(original)
     expected_path = tmp_path / "expected.json"
@@ -77,6 +78,8 @@ def flip_runs(fork_server, tmp_path, flips: int, *, verify: bool, data_pages_onl
         offset = rnd.randrange(2 * PAGE if data_pages_only else 0, size)
         if page_headers:  # page number, flags, bounds: what the B-tree walk trusts most
             offset = offset // PAGE * PAGE + rnd.randrange(16)
+        if meta_pages:  # MDB_meta: magic, sizes, both root records, last page, txnid
+            offset = rnd.randrange(2) * PAGE + rnd.randrange(META_TXNID + 8)
         bit = rnd.randrange(8)
         with open(damaged, "r+b") as fh:
             fh.seek(offset)
@@ -92,7 +95,8 @@ def flip_runs(fork_server, tmp_path, flips: int, *, verify: bool, data_pages_onl
         for suffix in ("", "-lock", "-maint"):
             with contextlib.suppress(FileNotFoundError):  # a refused file leaves no sidecars
                 os.unlink(str(damaged) + suffix)
-    where = "page headers" if page_headers else "data pages" if data_pages_only else "anywhere"
+    where = "meta pages" if meta_pages else "page headers" if page_headers else \
+        "data pages" if data_pages_only else "anywhere"
     print(f"seed {seed}, {flips} flips ({where}) of a {size}-byte file, verify={verify}: {outcomes}")
     return {"outcomes": outcomes, "failures": failures}
 
@@ -137,13 +141,16 @@ def test_wrong_page_type_in_every_data_page_without_verification(fork_server, tm
     assert any(o.startswith("DETECTED read") and "CorruptFileError" in o for o in outcomes), outcomes
 
 
+def test_bit_flips_in_meta_pages_with_verification(fork_server, tmp_path):
+    result = flip_runs(fork_server, tmp_path, 200, verify=True, data_pages_only=False, seed=SEED + 4,
+                       meta_pages=True)
+    assert result["failures"] == []
+
+
 @pytest.mark.soak
 def test_bit_flips_soak(fork_server, tmp_path):
     result = flip_runs(fork_server, tmp_path, 3000, verify=True, data_pages_only=False, seed=SEED + 2)
     assert result["failures"] == []
-
-
-META_TXNID = 144  # offset of mm_txnid in an LMDB meta page
 
 
 def test_every_meta_txnid_bit_flip(fork_server, tmp_path):
@@ -172,3 +179,21 @@ def test_every_meta_txnid_bit_flip(fork_server, tmp_path):
     assert [k for k in wrong if k != residual] == []
     print(f"meta txnids {txnids}: {sum(v == 'DETECTED' for v in outcomes.values())} detected, "
           f"{sum(v == 'OK' for v in outcomes.values())} harmless, residual {residual}: {outcomes.get(residual)}")
+
+
+@pytest.mark.soak
+def test_every_meta_bit_flip_soak(fork_server, tmp_path):
+    original = tmp_path / "orig.engram"
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(build(original)))
+    data = original.read_bytes()
+    for page in (0, 1):
+        for offset in range(16, META_TXNID + 8):
+            for bit in range(8):
+                damaged = tmp_path / f"m{page}-{offset}-{bit}.engram"
+                buf = bytearray(data)
+                buf[page * PAGE + offset] ^= 1 << bit
+                damaged.write_bytes(bytes(buf))
+                lines, code, signum = fork_server.call("read_all", str(damaged), str(expected_path), True)
+                assert (code, signum) == (0, 0) and lines[-1].startswith(("OK", "DETECTED")), \
+                    (page, offset, bit, lines)
