@@ -79,6 +79,8 @@ _CAP_CONTEXT = re.compile(
 _SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
 _HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Miss", "Sir", "Lady", "Lord", "Madam", "Mme", "Mlle", "Mister", "Dame",
                          "King", "Queen"})
+# chapter numbers ("XIV", "LIX"); C, D and M are left out so "DC" or "MD" survive
+_ROMAN = re.compile(r"[IVXL]{2,}")
 _CONTRACTION = re.compile(r"['\u2019](?:t|ll|re|ve|d|m)$", re.IGNORECASE)
 _LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
 
@@ -104,6 +106,8 @@ Few Several Other Another Same Only Do Does Is Are Was Were Be Been Have Has Had
 Shall Might Must Deprecated Security Breaking Features Changes Bugfixes Chore Docs Refactor Note Warning
 Important Tip Todo TODO FIXME Subject Title Date Time Session Re Fwd Cc Q A Changelog Unreleased Release
 Readme Later Soon Afterwards Earlier Amongst Whilst Illustration Self Thanks Cheers Regards Sounds Absolutely
+Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Mon Tue Wed Thu Fri Sat Sun Esq St Ay Aye Ah Oh Etc Copyright
+Preface Contents Index Epilogue Prologue Footnote Footnotes
 """.split())
 # labels that look like speakers but introduce fields ("Note: ...", "Date: ...")
 _NOT_SPEAKERS = STOP_LIST | frozenset({"Status", "Result", "Answer", "Question", "Error", "Output", "Input", "Source", "Type", "Name", "Location"})
@@ -135,7 +139,7 @@ _RECENT_KEEP = 8
 
 
 def _stopped(name: str) -> bool:
-    if name in STOP_LIST or _CONTRACTION.search(name):
+    if name in STOP_LIST or _CONTRACTION.search(name) or _ROMAN.fullmatch(name):
         return True
     head = name.split("-", 1)[0]
     if head != name and head in STOP_LIST:  # "To-morrow", "Self-Made"
@@ -165,16 +169,17 @@ class EntityEvidence:
     accepted: frozenset[str]
     speakers: frozenset[str]
     gender: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
     _forms: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def forms(self) -> dict[str, str]:
         """Token form -> entity name, possessives included (``"Darcy's" -> "Darcy"``)."""
         if self._forms is None:
             forms = {}
-            for name in self.accepted:
-                forms[name] = name
-                forms[name + "'s"] = name
-                forms[name + "\u2019s"] = name
+            for form, name in [(n, n) for n in self.accepted] + list(self.aliases.items()):
+                forms[form] = name
+                forms[form + "'s"] = name
+                forms[form + "\u2019s"] = name
             self._forms = forms
         return self._forms
 
@@ -204,6 +209,15 @@ class EntityEvidence:
                 continue
             else:
                 accepted.add(name)
+        # a heading or caption in capitals ("MR. DARCY") names the same entity as "Darcy"
+        aliases = {}
+        for name in sorted(accepted):
+            if len(name) > 2 and name.isupper():
+                for plain in (name.capitalize(), name.title()):
+                    if plain != name and plain in accepted:
+                        aliases[name] = plain
+                        break
+        accepted.difference_update(aliases)
         # an honorific right before a name ("Mr. Darcy", "Mrs. and Miss Bennet") votes
         # for its gender; capitalized words come in text order, so "right before" is
         # "the previous capitalized word"
@@ -224,7 +238,7 @@ class EntityEvidence:
                 v = votes[name]
                 if v["female"] != v["male"]:
                     gender[name] = "female" if v["female"] > v["male"] else "male"
-        return cls(frozenset(accepted), speakers, gender)
+        return cls(frozenset(accepted), speakers, gender, aliases)
 
 
 def chunk_entities(
