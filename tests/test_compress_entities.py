@@ -101,3 +101,13 @@ def test_stream_codes_never_change():
     for name, code in first.items():
         assert later[name] == code
     assert isinstance(s.snapshot().entity_index, EntityIndex)
+
+
+def test_headings_in_capitals_and_chapter_numbers():
+    text = (
+        "CHAPTER XIV\n\nMR. DARCY ARRIVES\n\n"
+        "Mr. Darcy rode to Netherfield with Mr. Bingley. Later, Elizabeth met Darcy in the lane."
+    )
+    names = set(compress(text).entity_index.name_to_code)
+    assert {"Darcy", "Bingley", "Elizabeth", "Netherfield"} <= names
+    assert not names & {"XIV", "DARCY", "CHAPTER", "MR"}

@@ -108,7 +108,9 @@ def _select(zettels: list[Zettel], n: int, mode: str, pos: dict[int, int]) -> li
     return selected
 
 
-def _guarantee(selected: list[Zettel], everything: Sequence[Zettel], flags: tuple[str, ...], pos: dict[int, int]) -> list[Zettel]:
+def _guarantee(
+    selected: list[Zettel], everything: Sequence[Zettel], flags: tuple[str, ...], pos: dict[int, int]
+) -> list[Zettel]:
     out = list(selected)
     for flag in flags:
         if any(flag in z.flags for z in out):
@@ -171,7 +173,9 @@ class _Renderer:
     def render(self, chosen: Sequence[Zettel], pos: dict[int, int]) -> str:
         ordered = sorted(chosen, key=lambda z: pos[id(z)])
         ids = {z.id for z in ordered}
-        tunnels = [Tunnel(t.from_id, t.to_id, t.label) for t in self.result.tunnels if t.from_id in ids and t.to_id in ids]
+        tunnels = [
+            Tunnel(t.from_id, t.to_id, t.label) for t in self.result.tunnels if t.from_id in ids and t.to_id in ids
+        ]
         views = [_view(z) for z in ordered]
         if self.fmt == "markdown":
             return "\n\n".join(_markdown_line(z) for z in views)
@@ -213,7 +217,9 @@ def _counter(count_tokens: Callable[[str], int] | None) -> Callable[[str], int]:
     return count
 
 
-def _fit(renderer: _Renderer, ordered: list[Zettel], budget: int, count: Callable[[str], int], pos: dict[int, int]) -> str:
+def _fit(
+    renderer: _Renderer, ordered: list[Zettel], budget: int, count: Callable[[str], int], pos: dict[int, int]
+) -> str:
     chosen: list[Zettel] = []
     best = renderer.render(chosen, pos)
     used = count(best)
@@ -263,7 +269,9 @@ def inject_context(
             returns something other than a non-negative int.
     """
     result = _check_result(result)
-    if max_zettels is not None and (isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 0):
+    if max_zettels is not None and (
+        isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 0
+    ):
         raise ValidationError("max_zettels must be a non-negative integer or None")
     if selection not in SELECTIONS:
         raise ValidationError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")

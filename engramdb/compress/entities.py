@@ -110,7 +110,9 @@ Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Mon Tue Wed Thu Fri Sat Sun Esq
 Preface Contents Index Epilogue Prologue Footnote Footnotes
 """.split())
 # labels that look like speakers but introduce fields ("Note: ...", "Date: ...")
-_NOT_SPEAKERS = STOP_LIST | frozenset({"Status", "Result", "Answer", "Question", "Error", "Output", "Input", "Source", "Type", "Name", "Location"})
+_NOT_SPEAKERS = STOP_LIST | frozenset(
+    {"Status", "Result", "Answer", "Question", "Error", "Output", "Input", "Source", "Type", "Name", "Location"}
+)
 _FEMALE_HON = frozenset({"Mrs", "Ms", "Miss", "Lady", "Madam", "Mme", "Mlle", "Dame", "Queen"})
 
 FEMALE_NAMES = frozenset("""
@@ -118,7 +120,8 @@ alice carol emma olivia sophia sofia mia amelia isabella ava charlotte emily sar
 lucy grace chloe hannah zoe ella lily nora ruby alicia diana elena eva irene jane karen kate katherine linda
 lisa megan nancy nina rachel rebecca rita rosa susan tina wendy priya aisha fatima mei yuki ingrid astrid clara
 elsa frida greta margaret beth carmen lucia paula silvia valentina bianca francesca giulia martina katya natasha
-olga svetlana tatiana vera zara leila noor marie sophie camille amelie samira yasmin helen ruth claire audrey naomi iris elizabeth mary
+olga svetlana tatiana vera zara leila noor marie sophie camille amelie samira yasmin helen ruth claire audrey
+naomi iris elizabeth mary
 caroline georgiana lydia kitty catherine harriet jessica melanie jennifer jolene deborah maya gina joanna
 """.split())
 MALE_NAMES = frozenset("""

@@ -121,7 +121,9 @@ def _overlap_start(text: str, prev_start: int, prev_end: int, overlap: int, fall
     return cand if cand < prev_end else fallback
 
 
-def chunk_text(text: str, chunk_size: int = 800, chunk_overlap: int = 100, breaks: Sequence[int] = ()) -> list[TextChunk]:
+def chunk_text(
+    text: str, chunk_size: int = 800, chunk_overlap: int = 100, breaks: Sequence[int] = ()
+) -> list[TextChunk]:
     """Split normalized ``text`` into chunks of about ``chunk_size`` characters.
 
     Paragraphs (separated by blank lines) are packed greedily; a paragraph longer than

@@ -130,5 +130,7 @@ def check_recall_options(options: dict[str, Any]) -> dict[str, Any]:
     """
     unknown = sorted(set(options) - {"top_k", "hops", "after", "before"})
     if unknown:
-        raise ValidationError(f"unknown recall option(s): {', '.join(unknown)}", hint="valid: top_k, hops, after, before")
+        raise ValidationError(
+            f"unknown recall option(s): {', '.join(unknown)}", hint="valid: top_k, hops, after, before"
+        )
     return options

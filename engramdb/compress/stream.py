@@ -56,13 +56,17 @@ class CompressStream:
         ValidationError: an unknown or invalid option.
     """
 
-    def __init__(self, half_life_turns: float | None = None, max_zettels: int | None = None, **compress_options: Any) -> None:
+    def __init__(
+        self, half_life_turns: float | None = None, max_zettels: int | None = None, **compress_options: Any
+    ) -> None:
         if half_life_turns is not None and (
             isinstance(half_life_turns, bool) or not isinstance(half_life_turns, (int, float))
             or not math.isfinite(half_life_turns) or half_life_turns <= 0
         ):
             raise ValidationError("half_life_turns must be a positive number or None", hint="e.g. 20")
-        if max_zettels is not None and (isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 1):
+        if max_zettels is not None and (
+            isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 1
+        ):
             raise ValidationError("max_zettels must be a positive integer or None", hint="e.g. 500")
         self._opts = parse_options(compress_options)
         self._half_life = None if half_life_turns is None else float(half_life_turns)

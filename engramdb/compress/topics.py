@@ -54,7 +54,9 @@ use using sounds amongst whilst mrs mr miss
 hey hello wow thanks thank cool awesome nice lol haha gonna wanna guess see
 """.split())
 
-_TECH_SUFFIXES = ("tion", "ing", "ment", "ity", "ness", "ism", "ist", "ize", "ise", "ous", "ful", "less", "able", "ible")
+_TECH_SUFFIXES = (
+    "tion", "ing", "ment", "ity", "ness", "ism", "ist", "ize", "ise", "ous", "ful", "less", "able", "ible",
+)
 _SPEAKER_COUNT = re.compile(r"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?([A-Z][a-z]{2,15}):", re.MULTILINE)
 _CAMEL = re.compile(r"[A-Z][a-z]+(?:[A-Z][a-z]*)+")
 
