@@ -246,6 +246,16 @@ _registry: dict[str, _Env] = {}
 _registry_lock = threading.Lock()
 
 
+def _reset_registry_lock() -> None:
+    # A thread of the parent may have held the lock at fork(); the child has only the forking
+    # thread, so the lock would never be released there and open() would hang.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_registry_lock)
+
+
 def _space_exhausted(path: str) -> bool:
     """Whether the file-size limit or the disk is full at ``path``.
 
