@@ -355,3 +355,37 @@ def test_unclean_shutdown_is_detected_and_verified(tmp_path):
         assert db.info()["unclean_shutdown"] is True
     with engram.open(path, passphrase=PASSPHRASE) as db:
         assert db.info()["unclean_shutdown"] is False
+
+
+def test_fork_while_another_thread_holds_the_registry_lock(tmp_engram):
+    """Regression: the child inherited a held registry lock and hung in open()."""
+    import threading
+
+    from engramdb import store
+
+    db = tmp_engram
+    db.add("x", id="x")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store._registry_lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)  # a hang becomes a SIGALRM death instead of a stuck test
+            try:
+                with engram.open(db.path, passphrase=PASSPHRASE) as own:
+                    os._exit(0 if own.get("x").content == "x" else 2)
+            except BaseException:
+                os._exit(3)
+    finally:
+        release.set()
+        thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
