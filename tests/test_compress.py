@@ -327,3 +327,15 @@ def test_public_helpers_validate_input():
         normalize_weights(["not a zettel"])  # type: ignore[list-item]
     with pytest.raises(ValidationError):
         top_zettels("nope", 3)  # type: ignore[arg-type]
+
+
+def test_min_entity_frequency():
+    text = "Alice met Bob. Alice waved at Carol and Alice smiled."
+    assert compress(text).zettels[0].entities == ["Alice", "Bob", "Carol"]
+    assert compress(text, min_entity_frequency=2).zettels[0].entities == ["Alice"]
+
+
+def test_stop_words_option_removes_topics():
+    text = "The kafka consumer lag grew while the kafka brokers restarted twice."
+    assert any("kafka" in t for t in compress(text).zettels[0].topics)
+    assert not any("kafka" in t for t in compress(text, stop_words=["Kafka"]).zettels[0].topics)
