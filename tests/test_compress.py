@@ -339,3 +339,13 @@ def test_stop_words_option_removes_topics():
     text = "The kafka consumer lag grew while the kafka brokers restarted twice."
     assert any("kafka" in t for t in compress(text).zettels[0].topics)
     assert not any("kafka" in t for t in compress(text, stop_words=["Kafka"]).zettels[0].topics)
+
+
+def test_quote_avoids_fragments_of_cut_sentences():
+    from engramdb.compress.quote import select_quote
+
+    text = ("excited before, how many years longer Mr. Bennet was likely to live; and Sir William gave it "
+            "as his decided opinion. She smiled at the thought of the ball next week and went home.")
+    assert select_quote(text).startswith("She smiled")
+    chat = "hey so i was thinking\nwe decided on the db today\nmaybe postgres is fine"
+    assert select_quote(chat) == "we decided on the db today"  # all lowercase: no penalty

@@ -6,7 +6,9 @@ Each sentence scores ``0.5 * centrality + 0.5 * density`` where
   graph, damping 0.85, 10 power iterations), scaled so the best sentence has 1;
 * ``density`` rewards decision words (``3 * share + 0.4 * count``), a readable length
   (10-25 words +0.2, under 5 words -0.3, over 40 words -0.1), vocabulary variety
-  (``0.3 * unique/total``) and the first or last position (+0.1).
+  (``0.3 * unique/total``) and the first or last position (+0.1); a fragment (a
+  sentence starting in lowercase when others start in uppercase: the chunk was cut
+  mid-sentence) loses 1.0, so it is quoted only when nothing else is there.
 
 Chat text is often lowercase and unpunctuated, so when the capital-letter sentence
 split finds a single sentence the chunk is split by lines, then by bare ``.!?``.
@@ -98,6 +100,10 @@ def select_quote(text: str) -> str:
     is_decision = DECISION_WORDS.__contains__
     # most chunks have no decision word at all: then no sentence needs counting
     any_decision = not DECISION_WORDS.isdisjoint(_WORD.findall(" ".join(lowered)))
+    # a sentence starting in lowercase among capitalized ones is a fragment (a chunk cut
+    # mid-sentence); in all-lowercase chat text nobody is penalized
+    starts_lower = [s[0].islower() for s in sentences]
+    mixed = any(starts_lower) and not all(starts_lower)
     for i, words in enumerate(lower_words):
         count = len(words)
         decisions = sum(map(is_decision, _WORD.findall(lowered[i]))) if any_decision else 0
@@ -115,6 +121,7 @@ def select_quote(text: str) -> str:
             + length_bonus
             + (len(set(words)) / count if count else 0.0) * 0.3
             + (0.1 if i == 0 or i == last else 0.0)
+            - (1.0 if mixed and starts_lower[i] else 0.0)
         )
         score = 0.5 * centrality[i] + 0.5 * density
         if score > best_score:
