@@ -189,27 +189,29 @@ def extract_topics(
                 else:
                     entry[0] += 1
 
+    # (-score, display) tuples sort natively: best first, then alphabetical
+    candidates = []
+    for display, (freq, words) in phrases.items():
+        total = scores[words[0]] + scores[words[1]]
+        if len(words) == 3:
+            total += scores[words[2]]
+        candidates.append((-(total / len(words) * (1 + freq) / 2), display, words))
+    candidates.sort()
     ranked_phrases = []
     taken: set[str] = set()
-    for score, display, words in sorted(
-        ((sum(scores[w] for w in words) / len(words) * (1 + freq) / 2, display, words)
-         for display, (freq, words) in phrases.items()),
-        key=lambda x: (-x[0], x[1]),
-    ):
+    for neg, display, words in candidates:
         # one phrase per word: "connection pool" excludes "connection pool sizing"
         if taken.isdisjoint(words):
-            ranked_phrases.append((score, display, words))
+            ranked_phrases.append((neg, display, words))
             taken.update(words)
             if len(ranked_phrases) == MAX_PHRASES:
                 break
     covering: dict[str, float] = {}
-    for score, _, words in ranked_phrases:
+    for neg, _, words in ranked_phrases:
         for w in words:
-            covering[w] = max(covering.get(w, 0.0), score)
-    unigrams = [
-        (s, t) for t, s in scores.items() if t not in covering or s > covering[t] * 1.5
-    ]
-    unigrams.sort(key=lambda x: (-x[0], x[1]))
-    merged = [(s, d) for s, d, _ in ranked_phrases] + unigrams[: max_topics - len(ranked_phrases)]
-    merged.sort(key=lambda x: (-x[0], x[1]))
+            covering[w] = max(covering.get(w, 0.0), -neg)
+    unigrams = [(-sc, t) for t, sc in scores.items() if t not in covering or sc > covering[t] * 1.5]
+    unigrams.sort()
+    merged = [(neg, d) for neg, d, _ in ranked_phrases] + unigrams[: max_topics - len(ranked_phrases)]
+    merged.sort()
     return [d for _, d in merged[:max_topics]]
