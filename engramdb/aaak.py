@@ -871,6 +871,24 @@ class _Collector:
         self.warnings.append(f"line {lineno}: {err.msg}")
 
 
+def _build_zettels(parsed: list[tuple[int, _ZettelParts]], code_to_name: Mapping[str, str],
+                   col: "_Collector") -> list[Zettel]:
+    """Zettels from parsed lines; unknown emotion or flag tokens are reported and dropped."""
+    zettels = []
+    for lineno, p in parsed:
+        problems: list[_Err] = []
+        emotions = _check_tokens(p.emotions, ALL_EMOTIONS, "emotion", 0, problems)
+        flags = _check_tokens(p.flags, ALL_FLAGS, "flag", 0, problems)
+        for err in problems:
+            col.report(lineno, err)
+        zettels.append(Zettel(
+            id=p.zid, entities=_resolve_entities(p.entities, code_to_name), topics=p.topics,
+            quote=p.quote, weight=p.weight, emotions=emotions, flags=flags,
+            source_start=p.start, source_end=p.end, resolved_date=p.resolved_date,
+        ))
+    return zettels
+
+
 def _decode_legacy(lines: list[str], version: int, strict: bool) -> CompressResult:
     col = _Collector(strict)
     code_to_name: dict[str, str] = {}
@@ -913,22 +931,12 @@ def _decode_legacy(lines: list[str], version: int, strict: bool) -> CompressResu
             parts_list.append((lineno, parts))
         except _Err as err:
             col.report(lineno, err)
-    zettels = []
-    for lineno, p in parts_list:
+    for _, p in parts_list:
         # v2 rebuilds the index from codes it does not know (identity entries).
         for tok, _ in p.entities:
             if tok not in code_to_name:
                 code_to_name[tok] = tok
-        problems: list[_Err] = []
-        emotions = _check_tokens(p.emotions, ALL_EMOTIONS, "emotion", 0, problems)
-        flags = _check_tokens(p.flags, ALL_FLAGS, "flag", 0, problems)
-        for err in problems:
-            col.report(lineno, err)
-        zettels.append(Zettel(
-            id=p.zid, entities=_resolve_entities(p.entities, code_to_name), topics=p.topics,
-            quote=p.quote, weight=p.weight, emotions=emotions, flags=flags,
-            source_start=p.start, source_end=p.end, resolved_date=p.resolved_date,
-        ))
+    zettels = _build_zettels(parts_list, code_to_name, col)
     for code, name in code_to_name.items():
         name_to_code[name] = code
     if declared is not None and declared != len(zettels):
@@ -1061,18 +1069,7 @@ def _decode_v3(lines: list[str], strict: bool) -> CompressResult:
             col.report(lineno, err)
     if not trailer_seen:
         col.report(end + 1, _Err("the @end trailer is missing (truncated?)", 0), DumpIntegrityError)
-    zettels = []
-    for lineno, p in parsed:
-        problems: list[_Err] = []
-        emotions = _check_tokens(p.emotions, ALL_EMOTIONS, "emotion", 0, problems)
-        flags = _check_tokens(p.flags, ALL_FLAGS, "flag", 0, problems)
-        for err in problems:
-            col.report(lineno, err)
-        zettels.append(Zettel(
-            id=p.zid, entities=_resolve_entities(p.entities, code_to_name), topics=p.topics,
-            quote=p.quote, weight=p.weight, emotions=emotions, flags=flags,
-            source_start=p.start, source_end=p.end, resolved_date=p.resolved_date,
-        ))
+    zettels = _build_zettels(parsed, code_to_name, col)
     if declared is not None and declared != len(zettels):
         col.report(1, _Err(f"the header declares {declared} zettels but {len(zettels)} were read", 5))
     name_to_code = names if names is not None else _inverse_index(code_to_name)

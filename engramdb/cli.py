@@ -61,16 +61,20 @@ def _read_secret_file(path: str) -> str:
         raise ValidationError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def _passphrase(ctx: click.Context, *, confirm: bool = False) -> str | None:
-    params = ctx.find_root().params
-    if params.get("passphrase_file"):
-        return _read_secret_file(params["passphrase_file"])
-    if os.environ.get(PASSPHRASE_ENV):
-        return os.environ[PASSPHRASE_ENV]
+def _secret(what: str, file: str | None, env: str, file_option: str, *, confirm: bool) -> str:
+    """A passphrase from a file, else an environment variable, else a terminal prompt; never argv."""
+    if file:
+        return _read_secret_file(file)
+    if os.environ.get(env):
+        return os.environ[env]
     if not sys.stdin.isatty():
-        raise ValidationError("no passphrase given",
-                              hint=f"set {PASSPHRASE_ENV}, pass --passphrase-file FILE, or run in a terminal")
-    return click.prompt("Passphrase", hide_input=True, confirmation_prompt=confirm)
+        raise ValidationError(f"no {what} given", hint=f"set {env}, pass {file_option} FILE, or run in a terminal")
+    return click.prompt(what.capitalize(), hide_input=True, confirmation_prompt=confirm)
+
+
+def _passphrase(ctx: click.Context, *, confirm: bool = False) -> str:
+    return _secret("passphrase", ctx.find_root().params.get("passphrase_file"), PASSPHRASE_ENV,
+                   "--passphrase-file", confirm=confirm)
 
 
 def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False) -> engram_mod.Engram:
@@ -313,15 +317,7 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
         ENGRAM_PASSPHRASE=old ENGRAM_NEW_PASSPHRASE=new engramdb rekey notes.engram
     """
     kdf = _parse_kdf(kdf_text)
-    if new_passphrase_file:
-        new = _read_secret_file(new_passphrase_file)
-    elif os.environ.get(NEW_PASSPHRASE_ENV):
-        new = os.environ[NEW_PASSPHRASE_ENV]
-    elif sys.stdin.isatty():
-        new = click.prompt("New passphrase", hide_input=True, confirmation_prompt=True)
-    else:
-        raise ValidationError("no new passphrase given",
-                              hint=f"set {NEW_PASSPHRASE_ENV} or pass --new-passphrase-file FILE")
+    new = _secret("new passphrase", new_passphrase_file, NEW_PASSPHRASE_ENV, "--new-passphrase-file", confirm=True)
     with _open(ctx, file) as db:
         db.rekey(new, kdf=kdf)
         if not no_compact:
@@ -381,14 +377,8 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
 
 
 def _dump_passphrase(passphrase_file: str | None, *, confirm: bool) -> str:
-    if passphrase_file:
-        return _read_secret_file(passphrase_file)
-    if os.environ.get(DUMP_PASSPHRASE_ENV):
-        return os.environ[DUMP_PASSPHRASE_ENV]
-    if not sys.stdin.isatty():
-        raise ValidationError("no dump passphrase given",
-                              hint=f"set {DUMP_PASSPHRASE_ENV} or pass --dump-passphrase-file FILE")
-    return click.prompt("Dump passphrase", hide_input=True, confirmation_prompt=confirm)
+    return _secret("dump passphrase", passphrase_file, DUMP_PASSPHRASE_ENV, "--dump-passphrase-file",
+                   confirm=confirm)
 
 
 @cli.command()
