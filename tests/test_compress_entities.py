@@ -111,3 +111,36 @@ def test_headings_in_capitals_and_chapter_numbers():
     names = set(compress(text).entity_index.name_to_code)
     assert {"Darcy", "Bingley", "Elizabeth", "Netherfield"} <= names
     assert not names & {"XIV", "DARCY", "CHAPTER", "MR"}
+
+
+def _naive_index(names):
+    index = EntityIndex()
+    for name in sorted(set(names)):
+        code = next(c for c in code_candidates(name) if c not in index.code_to_name)
+        index.name_to_code[name] = code
+        index.code_to_name[code] = name
+    return index
+
+
+def test_code_assignment_is_first_free_candidate():
+    # a tiny alphabet forces deep collisions; the fast path must equal the definition
+    import random
+
+    rng = random.Random(5)
+    names = {"".join(rng.choice("abc") for _ in range(rng.randint(1, 6))).capitalize() for _ in range(900)}
+    assert build_entity_index(names).name_to_code == _naive_index(names).name_to_code
+
+
+def test_many_names_stay_fast_and_unique():
+    import random
+    import time
+
+    rng = random.Random(9)
+    names = set()
+    while len(names) < 20_000:  # more than the 17,576 three-letter codes
+        names.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9))).capitalize())
+    start = time.perf_counter()
+    index = build_entity_index(names)
+    assert time.perf_counter() - start < 10  # was quadratic once the 3-letter space filled
+    assert len(index.code_to_name) == len(names)
+    assert all(re.fullmatch(r"[A-Z]{3,5}", c) for c in index.code_to_name)

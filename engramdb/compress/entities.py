@@ -18,8 +18,9 @@ others), then per chunk:
 
 Codes are three uppercase letters derived from the name ("Alice" -> "ALC"); on a
 collision the next candidate in a fixed order is taken (other letter pairs of the name,
-then the first letter with any two letters, then any three letters), and names are
-coded in sorted order, so codes are stable and deterministic.
+then the first letter with any two letters, then any three letters, then the first
+letter with three, four, ... letters), and names are coded in sorted order, so codes
+are stable and deterministic.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import combinations, product
+from itertools import combinations, count
 from string import ascii_uppercase
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..records import EntityIndex
 from .normalize import tokenize
@@ -333,36 +334,78 @@ def _letters(name: str) -> str:
     return "".join(c for c in folded if "A" <= c.upper() <= "Z" and c.isascii()).upper()
 
 
-def code_candidates(name: str) -> Iterator[str]:
-    """Codes for ``name`` in preference order; every 3-letter code appears eventually."""
+def _nth(k: int, length: int) -> str:
+    """The ``k``-th string of ``length`` uppercase letters in lexicographic order."""
+    out = []
+    for _ in range(length):
+        k, r = divmod(k, 26)
+        out.append(ascii_uppercase[r])
+    return "".join(reversed(out))
+
+
+def _own_codes(name: str) -> tuple[str, list[str]]:
+    """The first letter of ``name`` and the codes made from its own letters, in order."""
     letters = _letters(name) or "X"
     first, rest = letters[0], letters[1:]
     consonants = [c for c in rest if c not in "AEIOU"]
+    own = []
     if len(consonants) >= 2:
-        yield first + consonants[0] + consonants[1]
+        own.append(first + consonants[0] + consonants[1])
     elif len(consonants) == 1:
-        yield first + consonants[0] + letters[-1]
-    yield (first + rest[:2]).ljust(3, "X")
-    for i, j in combinations(range(len(rest)), 2):
-        yield first + rest[i] + rest[j]
-    for a, b in product(ascii_uppercase, repeat=2):
-        yield first + a + b
-    for a, b, c in product(ascii_uppercase, repeat=3):
-        yield a + b + c
-    for tail in product(ascii_uppercase, repeat=3):
-        yield first + "".join(tail)  # 4 letters once all 17,576 3-letter codes are taken
-    raise RuntimeError("entity code space exhausted")  # pragma: no cover - 475k+ names
+        own.append(first + consonants[0] + letters[-1])
+    own.append((first + rest[:2]).ljust(3, "X"))
+    own.extend(first + rest[i] + rest[j] for i, j in combinations(range(len(rest)), 2))
+    return first, own
+
+
+def _stages(first: str) -> Iterator[tuple[tuple, int, Callable[[int], str]]]:
+    """The shared fallback ranges after a name's own codes: ``(key, size, k -> code)``."""
+    yield ("first+2", first), 26 ** 2, lambda k: first + _nth(k, 2)
+    yield ("any3",), 26 ** 3, lambda k: _nth(k, 3)
+    for length in count(3):  # then longer codes: the space never runs out
+        yield ("first+n", first, length), 26 ** length, lambda k, n=length: first + _nth(k, n)
+
+
+def code_candidates(name: str) -> Iterator[str]:
+    """Codes for ``name`` in preference order (infinite; every 3-letter code appears)."""
+    first, own = _own_codes(name)
+    yield from own
+    for _, size, code_at in _stages(first):
+        for k in range(size):
+            yield code_at(k)
+
+
+def _first_free(name: str, used: Mapping[str, str], cursors: dict[tuple, int]) -> str:
+    first, own = _own_codes(name)
+    for code in own:
+        if code not in used:
+            return code
+    for key, size, code_at in _stages(first):
+        # every code of a range before its cursor is taken (codes are never freed), so
+        # the scan resumes there: the first free code in preference order, without
+        # rescanning thousands of taken codes for every new name
+        k = cursors.get(key, 0)
+        while k < size:
+            code = code_at(k)
+            if code not in used:
+                cursors[key] = k
+                return code
+            k += 1
+        cursors[key] = size
+    raise AssertionError("unreachable: the code ranges are unbounded")  # pragma: no cover
 
 
 def assign_codes(index: EntityIndex, names: Iterable[str]) -> None:
-    """Give each new name in ``names`` a code, in sorted order; existing codes never change."""
+    """Give each new name in ``names`` a code, in sorted order; existing codes never change.
+
+    Each name gets the first code of :func:`code_candidates` not yet taken.
+    """
     used = index.code_to_name
+    cursors: dict[tuple, int] = {}
     for name in sorted(set(names)):
         if name in index.name_to_code:
             continue
-        for code in code_candidates(name):
-            if code not in used:
-                break
+        code = _first_free(name, used, cursors)
         index.name_to_code[name] = code
         index.code_to_name[code] = name
 
