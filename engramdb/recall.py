@@ -1,4 +1,4 @@
-"""The query pipeline: expand -> BM25 -> vectors -> fuse -> boosts -> tunnel hop -> top k.
+"""The query pipeline: expand -> BM25 and vectors (each spread one hop) -> RRF -> boosts -> top k.
 
 Every step is deterministic: query terms are scored in sorted order, rankings break ties
 by docno, and nothing iterates a set or dict in hash order, so the same file and query
@@ -28,12 +28,12 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .codec import decode_node, encode_node
-from .errors import EngramError, ValidationError
+from .errors import ValidationError
 from .index import Indexes
 from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
@@ -232,7 +232,9 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
         ctx = _Run(txn, indexes, keep, hops)
         rankings: list[tuple[str, list[tuple[int, float, float]]]] = []
         if weights:
-            rankings.append(("bm25", ctx.ranking(*indexes.bm25.scores(txn, weights), limit)))
+            # with filters every match must be checked; without, the fast exact top suffices
+            found = indexes.bm25.scores(txn, weights) if ctx.filtering else indexes.bm25.top(txn, weights, limit)
+            rankings.append(("bm25", ctx.ranking(*found, limit)))
         for name in sorted(indexes.vectors.spaces(txn)):
             if indexes.vectors.count(txn, name) == 0:
                 continue

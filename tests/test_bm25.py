@@ -364,3 +364,24 @@ def test_corrupt_directory_is_a_clean_error(store):
     store.write(lambda txn: idx.rebuild(txn, [(1, ["x"])]))
     with store.read() as txn:
         assert idx.search(txn, ["x"], 3)[0][0] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpus=st.lists(st.lists(st.sampled_from(["a1", "b2", "c3", "d4", "e5"]), max_size=6), min_size=1, max_size=30),
+       query=st.dictionaries(st.sampled_from(["a1", "b2", "c3", "d4", "e5", "zz"]),
+                             st.sampled_from([0.4, 1.0, 2.0]), min_size=1),
+       k=st.integers(1, 12), split=st.integers(1, 30))
+def test_fast_top_equals_full_scores_with_ties(tmp_path_factory, corpus, query, k, split):
+    """Few distinct terms make many exact ties: top() must break them exactly like top_k."""
+    store = Store.open(tmp_path_factory.mktemp("top") / "t.engram")
+    store.sealer = Sealer(os.urandom(32))
+    try:
+        idx = _index(store, [(5 + 3 * i, toks) for i, toks in enumerate(corpus)],
+                     [min(split, len(corpus)), max(0, len(corpus) - split)])
+        with store.read() as txn:
+            fast_d, fast_s = idx.top(txn, query, k)
+            full_d, full_s = top_k(*idx.scores(txn, query), k)
+        assert fast_d.tolist() == full_d.tolist()
+        assert fast_s.tolist() == full_s.tolist()  # bit-identical sums
+    finally:
+        store.close()

@@ -386,6 +386,7 @@ class SegmentedBM25:
         self._segs: dict[int, _Seg] = {}
         self._blocks: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -477,7 +478,7 @@ class SegmentedBM25:
         return out
 
     def _term_scores(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """A term's live docnos and their BM25 contributions ``idf * tf_part`` (weight 1).
+        """A term's live docnos (int64) and their BM25 contributions ``idf * tf_part`` (weight 1).
 
         Cached with the postings: both depend only on the committed state.
         """
@@ -490,7 +491,7 @@ class SegmentedBM25:
             contrib = float(lucene_idf(d.n_docs, docnos.size)) * lucene_tf_part(tfs, dls, d.total_len / d.n_docs)
         else:
             contrib = np.zeros(docnos.size)
-        out = (docnos, contrib)
+        out = (docnos.astype(np.int64), contrib)
         if not txn.write:
             d.terms[key] = out
         return out
@@ -501,6 +502,25 @@ class SegmentedBM25:
         """(live documents, total length of the live documents)."""
         d = self._directory(txn)
         return d.n_docs, d.total_len
+
+    def _weighted(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query term, in sorted order: (docnos int64, weighted contributions)."""
+        if isinstance(query_terms, Mapping):
+            weights = dict(query_terms)
+        else:
+            weights = dict(Counter(query_terms))
+        d = self._directory(txn)
+        parts = []
+        for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
+            w = weights[term]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
+                raise ValidationError(f"query term weight for {term!r} must be a positive number")
+            if d.n_docs <= 0:
+                continue
+            docnos, contrib = self._term_scores(txn, d, self.blind(term))
+            if docnos.size:
+                parts.append((docnos, contrib if w == 1 else float(w) * contrib))
+        return parts
 
     def scores(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """BM25 scores of every live document matching at least one query term.
@@ -516,35 +536,55 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        if isinstance(query_terms, Mapping):
-            weights = dict(query_terms)
-        else:
-            weights = dict(Counter(query_terms))
-        d = self._directory(txn)
-        if d.n_docs <= 0 or not weights:
+        parts = self._weighted(txn, query_terms)
+        if not parts:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64)
-        all_docs, all_scores = [], []
-        for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
-            w = weights[term]
-            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
-                raise ValidationError(f"query term weight for {term!r} must be a positive number")
-            docnos, contrib = self._term_scores(txn, d, self.blind(term))
-            if not docnos.size:
-                continue
-            all_docs.append(docnos)
-            all_scores.append(contrib if w == 1 else float(w) * contrib)
-        if not all_docs:
-            return np.zeros(0, np.uint64), np.zeros(0, np.float64)
-        docs = np.concatenate(all_docs)
-        contrib = np.concatenate(all_scores)
-        hi = int(docs.max())
-        if hi < 4 * docs.size + 1024:
-            acc = np.bincount(docs.astype(np.int64), weights=contrib, minlength=hi + 1)
-            hit = np.bincount(docs.astype(np.int64), minlength=hi + 1) > 0
-            out_docs = np.flatnonzero(hit).astype(np.uint64)
-            return out_docs, acc[out_docs.astype(np.int64)]
+        docs = np.concatenate([p[0] for p in parts])
+        contrib = np.concatenate([p[1] for p in parts])
         out_docs, inverse = np.unique(docs, return_inverse=True)
-        return out_docs, np.bincount(inverse, weights=contrib, minlength=out_docs.size)
+        # bincount adds in array order, i.e. term order: the same sums as top()
+        return out_docs.astype(np.uint64), np.bincount(inverse, weights=contrib, minlength=out_docs.size)
+
+    def _accumulator(self, size: int) -> np.ndarray:
+        """A zeroed float64 array of at least ``size`` slots, one per thread (reused)."""
+        acc = getattr(self._local, "acc", None)
+        if acc is None or acc.size < size:
+            acc = self._local.acc = np.zeros(max(size, 1024) * 2)
+        return acc
+
+    def top(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best (docnos uint64, scores), score descending then docno ascending.
+
+        Equal to ``top_k(*scores(...), k)``, faster: contributions are summed into a dense
+        per-thread accumulator (each term's docnos are distinct, so a fancy-indexed add is
+        exact), and only the best ``k * terms`` entries of the undeduplicated candidates
+        are looked at: a document fills at most one entry per term, so fewer than that many
+        entries can beat the k-th best document, and every tie with it is kept.
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
+        parts = self._weighted(txn, query_terms)
+        if not parts or k <= 0:
+            return np.zeros(0, np.uint64), np.zeros(0, np.float64)
+        if len(parts) == 1:
+            return top_k(parts[0][0].astype(np.uint64), parts[0][1], k)
+        acc = self._accumulator(max(int(p[0][-1]) for p in parts) + 1)
+        try:
+            for docnos, contrib in parts:
+                acc[docnos] += contrib
+            cand = np.concatenate([p[0] for p in parts])
+            cscores = acc[cand]
+        finally:
+            for docnos, _ in parts:
+                acc[docnos] = 0.0
+        m = k * len(parts)
+        if cand.size > m:
+            threshold = cscores[np.argpartition(-cscores, m - 1)[:m]].min()
+            keep = cscores >= threshold
+            cand, cscores = cand[keep], cscores[keep]
+        cand, first = np.unique(cand, return_index=True)
+        return top_k(cand.astype(np.uint64), cscores[first], k)
 
     def search(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str], k: int) -> list[tuple[int, float]]:
         """The top ``k`` (docno, score), score descending then docno ascending.
@@ -552,8 +592,7 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        docs, scores = self.scores(txn, query_terms)
-        docs, scores = top_k(docs, scores, k)
+        docs, scores = self.top(txn, query_terms, k)
         return [(int(a), float(s)) for a, s in zip(docs, scores)]
 
     def doc_count(self, txn: Any) -> int:

@@ -3,7 +3,8 @@ SQLite FTS5 (SQLite3 Multiple Ciphers via apsw-sqlite3mc) and sqlite-vec, on the
 
 Run (from the repository root; one run, a few minutes at 100k documents):
 
-    python tools/bench/bench_search.py --docs 100000 --queries 200
+    python tools/bench/bench_search.py --docs 100000 --queries 200 \
+        --out tools/bench/results/$(date +%F)-$(hostname)-search.txt
 
 Optional peers: ``pip install apsw-sqlite3mc sqlite-vec`` (skipped with a note when
 missing). The corpus is generated, seeded: ~60-token documents drawn with Zipf-like
@@ -68,11 +69,17 @@ def corpus(n: int, seed: int) -> list[str]:
     return out
 
 
-def queries(n: int, seed: int) -> list[str]:
-    vocab, _ = vocabulary(seed)
-    rng = np.random.default_rng(seed + 1)
-    mid = vocab[200:6000]
-    return [" ".join(rng.choice(mid, size=int(rng.integers(3, 6)), replace=False)) for _ in range(n)]
+def queries(n: int, seed: int, kind: str = "mid") -> list[str]:
+    """``mid``: 3-5 words uniform over frequency ranks 200-6000 (short posting lists);
+    ``common``: 3-5 words drawn by corpus frequency from rank 30 on (long posting lists,
+    closer to natural questions)."""
+    vocab, p = vocabulary(seed)
+    rng = np.random.default_rng(seed + (1 if kind == "mid" else 2))
+    if kind == "mid":
+        mid = vocab[200:6000]
+        return [" ".join(rng.choice(mid, size=int(rng.integers(3, 6)), replace=False)) for _ in range(n)]
+    tail, tp = vocab[30:], p[30:] / p[30:].sum()
+    return [" ".join(rng.choice(tail, size=int(rng.integers(3, 6)), replace=False, p=tp)) for _ in range(n)]
 
 
 def timed(fn, items) -> list[float]:
@@ -104,13 +111,30 @@ def summary(name: str, times: list[float]) -> dict:
     return {"median": med, "p90": p90}
 
 
+class _Tee:
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--dims", type=int, default=384)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", help="also write the report to this file (e.g. tools/bench/results/DATE-HOST-search.txt)")
     args = ap.parse_args()
+    if args.out:
+        sys.stdout = _Tee(sys.stdout, open(args.out, "w", encoding="utf-8"))  # noqa: SIM115 (closed at exit)
     tmp = tempfile.mkdtemp(prefix="engram-bench-")
     try:
         run(args, tmp)
@@ -122,9 +146,8 @@ def run(args, tmp: str) -> None:
     print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"numpy {np.__version__}")
     texts = corpus(args.docs, args.seed)
-    qs = queries(args.queries, args.seed)
     print(f"corpus: {len(texts)} docs, {sum(len(t.split()) for t in texts) / len(texts):.1f} words/doc; "
-          f"{len(qs)} queries of 3-5 words\n")
+          f"{args.queries} queries of 3-5 words per query set\n")
     results: dict[str, dict] = {}
 
     # --- ingest ------------------------------------------------------------------------------
@@ -168,18 +191,13 @@ def run(args, tmp: str) -> None:
           + (f"; engramdb / SQLite3MC: {mc_ingest / ingest_s:.2f}x" if mc_ingest else ""))
 
     # --- BM25 queries ------------------------------------------------------------------------
-    print("\nBM25 top-10 (warm)")
     idx = db.indexes
     tok = idx.tokenizer
-    q_terms = [tok(q) for q in qs]
     store = db._store
 
     def ours(terms):
         with store.read() as txn:
             return idx.bm25.search(txn, terms, 10)
-
-    for terms in q_terms[:20]:
-        ours(terms)  # warm the postings cache
 
     import bm25s
 
@@ -198,32 +216,41 @@ def run(args, tmp: str) -> None:
         return c.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
                          (" OR ".join(q.split()),)).fetchall()
 
-    systems = {"engramdb": (ours, q_terms), "recall": (lambda q: db.recall(q, top_k=10), qs),
-               "bm25s": (theirs, q_terms), "fts5": (fts_or, qs)}
-    if mc is not None:
-        def mc_or(q):
-            return list(mc.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
-                                   (" OR ".join(q.split()),)))
-        systems["fts5mc"] = (mc_or, qs)
+    def mc_or(q):
+        return list(mc.execute("SELECT rowid FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT 10",
+                               (" OR ".join(q.split()),)))
+
     labels = {"engramdb": "engramdb BM25 (encrypted)", "recall": "engramdb recall() full pipeline",
               "bm25s": "bm25s (numpy backend)", "fts5": "sqlite3 FTS5 OR-query",
               "fts5mc": "SQLite3MC FTS5 OR-query (encrypted)"}
-    for name, times in interleaved(systems, len(qs)).items():
-        results[name] = summary(labels[name], times)
-    same = 0
-    with store.read() as txn:
-        for terms in q_terms:
-            mine = [d - 1 for d, _ in idx.bm25.search(txn, terms, 10)]  # docno = position + 1
-            known = [t for t in terms if t in vocab]
-            full = np.asarray(retriever.get_scores(known), dtype=np.float64)
-            top = np.lexsort((np.arange(len(full)), -full))[:10]
-            same += mine == [int(i) for i in top if full[i] > 0]
-    print(f"  same top-10 as bm25s (bm25s scores in float32; ties by docno): {same}/{len(q_terms)} queries")
-
-    m = results["engramdb"]["median"]
-    print(f"  engramdb is {results['bm25s']['median'] / m:.1f}x bm25s-numpy, "
-          f"{results['fts5']['median'] / m:.1f}x FTS5"
-          + (f", {results['fts5mc']['median'] / m:.1f}x SQLite3MC FTS5" if "fts5mc" in results else ""))
+    for kind in ("mid", "common"):
+        qs = queries(args.queries, args.seed, kind)
+        q_terms = [tok(q) for q in qs]
+        what = {"mid": "3-5 words uniform over frequency ranks 200-6000: short posting lists",
+                "common": "3-5 words drawn by corpus frequency from rank 30 on: long posting lists"}[kind]
+        print(f"\nBM25 top-10, warm cache, {kind} queries ({what})")
+        for terms, q in zip(q_terms, qs):  # warm cache: every query's postings decoded once
+            ours(terms)
+            db.recall(q, top_k=10)
+        systems = {"engramdb": (ours, q_terms), "recall": (lambda q: db.recall(q, top_k=10), qs),
+                   "bm25s": (theirs, q_terms), "fts5": (fts_or, qs)}
+        if mc is not None:
+            systems["fts5mc"] = (mc_or, qs)
+        for name, times in interleaved(systems, len(qs)).items():
+            results[f"{kind}:{name}"] = summary(labels[name], times)
+        same = 0
+        with store.read() as txn:
+            for terms in q_terms:
+                mine = [d - 1 for d, _ in idx.bm25.search(txn, terms, 10)]  # docno = position + 1
+                known = [t for t in terms if t in vocab]
+                full = np.asarray(retriever.get_scores(known), dtype=np.float64)
+                top = np.lexsort((np.arange(len(full)), -full))[:10]
+                same += mine == [int(i) for i in top if full[i] > 0]
+        print(f"  same top-10 as bm25s (bm25s scores in float32; ties by docno): {same}/{len(q_terms)} queries")
+        m = results[f"{kind}:engramdb"]["median"]
+        print(f"  engramdb is {results[f'{kind}:bm25s']['median'] / m:.1f}x bm25s-numpy, "
+              f"{results[f'{kind}:fts5']['median'] / m:.1f}x FTS5"
+              + (f", {results[f'{kind}:fts5mc']['median'] / m:.1f}x SQLite3MC FTS5" if mc is not None else ""))
 
     # --- cold open ------------------------------------------------------------------------------
     db.close()
@@ -231,7 +258,7 @@ def run(args, tmp: str) -> None:
     db = engram_mod.open(path, passphrase="bench passphrase")
     t_open = time.perf_counter() - t0
     t1 = time.perf_counter()
-    db.recall(qs[0], top_k=10)
+    db.recall(queries(1, args.seed + 99, "common")[0], top_k=10)
     t_first = time.perf_counter() - t1
     print(f"\ncold open + first query: open {t_open:.3f} s (argon2id ~{kdf_s:.3f} s at creation), "
           f"first recall {t_first:.3f} s; size {os.path.getsize(path) / 1e6:.1f} MB")
