@@ -188,3 +188,20 @@ def test_ten_thousand_items_timing_sanity():
     # measures it); the bound here only catches a return to quadratic behaviour on a
     # shared, noisy test machine
     assert best < 2.0, best
+
+
+def test_lsh_path_with_no_collisions_or_one_giant_bucket():
+    # regression: an LSH run where no band bucket had two members crashed
+    disjoint = [frozenset({f"only{i}"}) for i in range(LSH_MIN_ITEMS + 100)]
+    assert link_sets(disjoint) == []
+    assert candidate_pairs(disjoint) == []
+    same = [frozenset({"a", "b", "c"})] * (LSH_MIN_ITEMS + 100)
+    links = link_sets(same, top_k=2)
+    assert links and all(l.score == 1.0 for l in links)
+    degree: dict[int, int] = {}
+    for l in links:
+        degree[l.i] = degree.get(l.i, 0) + 1
+        degree[l.j] = degree.get(l.j, 0) + 1
+    assert max(degree.values()) <= 2
+    with_empty = [frozenset()] * 300 + [frozenset({"x", "y"})] * 300
+    assert all(l.i >= 300 for l in link_sets(with_empty))

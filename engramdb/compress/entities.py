@@ -28,6 +28,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import combinations, count
 from string import ascii_uppercase
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -156,6 +157,7 @@ def _verb_shaped(name: str) -> bool:
     return (name.endswith("ed") or name.endswith("ing")) and name[1:] == name[1:].lower()
 
 
+@lru_cache(maxsize=1 << 16)
 def gazetteer_gender(name: str) -> str | None:
     """``"female"``/``"male"`` when the first part of ``name`` is a known given name."""
     first = re.split(r"[\s_\-]", name)[0].lower()
@@ -336,6 +338,10 @@ def _letters(name: str) -> str:
 
 def _nth(k: int, length: int) -> str:
     """The ``k``-th string of ``length`` uppercase letters in lexicographic order."""
+    if length == 2:
+        return _PAIRS[k]
+    if length == 3:
+        return _TRIPLES[k]
     out = []
     for _ in range(length):
         k, r = divmod(k, 26)
@@ -343,19 +349,26 @@ def _nth(k: int, length: int) -> str:
     return "".join(reversed(out))
 
 
-def _own_codes(name: str) -> tuple[str, list[str]]:
+_PAIRS = tuple(a + b for a in ascii_uppercase for b in ascii_uppercase)
+_TRIPLES = tuple(a + bc for a in ascii_uppercase for bc in _PAIRS)
+
+
+def _own_codes(name: str) -> tuple[str, Iterator[str]]:
     """The first letter of ``name`` and the codes made from its own letters, in order."""
     letters = _letters(name) or "X"
+    return letters[0], _own_code_iter(letters)
+
+
+def _own_code_iter(letters: str) -> Iterator[str]:
     first, rest = letters[0], letters[1:]
     consonants = [c for c in rest if c not in "AEIOU"]
-    own = []
     if len(consonants) >= 2:
-        own.append(first + consonants[0] + consonants[1])
+        yield first + consonants[0] + consonants[1]
     elif len(consonants) == 1:
-        own.append(first + consonants[0] + letters[-1])
-    own.append((first + rest[:2]).ljust(3, "X"))
-    own.extend(first + rest[i] + rest[j] for i, j in combinations(range(len(rest)), 2))
-    return first, own
+        yield first + consonants[0] + letters[-1]
+    yield (first + rest[:2]).ljust(3, "X")
+    for i, j in combinations(range(len(rest)), 2):
+        yield first + rest[i] + rest[j]
 
 
 def _stages(first: str) -> Iterator[tuple[tuple, int, Callable[[int], str]]]:

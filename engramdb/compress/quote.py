@@ -29,6 +29,7 @@ DECISION_WORDS = frozenset({
     "concluded", "going", "plan", "intend", "shall",
 })
 _DAMPING = 0.85
+MAX_TEXTRANK_SENTENCES = 48
 _ITERATIONS = 10
 _SPLIT = re.compile(rf"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[{UPPER_CLASS}\"'\u201c\u2018(\[])")
 _ABBREV = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|vs|etc|e\.g|i\.e|No|Vol|Fig)|\b[A-Z]{1,2})\.$")
@@ -59,8 +60,10 @@ def split_sentences(text: str) -> list[str]:
 
 def _textrank(word_sets: list[set[str]]) -> list[float]:
     n = len(word_sets)
-    if n <= 2:
-        return [1.0] * n  # one or two sentences always rank equal
+    if n <= 2 or n > MAX_TEXTRANK_SENTENCES:
+        # one or two sentences always rank equal; past the cap (a list of one-liners,
+        # quadratic to rank) centrality is left out and density alone decides
+        return [1.0] * n
     sim = [[0.0] * n for _ in range(n)]
     for i in range(n):
         a = word_sets[i]

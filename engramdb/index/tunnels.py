@@ -260,6 +260,8 @@ def _lsh_arrays(sig: np.ndarray, rows: int, bucket_cap: int, chain: int, keep: n
     if not codes:
         return np.empty(0, dtype=np.int64)
     merged = np.sort(np.concatenate(codes))
+    if merged.size == 0:
+        return merged
     return merged[np.concatenate(([True], merged[1:] != merged[:-1]))]
 
 
