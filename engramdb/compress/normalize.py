@@ -20,6 +20,7 @@ _NEWLINES = re.compile(r"\r\n?|[\u2028\u2029\x85\x0b\x0c]")
 _PARA_SEP = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)*")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s")
 _WS = re.compile(r"\s")
+_NON_SPACE = re.compile(r"\S")
 # Words keep inner hyphens, apostrophes and underscores ("auth-service", "didn't",
 # "max_tokens"); "_emphasis_" marks are dropped; every other non-space character is a
 # token of its own (punctuation breaks phrases and closes negation scopes).
@@ -82,10 +83,11 @@ def _split_long(text: str, start: int, end: int, size: int) -> list[tuple[int, i
         piece = _trimmed(text, start, cut)
         if piece:
             out.append(piece)
-        nxt = _trimmed(text, cut, end)
+        # skip the whitespace after the cut without copying the (long) rest
+        nxt = _NON_SPACE.search(text, cut, end)
         if nxt is None:
             return out
-        start = nxt[0]
+        start = nxt.start()
     out.append((start, end))
     return out
 
