@@ -349,3 +349,10 @@ def test_quote_avoids_fragments_of_cut_sentences():
     assert select_quote(text).startswith("She smiled")
     chat = "hey so i was thinking\nwe decided on the db today\nmaybe postgres is fine"
     assert select_quote(chat) == "we decided on the db today"  # all lowercase: no penalty
+
+
+def test_small_chunk_size_with_default_overlap():
+    r = compress(PROSE, chunk_size=60)  # the default overlap shrinks instead of failing
+    assert len(r.zettels) > 4
+    with pytest.raises(ValidationError):
+        compress(PROSE, chunk_size=60, chunk_overlap=60)

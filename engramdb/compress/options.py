@@ -105,7 +105,9 @@ def parse_options(options: Mapping[str, Any], *, allowed: Iterable[str] = OPTION
         )
     d = dict(options)
     chunk_size = _int("chunk_size", d.get("chunk_size", 800), 1)
-    chunk_overlap = _int("chunk_overlap", d.get("chunk_overlap", 100), 0)
+    # the default overlap (100) shrinks with a small chunk_size rather than failing on
+    # an option the caller never set
+    chunk_overlap = _int("chunk_overlap", d.get("chunk_overlap", min(100, chunk_size // 2)), 0)
     if chunk_overlap >= chunk_size:
         raise ValidationError(
             f"chunk_overlap ({chunk_overlap}) must be smaller than chunk_size ({chunk_size})", hint=_HINT

@@ -156,7 +156,7 @@ def compress(text: str, **options: Any) -> CompressResult:
             speaker as an entity; a session header line such as ``"[2023-05-08]
             Session 3"`` or ``"DATE: 8 May 2023"`` dates the chunks that follow it.
         **options: ``chunk_size=800``, ``chunk_overlap=100`` (snapped to word
-            boundaries), ``date`` (ISO or "8 May 2023"; the fallback for resolved
+            boundaries; at most half of ``chunk_size`` when not given), ``date`` (ISO or "8 May 2023"; the fallback for resolved
             dates), ``title``, ``min_entity_frequency=1``, ``stop_words`` (extra topic
             stop words), ``temperature=0.5`` (weight softmax; lower = sharper),
             ``tunnel_threshold=0.3``, ``tunnel_top_k=3``, ``dedupe=False``,
