@@ -356,3 +356,35 @@ def test_small_chunk_size_with_default_overlap():
     assert len(r.zettels) > 4
     with pytest.raises(ValidationError):
         compress(PROSE, chunk_size=60, chunk_overlap=60)
+
+
+def _many_paragraphs(n: int) -> str:
+    names = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy"]
+    topics = ["kafka consumer lag", "postgres migration", "billing service", "redis cache", "terraform plan",
+              "security audit", "release notes", "load balancer", "search index", "vector store"]
+    paras = []
+    for i in range(n):
+        a, b = names[i % 10], names[(i * 3 + 1) % 10]
+        paras.append(f"{a} and {b} reviewed the {topics[i % 10]} and the {topics[(i * 7) % 10]} on day {i}.")
+    return "\n\n".join(paras)
+
+
+def test_tunnels_above_500_zettels_match_the_exact_path(monkeypatch):
+    from engramdb.compress import links  # (engramdb.compress the attribute is the function)
+
+    text = _many_paragraphs(700)
+    lsh = compress(text, chunk_size=60, chunk_overlap=0)
+    assert len(lsh.zettels) > 500
+    monkeypatch.setattr(links, "LSH_MIN_ITEMS", 10**9)
+    exact = compress(text, chunk_size=60, chunk_overlap=0)
+    pairs = lambda r: {(t.from_id, t.to_id) for t in r.tunnels}  # noqa: E731
+    assert len(pairs(exact)) > 300
+    assert len(pairs(lsh) & pairs(exact)) >= 0.9 * len(pairs(exact))
+
+
+def test_dedupe_above_500_zettels():
+    block = "We decided to rotate the Vault keys every month after the audit."
+    text = "\n\n".join([block] * 300 + [f"Unrelated note number {i} about lunch {i}." for i in range(300)])
+    r = compress(text, chunk_size=70, chunk_overlap=0, dedupe=True)
+    assert sum(1 for z in r.zettels if z.quote == block) == 1
+    assert len(r.zettels) <= 301
