@@ -205,3 +205,18 @@ def test_lsh_path_with_no_collisions_or_one_giant_bucket():
     assert max(degree.values()) <= 2
     with_empty = [frozenset()] * 300 + [frozenset({"x", "y"})] * 300
     assert all(l.i >= 300 for l in link_sets(with_empty))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"signatures": [["x"]]},
+        {"signatures": np.zeros((4, 64), dtype=np.uint32), "skip": [True]},
+        {"signatures": np.zeros((4, 64), dtype=np.uint32), "min_estimate": 2},
+        {"signatures": np.zeros((4, 64), dtype=np.uint32), "bucket_cap": 0},
+        {"signatures": np.zeros((4, 63), dtype=np.uint32)},
+    ],
+)
+def test_lsh_pairs_rejects_bad_input(kwargs):
+    with pytest.raises(ValidationError):
+        lsh_pairs(**kwargs)

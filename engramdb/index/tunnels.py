@@ -324,14 +324,27 @@ def lsh_pairs(
         min_estimate: drop pairs whose MinHash similarity estimate is below this.
 
     Raises:
-        ValidationError: the signature shape does not divide into bands.
+        ValidationError: the signatures are not an ``(n, k)`` integer matrix dividing into
+            bands, ``skip`` does not have one flag per row, or a parameter is out of range.
     """
-    sig = np.asarray(signatures, dtype=np.uint32)
+    try:
+        sig = np.asarray(signatures, dtype=np.uint32)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"signatures must be a uint32 matrix: {exc}",
+                              hint="use minhash_signatures()") from exc
     _check_banding(sig, rows)
+    for name, value, lo in (("bucket_cap", bucket_cap, 2), ("chain", chain, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValidationError(f"{name} must be an integer >= {lo}", hint="keep the defaults")
+    if isinstance(min_estimate, bool) or not isinstance(min_estimate, (int, float)) or not 0 <= min_estimate <= 1:
+        raise ValidationError("min_estimate must be a number in [0, 1]", hint="the default is 0.0")
     n = sig.shape[0]
     keep = np.arange(n, dtype=np.int64)
     if skip is not None:
-        keep = keep[~np.asarray(skip, dtype=bool)]
+        flags = np.asarray(skip, dtype=bool)
+        if flags.shape != (n,):
+            raise ValidationError("skip must hold one flag per signature row")
+        keep = keep[~flags]
     codes = _lsh_arrays(sig[keep], rows, bucket_cap, chain, keep, n)
     codes = _estimate_filter(sig, codes, n, min_estimate)
     return [(int(c) // n, int(c) % n) for c in codes.tolist()]
