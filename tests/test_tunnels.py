@@ -220,3 +220,12 @@ def test_lsh_path_with_no_collisions_or_one_giant_bucket():
 def test_lsh_pairs_rejects_bad_input(kwargs):
     with pytest.raises(ValidationError):
         lsh_pairs(**kwargs)
+
+
+def test_search_parameters_are_validated():
+    with pytest.raises(ValidationError):
+        link_sets([frozenset("a")], lsh_min="500")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        candidate_pairs([frozenset("a")], seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        candidate_pairs([frozenset("a")], min_estimate=-1)

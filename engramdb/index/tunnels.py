@@ -29,7 +29,7 @@ import hashlib
 import zlib
 from itertools import chain
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -366,6 +366,7 @@ def candidate_pairs(
     Raises:
         ValidationError: an item is not a set of strings.
     """
+    _check_search(lsh_min, seed, min_estimate)
     return _candidates(_check_sets(sets), lsh_min, seed, min_estimate)
 
 
@@ -416,7 +417,12 @@ class TokenSets:
     def candidates(
         self, *, lsh_min: int = LSH_MIN_ITEMS, seed: int = DEFAULT_SEED, min_estimate: float = 0.0
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate pairs as sorted int64 arrays ``(i, j)``, ``i < j`` (see :func:`candidate_pairs`)."""
+        """Candidate pairs as sorted int64 arrays ``(i, j)``, ``i < j`` (see :func:`candidate_pairs`).
+
+        Raises:
+            ValidationError: a parameter is out of range.
+        """
+        _check_search(lsh_min, seed, min_estimate)
         n = len(self.items)
         if n > lsh_min:
             codes = _lsh_codes(self._prep, seed, min_estimate)
@@ -457,6 +463,15 @@ def greedy_links(ranked: Iterable[tuple[int, int, float]], n: int, top_k: int) -
     return accepted
 
 
+def _check_search(lsh_min: Any, seed: Any, min_estimate: Any = 0.0) -> None:
+    if isinstance(lsh_min, bool) or not isinstance(lsh_min, int) or lsh_min < 0:
+        raise ValidationError("lsh_min must be a non-negative integer", hint="the default is 500")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValidationError("seed must be an integer", hint="the default is DEFAULT_SEED")
+    if isinstance(min_estimate, bool) or not isinstance(min_estimate, (int, float)) or not 0 <= min_estimate <= 1:
+        raise ValidationError("min_estimate must be a number in [0, 1]", hint="the default is 0.0")
+
+
 def _check_params(threshold: float, top_k: int) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ValidationError("threshold must be a number in [0, 1]", hint="the default is 0.3")
@@ -491,6 +506,7 @@ def link_sets(
         ValidationError: bad parameters or an item that is not a set of strings.
     """
     _check_params(threshold, top_k)
+    _check_search(lsh_min, seed)
     items = _check_sets(sets)
     # A custom scorer may rank pairs above their plain Jaccard, so only plain Jaccard
     # can use the MinHash estimate as a pre-filter.
