@@ -100,7 +100,7 @@ def analyze(
             id=zettel_id(first_id + k),
             entities=entities[k],
             topics=extract_topics(chunk.text, stop, speakers, tokens=tokens[k]),
-            quote=select_quote(own if len(own.split()) >= 5 else chunk.text),
+            quote=select_quote(own if len(own.split()) >= 5 else chunk.text, lower_sets[k]),
             weight=raw_weight(signals),
             emotions=list(signals.emotions),
             flags=list(signals.flags),

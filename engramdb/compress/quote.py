@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from operator import mul
+from typing import Collection
 
 from .entities import UPPER_CLASS
 
@@ -86,23 +87,29 @@ def _textrank(word_sets: list[set[str]]) -> list[float]:
     return [s / top for s in scores] if top > 0 else scores
 
 
-def select_quote(text: str) -> str:
-    """The key sentence of ``text`` (see the module docstring)."""
+def select_quote(text: str, vocab: Collection[str] | None = None) -> str:
+    """The key sentence of ``text`` (see the module docstring).
+
+    ``vocab`` may hold the lowercase words of ``text`` (or of a text containing it); it
+    only lets a chunk without decision words skip counting them.
+    """
     trimmed = text.strip()
     if len(trimmed.split()) < 5:
         return " ".join(trimmed[:120].split())
     sentences = split_sentences(trimmed)
     if len(sentences) == 1:
         return " ".join(sentences[0].split())
-    word_lists = [s.split() for s in sentences]
     lowered = [s.lower() for s in sentences]
     lower_words = [s.split() for s in lowered]
-    centrality = _textrank([set(ws) for ws in lower_words])
+    word_sets = [set(ws) for ws in lower_words]
+    centrality = _textrank(word_sets)
     best, best_score = 0, float("-inf")
     last = len(sentences) - 1
     is_decision = DECISION_WORDS.__contains__
     # most chunks have no decision word at all: then no sentence needs counting
-    any_decision = not DECISION_WORDS.isdisjoint(_WORD.findall(" ".join(lowered)))
+    if vocab is None:
+        vocab = _WORD.findall(" ".join(lowered))
+    any_decision = not DECISION_WORDS.isdisjoint(vocab)
     # a sentence starting in lowercase among capitalized ones is a fragment (a chunk cut
     # mid-sentence); in all-lowercase chat text nobody is penalized
     starts_lower = [s[0].islower() for s in sentences]
@@ -122,11 +129,11 @@ def select_quote(text: str) -> str:
             (decisions / count if count else 0.0) * 3.0
             + decisions * 0.4
             + length_bonus
-            + (len(set(words)) / count if count else 0.0) * 0.3
+            + (len(word_sets[i]) / count if count else 0.0) * 0.3
             + (0.1 if i == 0 or i == last else 0.0)
             - (1.0 if mixed and starts_lower[i] else 0.0)
         )
         score = 0.5 * centrality[i] + 0.5 * density
         if score > best_score:
             best, best_score = i, score
-    return " ".join(word_lists[best])
+    return " ".join(sentences[best].split())
