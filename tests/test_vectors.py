@@ -167,3 +167,32 @@ def test_bad_vector_blocks_are_corrupt_file_errors():
     for bad in (blob[:5], blob[:-1], blob + b"\x00"):
         with pytest.raises(CorruptFileError):
             decode_vector_block(bad)
+
+
+def test_local_model_embedder_never_downloads(monkeypatch):
+    import sys
+    import types
+
+    from engramdb.index.vectors import LocalModelEmbedder
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # not installed
+    with pytest.raises(EmbeddingError, match="not installed") as err:
+        LocalModelEmbedder("all-MiniLM-L6-v2")(["x"])
+    assert "hashed" in err.value.hint
+    calls = []
+
+    class FakeModel:
+        def __init__(self, name, **kwargs):
+            calls.append((name, kwargs))
+            if name == "missing":
+                raise OSError("not in the local cache")
+
+        def encode(self, texts, normalize_embeddings, convert_to_numpy):
+            return np.ones((len(texts), 4), dtype=np.float64) * (0.5 if normalize_embeddings else 2.0)
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", types.SimpleNamespace(SentenceTransformer=FakeModel))
+    out = LocalModelEmbedder("/models/minilm")(["a", "b"])
+    assert out.dtype == np.float32 and out.shape == (2, 4)
+    assert calls == [("/models/minilm", {"local_files_only": True})]
+    with pytest.raises(EmbeddingError, match="not available locally"):
+        LocalModelEmbedder("missing")(["a"])

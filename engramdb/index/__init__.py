@@ -147,9 +147,15 @@ class Indexes:
         Raises:
             ConfigMismatchError: the file records another tokenizer.
         """
-        if txn.get("meta", TOKENIZER_KEY) is None:
+        data = txn.get("meta", TOKENIZER_KEY)
+        if data is None:
             init_meta(txn, self.tokenizer)
-        elif txn.write and load_tokenizer(txn).settings() != self.tokenizer.settings():
+            return
+        try:
+            recorded = msgpack.unpackb(data, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types on bad input
+            raise CorruptFileError("the tokenizer settings in meta do not decode") from exc
+        if recorded != self.tokenizer.settings():
             raise ConfigMismatchError("another process recorded a different tokenizer for this file",
                                       hint="open the file again")
 

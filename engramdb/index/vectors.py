@@ -35,6 +35,7 @@ __all__ = [
     "Embedder",
     "EmbeddingSpace",
     "HashedTfidfEmbedder",
+    "LocalModelEmbedder",
     "VectorIndex",
     "decode_vector_block",
     "encode_vector_block",
@@ -100,6 +101,49 @@ class HashedTfidfEmbedder:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)
         return out.astype(np.float32)
+
+
+class LocalModelEmbedder:
+    """A sentence-transformers model loaded from local files only (never downloaded).
+
+    The optional extra: ``pip install sentence-transformers`` and a model directory (or a
+    model already in the local cache). Loading is lazy, on the first call.
+
+    Args:
+        model: a local path or the name of a model present in the local cache.
+        normalize: L2-normalise the output rows.
+
+    Raises:
+        EmbeddingError: (on first use) sentence-transformers is not installed, or the model
+            is not available locally.
+    """
+
+    def __init__(self, model: str, *, normalize: bool = True) -> None:
+        if not isinstance(model, str) or not model:
+            raise EmbeddingError("LocalModelEmbedder needs a model path or name")
+        self.model = model
+        self.normalize = normalize
+        self._impl: Any = None
+
+    def _load(self) -> Any:
+        if self._impl is None:
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError as exc:
+                raise EmbeddingError("sentence-transformers is not installed",
+                                     hint="pip install sentence-transformers, or use the built-in "
+                                          f"{HASHED_MODEL!r} space") from exc
+            try:
+                self._impl = SentenceTransformer(self.model, local_files_only=True)
+            except Exception as exc:  # the library raises OSError, ValueError, HF errors...
+                raise EmbeddingError(f"the model {self.model!r} is not available locally",
+                                     hint="download it once yourself and pass its directory; "
+                                          "engramdb never downloads models") from exc
+        return self._impl
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        out = self._load().encode(list(texts), normalize_embeddings=self.normalize, convert_to_numpy=True)
+        return np.asarray(out, dtype=np.float32)
 
 
 @dataclass(frozen=True)
