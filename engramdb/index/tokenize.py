@@ -200,4 +200,5 @@ class Tokenizer:
         for w in words:
             if w not in memo:
                 memo[w] = stem(w)
-        return [memo[w] for w in words]
+        get = memo.get  # another thread may clear the memo meanwhile: recompute, never fail
+        return [get(w) or stem(w) for w in words]
