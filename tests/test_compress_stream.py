@@ -115,3 +115,34 @@ def test_bad_arguments():
         CompressStream(chunksize=3)
     with pytest.raises(ValidationError):
         CompressStream().push(None)  # type: ignore[arg-type]
+
+
+class _BruteForceStream(CompressStream):
+    """The dedupe definition, without the prefix-filter index."""
+
+    def _duplicate_of(self, tokens):
+        from engramdb.index.tunnels import jaccard
+
+        best, best_score = None, 0.0
+        for kept in sorted(self._kept, key=lambda k: k.serial):
+            score = jaccard(tokens, kept.tokens)
+            if score >= self._opts.dedupe_threshold and score > best_score:
+                best, best_score = kept, score
+        return best
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "Alice", "Bob", "decided", "kafka",
+                                       "postgres", "lunch", "lag", "queue"]), min_size=1, max_size=8),
+             min_size=1, max_size=25),
+    st.sampled_from([0.5, 0.7, 0.9, 1.0]),
+    st.one_of(st.none(), st.integers(min_value=2, max_value=6)),
+)
+def test_dedupe_index_equals_brute_force(messages, threshold, cap):
+    texts = ["Alice: " + " ".join(words) for words in messages]
+    fast = _replay(texts, dedupe=True, dedupe_threshold=threshold, max_zettels=cap)
+    slow = _BruteForceStream(dedupe=True, dedupe_threshold=threshold, max_zettels=cap)
+    for t in texts:
+        slow.push(t)
+    assert result_to_json(fast.snapshot()) == result_to_json(slow.snapshot())

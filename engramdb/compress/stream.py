@@ -20,6 +20,7 @@ Zettels of a stream have no source offsets: every push has its own text.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,28 @@ from .weights import blend_centrality, decay_factor, normalize_weights, round2
 __all__ = ["CompressStream"]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Kept:
     zettel: Zettel  # weight holds the raw (un-normalized) weight
     turn: int
     serial: int
     tokens: frozenset[str]
+    prefix: tuple[str, ...] = ()
+
+
+def _token_order(token: str) -> tuple[int, str]:
+    return zlib.crc32(token.encode("utf-8", "surrogatepass")), token
+
+
+def _prefix(tokens: frozenset[str], threshold: float) -> tuple[str, ...]:
+    """Prefix filtering (Chaudhuri et al. 2006): two sets with Jaccard >= ``threshold``
+    share a token among the first ``|A| - ceil(threshold * |A|) + 1`` tokens of each, in
+    one fixed global order. The order is by CRC-32, not alphabetical, so a token common
+    to every message (a speaker's name) sits in few prefixes."""
+    if not tokens:
+        return ()
+    need = max(1, math.ceil(threshold * len(tokens) - 1e-9))  # rounding down only widens it
+    return tuple(sorted(tokens, key=_token_order)[: len(tokens) - need + 1])
 
 
 class CompressStream:
@@ -73,6 +90,7 @@ class CompressStream:
         self._cap = max_zettels
         self._index = EntityIndex()
         self._kept: list[_Kept] = []
+        self._postings: dict[str, list[_Kept]] = {}  # prefix token -> kept zettels (dedupe)
         self._turn = 0
         self._serial = 0
         self._input_length = 0
@@ -113,15 +131,40 @@ class CompressStream:
                 continue
             self._serial += 1
             z.id = zettel_id(self._serial)
-            self._kept.append(_Kept(z, self._turn, self._serial, tokens))
+            kept = _Kept(z, self._turn, self._serial, tokens)
+            self._kept.append(kept)
+            if self._opts.dedupe:
+                self._post(kept)
             touched.append(z.id)
         self._evict()
         return touched
 
+    def _post(self, kept: _Kept) -> None:
+        kept.prefix = _prefix(kept.tokens, self._opts.dedupe_threshold)
+        for token in kept.prefix:
+            self._postings.setdefault(token, []).append(kept)
+
+    def _unpost(self, kept: _Kept) -> None:
+        for token in kept.prefix:
+            posting = self._postings[token]
+            posting.remove(kept)
+            if not posting:
+                del self._postings[token]
+        kept.prefix = ()
+
     def _duplicate_of(self, tokens: frozenset[str]) -> _Kept | None:
         threshold = self._opts.dedupe_threshold
+        seen: dict[int, _Kept] = {}
+        for token in _prefix(tokens, threshold):
+            for kept in self._postings.get(token, ()):
+                seen[kept.serial] = kept
         best, best_score = None, 0.0
-        for kept in self._kept:
+        size = len(tokens)
+        for serial in sorted(seen):  # the most similar wins, the oldest on ties
+            kept = seen[serial]
+            other = len(kept.tokens)
+            if min(size, other) < threshold * max(size, other):
+                continue  # Jaccard <= smaller / larger
             score = jaccard(tokens, kept.tokens)
             if score >= threshold and score > best_score:
                 best, best_score = kept, score
@@ -138,7 +181,9 @@ class CompressStream:
         z.flags = [f for f in ALL_FLAGS if f in flags]
         if new.resolved_date and not z.resolved_date:
             z.resolved_date = new.resolved_date
+        self._unpost(kept)
         kept.tokens = dedupe_tokens(z)
+        self._post(kept)
 
     def _decayed(self, kept: _Kept) -> float:
         return kept.zettel.weight * decay_factor(self._turn - kept.turn, self._half_life)
@@ -148,6 +193,9 @@ class CompressStream:
             return
         ranked = sorted(self._kept, key=lambda k: (self._decayed(k), k.turn, k.serial))
         drop = {id(k) for k in ranked[: len(self._kept) - self._cap]}
+        for k in self._kept:
+            if id(k) in drop and k.prefix:
+                self._unpost(k)
         self._kept = [k for k in self._kept if id(k) not in drop]
 
     def snapshot(self) -> CompressResult:
