@@ -84,7 +84,8 @@ _HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Miss", "Sir", "Lady", "Lord", "Mada
 # chapter numbers ("XIV", "LIX"); C, D and M are left out so "DC" or "MD" survive
 _ROMAN = re.compile(r"[IVXL]{2,}")
 _CONTRACTION = re.compile(r"['\u2019](?:t|ll|re|ve|d|m)$", re.IGNORECASE)
-_LOWER_WORD = re.compile(r"\b[a-z][a-z'\u2019\-]*\b")
+# a word written in lowercase (a lookbehind instead of \b: twice as fast on a book)
+_LOWER_WORD = re.compile(r"(?<![\w'\u2019\-])[a-z][a-z'\u2019\-]*")
 
 STOP_LIST = frozenset("""
 I The A An It He She They We You But And Or In On At To Of For With By From That This These Those When Where
