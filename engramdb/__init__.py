@@ -5,6 +5,8 @@
         db.remember("Alice moved to Berlin in 2023", tags=["people"])
 
 The public surface is exactly ``__all__`` (pinned by tests/test_public_api.py).
+Note that ``engramdb.compress`` is the function; its implementation lives in the
+``engramdb.compress`` subpackage, reachable with ``from engramdb.compress import ...``.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from . import aaak
 from .backup import restore
 from .compress import (
     CompressStream, compress, compress_many, estimate_tokens, inject_context, merge_results, normalize_weights,
-    top_zettels, wake_up,
+    result_to_dict, result_to_json, top_zettels, wake_up,
 )
 from .engram import Engram, Problem, Transaction, import_key, open
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
@@ -39,6 +41,8 @@ __all__ = [
     "wake_up",
     "estimate_tokens",
     "CompressStream",
+    "result_to_dict",
+    "result_to_json",
     "Engram",
     "Transaction",
     "Problem",
