@@ -1,5 +1,6 @@
 """Incremental equals rebuilt: after any sequence of adds, updates, deletes, merges, reopen
-and compaction, every query answers exactly what an index rebuilt from scratch answers."""
+and compaction, every query (BM25, and recall fusing BM25 with an auto vector space)
+answers exactly what indexes rebuilt from scratch answer."""
 from __future__ import annotations
 
 import shutil
@@ -46,6 +47,7 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="engram-stateful-")
         self.path = f"{self.dir}/s.engram"
         self.db = self._open()
+        self.db.add_space("h", dims=16)  # an auto space: every memory also gets a vector
         self.model: dict[str, str] = {}
         self.n = 0
 

@@ -43,7 +43,7 @@ def test_exact_search_equals_brute_force_across_blocks_and_deletes(store):
         batch = [(i + 1, _node(i + 1, vectors[i])) for i in range(start, min(300, start + 37))]
         store.write(lambda txn, batch=batch: vi.apply(txn, batch, ["" for _ in batch], []))
     dead = [3, 50, 51, 299]
-    store.write(lambda txn: vi.apply(txn, [], [], dead))
+    store.write(lambda txn: vi.apply(txn, [], [], [(d, _node(d, vectors[d - 1])) for d in dead]))
     live = np.asarray([i for i in range(1, 301) if i not in dead], dtype=np.uint64)
     matrix = vectors[live.astype(int) - 1]
     for q in (rng.normal(size=16).astype(np.float32), vectors[5]):
@@ -144,7 +144,7 @@ def test_a_second_handle_refreshes_its_matrix_after_a_commit(store, tmp_path):
         store.write(lambda txn: writer.apply(txn, [(1, _node(1, [1.0, 0.0]))], [""], []))
         with other.read() as txn:
             assert reader.search(txn, "s", [1.0, 0.0], 5) == [(1, 1.0)]
-        store.write(lambda txn: writer.apply(txn, [(2, _node(2, [2.0, 0.0]))], [""], [1]))
+        store.write(lambda txn: writer.apply(txn, [(2, _node(2, [2.0, 0.0]))], [""], [(1, _node(1, [1.0, 0.0]))]))
         with other.read() as txn:
             assert reader.search(txn, "s", [1.0, 0.0], 5) == [(2, 2.0)]
     finally:

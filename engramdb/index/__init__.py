@@ -181,9 +181,10 @@ class Indexes:
         """
         self.ensure_meta(txn)
         added = sorted(added, key=lambda item: item[0])
-        removed_docnos = sorted({docno for docno, _ in removed})
+        removed = sorted({docno: node for docno, node in removed}.items())
+        removed_docnos = [docno for docno, _ in removed]
         texts = [node_text(node) for _, node in added]
-        self.vectors.apply(txn, added, texts, removed_docnos)
+        self.vectors.apply(txn, added, texts, removed)
         self.bm25.apply(txn, [(docno, self.tokenizer(text)) for (docno, _), text in zip(added, texts)],
                         removed_docnos)
         re_added = {docno for docno, _ in added}

@@ -230,13 +230,20 @@ def _check_matrix(space: EmbeddingSpace, vectors: Any) -> np.ndarray:
 
 
 class _VDir:
-    __slots__ = ("next", "blocks", "dead", "n")
+    """A space's directory: its blocks and tombstones.
+
+    A tombstone ``(docno, before)`` says: rows of ``docno`` in blocks numbered below
+    ``before`` are dead. Deleting or updating a memory therefore never reads a block;
+    a re-added version lands in a block numbered ``before`` or higher and stays live.
+    """
+
+    __slots__ = ("next", "blocks", "dead_docs", "dead_before")
 
     def __init__(self) -> None:
         self.next = 1
-        self.blocks: dict[int, list[int]] = {}
-        self.dead: dict[int, np.ndarray] = {}
-        self.n = 0
+        self.blocks: dict[int, int] = {}  # block number -> rows (including dead ones)
+        self.dead_docs = np.zeros(0, np.uint64)  # sorted, distinct
+        self.dead_before = np.zeros(0, np.uint32)
 
     @classmethod
     def decode(cls, data: bytes | None) -> "_VDir":
@@ -245,9 +252,12 @@ class _VDir:
             return d
         try:
             raw = msgpack.unpackb(data, raw=False)
-            d.next, d.n = int(raw["next"]), int(raw["n"])
-            d.blocks = {int(b): [int(n), 0] for b, n in raw["blocks"]}
-            d.dead = {int(b): np.frombuffer(a, dtype="<u8").astype(np.uint64) for b, a in raw["dead"]}
+            d.next = int(raw["next"])
+            d.blocks = {int(b): int(n) for b, n in raw["blocks"]}
+            d.dead_docs = np.frombuffer(raw["dead_docs"], dtype="<u8").astype(np.uint64)
+            d.dead_before = np.frombuffer(raw["dead_before"], dtype="<u4").astype(np.uint32)
+            if d.dead_docs.size != d.dead_before.size:
+                raise ValueError("tombstone columns differ")
         except Exception as exc:  # msgpack and shape errors alike mean a damaged record
             raise CorruptFileError("a vector directory record is malformed",
                                    hint="run `engramdb verify --fix FILE`") from exc
@@ -255,10 +265,41 @@ class _VDir:
 
     def encode(self) -> bytes:
         return msgpack.packb({
-            "next": self.next, "n": self.n,
-            "blocks": [[b, v[0]] for b, v in sorted(self.blocks.items())],
-            "dead": [[b, a.astype("<u8").tobytes()] for b, a in sorted(self.dead.items()) if a.size],
+            "next": self.next,
+            "blocks": [[b, n] for b, n in sorted(self.blocks.items())],
+            "dead_docs": self.dead_docs.astype("<u8").tobytes(),
+            "dead_before": self.dead_before.astype("<u4").tobytes(),
         }, use_bin_type=True)
+
+    def kill(self, docnos: Sequence[int]) -> None:
+        """Tombstone every current row of ``docnos`` (blocks below ``next``)."""
+        if not docnos:
+            return
+        new = np.asarray(sorted(set(docnos)), dtype=np.uint64)
+        keep = ~np.isin(self.dead_docs, new)
+        self.dead_docs = np.concatenate([self.dead_docs[keep], new])
+        self.dead_before = np.concatenate([self.dead_before[keep], np.full(new.size, self.next, np.uint32)])
+        order = np.argsort(self.dead_docs, kind="stable")
+        self.dead_docs, self.dead_before = self.dead_docs[order], self.dead_before[order]
+
+    def live_mask(self, blockno: int, docnos: np.ndarray) -> np.ndarray:
+        """Which rows of block ``blockno`` are live."""
+        if not self.dead_docs.size or not docnos.size:
+            return np.ones(docnos.size, dtype=bool)
+        pos = np.searchsorted(self.dead_docs, docnos)
+        pos[pos == self.dead_docs.size] = 0
+        dead = (self.dead_docs[pos] == docnos) & (self.dead_before[pos] > blockno)
+        return ~dead
+
+    def prune(self) -> None:
+        """Drop tombstones that no remaining block can hold a row for."""
+        oldest = min(self.blocks, default=self.next)
+        keep = self.dead_before > oldest
+        self.dead_docs, self.dead_before = self.dead_docs[keep], self.dead_before[keep]
+
+    def key(self) -> tuple:
+        """What the live matrix depends on."""
+        return (tuple(sorted(self.blocks)), self.dead_docs.tobytes(), self.dead_before.tobytes())
 
 
 class _SpaceCache:
@@ -410,8 +451,11 @@ class VectorIndex:
                 cache.blocks[blockno] = blk
         return blk
 
-    def apply(self, txn: Any, added: Sequence[tuple[int, Any]], texts: Sequence[str], removed: Sequence[int]) -> None:
-        """Tombstone the rows of ``removed`` docnos, then add one block per space.
+    def apply(self, txn: Any, added: Sequence[tuple[int, Any]], texts: Sequence[str],
+              removed: Sequence[tuple[int, Any]]) -> None:
+        """Tombstone the rows of the ``removed`` (docno, old node) pairs, then add one block
+        per space. No block is read: a tombstone marks the docno's rows in the blocks
+        written so far.
 
         Raises:
             EmbeddingError: an added node has a vector for an unknown space, of the wrong
@@ -424,13 +468,15 @@ class VectorIndex:
                     self._space(spaces, sorted(node.embeddings)[0])
             return
         new_rows = self.vectors_for(txn, added, texts)
-        removed = sorted(set(removed))
         for name in sorted(spaces):
+            # an auto space may hold a row for any memory; otherwise only where the old
+            # record had a vector in this space
+            gone = [docno for docno, old in removed if spaces[name].auto or name in old.embeddings]
+            if not gone and name not in new_rows:
+                continue
             prefix = self._prefix(name)
             d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-            changed = False
-            for docno in removed:
-                changed |= self._tombstone(txn, name, prefix, d, docno)
+            d.kill(gone)
             if name in new_rows:
                 docnos, matrix = new_rows[name]
                 order = np.argsort(np.asarray(docnos, dtype=np.uint64), kind="stable")
@@ -438,44 +484,27 @@ class VectorIndex:
                 d.next += 1
                 txn.put("vectors", prefix + _U32.pack(blockno),
                         encode_vector_block(np.asarray(docnos, dtype=np.uint64)[order], matrix[order]))
-                d.blocks[blockno] = [len(docnos), 0]
-                d.n += len(docnos)
-                changed = True
-            if changed:
-                self._merge_steps(txn, name, prefix, d, 1, AUTO_MERGE_MAX_ROWS)
-                txn.put("vectors", prefix + _DIR, d.encode())
-
-    def _tombstone(self, txn: Any, name: str, prefix: bytes, d: _VDir, docno: int) -> bool:
-        key = np.uint64(docno)
-        for blockno in sorted(d.blocks, reverse=True):
-            docnos, _ = self._block(txn, name, prefix, blockno)
-            pos = np.flatnonzero(docnos == key)
-            if not pos.size:
-                continue
-            dead = d.dead.get(blockno, np.zeros(0, np.uint64))
-            if np.isin(key, dead):
-                continue
-            d.dead[blockno] = np.sort(np.append(dead, key))
-            d.n -= 1
-            return True
-        return False
+                d.blocks[blockno] = len(docnos)
+            self._merge_steps(txn, name, prefix, d, 1, AUTO_MERGE_MAX_ROWS)
+            txn.put("vectors", prefix + _DIR, d.encode())
 
     def _merge_steps(self, txn: Any, name: str, prefix: bytes, d: _VDir, max_steps: int, max_rows: int | None) -> int:
         done = 0
         while done < max_steps:
-            plan = plan_merge(d.blocks, d.dead)
-            if plan is None or (max_rows is not None and sum(d.blocks[b][0] for b in plan) > max_rows):
+            rows = sum(d.blocks.values())
+            plan = plan_merge({b: [n, 0] for b, n in d.blocks.items()}, {})
+            if plan is None and d.dead_docs.size * 2 > rows and len(d.blocks) > 0:
+                plan = sorted(d.blocks)  # mostly tombstones: rewrite everything
+            if plan is None or (max_rows is not None and sum(d.blocks[b] for b in plan) > max_rows):
                 break
             docs, mats = [], []
             for blockno in plan:
                 docnos, matrix = self._block(txn, name, prefix, blockno)
-                dead = d.dead.get(blockno)
-                keep = ~np.isin(docnos, dead) if dead is not None and dead.size else slice(None)
+                keep = d.live_mask(blockno, docnos)
                 docs.append(docnos[keep])
                 mats.append(matrix[keep])
                 txn.delete("vectors", prefix + _U32.pack(blockno))
                 del d.blocks[blockno]
-                d.dead.pop(blockno, None)
             docnos = np.concatenate(docs)
             if docnos.size:
                 matrix = np.concatenate(mats)
@@ -483,7 +512,8 @@ class VectorIndex:
                 blockno = d.next
                 d.next += 1
                 txn.put("vectors", prefix + _U32.pack(blockno), encode_vector_block(docnos[order], matrix[order]))
-                d.blocks[blockno] = [int(docnos.size), 0]
+                d.blocks[blockno] = int(docnos.size)
+            d.prune()
             done += 1
         return done
 
@@ -537,7 +567,7 @@ class VectorIndex:
             return live[2], live[3]
         prefix = self._prefix(name)
         d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-        key = (tuple(sorted(d.blocks)), tuple((b, a.tobytes()) for b, a in sorted(d.dead.items())))
+        key = d.key()
         if live is not None and sid is not None and live[1] == key:
             cache.live = (sid, key, live[2], live[3])
             return live[2], live[3]
@@ -546,9 +576,8 @@ class VectorIndex:
         docs, mats = [], []
         for blockno in sorted(d.blocks):
             docnos, matrix = self._block(txn, name, prefix, blockno)
-            dead = d.dead.get(blockno)
-            if dead is not None and dead.size:
-                keep = ~np.isin(docnos, dead)
+            keep = d.live_mask(blockno, docnos)
+            if not keep.all():
                 docnos, matrix = docnos[keep], matrix[keep]
             docs.append(docnos)
             mats.append(matrix)
@@ -626,7 +655,4 @@ class VectorIndex:
                     and np.array_equal(exp_mat[exp_order], matrix[order])):
                 problems.append(f"vectors: space {name!r} holds {docnos.size} rows that differ from the "
                                 f"{len(exp_docs)} vectors in the records")
-            d = _VDir.decode(txn.get("vectors", self._prefix(name) + _DIR))
-            if d.n != docnos.size:
-                problems.append(f"vectors: space {name!r} counts {d.n} rows but holds {docnos.size}")
         return problems
