@@ -432,8 +432,10 @@ class SegmentedBM25:
                 self._dir, self._txnid = d, sid
             return self._dir
 
-    def _segment(self, txn: Any, segno: int) -> _Seg:
-        seg = self._segs.get(segno)
+    def _segment(self, txn: Any, segno: int, local: dict[int, _Seg] | None = None) -> _Seg:
+        # a write transaction may decode a segment it created itself (and may abort), so it
+        # caches only in ``local``, a dict that lives for one apply()/merge() call
+        seg = self._segs.get(segno) if local is None else local.get(segno, self._segs.get(segno))
         if seg is None:
             data = txn.get("segments", _seg_key(b"s", segno))
             if data is None:
@@ -441,6 +443,8 @@ class SegmentedBM25:
             seg = _Seg(*decode_block(data))
             if not txn.write:
                 self._segs[segno] = seg
+            elif local is not None:
+                local[segno] = seg
         return seg
 
     def _block(self, txn: Any, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -643,11 +647,11 @@ class SegmentedBM25:
         d.total_len += total
         return segno
 
-    def _tombstone(self, txn: Any, d: _Dir, docno: int) -> bool:
+    def _tombstone(self, txn: Any, d: _Dir, docno: int, local: dict[int, _Seg]) -> bool:
         """Mark the live version of ``docno`` dead; False when it is not indexed."""
         key = np.uint64(docno)
         for segno in sorted(d.segs, reverse=True):
-            seg = self._segment(txn, segno)
+            seg = self._segment(txn, segno, local)
             pos = int(np.searchsorted(seg.docnos, key))
             if pos >= seg.docnos.size or seg.docnos[pos] != key:
                 continue
@@ -676,8 +680,9 @@ class SegmentedBM25:
             CorruptFileError: the index records are damaged.
         """
         d = _Dir.decode(txn.get("segments", DIR_KEY))
+        local: dict[int, _Seg] = {}
         for docno in sorted(set(removed)):
-            self._tombstone(txn, d, docno)
+            self._tombstone(txn, d, docno, local)
         seen = set()
         for docno, _ in added:
             if docno in seen:
