@@ -398,7 +398,8 @@ class SegmentedBM25:
         self._txnid: int | None = None
         self._dir: _Dir | None = None
         self._segs: dict[int, _Seg] = {}
-        self._blocks: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
+        # segno -> blind -> decoded block (None: the term is not in that segment)
+        self._blocks: dict[int, dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None]] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -424,11 +425,11 @@ class SegmentedBM25:
                 if self._dir is None or d.epoch != self._dir.epoch:
                     self._segs.clear()
                     self._blocks.clear()
-                else:
+                else:  # merged-away segments never come back: drop their decoded data
                     for segno in [s for s in self._segs if s not in d.segs]:
                         del self._segs[segno]
-                    if len(self._blocks) > 1_000_000:
-                        self._blocks.clear()
+                    for segno in [s for s in self._blocks if s not in d.segs]:
+                        del self._blocks[segno]
                 self._dir, self._txnid = d, sid
             return self._dir
 
@@ -449,10 +450,10 @@ class SegmentedBM25:
 
     def _block(self, txn: Any, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(docnos, tfs, doc lengths) of one term in one segment, or None."""
-        key = blind + _SEG.pack(segno)
-        if key in self._blocks:
-            return self._blocks[key]
-        data = txn.get("postings", key)
+        cached = self._blocks.get(segno)
+        if cached is not None and blind in cached:
+            return cached[blind]
+        data = txn.get("postings", blind + _SEG.pack(segno))
         out = None
         if data is not None:
             docnos, tfs = decode_block(data)
@@ -463,7 +464,7 @@ class SegmentedBM25:
                                        hint="run `engramdb verify --fix FILE`")
             out = (docnos, tfs, seg.lens[pos])
         if not txn.write:
-            self._blocks[key] = out
+            self._blocks.setdefault(segno, {})[blind] = out
         return out
 
     def _postings(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
