@@ -312,21 +312,10 @@ class _Run:
         base = {int(d): float(s) for d, s in zip(docnos, scores)}
         spread: dict[int, float] = {}
         if self.hops and base and self.has_edges:
-            nodes = sorted(base)
-            adjacency = {d: self.neighbours(d) for d in nodes}
-            if any(adjacency.values()):
-                allnodes = nodes + sorted({n for nb in adjacency.values() for n in nb} - set(base))
-                index = {d: i for i, d in enumerate(allnodes)}
-                adj = np.zeros((len(allnodes), len(allnodes)))
-                for src, nb in adjacency.items():
-                    for dst, w in nb.items():
-                        adj[index[src], index[dst]] = w
-                seeds = np.zeros(len(allnodes))
-                seeds[: len(nodes)] = [base[d] for d in nodes]
-                moved = one_hop(adj, seeds)
-                for d, i in index.items():
-                    if moved[i] > 0 and (d in base or self.node(d) is not None):
-                        spread[d] = HOP_WEIGHT * float(moved[i])
+            moved = one_hop({d: self.neighbours(d) for d in base}, base)
+            for d in sorted(moved):
+                if moved[d] > 0 and (d in base or self.node(d) is not None):
+                    spread[d] = HOP_WEIGHT * moved[d]
         total = {d: base.get(d, 0.0) + spread.get(d, 0.0) for d in sorted(set(base) | set(spread))}
         ranked = sorted(total.items(), key=lambda item: (-item[1], item[0]))[:limit]
         return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for d, _ in ranked]

@@ -141,12 +141,14 @@ def test_engram_link_and_edges(make_db):
     st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=n, max_size=n))))
 def test_one_hop_is_the_first_pagerank_step(case):
     adj, seeds = (np.asarray(x, dtype=np.float64) for x in case)
-    got = one_hop(adj, seeds)
+    neighbours = {i: {j: float(adj[i, j]) for j in range(len(seeds)) if adj[i, j] > 0} for i in range(len(seeds))}
+    got = one_hop(neighbours, {i: float(seeds[i]) for i in range(len(seeds))})
     want = np.zeros(len(seeds))
     for i in range(len(seeds)):
         out = adj[i].sum()
         if out > 0:
-            want += seeds[i] * adj[i] / out
-    assert np.allclose(got, want)
+            want += seeds[i] * adj[i] / out  # P^T s, dense
+    assert np.allclose([got.get(j, 0.0) for j in range(len(seeds))], want)
+    assert set(got) <= {j for nb in neighbours.values() for j in nb}
     with pytest.raises(ValidationError):
-        one_hop(-adj - 1, seeds)
+        one_hop({0: {1: -1.0}}, {0: 1.0})

@@ -11,6 +11,7 @@ import pytest
 
 import engramdb.engram as engram_mod
 from engramdb.errors import ValidationError
+from engramdb.records import Edge
 from engramdb.recall import count_tokens
 
 NOW = 1_700_000_000.0
@@ -299,3 +300,14 @@ def test_concurrent_readers_while_a_writer_commits(make_db):
     assert errors == []
     ids = [h.id for h in db.recall("pears", top_k=100)]
     assert ids == [f"w{i}" for i in range(30)]
+
+
+def test_a_large_top_k_with_many_edges_stays_sparse(make_db):
+    db = make_db()
+    db.add_many([{"id": f"t{i}", "content": f"turn {i} about the garden"} for i in range(1500)], now=NOW)
+    with db.transaction() as tx:
+        for i in range(1499):
+            db.indexes.graph.put(tx._txn, i + 1, i + 2,
+                                 Edge(src=f"t{i}", dst=f"t{i + 1}", kind="related", weight=0.5))
+    hits = db.recall("garden", top_k=1000)  # 8000 candidates: a dense adjacency would need GBs
+    assert len(hits) == 1000 and hits == sorted(hits, key=lambda h: (-h.score, h.docno))

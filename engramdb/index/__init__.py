@@ -29,6 +29,7 @@ __all__ = [
     "IndexBatch",
     "Indexes",
     "init_meta",
+    "iter_nodes",
     "load_tokenizer",
     "node_text",
 ]

@@ -88,25 +88,32 @@ def personalized_pagerank(adjacency: np.ndarray, seeds: np.ndarray, *, alpha: fl
     return p
 
 
-def one_hop(adjacency: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+def one_hop(neighbours: Mapping[int, Mapping[int, float]], seeds: Mapping[int, float]) -> dict[int, float]:
     """The mass one step of personalised PageRank moves from ``seeds``: ``P^T s``.
 
-    ``P`` is ``adjacency`` row-normalised; a node without edges passes nothing on. This is
-    the first-order term of :func:`personalized_pagerank` (the walk's first hop), which is
-    what recall's one-hop expansion needs: each node receives, from every neighbour, that
-    neighbour's score times the share of its edge weight pointing here.
+    ``P`` is the row-normalised edge weights (``neighbours[src][dst]``); a seed without
+    edges passes nothing on. This is the first-order term of :func:`personalized_pagerank`
+    (the walk's first hop), which is what recall's one-hop expansion needs: each node
+    receives, from every seed, the seed's score times the share of the seed's edge weight
+    pointing at it. Sparse (cost proportional to the seeds' edges); sums run in ascending
+    (seed, neighbour) order, so the floats are the same in every process.
 
     Raises:
-        ValidationError: shapes disagree or weights are negative.
+        ValidationError: a negative weight.
     """
-    adjacency = np.asarray(adjacency, dtype=np.float64)
-    seeds = np.asarray(seeds, dtype=np.float64)
-    n = seeds.shape[0]
-    if adjacency.shape != (n, n) or np.any(adjacency < 0):
-        raise ValidationError("one_hop needs an (n, n) non-negative adjacency matching the seeds")
-    out = adjacency.sum(axis=1)
-    trans = np.divide(adjacency, out[:, None], out=np.zeros_like(adjacency), where=out[:, None] > 0)
-    return trans.T @ seeds
+    moved: dict[int, float] = {}
+    for src in sorted(seeds):
+        nb = neighbours.get(src)
+        if not nb:
+            continue
+        if any(w < 0 for w in nb.values()):
+            raise ValidationError("edge weights must be non-negative")
+        total = sum(nb[dst] for dst in sorted(nb))
+        if total <= 0:
+            continue
+        for dst in sorted(nb):
+            moved[dst] = moved.get(dst, 0.0) + seeds[src] * (nb[dst] / total)
+    return moved
 
 
 def _edge_value(edge: Edge, derived: bool) -> bytes:
