@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
-from .errors import AAAKParseError, AlreadyOpenError, EngramError, ValidationError
+from .errors import AAAKParseError, AlreadyOpenError, EngramError, NotFoundError, ValidationError
 from .index import iter_nodes
 from .records import Edge, Node
 
@@ -24,6 +25,18 @@ __all__ = ["dump", "restore", "import_records", "SOURCE_META_PREFIX"]
 SOURCE_META_PREFIX = "source:"
 RESTORE_BATCH = 1000
 TEMP_SUFFIX = ".restore-tmp"
+
+
+def _archive_rows(txn: Any, ids: dict[int, str]) -> list[tuple[str, str]]:
+    return sorted((ids[codec.from_u64(key)], codec.unpack_archive(value)) for key, value in txn.items("archive"))
+
+
+def _procedures(txn: Any) -> list[Any]:
+    return [codec.unpack(value, any_keys=True) for _, value in txn.items("procedures")]
+
+
+def _procedure_key(data: Any) -> bytes:
+    return hashlib.sha256(codec.pack(data)).digest()[:16]
 
 
 def _scan(engram: Engram, txn: Any) -> tuple[list[int], list[Edge], dict[str, str]]:
@@ -57,9 +70,12 @@ def dump(engram: Engram, fp: TextIO | BinaryIO) -> int:
         spaces = [{"name": name, "model": s.model, "dims": s.dims, "dtype": s.dtype, "normalized": s.normalize,
                    "auto": s.auto} for name, s in sorted(indexes.vectors.spaces(txn).items())]
         docnos, edges, sources = _scan(engram, txn)
+        ids = {codec.from_u64(key): codec.decode_node(value).id for key, value in txn.items("nodes")} \
+            if txn.count("archive") else {}
         nodes = (codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
-                               nodes=nodes, edges=edges, meta=sources)
+                               nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids),
+                               procedures=_procedures(txn))
 
 
 def _remove_store_files(path: str) -> None:
@@ -165,6 +181,8 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
     count = 0
     batch: list[Node] = []
     edges: list[Edge] = []
+    archive: list[aaak.ArchiveRow] = []
+    procedures: list[Any] = []
     for item in items:  # the trailer is checked when this loop ends
         if isinstance(item, Node):
             batch.append(item)
@@ -175,13 +193,29 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
                     progress(count)
         elif isinstance(item, Edge):
             edges.append(item)
+        elif isinstance(item, aaak.ArchiveRow):
+            archive.append(item)
         else:
-            raise AAAKParseError(f"restore cannot store {type(item).__name__} records yet",
-                                 hint="this dump needs a newer engramdb")
+            procedures.append(item.data)
     if batch:
         count += len(db.add_many(batch))
     if progress:
         progress(count)
+
+    def put_rows(txn: Any, rows: list[Any]) -> None:
+        tx = Transaction(db, txn)
+        for row in rows:
+            if not isinstance(row, aaak.ArchiveRow):
+                txn.put("procedures", _procedure_key(row), codec.pack(row))
+                continue
+            try:
+                tx.set_archived(row.id, row.content)
+            except NotFoundError:
+                raise AAAKParseError(f"an archive row names a memory that is not there: {row.id!r}") from None
+
+    rows = [*archive, *procedures]
+    for start in range(0, len(rows), RESTORE_BATCH):
+        db._store.write(lambda txn, chunk=rows[start:start + RESTORE_BATCH]: put_rows(txn, chunk))
     for start in range(0, len(edges), RESTORE_BATCH):
         chunk = edges[start:start + RESTORE_BATCH]
 

@@ -41,15 +41,17 @@ def pack(obj: Any) -> bytes:
         raise ValidationError(f"cannot encode value: {exc}") from None
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes, *, any_keys: bool = False) -> Any:
     """Size-capped msgpack decoding.
+
+    Map keys must be strings (or bytes) unless ``any_keys``.
 
     Raises:
         CorruptFileError: the bytes are not valid msgpack within the caps.
     """
     try:
         return msgpack.unpackb(
-            data, raw=False, strict_map_key=True, use_list=True,
+            data, raw=False, strict_map_key=not any_keys, use_list=True,
             max_bin_len=MAX_RECORD_BYTES, max_str_len=MAX_RECORD_BYTES,
             max_array_len=MAX_RECORD_BYTES // 8, max_map_len=MAX_RECORD_BYTES // 16,
         )
@@ -67,6 +69,23 @@ def from_u64(data: bytes) -> int:
     if len(data) != 8:
         raise CorruptFileError("an 8-byte number has the wrong length")
     return _U64.unpack(data)[0]
+
+
+def pack_archive(content: str) -> bytes:
+    """An archived original: zstd of its UTF-8 text."""
+    return _compressor.compress(content.encode("utf-8", "surrogatepass"))
+
+
+def unpack_archive(data: bytes) -> str:
+    """Inverse of :func:`pack_archive`.
+
+    Raises:
+        CorruptFileError: the bytes do not decompress to UTF-8 within the size cap.
+    """
+    try:
+        return _decompressor.decompress(data, max_output_size=MAX_RECORD_BYTES).decode("utf-8", "surrogatepass")
+    except (zstandard.ZstdError, UnicodeDecodeError):
+        raise CorruptFileError("an archived original does not decompress") from None
 
 
 def _vector_bytes(vec: tuple[float, ...]) -> bytes:

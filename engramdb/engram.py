@@ -498,6 +498,11 @@ class Engram:
         yield tx
         tx._index_batch.flush()
 
+    def archived(self, id: str) -> str | None:
+        """The archived full text of a memory (kept when a memory is archived), or None."""
+        with self._store.read() as txn:
+            return Transaction(self, txn).archived(id)
+
     def get(self, id: str, default: Any = ..., /) -> Node:
         """The memory with this id.
 
@@ -869,8 +874,28 @@ class Transaction:
         old = self._load(docno)
         self._txn.delete("nodes", codec.u64(docno))
         self._txn.delete("ids", id_key)
+        self._txn.delete("archive", codec.u64(docno))
         self._index(removed=[(docno, old)])  # index hook
         return True
+
+    def archived(self, id: str) -> str | None:
+        """The archived original of a memory, or None."""
+        docno = self._docno(id)
+        raw = None if docno is None else self._txn.get("archive", codec.u64(docno))
+        return None if raw is None else codec.unpack_archive(raw)
+
+    def set_archived(self, id: str, original: str) -> None:
+        """Keep ``original`` (zstd-compressed, sealed) as the archived full text of memory ``id``.
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        docno = self._docno(id)
+        if docno is None:
+            raise NotFoundError(f"no memory with id {id!r}")
+        if not isinstance(original, str):
+            raise ValidationError("an archived original must be a string")
+        self._txn.put("archive", codec.u64(docno), codec.pack_archive(original))
 
 
 # --- verify ---------------------------------------------------------------------------

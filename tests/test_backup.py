@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 import engramdb
 from engramdb import AAAKParseError, EngramError, ValidationError
-from engramdb.backup import TEMP_SUFFIX
+from engramdb import codec
+from engramdb.backup import TEMP_SUFFIX, _procedure_key
+from engramdb.engram import Transaction
 
 from conftest import PASSPHRASE, TEST_KDF
 
@@ -44,6 +46,9 @@ def stores(draw):
                                                              st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
                                                                       min_size=3, max_size=3)))),
         ))
+    archive = {id_: draw(text) for id_ in ids if draw(st.booleans())}
+    procedures = draw(st.lists(st.dictionaries(st.sampled_from(["step", "after", "tool"]), text, min_size=1,
+                                               max_size=3), max_size=3))
     edges = []
     if len(ids) >= 2:
         for _ in range(draw(st.integers(0, 3))):
@@ -51,15 +56,24 @@ def stores(draw):
             if a != b:
                 edges.append((a, b, draw(st.sampled_from(["related", "supersedes", "derived_from"])),
                               draw(finite), draw(text)))
-    return nodes, edges
+    return nodes, edges, archive, procedures
 
 
-def _build(path, nodes, edges):
+def _build(path, nodes, edges, archive=None, procedures=()):
     db = engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF)
     db.add_space("vec", dims=3, model="test-model", normalize=False)
     db.add_many(nodes)
     for a, b, kind, weight, label in edges:
         db.link(a, b, kind, weight=weight, label=label, now=1.0)
+
+    def put_rows(txn):
+        tx = Transaction(db, txn)
+        for id_, original in (archive or {}).items():
+            tx.set_archived(id_, original)
+        for data in procedures:
+            txn.put("procedures", _procedure_key(data), codec.pack(data))
+
+    db._store.write(put_rows)
     return db
 
 
@@ -72,16 +86,18 @@ def _dump(db) -> str:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stores())
 def test_dump_restore_dump_is_identical(tmp_path_factory, store):
-    nodes, edges = store
+    nodes, edges, archive, procedures = store
     d = tmp_path_factory.mktemp("rt")
-    with _build(d / "a.engram", nodes, edges) as db:
+    with _build(d / "a.engram", nodes, edges, archive, procedures) as db:
         first = _dump(db)
         originals = {n.id: n for n in db}
+        assert {i: db.archived(i) for i in originals if db.archived(i) is not None} == archive
         original_edges = {n: sorted(map(repr, db.edges(n))) for n in originals}
     engramdb.restore(io.StringIO(first), d / "b.engram", passphrase="other", kdf=TEST_KDF)
     with engramdb.open(d / "b.engram", passphrase="other") as db:
         assert {n.id: n for n in db} == originals  # field for field
         assert {n: sorted(map(repr, db.edges(n))) for n in originals} == original_edges
+        assert {i: db.archived(i) for i in originals if db.archived(i) is not None} == archive
         assert _dump(db) == first  # byte for byte
         assert db.verify() == []
 
@@ -183,3 +199,15 @@ def test_dumps_of_the_same_operations_are_identical_across_processes(tmp_path):
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout)
     assert outputs[0] == outputs[1] and outputs[0].count("\n") > 60
+
+
+def test_delete_removes_the_archived_original(make_db):
+    db = make_db()
+    db.add("preview", id="a")
+    with db._store.transaction() as txn:
+        Transaction(db, txn).set_archived("a", "the full original text")
+    assert db.archived("a") == "the full original text"
+    db.delete("a")
+    assert db.archived("a") is None
+    with db._store.read() as txn:
+        assert txn.count("archive") == 0
