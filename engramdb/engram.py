@@ -428,7 +428,11 @@ class Engram:
         return self._store.write(lambda txn: self.indexes.link_tunnels(txn, now=now_ts(now)))
 
     def merge_indexes(self, max_steps: int = 10, *, force: bool = False) -> int:
-        """Run up to ``max_steps`` index merge steps in one write; returns how many ran."""
+        """Run up to ``max_steps`` index merge steps in one write; returns how many ran.
+
+        ``force=True`` also rewrites every segment and vector block that still holds
+        deleted memories, so that a following :meth:`compact` leaves no trace of them.
+        """
         return self._store.write(lambda txn: self.indexes.merge(txn, max_steps, force=force))
 
     # -- records ------------------------------------------------------------------------

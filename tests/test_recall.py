@@ -311,3 +311,30 @@ def test_a_large_top_k_with_many_edges_stays_sparse(make_db):
                                  Edge(src=f"t{i}", dst=f"t{i + 1}", kind="related", weight=0.5))
     hits = db.recall("garden", top_k=1000)  # 8000 candidates: a dense adjacency would need GBs
     assert len(hits) == 1000 and hits == sorted(hits, key=lambda h: (-h.score, h.docno))
+
+
+def test_forced_merge_leaves_no_tombstoned_data(make_db):
+    """forget = delete + merge_indexes(force=True) + compact: no posting block or vector row
+    of the deleted memory is left in the live tables."""
+    from engramdb.index import bm25 as bm
+    from engramdb.index import vectors as vec
+
+    db = make_db()
+    db.add_space("hashed", dims=16)
+    db.add_many([{"id": "keep", "content": "keep this apple note"}, {"id": "gone", "content": "forget the zebra secret"},
+                 {"id": "keep2", "content": "another apple memory"}], now=NOW)  # one segment, one block
+    zebra = db.indexes.bm25.blind(db.indexes.tokenizer("zebra")[0])
+    space = db._store.blind(b"space", b"hashed")
+    db.delete("gone")
+    with db._store.read() as txn:
+        assert any(k.startswith(zebra) for k in txn.keys("postings"))  # tombstoned, still stored
+        assert vec._VDir.decode(txn.get("vectors", space + b"\x00" * 4)).dead_docs.tolist() == [2]
+    db.merge_indexes(10, force=True)
+    with db._store.read() as txn:
+        assert not any(k.startswith(zebra) for k in txn.keys("postings"))
+        d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
+        assert len(d.segs) == 1 and not d.dead
+        vdir = vec._VDir.decode(txn.get("vectors", space + b"\x00" * 4))
+        assert len(vdir.blocks) == 1 and vdir.dead_docs.size == 0
+        assert sorted(db.indexes.vectors._matrix(txn, "hashed")[0].tolist()) == [1, 3]
+    assert {h.id for h in db.recall("apple zebra", top_k=5)} == {"keep", "keep2"}

@@ -238,10 +238,12 @@ class Indexes:
     def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
         """Up to ``max_steps`` tiered merge steps on BM25 and on each vector space.
 
-        ``force=True`` merges all BM25 segments into one when the policy is satisfied
-        (before compaction). Returns the number of steps run.
+        ``force=True`` then rewrites what still holds tombstones (all BM25 segments into
+        one, each vector space into one block), so deleted memories' postings and vectors
+        are gone from the live pages: call it before ``compact`` when forgetting. Returns
+        the number of steps run.
         """
-        return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps)
+        return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps, force=force)
 
 
 class IndexBatch:

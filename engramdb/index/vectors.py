@@ -488,11 +488,12 @@ class VectorIndex:
             self._merge_steps(txn, name, prefix, d, 1, AUTO_MERGE_MAX_ROWS)
             txn.put("vectors", prefix + _DIR, d.encode())
 
-    def _merge_steps(self, txn: Any, name: str, prefix: bytes, d: _VDir, max_steps: int, max_rows: int | None) -> int:
+    def _merge_steps(self, txn: Any, name: str, prefix: bytes, d: _VDir, max_steps: int, max_rows: int | None,
+                     *, everything: bool = False) -> int:
         done = 0
         while done < max_steps:
             rows = sum(d.blocks.values())
-            plan = plan_merge({b: [n, 0] for b, n in d.blocks.items()}, {})
+            plan = sorted(d.blocks) if everything else plan_merge({b: [n, 0] for b, n in d.blocks.items()}, {})
             if plan is None and d.dead_docs.size * 2 > rows and len(d.blocks) > 0:
                 plan = sorted(d.blocks)  # mostly tombstones: rewrite everything
             if plan is None or (max_rows is not None and sum(d.blocks[b] for b in plan) > max_rows):
@@ -517,13 +518,20 @@ class VectorIndex:
             done += 1
         return done
 
-    def merge(self, txn: Any, max_steps: int = 1) -> int:
-        """Run up to ``max_steps`` merge steps per space; returns how many ran."""
+    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+        """Run up to ``max_steps`` merge steps per space; returns how many ran.
+
+        With ``force=True`` a space with tombstones or several blocks is then rewritten
+        into one block of live rows (so a forgotten memory's vector leaves the file at the
+        next compaction).
+        """
         done = 0
         for name in sorted(self._read_spaces(txn)):
             prefix = self._prefix(name)
             d = _VDir.decode(txn.get("vectors", prefix + _DIR))
             steps = self._merge_steps(txn, name, prefix, d, max_steps, None)
+            if force and steps < max_steps and (len(d.blocks) > 1 or d.dead_docs.size):
+                steps += self._merge_steps(txn, name, prefix, d, 1, None, everything=True)
             if steps:
                 txn.put("vectors", prefix + _DIR, d.encode())
             done += steps
