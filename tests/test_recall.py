@@ -338,3 +338,17 @@ def test_forced_merge_leaves_no_tombstoned_data(make_db):
         assert len(vdir.blocks) == 1 and vdir.dead_docs.size == 0
         assert sorted(db.indexes.vectors._matrix(txn, "hashed")[0].tolist()) == [1, 3]
     assert {h.id for h in db.recall("apple zebra", top_k=5)} == {"keep", "keep2"}
+
+
+def test_a_warm_memory_that_matches_best_stays_first(make_db):
+    """Regression: the warm tier's factor (0.97) used to outweigh a whole RRF rank, so a hot
+    memory reached only through a hop outranked the warm memory that matched the query."""
+    db = make_db()
+    db.add_space("hashed", dims=64)
+    db.add_many([
+        {"id": "move", "content": "Alice moved to Berlin in March 2023 to start a new job.", "tier": "warm"},
+        {"id": "tea", "content": "Bob prefers tea over coffee"},
+        {"id": "lead", "content": "Alice leads Project Atlas and decided on PostgreSQL."},
+    ])
+    db.link("move", "tea", "related", weight=0.5)
+    assert db.recall("where did alice move", top_k=1)[0].id == "move"
