@@ -20,6 +20,9 @@ from .compress import (
     result_to_dict, result_to_json, top_zettels, wake_up,
 )
 from .engram import Engram, Problem, Transaction, import_key, open
+from .index.tokenize import Tokenizer
+from .index.vectors import HASHED_MODEL, Embedder, EmbeddingSpace, HashedTfidfEmbedder, LocalModelEmbedder
+from .recall import Context, Hit, Passage
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
 from .errors import __all__ as _error_names
 from .records import (
@@ -43,6 +46,15 @@ __all__ = [
     "CompressStream",
     "result_to_dict",
     "result_to_json",
+    "Hit",
+    "Context",
+    "Passage",
+    "Tokenizer",
+    "EmbeddingSpace",
+    "Embedder",
+    "HashedTfidfEmbedder",
+    "LocalModelEmbedder",
+    "HASHED_MODEL",
     "Engram",
     "Transaction",
     "Problem",

@@ -528,6 +528,11 @@ class Txn:
         if not self.write:
             raise ReadOnlyError("this is a read transaction", hint="write inside Engram.transaction() or a write call")
 
+    @property
+    def snapshot_id(self) -> int:
+        """LMDB's id of the committed state this transaction reads (for labelling caches)."""
+        return int(self._ltxn.id())
+
     # -- the table API -------------------------------------------------------------------
     def get(self, table: str, key: bytes) -> bytes | None:
         """The plaintext stored under (table, key), or None.

@@ -8,7 +8,8 @@ def test_all_is_pinned():
         "__version__", "open", "import_key", "Engram", "Transaction", "Problem", "KDFParams", "Node", "Edge",
         "Zettel", "Tunnel", "EntityIndex", "CompressResult", "TIERS", "ALL_FLAGS", "ALL_EMOTIONS", "EDGE_KINDS",
         "restore", "aaak", "compress", "compress_many", "merge_results", "top_zettels", "normalize_weights",
-        "inject_context", "wake_up", "estimate_tokens", "CompressStream", "result_to_dict", "result_to_json",
+        "inject_context", "wake_up", "estimate_tokens", "CompressStream", "result_to_dict", "result_to_json", "Hit", "Context", "Passage", "Tokenizer", "EmbeddingSpace",
+        "Embedder", "HashedTfidfEmbedder", "LocalModelEmbedder", "HASHED_MODEL",
     }
     assert core <= set(engramdb.__all__)
     assert set(engramdb.errors.__all__) <= set(engramdb.__all__)
