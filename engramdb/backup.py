@@ -59,11 +59,23 @@ def _scan(engram: Engram, txn: Any) -> tuple[list[int], list[Edge], dict[str, st
     return [docno for _, docno in order], edges, sources
 
 
-def dump(engram: Engram, fp: TextIO | BinaryIO) -> int:
+def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, every: int = 1000) -> Iterator[Node]:
+    count = 0
+    for node in nodes:
+        yield node
+        count += 1
+        if progress and count % every == 0:
+            progress(count)
+    if progress:
+        progress(count)
+
+
+def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], None] | None = None) -> int:
     """Write the whole store to ``fp`` as canonical AAAK v3; returns the record count.
 
     Everything comes from one read snapshot, so the dump is consistent even while other
-    processes write. The same logical content always gives the same bytes.
+    processes write. The same logical content always gives the same bytes. ``progress``
+    is called with the number of memories written so far.
     """
     indexes = engram.indexes
     with engram._store.read() as txn:
@@ -72,7 +84,7 @@ def dump(engram: Engram, fp: TextIO | BinaryIO) -> int:
         docnos, edges, sources = _scan(engram, txn)
         ids = {codec.from_u64(key): codec.decode_node(value).id for key, value in txn.items("nodes")} \
             if txn.count("archive") else {}
-        nodes = (codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos)
+        nodes = _counting((codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
                                nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids),
                                procedures=_procedures(txn))

@@ -399,15 +399,20 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
 
     if encrypt and output is None and sys.stdout.isatty():
         raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")
+    from tqdm import tqdm
+
     dump_pw = _dump_passphrase(dump_passphrase_file, confirm=True) if encrypt else None
-    with _open(ctx, file, readonly=True) as db:
-        sink = click.open_file(output or "-", "wb", atomic=output is not None)
-        with sink as raw:
+    with _open(ctx, file, readonly=True) as db, \
+            tqdm(desc="dumping", unit=" memories", total=len(db), disable=None, file=sys.stderr) as bar:
+        def progress(n: int) -> None:
+            bar.update(n - bar.n)
+
+        with click.open_file(output or "-", "wb", atomic=output is not None) as raw:
             if dump_pw is not None:
                 with open_encrypted_writer(raw, dump_pw) as text:
-                    db.dump(text)
+                    db.dump(text, progress=progress)
             else:
-                db.dump(raw)
+                db.dump(raw, progress=progress)
 
 
 def _read_dump_source(source: str, dump_passphrase_file: str | None):

@@ -740,14 +740,15 @@ class Engram:
 
         return wake_up(stored_result(self, source=source, tags=tags), top_pct=top_pct)
 
-    def dump(self, fp: Any) -> int:
+    def dump(self, fp: Any, *, progress: Any = None) -> int:
         """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).
 
-        One read snapshot; the same content always gives the same bytes. Returns the record count.
+        One read snapshot; the same content always gives the same bytes. Returns the record
+        count. ``progress(n)`` is called as memories are written.
         """
         from .backup import dump
 
-        return dump(self, fp)
+        return dump(self, fp, progress=progress)
 
 
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"

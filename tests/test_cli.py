@@ -114,3 +114,36 @@ def test_every_command_has_help_with_an_example(run):
     for name, command in cli.commands.items():
         assert command.help and "Example:" in command.help, name
         assert run(name, "--help").exit_code == 0
+
+
+def test_dump_restore_diff_and_encrypted_dumps(run, tmp_path):
+    a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
+    run("init", a, "--kdf", KDF)
+    run("add", a, "Alice moved to Berlin | \"quoted\"\nsecond line", "--id", "m1", "--tag", "people")
+    out = tmp_path / "a.aaak"
+    assert run("dump", a, "-o", str(out)).exit_code == 0
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("FILE:") and "@end " in text
+    assert run("restore", str(out), b, "--kdf", KDF).exit_code == 0
+    assert run("diff", a, b).exit_code == 0
+    refused = run("restore", str(out), b, "--kdf", KDF)
+    assert refused.exit_code == 1 and "--force" in refused.output
+    run("add", b, "only in b", "--id", "m2")
+    changed = run("diff", a, b)
+    assert changed.exit_code == 1 and "+@c m2|only in b" in changed.output
+    assert run("restore", str(out), b, "--force", "--kdf", KDF).exit_code == 0
+    assert run("diff", a, b).exit_code == 0
+    # an edited dump is refused unless --allow-edited, and then still grammar-checked
+    edited = tmp_path / "edited.aaak"
+    edited.write_text(text.replace("second line", "edited line"), encoding="utf-8")
+    assert run("restore", str(edited), str(tmp_path / "e.engram"), "--kdf", KDF).exit_code == 1
+    assert run("restore", str(edited), str(tmp_path / "e.engram"), "--kdf", KDF, "--allow-edited").exit_code == 0
+    # encrypted dumps: binary, sealed, restorable only with the dump passphrase
+    enc = tmp_path / "a.aaak.enc"
+    env = {"ENGRAM_DUMP_PASSPHRASE": "dump-secret"}
+    assert run("dump", a, "--encrypt", "-o", str(enc), env=env).exit_code == 0
+    assert b"Alice" not in enc.read_bytes()
+    wrong = run("restore", str(enc), str(tmp_path / "c.engram"), "--kdf", KDF, env={"ENGRAM_DUMP_PASSPHRASE": "x"})
+    assert wrong.exit_code == 1 and not (tmp_path / "c.engram").exists()
+    assert run("restore", str(enc), str(tmp_path / "c.engram"), "--kdf", KDF, env=env).exit_code == 0
+    assert run("diff", a, str(tmp_path / "c.engram")).exit_code == 0
