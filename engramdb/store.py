@@ -116,10 +116,16 @@ class _Env:
 
     # -- maintenance lock ------------------------------------------------------------
     def _lock_maint(self, readonly: bool) -> int | None:
-        flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT
-        try:
-            fd = os.open(self.path + "-maint", flags | os.O_CLOEXEC, 0o600)
-        except OSError:
+        # A reader creates a missing lock file too: a reader without the shared lock would
+        # let `compact` replace the file under it (and read the copy through a stale -lock).
+        attempts = (os.O_RDONLY, os.O_RDWR | os.O_CREAT) if readonly else (os.O_RDWR | os.O_CREAT,)
+        for flags in attempts:
+            try:
+                fd = os.open(self.path + "-maint", flags | os.O_CLOEXEC, 0o600)
+                break
+            except OSError:
+                continue
+        else:
             return None  # read-only media: readers cannot block a compaction they could not see anyway
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -174,6 +180,9 @@ class _Env:
             fcntl.flock(self.maint_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError:
+            # A failed shared-to-exclusive upgrade drops the shared lock (flock(2)): take it
+            # back, or another process's compact could replace the file under this handle.
+            fcntl.flock(self.maint_fd, fcntl.LOCK_SH)
             return False
 
     def release_exclusive(self) -> None:

@@ -1,0 +1,109 @@
+"""Regression tests for bugs found by using engramdb as a first user would (CLI and API)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import engramdb.engram as engram_mod
+from engramdb.cli import cli
+from engramdb.crypto import KDFParams
+from engramdb.errors import AlreadyOpenError
+
+PW = "qa-passphrase"
+KDF = "t=1,m=8,p=1"
+
+# A second process that opens FILE (read-only or not) and holds it until stdin closes.
+_HOLDER = """
+import sys
+import engramdb.engram as e
+db = e.open(sys.argv[1], passphrase=sys.argv[2], readonly=sys.argv[3] == "ro", create=False)
+print("ready", flush=True)
+sys.stdin.read()
+db.close()
+"""
+
+# A second process that tries to compact FILE and prints what happened.
+_COMPACTOR = """
+import sys
+import engramdb.engram as e
+from engramdb.errors import AlreadyOpenError
+with e.open(sys.argv[1], passphrase=sys.argv[2], create=False) as db:
+    try:
+        db.compact()
+        print("compacted")
+    except AlreadyOpenError:
+        print("refused")
+"""
+
+
+def _env() -> dict:
+    return {**os.environ, "ENGRAM_TEST_WEAK_KDF": "1",
+            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")])}
+
+
+def _holder(path, mode: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), PW, mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _release(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def _make_store(path) -> None:
+    with engram_mod.open(path, passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        db.add("Alice moved to Berlin in 2023", id="a")
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict | None = None, input: str | None = None):
+        full_env = {"ENGRAM_PASSPHRASE": PW, "ENGRAM_TEST_WEAK_KDF": "1", **(env or {})}
+        return runner.invoke(cli, [str(a) for a in args], env=full_env, input=input, catch_exceptions=False)
+
+    return invoke
+
+
+# --- storage engine ----------------------------------------------------------------------------
+
+def test_reader_without_maint_sidecar_still_blocks_compact(tmp_path):
+    """A read-only opener of a file whose -maint sidecar is missing (a copied file) took no
+    shared lock, so another process's compact replaced the file under it and then read the
+    copy through the reader's stale -lock table ("an LMDB file, but not an engramdb file")."""
+    path = tmp_path / "copied.engram"
+    _make_store(path)
+    os.unlink(str(path) + "-maint")
+    reader = _holder(path, "ro")
+    try:
+        with engram_mod.open(path, passphrase=PW, create=False) as db, pytest.raises(AlreadyOpenError):
+            db.compact()
+    finally:
+        _release(reader)
+
+
+def test_failed_compact_keeps_this_handles_shared_lock(tmp_path):
+    """flock(2) drops the shared lock when an upgrade to exclusive fails; a handle whose
+    compact() was refused must still keep other processes' compactions away."""
+    path = tmp_path / "shared.engram"
+    _make_store(path)
+    with engram_mod.open(path, passphrase=PW, create=False) as db:
+        other = _holder(path, "ro")
+        try:
+            with pytest.raises(AlreadyOpenError):
+                db.compact()
+        finally:
+            _release(other)
+        out = subprocess.run([sys.executable, "-c", _COMPACTOR, str(path), PW], capture_output=True, text=True,
+                             env=_env(), timeout=60)
+        assert out.stdout.strip() == "refused", out.stderr
+        assert db.get("a").content == "Alice moved to Berlin in 2023"
