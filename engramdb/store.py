@@ -289,8 +289,12 @@ def _map_lmdb_error(exc: lmdb.Error, what: str, *, path: str | None = None) -> E
         return StorageFullError(f"{what}: the disk or file-size limit is full ({text})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)):
         return CorruptFileError(f"{what}: the file structure is damaged ({text})")
-    if isinstance(exc, lmdb.ReadonlyError):
-        return ReadOnlyError(f"{what}: the file or its directory is read-only ({text})")
+    if isinstance(exc, lmdb.ReadonlyError) or getattr(exc, "errno", None) == errno.EROFS \
+            or "Read-only file system" in text:
+        # the file's permissions or its medium, not the handle: say how to get write access
+        return ReadOnlyError(f"{what}: the file or its directory is read-only ({text})",
+                             hint="make the file and its directory writable (chmod u+w), or copy the file "
+                                  "somewhere writable; commands that only read it still work")
     if isinstance(exc, lmdb.BadValsizeError):
         return StoreError(f"{what}: a key or value is too large for the store ({text})",
                           hint="keys are at most 511 bytes; this is a bug in engramdb, please report it")

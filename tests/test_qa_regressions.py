@@ -5,13 +5,15 @@ import os
 import subprocess
 import sys
 
+import lmdb
 import pytest
 from click.testing import CliRunner
 
 import engramdb.engram as engram_mod
 from engramdb.cli import cli
 from engramdb.crypto import KDFParams
-from engramdb.errors import AlreadyOpenError
+from engramdb.errors import AlreadyOpenError, ReadOnlyError
+from engramdb.store import _map_lmdb_error
 
 PW = "qa-passphrase"
 KDF = "t=1,m=8,p=1"
@@ -107,3 +109,13 @@ def test_failed_compact_keeps_this_handles_shared_lock(tmp_path):
                              env=_env(), timeout=60)
         assert out.stdout.strip() == "refused", out.stderr
         assert db.get("a").content == "Alice moved to Berlin in 2023"
+
+
+@pytest.mark.parametrize("exc", [lmdb.ReadonlyError("f.engram: Permission denied"),
+                                 lmdb.Error("f.engram: Read-only file system")])
+def test_read_only_file_hint_says_how_to_get_write_access(exc):
+    """Writing to a chmod 444 file (or a read-only mount) said "open the file with
+    readonly=False": the user never asked for read-only; the file is."""
+    err = _map_lmdb_error(exc, "cannot open f.engram")
+    assert isinstance(err, ReadOnlyError)
+    assert "readonly=False" not in err.hint and "writable" in err.hint
