@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -44,5 +45,245 @@ def main() -> None:
     print(f"{len(seeds)} seeds in {OUT}")
 
 
+
+
+# --- importers, records, header (fuzz_importers.py, fuzz_records.py, fuzz_header.py) ------------------
+
+
+def _write_seeds(name: str, seeds: list[bytes]) -> None:
+    out = ROOT / "fuzz" / "corpus" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():  # regenerate from scratch: a seed whose recipe changed must not linger
+        old.unlink()
+    for seed in seeds:
+        (out / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+    print(f"{len(set(seeds))} seeds in {out}")
+
+
+def _load_target(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "fuzz" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _seed_nodes() -> list:
+    """A few nodes that cover every field kind (embeddings, metadata bytes, offsets, flags)."""
+    from engramdb.records import Node
+
+    return [
+        Node("n1", content="Alice leads Project Atlas.", entities=["Alice"], topics=["atlas"], quote="Alice leads",
+             weight=0.75, flags=["DECISION"], emotions=["trust"], source_start=0, source_end=11,
+             resolved_date="2026-01-01", tier="warm", importance=0.25, created_at=1_767_225_600.0,
+             last_accessed=1_767_225_601.5, access_count=3, pinned=True, tags=["people"], source="notes.md",
+             metadata={"n": 1, "f": 0.1, "raw": b"\x00\xff", "list": [None, True], "big": 2**64 - 1},
+             embeddings={"hashed": [0.5, -0.25, 1e-30], "user": [1.0]}),
+        Node("n2", content="tea \u00e9\u4e2d\U0001f600 | \"quoted\"\n", tags=["a", "b"]),
+        Node("n3", content="long " * 600, importance=1.0, created_at=-1.5),  # > 2048 bytes: zstd record
+    ]
+
+
+def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", major=1, minor=0,
+             cheap=None) -> bytes:
+    """A Terronex .engram v1 file, built as tests/test_importers.py::terronex_file does."""
+    import msgpack
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    payload = msgpack.packb({"nodes": list(nodes), "entities": list(entities), "links": list(links), "deltas": []},
+                            use_bin_type=True)
+    security = {"encrypted": False, "algorithm": "none", "kdf": "none"}
+    if passphrase is not None:
+        salt, nonce = bytes(range(32)), bytes(range(12))
+        if kdf == "argon2id":
+            from argon2.low_level import Type, hash_secret_raw
+
+            key = hash_secret_raw(passphrase.encode(), salt, hash_len=32, type=Type.ID, **cheap.CHEAP_ARGON2)
+        else:
+            key = hashlib.pbkdf2_hmac("sha256", passphrase.encode(), salt, cheap.CHEAP_PBKDF2_ITERATIONS, 32)
+        payload = AESGCM(key).encrypt(nonce, payload, None)
+        security = {"encrypted": True, "algorithm": "aes-256-gcm", "kdf": kdf, "salt": salt, "nonce": nonce}
+    security["integrity"] = hashlib.sha256(payload).digest()
+    header = {"version": [major, minor], "created": 1_780_000_000_000, "security": security,
+              "metadata": {"source": "fuzz"}, "schema": {"embeddingDims": 3}}
+    hb = msgpack.packb(header, use_bin_type=True)
+    return b"ENGRAM" + bytes([major, minor]) + struct.pack("<I", len(hb)) + hb + payload
+
+
+def _tx_node(nid, text, *, embedding=None, parent=None, tier="warm"):
+    node = {"id": nid, "parentId": parent, "children": [], "depth": 1 if parent else 0, "path": f"/{nid}",
+            "content": {"type": "text", "data": text, "tokens": 3},
+            "temporal": {"created": 1_780_000_000_123, "accessed": 1_780_000_002_000, "decayTier": tier},
+            "quality": {"score": 0.8, "confidence": 0.9},
+            "metadata": {"tags": ["t"], "sourceFile": "notes.md", "custom": {"k": 1}}}
+    if embedding is not None:
+        node["embedding"] = embedding
+    return node
+
+
+def importer_seeds() -> list[bytes]:
+    import io
+
+    import msgpack
+
+    from engramdb.importers import export_jsonl
+
+    target = _load_target("fuzz_importers")
+    seeds: list[bytes] = []
+    # AAAK v1/v2/v3 result documents: detected (0) and forced (3)
+    for name in ("zettel_v1.aaak", "zettel_v2.aaak", "small_result.aaak"):
+        for variant in variants((GOLDEN / name).read_bytes()):
+            seeds.extend(bytes([mode]) + variant for mode in (0, 3))
+    seeds.append(b"\x00" + (GOLDEN / "small.aaak").read_bytes()[:400])  # a dump: refused, restore it instead
+    # JSONL: lines written by export_jsonl (exact restore) and plain Trace-Lite Memory lines
+    buf = io.StringIO()
+    export_jsonl(_seed_nodes(), buf)
+    exported = buf.getvalue().encode()
+    trace_lite = (
+        b'{"id":"m1","content":"hello","embedding":[0.1,0.2,0.3],"tags":["x"],"importance":0.9,"tier":"WARM",'
+        b'"createdAt":"2026-01-01T00:00:00Z","lastAccessed":"2026-01-02T00:00:00+02:00","accessCount":2,'
+        b'"source":"chat","metadata":{"k":[1,2]}}\n'
+        b'{"id":7,"content":"ms times","embedding":{"0":1.5,"1":-2},"createdAt":1767225600000}\n\n'
+    )
+    for doc in (exported, trace_lite):
+        for variant in variants(doc):
+            seeds.extend(bytes([mode]) + variant for mode in (0, 2))
+    seeds += [b"\x02" + line for line in (
+        b'[' * 5000 + b']' * 5000,  # deep nesting
+        b'{"id":"x","importance":' + b"9" * 400 + b"}",  # an integer beyond float range
+        b'{"id":"x","content":"\\ud800"}',  # a lone surrogate
+        b'{"id":"x","embedding":{"0":1,"2":2}}',  # a gap in a Float32Array object
+        b'{"id":"x","engramdb":{"v":1,"node":{"id":"y","bogus":1}}}',
+        b'{"id":"x","engramdb":{"v":1,"node":{"id":"y","embeddings":{"s":[1e39]}}}}',
+        b'{"id":"x","metadata":{"$bytes":"!!"},"engramdb":{}}',
+        b"\xff\xfe{}",
+    )]
+    # Terronex: plain, encrypted (PBKDF2 and argon2id, cheap costs), every embedding encoding and link type
+    emb_f32 = struct.pack("<3f", 0.1, 0.2, 0.3)
+    nodes = [
+        _tx_node("root", "Root text", embedding=emb_f32),
+        _tx_node("c1", "Child one", embedding=[0.5, 0.25, 1], parent="root", tier="cold"),
+        _tx_node("c2", "Child two", embedding={"0": 1.0, "1": 2.0, "2": 3.0}, parent="root"),
+        _tx_node("c3", "typed array", embedding=msgpack.ExtType(0x74, b"\x07" + emb_f32)),
+        {"id": "bin", "content": {"type": "image", "data": b"\x89PNG"}, "temporal": {"created": 5}},
+    ]
+    links = [{"sourceId": "c1", "targetId": "c2", "type": kind, "confidence": 0.5, "created": 1_780_000_000_000,
+              "bidirectional": kind == "related"}
+             for kind in ("related", "contradicts", "elaborates", "follows", "causes", "custom-kind")]
+    entities = [{"name": "Alice", "type": "person", "mentions": [{"nodeId": "c1"}, {"nodeId": "c2"}]}]
+    plain = _tx_file(nodes, links, entities)
+    for variant in (plain, plain[:len(plain) // 2], plain[:-1], plain[:12], plain[:20]):
+        seeds.extend(bytes([mode]) + variant for mode in (0, 1))
+    flipped = bytearray(plain)
+    flipped[-5] ^= 0x01
+    seeds.append(b"\x00" + bytes(flipped))  # integrity mismatch
+    seeds.append(b"\x00" + plain[:8] + b"\xff\xff\xff\xff" + plain[12:])  # header length beyond the end
+    seeds.append(b"\x00" + _tx_file(nodes[:1], major=2))
+    seeds.append(b"\x01" + _tx_file(nodes[:2], links[:1], entities, passphrase=target.PASSPHRASE, cheap=target))
+    seeds.append(b"\x01" + _tx_file(nodes[:2], links[:1], passphrase=target.PASSPHRASE, kdf="argon2id",
+                                     cheap=target))
+    seeds.append(b"\x00" + _tx_file(nodes[:1], passphrase=target.PASSPHRASE, cheap=target))  # no passphrase
+    seeds.append(b"\x00" + _tx_file([{"id": "x", "content": {"data": [[[[[[1]]]]]]}}],
+                                     [{"sourceId": "a", "targetId": "b", "type": ["list"]}]))
+    return seeds
+
+
+def record_seeds() -> list[bytes]:
+    from engramdb import codec
+
+    target = _load_target("fuzz_records")
+    records = [codec.encode_node(node) for node in _seed_nodes()]
+    seeds: list[bytes] = []
+    for record in records:
+        seeds.append(b"\x00" + record)
+        seeds.append(b"\x00" + record[: len(record) // 2])
+        flipped = bytearray(record)
+        flipped[len(record) // 3] ^= 0x01
+        seeds.append(b"\x00" + bytes(flipped))
+    seeds += [b"\x00" + bad for bad in (
+        b"", b"\x03" + records[0][1:],  # unknown codec
+        b"\x01\x92\x02\xa1x",  # unknown schema
+        b"\x01\x91\x01",  # too few fields
+        b"\x02" + b"\x28\xb5\x2f\xfd\xa0" + struct.pack("<I", 60_000_000) + b"\x01\x00\x00",  # a zstd bomb header
+        b"\x01" + b"\x91" * 2000 + b"\x90",  # deep nesting
+        b"\x01\xdd\xff\xff\xff\xff",  # an array claiming 4 billion items
+        b"\x01\xdc\x00\x16\x01\xa1x" + b"\xc0" * 20,  # 22 fields, all nil
+    )]
+    for i, record in enumerate(records):
+        table, key = (b"nodes", b"archive", b"meta")[i], codec.u64(i + 1)
+        sealed = target.SEALER._seal_with_nonce(table, key, record, i, bytes(range(i, i + 12)))
+        for mode in (1, 3):
+            seeds.append(bytes([mode]) + target.join_envelope(table, key, sealed))
+        seeds.append(b"\x01" + target.join_envelope(table, key + b"x", sealed))  # moved to another key
+        seeds.append(b"\x01" + target.join_envelope(table, key, sealed[:-1]))
+        seeds.append(b"\x01" + target.join_envelope(table, key, b"\x02" + sealed[1:]))  # unknown version
+        seeds.append(b"\x02" + target.join_envelope(table, key, target.PLAIN_SEALER.seal(table, key, record, 0)))
+    seeds.append(b"\x02" + target.join_envelope(b"nodes", b"k", b"\x01abc"))
+    seeds.append(b"\x01" + target.join_envelope(b"", b"", b""))
+    return seeds
+
+
+def header_seeds() -> list[bytes]:
+    import os
+    import random
+    import tempfile
+
+    import msgpack
+
+    import engramdb
+    from engramdb import crypto
+
+    target = _load_target("fuzz_header")
+    rng = random.Random(20261130)
+    real_urandom = os.urandom
+    os.urandom = rng.randbytes  # salts, store ids, DEKs and nonces: the same seeds on every run
+    headers: dict[str, bytes] = {}
+    try:
+        with target.cheap_kdf(), tempfile.TemporaryDirectory() as tmp:
+            weak = crypto.KDFParams.for_tests()
+            for name, kwargs in (("passphrase", {"passphrase": target.PASSPHRASE, "kdf": weak}),
+                                 ("key", {"key": target.RAW_KEY}), ("plain", {"encrypted": False})):
+                with engramdb.open(os.path.join(tmp, name), **kwargs) as db:
+                    if name == "passphrase":
+                        db.add_recovery_key()  # a second slot, of kind "key"
+                    with db._store.read() as txn:
+                        headers[name] = txn.get_header(b"header")
+    finally:
+        os.urandom = real_urandom
+    seeds: list[bytes] = []
+    for data in headers.values():
+        seeds.extend(bytes([mode]) + data for mode in range(8))
+        seeds.append(b"\x00" + data[: len(data) // 2])
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0x01
+        seeds.append(b"\x00" + bytes(flipped))
+    header = msgpack.unpackb(headers["passphrase"], raw=False)
+    hostile = [
+        {"alg": "argon2id", "v": 19, "t": 10**9, "m": 8, "p": 1},
+        {"alg": "argon2id", "v": 19, "t": 1, "m": 2**32, "p": 1},
+        {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": 255},
+        {"alg": "argon2id", "v": 19, "t": 20, "m": 4 * 1024 * 1024, "p": 16},  # at the real cap
+        {"alg": "argon2id", "v": 19, "t": True, "m": 8.5, "p": None},
+        {"alg": "scrypt", "v": 19}, "argon2id", None,
+    ]
+    for kdf in hostile:
+        bad = dict(header, slots=[dict(header["slots"][0], kdf=kdf)])
+        seeds.append(b"\x00" + msgpack.packb(bad, use_bin_type=True))
+    for change in ({"version": [2, 0]}, {"version": [1]}, {"format": "other"}, {"slots": None}, {"slots": [1, "x"]},
+                   {"slots": [dict(header["slots"][0], salt=b"short")]}, {"store_id": None}):
+        seeds.append(b"\x00" + msgpack.packb(dict(header, **change), use_bin_type=True))
+    seeds.append(b"\x00" + msgpack.packb([1, 2, 3]))
+    seeds.append(b"\x00" + b"\x91" * 3000)
+    return seeds
+
+
+def main_parsers() -> None:
+    _write_seeds("importers", importer_seeds())
+    _write_seeds("records", record_seeds())
+    _write_seeds("header", header_seeds())
+
+
 if __name__ == "__main__":
     main()
+    main_parsers()
