@@ -73,7 +73,8 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
     Ids are ``<source key>:<zettel id>``, where the source key is a hash of the normalized
     text, so ingesting the same text twice stores it once and returns the same ids.
     The normalized text is kept in the file (sealed) under ``source_name`` (default: the
-    ``title`` option, else ``doc-<hash>``) for :meth:`Engram.recall_context`.
+    ``title`` option, else ``doc-<hash>``) for :meth:`Engram.recall_context`; when that
+    name already holds a different text, under ``<name>#<source key>`` instead.
 
     Raises:
         ValidationError: bad input or options.
@@ -87,17 +88,17 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
     fields: dict[str, Any] = {"tags": list(tags)}
     if importance is not None:
         fields["importance"] = importance
-    nodes = [_node_from_zettel(z, normalized, name, f"{key}:", stamp, fields)
-             for z in result.zettels]
     tunnels = [(f"{key}:{t.from_id}", f"{key}:{t.to_id}", t.label) for t in result.tunnels]
+    encoded = normalized.encode("utf-8", "surrogatepass")
 
     def store(txn: Any) -> list[str]:
+        stored_name = _free_source_name(engram, txn, name, key, encoded)
+        nodes = [_node_from_zettel(z, normalized, stored_name, f"{key}:", stamp, fields) for z in result.zettels]
         with engram._batched(txn) as tx:
             for node in nodes:
                 if tx.find(node.id) is None:
                     tx.put_new(node)
-        txn.put("sources", engram._store.blind(b"source", name.encode("utf-8", "surrogatepass")),
-                normalized.encode("utf-8", "surrogatepass"))
+        txn.put("sources", engram._store.blind(b"source", stored_name.encode("utf-8", "surrogatepass")), encoded)
         for src, dst, label in tunnels:
             a, b = tx._docno(src), tx._docno(dst)
             engram.indexes.graph.put(txn, a, b, Edge(src=src, dst=dst, kind="tunnel", label=label, created_at=stamp),
@@ -105,6 +106,21 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
         return [node.id for node in nodes]
 
     return engram._store.write(store)
+
+
+def _free_source_name(engram: Engram, txn: Any, name: str, key: str, encoded: bytes) -> str:
+    """``name``, or ``name#key`` when ``name`` already holds a different text.
+
+    Memories find their passages through the source name, so two inputs with the same
+    name (``a/notes.md`` and ``b/notes.md``, or one ``--title`` for several files) must
+    not overwrite each other's text. The suffix is the text's hash: deterministic, and
+    ingesting the same text again finds the same name.
+    """
+    for candidate in (name, f"{name}#{key}"):
+        stored = txn.get("sources", engram._store.blind(b"source", candidate.encode("utf-8", "surrogatepass")))
+        if stored is None or bytes(stored) == encoded:
+            return candidate
+    return f"{name}#{key}"  # a different text already sits under name#key: only a hash collision
 
 
 def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[str] | None = None) -> CompressResult:

@@ -119,3 +119,23 @@ def test_read_only_file_hint_says_how_to_get_write_access(exc):
     err = _map_lmdb_error(exc, "cannot open f.engram")
     assert isinstance(err, ReadOnlyError)
     assert "readonly=False" not in err.hint and "writable" in err.hint
+
+
+# --- ingest ------------------------------------------------------------------------------------
+
+def test_two_inputs_with_one_source_name_keep_their_own_passages(tmp_path):
+    """`engramdb ingest F a/notes.txt b/notes.txt` stored both texts under "notes.txt": the
+    second overwrote the first, and `context` answered a question about the first with
+    the second file's text."""
+    alice = "Alice moved to Berlin in 2023. She loves the city and its parks."
+    bob = "Bob bought a red bicycle yesterday and rides it to work every morning through the old town."
+    path = tmp_path / "s.engram"
+    with engram_mod.open(path, passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        first = db.ingest(alice, source_name="notes.txt", now=1.0)
+        db.ingest(bob, source_name="notes.txt", now=1.0)
+    for _ in range(2):  # the second round after ingesting the first text again: stored once
+        with engram_mod.open(path, passphrase=PW, create=False) as db:
+            assert db.recall_context("Alice Berlin parks", max_tokens=200).text.strip() == alice
+            assert db.recall_context("Bob red bicycle", max_tokens=200).text.strip() == bob
+            assert db.ingest(alice, source_name="notes.txt", now=1.0) == first
+            assert db.verify() == []
