@@ -322,7 +322,8 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
             raise ImportFormatError(f"line {lineno}: JSON nests too deeply") from None
         except AAAKParseError as exc:
             raise ImportFormatError(f"line {lineno}: {exc.message}") from None
-        except (ValueError, TypeError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
+        except (ValueError, TypeError, OverflowError) as exc:  # JSONDecodeError and ValidationError are
+            # ValueErrors; OverflowError: an integer beyond float range (JSON has no size limit)
             message = exc.message if isinstance(exc, EngramError) else str(exc)
             raise ImportFormatError(f"line {lineno}: {message}") from None
         yield node
@@ -373,6 +374,10 @@ def _tx_key(passphrase: str | bytes, salt: bytes, kdf: str) -> bytes:
         raise ValidationError("the passphrase is empty")
     if kdf == "argon2id":
         from argon2.low_level import Type, hash_secret_raw
+
+        if len(salt) < 8:  # argon2 refuses it with its own HashingError
+            raise ImportFormatError("the encrypted Terronex header has a salt shorter than 8 bytes",
+                                    hint="the file is damaged; use an undamaged copy")
 
         return hash_secret_raw(secret=secret, salt=salt, hash_len=32, type=Type.ID, version=19, **_TX_ARGON2)
     return hashlib.pbkdf2_hmac("sha256", secret, salt, _TX_PBKDF2_ITERATIONS, 32)
@@ -558,11 +563,16 @@ def iter_terronex(
         raise ImportFormatError(f"the Terronex payload is not valid msgpack: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("nodes", []), list):
         raise ImportFormatError("the Terronex payload has no node list")
+    for name in ("entities", "links"):
+        if not isinstance(body.get(name) or [], list):
+            raise ImportFormatError(f"the Terronex payload's {name} is not a list",
+                                    hint="the file is damaged or not a Terronex v1 file; use an undamaged copy")
     entity_names: dict[str, list[str]] = {}
     for ent in body.get("entities") or []:
         if not isinstance(ent, dict) or not isinstance(ent.get("name"), str):
             continue
-        for mention in ent.get("mentions") or []:
+        mentions = ent.get("mentions")
+        for mention in mentions if isinstance(mentions, list) else ():
             if isinstance(mention, dict) and isinstance(mention.get("nodeId"), str):
                 names = entity_names.setdefault(mention["nodeId"], [])
                 if ent["name"] not in names:
@@ -592,6 +602,8 @@ def _tx_edges(link: Any, id_prefix: str) -> Iterator[Edge]:
     src, dst, kind = link.get("sourceId"), link.get("targetId"), link.get("type", "related")
     if not isinstance(src, str) or not isinstance(dst, str):
         raise ValidationError("a link needs sourceId and targetId strings")
+    if not isinstance(kind, str):
+        raise ValidationError("a link type must be a string")
     weight = link.get("confidence", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
         weight = 1.0

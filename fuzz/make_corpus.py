@@ -91,7 +91,7 @@ def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", maj
     import msgpack
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    payload = msgpack.packb({"nodes": list(nodes), "entities": list(entities), "links": list(links), "deltas": []},
+    payload = msgpack.packb({"nodes": nodes, "entities": entities, "links": links, "deltas": []},
                             use_bin_type=True)
     security = {"encrypted": False, "algorithm": "none", "kdf": "none"}
     if passphrase is not None:
