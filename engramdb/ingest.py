@@ -6,7 +6,10 @@ edges, the normalized source for ``recall_context``) and rebuilds a
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
+import math
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from .compress import compress
@@ -23,16 +26,60 @@ _TEXT_KEYS = ("content", "text", "message")
 _DATE_KEYS = ("date", "timestamp", "time")
 
 
+_MESSAGE_HINT = "give each message as a string, or a mapping with a text (content, text or message), " \
+                "optionally a speaker and a date"
+_MONTHS = {name: n for n, name in enumerate(("january", "february", "march", "april", "may", "june", "july",
+                                             "august", "september", "october", "november", "december"), 1)}
+_MONTH = r"(january|february|march|april|may|june|july|august|september|october|november|december)"
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+_DAY_MONTH_YEAR = re.compile(r"\b(\d{1,2})(?:st|nd|rd|th)? " + _MONTH + r",? (\d{4})\b", re.IGNORECASE)
+_MONTH_DAY_YEAR = re.compile(_MONTH + r" (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})\b", re.IGNORECASE)
+
+
+def _message_date(value: Any, n: int) -> str:
+    """A message's date as ``YYYY-MM-DD``: from an ISO date or datetime anywhere in a string
+    ("2023-05-08T13:56"), an English date ("1:56 pm on 8 May, 2023", "May 8, 2023"), a
+    ``date``/``datetime``, or a Unix timestamp in seconds (UTC).
+
+    Raises:
+        ValidationError: the value holds no date these forms can read.
+    """
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()[:10]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        try:
+            return datetime.datetime.fromtimestamp(value, datetime.timezone.utc).date().isoformat()
+        except (OverflowError, OSError, ValueError):
+            pass
+    elif isinstance(value, str):
+        if m := _ISO_DATE.search(value):
+            parts = (int(m[1]), int(m[2]), int(m[3]))
+        elif m := _DAY_MONTH_YEAR.search(value):
+            parts = (int(m[3]), _MONTHS[m[2].lower()], int(m[1]))
+        elif m := _MONTH_DAY_YEAR.search(value):
+            parts = (int(m[3]), _MONTHS[m[1].lower()], int(m[2]))
+        else:
+            parts = None
+        if parts is not None:
+            try:
+                return datetime.date(*parts).isoformat()
+            except ValueError:
+                pass
+    raise ValidationError(f"message {n}: cannot read the date {value!r}",
+                          hint="give dates as YYYY-MM-DD (ISO 8601) or a Unix timestamp in seconds")
+
+
 def messages_to_text(messages: Iterable[Any]) -> str:
     """Serialize a conversation as chat lines (``Speaker: text``) with a date header line
     (``[YYYY-MM-DD]``) wherever the date changes, the shape ``compress`` reads.
 
     Messages are strings (taken as they are) or mappings with a speaker (``speaker``,
     ``name``, ``role`` or ``author``), a text (``content``, ``text`` or ``message``) and
-    optionally a date (``date``, ``timestamp`` or ``time``, ISO format).
+    optionally a date (``date``, ``timestamp`` or ``time``: an ISO date or datetime, an
+    English date such as "8 May, 2023", or a Unix timestamp).
 
     Raises:
-        ValidationError: a message has no text.
+        ValidationError: a message has no text, or a date that cannot be read.
     """
     lines: list[str] = []
     last_date = None
@@ -41,11 +88,11 @@ def messages_to_text(messages: Iterable[Any]) -> str:
             lines.append(message)
             continue
         if not isinstance(message, Mapping):
-            raise ValidationError(f"message {n} is neither a string nor a mapping")
+            raise ValidationError(f"message {n} is neither a string nor a mapping", hint=_MESSAGE_HINT)
         text = next((message[k] for k in _TEXT_KEYS if isinstance(message.get(k), str)), None)
         if text is None:
             raise ValidationError(f"message {n} has no text", hint=f"give it one of the keys {', '.join(_TEXT_KEYS)}")
-        date = next((str(message[k])[:10] for k in _DATE_KEYS if message.get(k)), None)
+        date = next((_message_date(message[k], n) for k in _DATE_KEYS if message.get(k)), None)
         if date and date != last_date:
             lines.append(f"[{date}]")
             last_date = date

@@ -139,3 +139,28 @@ def test_two_inputs_with_one_source_name_keep_their_own_passages(tmp_path):
             assert db.recall_context("Bob red bicycle", max_tokens=200).text.strip() == bob
             assert db.ingest(alice, source_name="notes.txt", now=1.0) == first
             assert db.verify() == []
+
+
+@pytest.mark.parametrize(("value", "header"), [
+    ("1:56 pm on 8 May, 2023", "[2023-05-08]"),  # the LoCoMo session stamp
+    ("May 8th, 2023", "[2023-05-08]"),
+    ("2023-05-08T13:56:00Z", "[2023-05-08]"),
+    (1683554160, "[2023-05-08]"),  # Unix seconds, UTC
+])
+def test_message_dates_become_iso_headers(value, header):
+    """A chat message's date was cut to its first 10 characters: "1:56 pm on 8 May, 2023"
+    became the header "[1:56 pm on]" and the memory lost its date."""
+    from engramdb.ingest import messages_to_text
+
+    assert messages_to_text([{"speaker": "Caroline", "text": "Hi Mel!", "date": value}]).splitlines() == \
+        [header, "Caroline: Hi Mel!"]
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2023-13-45", True])
+def test_unreadable_message_date_is_a_clear_error(value):
+    from engramdb.errors import ValidationError
+    from engramdb.ingest import messages_to_text
+
+    with pytest.raises(ValidationError, match="cannot read the date") as info:
+        messages_to_text([{"speaker": "A", "text": "x", "date": value}])
+    assert "YYYY-MM-DD" in info.value.hint
