@@ -36,6 +36,11 @@ class _Group(click.Group):
         except BrokenPipeError:  # `engramdb dump | head`
             sys.stderr.close()
             ctx.exit(0)
+        except OSError as exc:  # an input or output path the library never saw
+            where = f": {exc.filename}" if exc.filename else ""
+            click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+            click.echo("hint: check the path and its permissions", err=True)
+            ctx.exit(1)
 
 
 def _emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -427,7 +432,7 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None):
 
 
 @cli.command()
-@click.argument("dump_file", metavar="DUMP", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("dump_file", metavar="DUMP", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Replace FILE if it exists.")
 @click.option("--allow-edited", is_flag=True, help="Accept a hand-edited dump (the grammar is still enforced).")
@@ -519,7 +524,8 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.argument("inputs", metavar="INPUT...", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("inputs", metavar="INPUT...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @click.option("--format", "fmt", type=click.Choice(["auto", "text", "markdown", "jsonl", "chat"]), default="auto",
               show_default=True, help="How to read the inputs (jsonl: one chat message per line).")
 @click.option("--title", help="Title for the compressed document (also its source name).")

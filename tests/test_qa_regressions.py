@@ -164,3 +164,27 @@ def test_unreadable_message_date_is_a_clear_error(value):
     with pytest.raises(ValidationError, match="cannot read the date") as info:
         messages_to_text([{"speaker": "A", "text": "x", "date": value}])
     assert "YYYY-MM-DD" in info.value.hint
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def test_missing_input_files_are_usage_errors_not_tracebacks(run, tmp_path):
+    """`engramdb restore missing.aaak X` and `engramdb ingest F missing.txt` printed a
+    FileNotFoundError traceback."""
+    f = tmp_path / "m.engram"
+    assert run("init", f, "--kdf", KDF).exit_code == 0
+    for args in (("restore", tmp_path / "missing.aaak", tmp_path / "x.engram"),
+                 ("ingest", f, tmp_path / "missing.txt")):
+        result = run(*args)
+        assert result.exit_code == 2 and "does not exist" in result.output, result.output
+    assert not (tmp_path / "x.engram").exists()
+
+
+def test_unexpected_os_error_is_one_error_line_with_hint(run, tmp_path):
+    """An OSError the library never saw (here: the dump output path vanishes) is an
+    `error:`/`hint:` pair with exit 1, never a traceback."""
+    f = tmp_path / "o.engram"
+    run("init", f, "--kdf", KDF)
+    result = run("dump", f, "-o", tmp_path / "no-such-dir" / "out.aaak")
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and "\nhint: " in result.output and "Traceback" not in result.output
