@@ -502,8 +502,12 @@ def diff(ctx: click.Context, a: str, b: str) -> None:
 
 def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
     """(text or messages, default source name) of one ingest input."""
-    with click.open_file(path, "r", encoding="utf-8") as fh:
-        raw = fh.read()
+    try:
+        with click.open_file(path, "r", encoding="utf-8") as fh:
+            raw = fh.read()
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{path} is not UTF-8 text (byte {exc.start} cannot be decoded)",
+                              hint="convert it first, e.g. `iconv -f latin1 -t utf-8 IN > OUT`") from None
     name = "stdin" if path == "-" else os.path.basename(path)
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".md": "markdown", ".markdown": "markdown"}.get(os.path.splitext(path)[1], "text")
@@ -518,6 +522,9 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
         except json.JSONDecodeError as exc:
             raise ValidationError(f"{path}, line {n}: not JSON ({exc.msg})",
                                   hint="each line must be a JSON object with a content or text field") from None
+        if not isinstance(item, (dict, str)):
+            raise ValidationError(f"{path}, line {n}: a JSON {type(item).__name__}, not a message",
+                                  hint="each line must be a JSON object with a content or text field")
         messages.append(item)
     return messages, name
 

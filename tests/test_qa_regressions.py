@@ -188,3 +188,18 @@ def test_unexpected_os_error_is_one_error_line_with_hint(run, tmp_path):
     result = run("dump", f, "-o", tmp_path / "no-such-dir" / "out.aaak")
     assert result.exit_code == 1
     assert result.output.startswith("error: ") and "\nhint: " in result.output and "Traceback" not in result.output
+
+
+def test_ingest_of_non_utf8_or_non_object_lines_is_a_clear_error(run, tmp_path):
+    """A Latin-1 file raised UnicodeDecodeError (a traceback); a JSONL line holding an array
+    said "message 0 is neither a string nor a mapping" without naming the file or line."""
+    f = tmp_path / "i.engram"
+    run("init", f, "--kdf", KDF)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"caf\xe9 au lait\n")
+    result = run("ingest", f, latin1)
+    assert result.exit_code == 1 and "is not UTF-8" in result.output and "hint: convert" in result.output
+    lines = tmp_path / "chat.jsonl"
+    lines.write_text('{"speaker": "A", "text": "hello"}\n[1, 2]\n', encoding="utf-8")
+    result = run("ingest", f, lines)
+    assert result.exit_code == 1 and "chat.jsonl, line 2" in result.output and "hint:" in result.output
