@@ -14,7 +14,7 @@ import click
 
 from . import engram as engram_mod
 from .crypto import KDFParams
-from .errors import EngramError, ValidationError
+from .errors import EngramError, ValidationError, WrongPassphraseError
 from .records import TIERS
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
@@ -427,7 +427,12 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None):
     raw = click.open_file(source, "rb")
     head = raw.peek(16)[:16] if hasattr(raw, "peek") else b""
     if is_encrypted_dump(head):
-        return decrypt_dump(raw, _dump_passphrase(dump_passphrase_file, confirm=False))
+        try:
+            return decrypt_dump(raw, _dump_passphrase(dump_passphrase_file, confirm=False))
+        except WrongPassphraseError as exc:  # its default hint names the store's passphrase
+            raise WrongPassphraseError(exc.message, hint=f"check the dump passphrase (${DUMP_PASSPHRASE_ENV} or "
+                                                         "--dump-passphrase-file): the one given to "
+                                                         "`dump --encrypt`") from None
     return raw
 
 

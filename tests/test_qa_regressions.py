@@ -203,3 +203,16 @@ def test_ingest_of_non_utf8_or_non_object_lines_is_a_clear_error(run, tmp_path):
     lines.write_text('{"speaker": "A", "text": "hello"}\n[1, 2]\n', encoding="utf-8")
     result = run("ingest", f, lines)
     assert result.exit_code == 1 and "chat.jsonl, line 2" in result.output and "hint:" in result.output
+
+
+def test_wrong_dump_passphrase_hint_names_the_dump_passphrase(run, tmp_path):
+    """The hint told the user to check ENGRAM_PASSPHRASE (the store's), not the dump's."""
+    f, out = tmp_path / "d.engram", tmp_path / "d.aaak.enc"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "Alice moved to Berlin")
+    assert run("dump", f, "--encrypt", "-o", out, env={"ENGRAM_DUMP_PASSPHRASE": "dump-pw"}).exit_code == 0
+    result = run("restore", out, tmp_path / "r.engram", env={"ENGRAM_DUMP_PASSPHRASE": "not-it"})
+    assert result.exit_code == 1 and "wrong passphrase" in result.output
+    hint = result.output.split("hint: ", 1)[1]
+    assert "ENGRAM_DUMP_PASSPHRASE" in hint and "ENGRAM_PASSPHRASE " not in hint
+    assert not (tmp_path / "r.engram").exists()
