@@ -1,0 +1,144 @@
+"""Regression tests for the fuzz targets of the importers, the record decoder and the header.
+
+One test per finding, with the input as a literal (or built in a line from a valid file)
+and a docstring saying where it was found and what went wrong; plus a replay of the seed
+corpora of fuzz/fuzz_importers.py, fuzz/fuzz_records.py and fuzz/fuzz_header.py through
+the same oracles (no atheris needed). See fuzz/README.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import pathlib
+import struct
+import time
+
+import msgpack
+import pytest
+
+from engramdb import codec, crypto, importers
+from engramdb.errors import CorruptFileError, DecryptionError, EngramError, ImportFormatError, WeakKDFError
+from engramdb.records import Node
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "fuzz" / "corpus"
+# Node() converts embeddings with numpy, which warns before Node refuses the resulting inf.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+
+
+def _target(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "fuzz" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+IMPORTERS = _target("fuzz_importers")
+RECORDS = _target("fuzz_records")
+HEADER = _target("fuzz_header")
+
+
+# --- the corpus replay ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name, target, minimum", [
+    ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40),
+])
+def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
+    """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""
+    seeds = sorted((CORPUS / name).iterdir())
+    assert len(seeds) >= minimum
+    start = time.perf_counter()
+    with getattr(target, "cheap_kdf", _nothing)():
+        for path in seeds:
+            target.TestOneInput(path.read_bytes())
+    assert time.perf_counter() - start < 10
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_oracles_can_fail(monkeypatch):
+    """The oracles are not vacuous: a re-encoding that changes a node, and a KDF run above the cap, are reported."""
+    real_encode = codec.encode_node
+    monkeypatch.setattr(codec, "encode_node", lambda node: real_encode(node.replace(content=node.content + "!")))
+    with pytest.raises(AssertionError, match="!= node"):
+        RECORDS.check_node(real_encode(Node("n", content="x")))
+    import argon2.low_level
+
+    with HEADER.cheap_kdf(), pytest.raises(AssertionError, match="above the cap"):
+        argon2.low_level.hash_secret_raw(secret=b"x", salt=b"s" * 8, time_cost=5, memory_cost=8, parallelism=1,
+                                         hash_len=32, type=argon2.low_level.Type.ID)
+    assert crypto.KDFParams.CAP == (20, 4 * 1024 * 1024, 16)  # cheap_kdf() restores the real cap
+
+
+# --- helpers ------------------------------------------------------------------------
+
+def _terronex(body: dict, security: dict | None = None) -> bytes:
+    payload = msgpack.packb(body, use_bin_type=True)
+    security = dict(security or {"encrypted": False})
+    security.setdefault("integrity", hashlib.sha256(payload).digest())
+    header = msgpack.packb({"version": [1, 0], "security": security}, use_bin_type=True)
+    return b"ENGRAM\x01\x00" + struct.pack("<I", len(header)) + header + payload
+
+
+def _import(data: bytes, **kwargs) -> list:
+    return list(importers.iter_import(io.BytesIO(data), now=0.0, **kwargs))
+
+
+NODE = {"id": "a", "content": {"type": "text", "data": "x"}}
+
+
+# --- importers ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"nodes": [NODE], "entities": 5},
+    {"nodes": [NODE], "links": 5},
+    {"nodes": [NODE], "links": True},
+])
+def test_terronex_entities_or_links_not_a_list(body):
+    """Development review for fuzz_importers, 2026-11-30: ``entities: 5`` or ``links: 5`` in the
+    payload raised TypeError ('int' object is not iterable)."""
+    with pytest.raises(ImportFormatError, match="is not a list"):
+        _import(_terronex(body))
+
+
+def test_terronex_entity_mentions_not_a_list_are_ignored():
+    """Development review for fuzz_importers, 2026-11-30: ``mentions: 5`` raised TypeError; an entity
+    without a mention list names no node, like one without mentions."""
+    items = _import(_terronex({"nodes": [NODE], "entities": [{"name": "Alice", "mentions": 5}]}))
+    assert [n.entities for n in items] == [()]
+
+
+def test_terronex_link_type_not_a_string():
+    """Seed corpus of fuzz_importers, 2026-11-30: a link whose type is a list raised
+    TypeError (unhashable type: 'list') from the link-kind table."""
+    link = {"sourceId": "a", "targetId": "b", "type": ["list"]}
+    with pytest.raises(ImportFormatError, match="link #0: a link type must be a string"):
+        _import(_terronex({"nodes": [NODE], "links": [link]}))
+
+
+def test_terronex_argon2_salt_shorter_than_8_bytes():
+    """Development review for fuzz_importers, 2026-11-30: an encrypted file with kdf argon2id and a
+    3-byte salt let argon2's HashingError ('Salt is too short') escape."""
+    data = _terronex({"nodes": []}, {"encrypted": True, "kdf": "argon2id", "salt": b"abc", "nonce": b"n" * 12})
+    with pytest.raises(ImportFormatError, match="salt shorter than 8 bytes"):
+        _import(data, passphrase="pw")
+
+
+@pytest.mark.parametrize("line", [
+    b'{"id":"x","importance":' + b"9" * 400 + b"}",
+    b'{"id":"x","createdAt":' + b"9" * 400 + b"}",
+    b'{"id":"x","embedding":[' + b"9" * 400 + b"]}",
+    b'{"id":"x","engramdb":{"v":1,"node":{"id":"y","weight":' + b"9" * 400 + b"}}}",
+])
+def test_jsonl_integer_beyond_float_range(line):
+    """Seed corpus of fuzz_importers, 2026-11-30: a JSON integer of 400 digits (JSON has no size
+    limit) raised OverflowError ('int too large to convert to float')."""
+    with pytest.raises(ImportFormatError, match="line 1"):
+        _import(line)
