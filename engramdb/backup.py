@@ -15,7 +15,8 @@ from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
-from .errors import AAAKParseError, AlreadyOpenError, EngramError, NotFoundError, ValidationError
+from .errors import (AAAKParseError, AlreadyOpenError, DuplicateIdError, EngramError, NotFoundError,
+                     ValidationError)
 from .index import iter_nodes
 from .records import Edge, Node
 
@@ -243,9 +244,16 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
     """Store imported nodes (in batches of ``batch``) and then their edges; returns (nodes, edges).
 
     Embedding spaces that do not exist yet are created from the first vector seen
-    (model ``"imported"``, not normalised). Memories whose id already exists are refused
-    (:class:`DuplicateIdError`), so importing twice changes nothing.
+    (model ``"imported"``, not normalised). Every id is checked before anything is
+    written: an id that exists (or repeats in the source), or an edge to a memory that is
+    in neither, refuses the whole import, so importing twice changes nothing.
+
+    Raises:
+        DuplicateIdError: an imported id exists in the store or repeats in the source.
+        AAAKParseError: an edge names a memory that is neither imported nor stored.
     """
+    records = list(items)
+    _check_import_ids(engram, records)
     known = set(engram.spaces())
     nodes: list[Node] = []
     edges: list[Edge] = []
@@ -263,7 +271,7 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
         if progress:
             progress(count)
 
-    for item in items:
+    for item in records:
         if isinstance(item, Node):
             nodes.append(item)
             if len(nodes) >= batch:
@@ -280,6 +288,28 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
 
         engram._store.write(put_edges)
     return count, len(edges)
+
+
+def _check_import_ids(engram: Engram, records: list[Node | Edge]) -> None:
+    """Refuse an import before its first write when it would stop halfway (batches commit
+    one by one, so a clash found in a later batch used to leave the earlier ones behind)."""
+    hint = "nothing was imported; import under new ids with --id-prefix PREFIX (id_prefix=)"
+    new: set[str] = set()
+    with engram._store.read() as txn:
+        def stored(id_: str) -> bool:
+            return txn.get("ids", engram._id_key(id_)) is not None
+
+        for item in records:
+            if isinstance(item, Node):
+                if item.id in new or stored(item.id):
+                    raise DuplicateIdError(f"a memory with id {item.id!r} exists", hint=hint)
+                new.add(item.id)
+        for item in records:
+            if isinstance(item, Edge):
+                for end in (item.src, item.dst):
+                    if end not in new and not stored(end):
+                        raise AAAKParseError(f"an edge names a memory that is not there: {end!r}",
+                                             hint="nothing was imported; check the source file")
 
 
 def _put_edges(engram: Engram, txn: Any, edges: list[Edge]) -> None:

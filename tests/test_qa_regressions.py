@@ -216,3 +216,24 @@ def test_wrong_dump_passphrase_hint_names_the_dump_passphrase(run, tmp_path):
     hint = result.output.split("hint: ", 1)[1]
     assert "ENGRAM_DUMP_PASSPHRASE" in hint and "ENGRAM_PASSPHRASE " not in hint
     assert not (tmp_path / "r.engram").exists()
+
+
+def test_import_with_a_clash_in_a_later_batch_writes_nothing(tmp_path):
+    """Imports commit batch by batch: an id clash found in the second batch left the first
+    batch's memories behind, and running the import again then failed on those."""
+    import io
+
+    from engramdb.backup import import_records
+    from engramdb.errors import DuplicateIdError
+    from engramdb.importers import iter_import
+
+    lines = "".join(f'{{"id": "m{i}", "content": "memory number {i}"}}\n' for i in range(5))
+    with engram_mod.open(tmp_path / "imp.engram", passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        db.add("already here", id="m3")
+        with pytest.raises(DuplicateIdError) as info:
+            import_records(db, iter_import(io.BytesIO(lines.encode()), fmt="jsonl"), batch=2)
+        assert "--id-prefix" in info.value.hint
+        assert db.ids() == ["m3"]
+        assert import_records(db, iter_import(io.BytesIO(lines.encode()), fmt="jsonl", id_prefix="x-"),
+                              batch=2) == (5, 0)
+        assert len(db) == 6
