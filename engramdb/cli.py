@@ -187,7 +187,7 @@ def info(ctx: click.Context, file: str, as_json: bool) -> None:
 @click.argument("text")
 @click.option("--id", "id_", help="The memory's id (default: random).")
 @click.option("--tag", "tags", multiple=True, help="A tag (repeatable).")
-@click.option("--importance", type=float, help="0..1; slows decay.")
+@click.option("--importance", type=click.FloatRange(0, 1), help="0..1; slows decay.")
 @click.option("--tier", type=click.Choice(TIERS), help="Initial tier.")
 @click.option("--source", help="Where the memory came from.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

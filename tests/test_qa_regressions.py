@@ -237,3 +237,13 @@ def test_import_with_a_clash_in_a_later_batch_writes_nothing(tmp_path):
         assert import_records(db, iter_import(io.BytesIO(lines.encode()), fmt="jsonl", id_prefix="x-"),
                               batch=2) == (5, 0)
         assert len(db) == 6
+
+
+@pytest.mark.parametrize("value", ["5", "-3"])
+def test_add_importance_outside_0_1_is_a_usage_error(run, tmp_path, value):
+    """`add --importance` says "0..1" but stored 5.0 and -3.0."""
+    f = tmp_path / "imp.engram"
+    run("init", f, "--kdf", KDF)
+    result = run("add", f, "x", "--importance", value)
+    assert result.exit_code == 2 and "--importance" in result.output
+    assert run("add", f, "x", "--importance", "1").exit_code == 0
