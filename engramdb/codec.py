@@ -76,16 +76,28 @@ def pack_archive(content: str) -> bytes:
     return _compressor.compress(content.encode("utf-8", "surrogatepass"))
 
 
+def _decompress(data: bytes, what: str) -> bytes:
+    """zstd within MAX_RECORD_BYTES. python-zstandard allocates a frame's declared content size up
+    front (max_output_size only bounds frames that declare none), so check that size first."""
+    try:
+        if zstandard.frame_content_size(data) > MAX_RECORD_BYTES:
+            raise CorruptFileError(f"{what} declares a size beyond the {MAX_RECORD_BYTES}-byte cap")
+        return _decompressor.decompress(data, max_output_size=MAX_RECORD_BYTES)
+    except zstandard.ZstdError:
+        raise CorruptFileError(f"{what} does not decompress") from None
+
+
 def unpack_archive(data: bytes) -> str:
     """Inverse of :func:`pack_archive`.
 
     Raises:
         CorruptFileError: the bytes do not decompress to UTF-8 within the size cap.
     """
+    text = _decompress(data, "an archived original")
     try:
-        return _decompressor.decompress(data, max_output_size=MAX_RECORD_BYTES).decode("utf-8", "surrogatepass")
-    except (zstandard.ZstdError, UnicodeDecodeError):
-        raise CorruptFileError("an archived original does not decompress") from None
+        return text.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise CorruptFileError("an archived original is not UTF-8") from None
 
 
 def _vector_bytes(vec: tuple[float, ...]) -> bytes:
@@ -122,10 +134,7 @@ def decode_node(data: bytes) -> Node:
         raise CorruptFileError("an empty node record")
     codec, body = data[0], data[1:]
     if codec == CODEC_ZSTD:
-        try:
-            body = _decompressor.decompress(body, max_output_size=MAX_RECORD_BYTES)
-        except zstandard.ZstdError:
-            raise CorruptFileError("a compressed node record does not decompress") from None
+        body = _decompress(body, "a compressed node record")
     elif codec != CODEC_MSGPACK:
         raise CorruptFileError(f"unknown record codec {codec}", hint="upgrade engramdb, or restore from a dump")
     fields = unpack(body)

@@ -142,3 +142,32 @@ def test_jsonl_integer_beyond_float_range(line):
     limit) raised OverflowError ('int too large to convert to float')."""
     with pytest.raises(ImportFormatError, match="line 1"):
         _import(line)
+
+
+# --- records ------------------------------------------------------------------------
+
+def _zstd_frame_declaring(size: int) -> bytes:
+    """A zstd frame header (single segment, 8-byte content size) followed by a raw block."""
+    return b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", size) + b"\x01\x00\x00"
+
+
+@pytest.mark.parametrize("size", [2**62 + 5, codec.MAX_RECORD_BYTES + 1])
+def test_zstd_record_declaring_a_huge_size(size):
+    """fuzz_records, 2026-11-30 (crash-dac5da19): a zstd record whose frame declares a content size
+    of 4.7e18 bytes raised MemoryError: python-zstandard allocates the declared size before it
+    looks at max_output_size; a declared size in the terabytes would have been allocated."""
+    start = time.perf_counter()
+    with pytest.raises(CorruptFileError, match="beyond the"):
+        codec.decode_node(bytes((codec.CODEC_ZSTD,)) + _zstd_frame_declaring(size))
+    with pytest.raises(CorruptFileError, match="beyond the"):
+        codec.unpack_archive(_zstd_frame_declaring(size))
+    assert time.perf_counter() - start < 0.5
+
+
+def test_fuzz_crash_dac5da19_replays():
+    """fuzz_records, 2026-11-30: the minimised-by-hand form of the crash above, as the fuzzer found it
+    (a seed record recompressed into a frame header that declares 0x41ba... bytes)."""
+    data = bytes.fromhex("0002" "28b52ffdc20001dc001601a26e31ba416c696365206c6561647320") + b"Project Atlas."
+    RECORDS.TestOneInput(data)
+    with pytest.raises(CorruptFileError):
+        codec.decode_node(data[1:])
