@@ -102,6 +102,18 @@ def _parse_kdf(text: str | None) -> KDFParams | None:
         raise click.BadParameter("expected t=N,m=KIB,p=N, e.g. t=3,m=65536,p=4", param_hint="--kdf") from None
 
 
+def _output(path: str | None, mode: str, **kwargs: Any) -> Any:
+    """stdout, or ``path`` replaced atomically; a new file is readable by its owner only,
+    since dumps and exports hold the store's plaintext."""
+    if path is None:
+        return click.open_file("-", mode, **kwargs)
+    old_umask = os.umask(0o077)  # click creates the temporary file with 0o666 & ~umask
+    try:
+        return click.open_file(path, mode, atomic=True, **kwargs)
+    finally:
+        os.umask(old_umask)
+
+
 def _node_line(node: Any) -> str:
     tags = f"  [{', '.join(node.tags)}]" if node.tags else ""
     text = node.content.replace("\n", " ")
@@ -412,7 +424,7 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
-        with click.open_file(output or "-", "wb", atomic=output is not None) as raw:
+        with _output(output, "wb") as raw:
             if dump_pw is not None:
                 with open_encrypted_writer(raw, dump_pw) as text:
                     db.dump(text, progress=progress)
@@ -720,8 +732,7 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
     """
     from .importers import export_jsonl
 
-    with _open(ctx, file, readonly=True) as db, click.open_file(output or "-", "w", encoding="utf-8",
-                                                                 atomic=output is not None) as out:
+    with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out:
         export_jsonl(db.scan(), out, space=space)
 
 

@@ -247,3 +247,19 @@ def test_add_importance_outside_0_1_is_a_usage_error(run, tmp_path, value):
     result = run("add", f, "x", "--importance", value)
     assert result.exit_code == 2 and "--importance" in result.output
     assert run("add", f, "x", "--importance", "1").exit_code == 0
+
+
+def test_plaintext_dump_and_export_files_are_owner_only(run, tmp_path):
+    """`dump -o` and `export -o` wrote the decrypted store world-readable (0644)."""
+    f = tmp_path / "p.engram"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "a secret memory")
+    old = os.umask(0o022)
+    try:
+        assert run("dump", f, "-o", tmp_path / "p.aaak").exit_code == 0
+        assert run("export", f, "-o", tmp_path / "p.jsonl").exit_code == 0
+    finally:
+        os.umask(old)
+    for name in ("p.aaak", "p.jsonl"):
+        assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
+    assert "a secret memory" in (tmp_path / "p.jsonl").read_text(encoding="utf-8")
