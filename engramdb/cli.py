@@ -264,8 +264,9 @@ def list_(ctx: click.Context, file: str, tier: str | None, tags: tuple[str, ...]
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def delete(ctx: click.Context, file: str, ids: tuple[str, ...]) -> None:
+def delete(ctx: click.Context, file: str, ids: tuple[str, ...], as_json: bool) -> None:
     """Delete memories by id (in one transaction).
 
     Example:
@@ -276,7 +277,7 @@ def delete(ctx: click.Context, file: str, ids: tuple[str, ...]) -> None:
         with db.transaction() as tx:
             for id_ in ids:
                 tx.delete(id_)
-    click.echo(f"deleted {len(ids)}")
+    _emit({"deleted": list(ids)}, as_json, lambda d: f"deleted {len(d['deleted'])}")
 
 
 @cli.command()
@@ -303,8 +304,9 @@ def verify(ctx: click.Context, file: str, fix: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def compact(ctx: click.Context, file: str) -> None:
+def compact(ctx: click.Context, file: str, as_json: bool) -> None:
     """Rewrite the file without free pages; deleted data leaves the file. Needs exclusive access.
 
     Example:
@@ -314,7 +316,8 @@ def compact(ctx: click.Context, file: str) -> None:
     before = os.stat(file).st_size if os.path.exists(file) else 0
     with _open(ctx, file) as db:
         db.compact()
-    click.echo(f"compacted {file}: {before} -> {os.stat(file).st_size} bytes")
+    _emit({"file": file, "before": before, "after": os.stat(file).st_size}, as_json,
+          lambda d: f"compacted {file}: {d['before']} -> {d['after']} bytes")
 
 
 @cli.command()
@@ -344,8 +347,9 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
 
 @cli.command(name="recovery-key")
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def recovery_key(ctx: click.Context, file: str) -> None:
+def recovery_key(ctx: click.Context, file: str, as_json: bool) -> None:
     """Create (or replace) the recovery key and print it once.
 
     Example:
@@ -353,7 +357,7 @@ def recovery_key(ctx: click.Context, file: str) -> None:
         engramdb recovery-key notes.engram > recovery.txt
     """
     with _open(ctx, file) as db:
-        click.echo(db.add_recovery_key())
+        _emit({"recovery_key": db.add_recovery_key()}, as_json, lambda d: d["recovery_key"])
 
 
 @cli.command(name="export-key")
@@ -455,9 +459,10 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None):
 @click.option("--allow-edited", is_flag=True, help="Accept a hand-edited dump (the grammar is still enforced).")
 @click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost for the new file.")
 @click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The passphrase of an encrypted dump.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_edited: bool, kdf_text: str | None,
-            dump_passphrase_file: str | None) -> None:
+            dump_passphrase_file: str | None, as_json: bool) -> None:
     """Rebuild a store from a dump. FILE is replaced only once the new store is complete and verified.
 
     Example:
@@ -483,7 +488,7 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
             bar.update(n - bar.n)
 
         count = restore_store(source, file, force=force, allow_edited=allow_edited, progress=progress, **options)
-    click.echo(f"restored {count} memories into {file}")
+    _emit({"file": file, "memories": count}, as_json, lambda d: f"restored {count} memories into {file}")
 
 
 @cli.command()
@@ -591,9 +596,10 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 @click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True)
 @click.option("--source", help="Only memories of this source.")
 @click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help='Print JSON: {"text": the rendered context}.')
 @click.pass_context
 def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | None, fmt: str, selection: str,
-           source: str | None, tags: tuple[str, ...]) -> None:
+           source: str | None, tags: tuple[str, ...], as_json: bool) -> None:
     """Print the stored memories that matter most, as context for a model, within a token budget.
 
     Example:
@@ -601,16 +607,18 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
         engramdb inject notes.engram --max-tokens 500 --format markdown
     """
     with _open(ctx, file, readonly=True) as db:
-        click.echo(db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, format=fmt,
-                                     selection=selection, source=source, tags=tags or None))
+        text = db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, format=fmt,
+                                 selection=selection, source=source, tags=tags or None)
+    _emit({"text": text}, as_json, lambda d: d["text"])
 
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--top-pct", type=click.FloatRange(0, 1, min_open=True), default=0.15, show_default=True,
               help="Share of the memories to consider.")
+@click.option("--json", "as_json", is_flag=True, help='Print JSON: {"text": the narrative}.')
 @click.pass_context
-def wakeup(ctx: click.Context, file: str, top_pct: float) -> None:
+def wakeup(ctx: click.Context, file: str, top_pct: float, as_json: bool) -> None:
     """Print a short narrative of the most important stored moments.
 
     Example:
@@ -618,7 +626,8 @@ def wakeup(ctx: click.Context, file: str, top_pct: float) -> None:
         engramdb wakeup notes.engram
     """
     with _open(ctx, file, readonly=True) as db:
-        click.echo(db.wake_up(top_pct=top_pct))
+        text = db.wake_up(top_pct=top_pct)
+    _emit({"text": text}, as_json, lambda d: d["text"])
 
 
 @cli.command()
@@ -687,9 +696,10 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
               help="Passphrase of an encrypted Terronex file (else $ENGRAM_SOURCE_PASSPHRASE).")
 @click.option("--id-prefix", default="", help="Prepended to every imported id.")
 @click.option("--space", default="default", show_default=True, help="Embedding space for imported vectors.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
-            id_prefix: str, space: str) -> None:
+            id_prefix: str, space: str, as_json: bool) -> None:
     """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram v1 file.
 
     Example:
@@ -714,7 +724,8 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
     with _open(ctx, file, create=True) as db, \
             tqdm(desc="importing", unit=" memories", disable=None, file=sys.stderr) as bar:
         nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
-    click.echo(f"imported {nodes} memories and {edges} edges into {file}")
+    _emit({"file": file, "memories": nodes, "edges": edges}, as_json,
+          lambda d: f"imported {nodes} memories and {edges} edges into {file}")
 
 
 @cli.command()

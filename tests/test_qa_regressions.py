@@ -1,6 +1,7 @@
 """Regression tests for bugs found by using engramdb as a first user would (CLI and API)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -263,3 +264,29 @@ def test_plaintext_dump_and_export_files_are_owner_only(run, tmp_path):
     for name in ("p.aaak", "p.jsonl"):
         assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
     assert "a secret memory" in (tmp_path / "p.jsonl").read_text(encoding="utf-8")
+
+
+def test_every_command_that_prints_data_takes_json(run, tmp_path):
+    """README: "Every command that prints data takes --json"; inject, wakeup, recovery-key,
+    compact, delete, import and restore refused it ("No such option")."""
+    f = tmp_path / "j.engram"
+    run("init", f, "--kdf", KDF)
+    run("ingest", f, "-", input="Alice decided to move to Berlin in 2023. Bob stayed in Lisbon with Carol.\n")
+    run("add", f, "to delete", "--id", "gone")
+    outputs = {
+        "inject": run("inject", f, "--json"), "wakeup": run("wakeup", f, "--json"),
+        "recovery-key": run("recovery-key", f, "--json"), "delete": run("delete", f, "gone", "--json"),
+        "compact": run("compact", f, "--json"),
+    }
+    run("export", f, "-o", tmp_path / "j.jsonl")
+    run("dump", f, "-o", tmp_path / "j.aaak")
+    outputs["import"] = run("import", tmp_path / "j.jsonl", tmp_path / "k.engram", "--id-prefix", "k-", "--json")
+    outputs["restore"] = run("restore", tmp_path / "j.aaak", tmp_path / "r.engram", "--kdf", KDF, "--json")
+    data = {}
+    for name, result in outputs.items():
+        assert result.exit_code == 0, (name, result.output)
+        data[name] = json.loads(result.stdout)
+    assert "Alice" in data["inject"]["text"] and data["wakeup"]["text"]
+    assert data["recovery-key"]["recovery_key"].startswith("ERK1-")
+    assert data["delete"] == {"deleted": ["gone"]}
+    assert data["compact"]["after"] > 0 and data["import"]["memories"] == data["restore"]["memories"] >= 1
