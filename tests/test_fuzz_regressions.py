@@ -171,3 +171,17 @@ def test_fuzz_crash_dac5da19_replays():
     RECORDS.TestOneInput(data)
     with pytest.raises(CorruptFileError):
         codec.decode_node(data[1:])
+
+
+def test_damaged_envelopes_do_not_grow_the_cipher_cache():
+    """Review of fuzz_records' memory, 2026-11-30: Sealer.open cached one AES-GCM cipher per epoch
+    read from the (not yet authenticated) envelope, so 100,000 damaged values with distinct epochs
+    kept 100,000 ciphers (~13 MB); a damaged file could grow it without bound."""
+    sealer = crypto.Sealer(RECORDS.DEK)
+    for epoch in range(2000):
+        with pytest.raises(DecryptionError):
+            sealer.open(b"nodes", b"k", struct.pack(">BI", 1, epoch) + bytes(28))
+    assert sealer._ciphers == {}
+    envelope = sealer.seal(b"nodes", b"k", b"value", 7)
+    assert crypto.Sealer(RECORDS.DEK).open(b"nodes", b"k", envelope) == b"value"
+    assert sealer.open(b"nodes", b"k", envelope) == b"value" and list(sealer._ciphers) == [7]
