@@ -363,8 +363,9 @@ def recovery_key(ctx: click.Context, file: str, as_json: bool) -> None:
 @cli.command(name="export-key")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.pass_context
-def export_key(ctx: click.Context, file: str, out: str) -> None:
+def export_key(ctx: click.Context, file: str, out: str, force: bool) -> None:
     """Save the key header (salt, KDF settings, wrapped keys; no secrets) to OUT.
 
     Keep it apart from the data; `engramdb import-key` puts it back if the file's header is damaged.
@@ -373,6 +374,9 @@ def export_key(ctx: click.Context, file: str, out: str) -> None:
 
         engramdb export-key notes.engram notes.key
     """
+    if os.path.exists(out) and not force:  # it may be the only key backup of another store
+        raise ValidationError(f"{out} exists; export-key does not overwrite it",
+                              hint="choose a new path, or pass --force to replace it")
     with _open(ctx, file, readonly=True) as db:
         db.export_key(out)
     click.echo(f"wrote {out}")

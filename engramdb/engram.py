@@ -636,7 +636,16 @@ class Engram:
 
         Keep it apart from the data: if the file's header is ever damaged,
         :func:`import_key` puts it back. It is useless without the passphrase.
+
+        Raises:
+            ValidationError: ``path`` is the store's own data file or one of its sidecars.
+            StoreError: ``path`` cannot be written.
         """
+        target = os.path.realpath(os.fspath(path))
+        if target in {self._store.path + suffix for suffix in ("", "-lock", "-maint")}:
+            # O_TRUNC on the data file itself would destroy the store the key is meant to save
+            raise ValidationError(f"{os.fspath(path)} is this store's own file; the key file must go elsewhere",
+                                  hint="choose another path, ideally on another disk than the data")
         data = codec.pack(self._header)
         try:
             fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -290,3 +290,23 @@ def test_every_command_that_prints_data_takes_json(run, tmp_path):
     assert data["recovery-key"]["recovery_key"].startswith("ERK1-")
     assert data["delete"] == {"deleted": ["gone"]}
     assert data["compact"]["after"] > 0 and data["import"]["memories"] == data["restore"]["memories"] >= 1
+
+
+def test_export_key_never_overwrites_the_store_or_another_backup(run, tmp_path):
+    """`engramdb export-key notes.engram notes.engram` truncated the data file to a 300-byte
+    key file (every memory lost); an existing OUT (maybe another store's only key backup)
+    was silently replaced."""
+    f = tmp_path / "k.engram"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "keep me", "--id", "keep")
+    size = f.stat().st_size
+    for target in (f, tmp_path / "k.engram-lock", tmp_path / "k.engram-maint"):
+        result = run("export-key", f, target, "--force")
+        assert result.exit_code == 1 and "own file" in result.output, result.output
+    assert f.stat().st_size == size and run("get", f, "keep").exit_code == 0
+    other = tmp_path / "other.key"
+    other.write_bytes(b"another store's key backup")
+    result = run("export-key", f, other)
+    assert result.exit_code == 1 and "--force" in result.output
+    assert other.read_bytes() == b"another store's key backup"
+    assert run("export-key", f, other, "--force").exit_code == 0 and other.read_bytes() != b"another store's key backup"
