@@ -102,6 +102,17 @@ def _parse_kdf(text: str | None) -> KDFParams | None:
         raise click.BadParameter("expected t=N,m=KIB,p=N, e.g. t=3,m=65536,p=4", param_hint="--kdf") from None
 
 
+def _refuse_same_file(target: str | None, store: str, what: str) -> None:
+    """Refuse to write ``target`` when it is ``store`` or one of its sidecars: the atomic
+    rename would replace the store by what was read from it."""
+    if target is None or target == "-":
+        return
+    real = os.path.realpath(store)
+    if os.path.realpath(target) in (real, real + "-lock", real + "-maint"):
+        raise ValidationError(f"{target} is {store} itself; {what} would replace it",
+                              hint="write to another path")
+
+
 def _output(path: str | None, mode: str, **kwargs: Any) -> Any:
     """stdout, or ``path`` replaced atomically; a new file is readable by its owner only,
     since dumps and exports hold the store's plaintext."""
@@ -426,6 +437,7 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
         raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")
     from tqdm import tqdm
 
+    _refuse_same_file(output, file, "the dump")
     dump_pw = _dump_passphrase(dump_passphrase_file, confirm=True) if encrypt else None
     with _open(ctx, file, readonly=True) as db, \
             tqdm(desc="dumping", unit=" memories", total=len(db), disable=None, file=sys.stderr) as bar:
@@ -477,6 +489,7 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
 
     from .backup import restore as restore_store
 
+    _refuse_same_file(file, dump_file, "the restored store")
     if os.path.exists(file) and not force:
         raise ValidationError(f"{file} exists; restore does not overwrite it", hint="pass --force to replace it")
     root = ctx.find_root().params
@@ -747,6 +760,7 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
     """
     from .importers import export_jsonl
 
+    _refuse_same_file(output, file, "the export")
     with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out:
         export_jsonl(db.scan(), out, space=space)
 

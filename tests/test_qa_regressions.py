@@ -310,3 +310,18 @@ def test_export_key_never_overwrites_the_store_or_another_backup(run, tmp_path):
     assert result.exit_code == 1 and "--force" in result.output
     assert other.read_bytes() == b"another store's key backup"
     assert run("export-key", f, other, "--force").exit_code == 0 and other.read_bytes() != b"another store's key backup"
+
+
+def test_dump_export_restore_never_write_over_their_own_input(run, tmp_path):
+    """`dump F -o F` and `export F -o F` replaced the encrypted store by its plaintext;
+    `restore D D --force` replaced the dump by the new store."""
+    f, d = tmp_path / "s.engram", tmp_path / "s.aaak"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "keep me", "--id", "keep")
+    assert run("dump", f, "-o", d).exit_code == 0
+    before = (f.read_bytes(), d.read_bytes())
+    for args in (("dump", f, "-o", f), ("export", f, "-o", f), ("dump", f, "-o", str(f) + "-lock"),
+                 ("restore", d, d, "--force", "--kdf", KDF)):
+        result = run(*args)
+        assert result.exit_code == 1 and "itself" in result.output and "hint:" in result.output, (args, result.output)
+    assert (f.read_bytes(), d.read_bytes()) == before
