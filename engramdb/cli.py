@@ -63,7 +63,36 @@ def _read_secret_file(path: str) -> str:
         with open(path, encoding="utf-8") as fh:
             return fh.read().rstrip("\r\n")
     except OSError as exc:
-        raise ValidationError(f"cannot read {path}: {exc.strerror}") from None
+        raise ValidationError(f"cannot read {path}: {exc.strerror}",
+                              hint="check the path and its permissions") from None
+    except UnicodeDecodeError:
+        raise ValidationError(f"{path} is not UTF-8 text", hint="a passphrase file holds the passphrase as text") \
+            from None
+
+
+def _read_key_file(path: str) -> bytes | str:
+    """The key in a --key-file: exactly 32 raw bytes, or a recovery key (``ERK1-...``) as text.
+
+    Raises:
+        ValidationError: the file cannot be read or holds neither.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ValidationError(f"cannot read {path}: {exc.strerror}",
+                              hint="check the path and its permissions") from None
+    if len(data) == 32:
+        return data
+    try:
+        text = data.decode("utf-8").strip()
+        if len(engram_mod._parse_raw_key(text)) == 32:
+            return text
+    except (UnicodeDecodeError, ValidationError):
+        pass
+    raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
+                          hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
+                               "(ERK1-...), or the 32 raw key bytes")
 
 
 def _secret(what: str, file: str | None, env: str, file_option: str, *, confirm: bool) -> str:
@@ -86,7 +115,7 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
     """Open an existing file, asking for the passphrase only when the file is encrypted."""
     root = ctx.find_root().params
     if root.get("key_file"):
-        return engram_mod.open(path, key=_read_secret_file(root["key_file"]), create=create, readonly=readonly)
+        return engram_mod.open(path, key=_read_key_file(root["key_file"]), create=create, readonly=readonly)
     if root.get("plaintext"):
         return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
     return engram_mod.open(path, passphrase=_passphrase(ctx), create=create, readonly=readonly)
@@ -173,7 +202,7 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
     if root.get("plaintext"):
         db = engram_mod.open(file, encrypted=False)
     elif root.get("key_file"):
-        db = engram_mod.open(file, key=_read_secret_file(root["key_file"]))
+        db = engram_mod.open(file, key=_read_key_file(root["key_file"]))
     else:
         db = engram_mod.open(file, passphrase=_passphrase(ctx, confirm=True), kdf=kdf)
     with db:
@@ -406,7 +435,7 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
     """
     root = ctx.find_root().params
     if root.get("key_file"):
-        engram_mod.import_key(file, keyfile, key=_read_secret_file(root["key_file"]))
+        engram_mod.import_key(file, keyfile, key=_read_key_file(root["key_file"]))
     else:
         engram_mod.import_key(file, keyfile, passphrase=_passphrase(ctx))
     click.echo(f"restored the header of {file}")
@@ -496,7 +525,7 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
     if root.get("plaintext"):
         options: dict[str, Any] = {"encrypted": False}
     elif root.get("key_file"):
-        options = {"key": _read_secret_file(root["key_file"])}
+        options = {"key": _read_key_file(root["key_file"])}
     else:
         options = {"passphrase": _passphrase(ctx, confirm=True), "kdf": _parse_kdf(kdf_text)}
     source = _read_dump_source(dump_file, dump_passphrase_file)

@@ -325,3 +325,25 @@ def test_dump_export_restore_never_write_over_their_own_input(run, tmp_path):
         result = run(*args)
         assert result.exit_code == 1 and "itself" in result.output and "hint:" in result.output, (args, result.output)
     assert (f.read_bytes(), d.read_bytes()) == before
+
+
+def test_key_file_takes_raw_bytes_and_rejects_bad_keys_clearly(run, tmp_path):
+    """`--key-file` with 32 raw key bytes (what the help promises) was a UnicodeDecodeError
+    traceback; a mistyped recovery key said "generate one with os.urandom(32)"; a missing
+    --passphrase-file pointed at spec/file-format.md."""
+    import engramdb
+
+    raw = bytes(range(32))
+    f = tmp_path / "raw.engram"
+    with engramdb.open(f, key=raw):
+        pass
+    keyfile = tmp_path / "raw.key"
+    keyfile.write_bytes(raw)
+    assert run("--key-file", keyfile, "add", f, "hello", "--id", "h").exit_code == 0
+    assert run("--key-file", keyfile, "get", f, "h").exit_code == 0
+    bad = tmp_path / "bad.key"
+    bad.write_text("ERK1-AAAA-BBBB\n")
+    result = run("--key-file", bad, "get", f, "h")
+    assert result.exit_code == 1 and "recovery key" in result.output and "urandom" not in result.output
+    result = run("--passphrase-file", tmp_path / "nope.txt", "get", f, "h")
+    assert result.exit_code == 1 and "hint: check the path" in result.output
