@@ -14,7 +14,7 @@ import click
 
 from . import engram as engram_mod
 from .crypto import KDFParams
-from .errors import EngramError, ValidationError, WrongPassphraseError
+from .errors import EngramError, ModeMismatchError, ValidationError, WrongPassphraseError
 from .records import TIERS
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
@@ -112,13 +112,27 @@ def _passphrase(ctx: click.Context, *, confirm: bool = False) -> str:
 
 
 def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False) -> engram_mod.Engram:
-    """Open an existing file, asking for the passphrase only when the file is encrypted."""
+    """Open a file with the key source the command line names (--key-file, --plaintext, or a
+    passphrase); the library's hints speak of keyword arguments, so say which option to use."""
     root = ctx.find_root().params
-    if root.get("key_file"):
-        return engram_mod.open(path, key=_read_key_file(root["key_file"]), create=create, readonly=readonly)
-    if root.get("plaintext"):
-        return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
-    return engram_mod.open(path, passphrase=_passphrase(ctx), create=create, readonly=readonly)
+    try:
+        if root.get("key_file"):
+            return engram_mod.open(path, key=_read_key_file(root["key_file"]), create=create, readonly=readonly)
+        if root.get("plaintext"):
+            return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
+        return engram_mod.open(path, passphrase=_passphrase(ctx), create=create, readonly=readonly)
+    except ModeMismatchError as exc:
+        hint = ("it is encrypted: leave out --plaintext and give its passphrase or --key-file"
+                if root.get("plaintext") else "it is a plaintext file: put --plaintext before the command, "
+                                              "e.g. `engramdb --plaintext info FILE`")
+        raise ModeMismatchError(exc.message, hint=hint) from None
+    except WrongPassphraseError as exc:
+        if root.get("key_file"):
+            hint = "the key in --key-file belongs to another file, or its recovery slot was replaced"
+        else:
+            hint = (f"check ${PASSPHRASE_ENV} or --passphrase-file; if the passphrase is lost, save the recovery "
+                    "key (ERK1-...) in a file and pass --key-file FILE")
+        raise WrongPassphraseError(exc.message, hint=hint) from None
 
 
 def _parse_kdf(text: str | None) -> KDFParams | None:

@@ -347,3 +347,18 @@ def test_key_file_takes_raw_bytes_and_rejects_bad_keys_clearly(run, tmp_path):
     assert result.exit_code == 1 and "recovery key" in result.output and "urandom" not in result.output
     result = run("--passphrase-file", tmp_path / "nope.txt", "get", f, "h")
     assert result.exit_code == 1 and "hint: check the path" in result.output
+
+
+def test_key_and_mode_errors_name_the_cli_options(run, tmp_path):
+    """A wrong passphrase said "use the recovery key if you have one" without saying how;
+    a plaintext file opened without --plaintext said "open it ... (encrypted=False)"."""
+    f, plain = tmp_path / "e.engram", tmp_path / "p.engram"
+    run("init", f, "--kdf", KDF)
+    assert run("--plaintext", "init", plain).exit_code == 0
+    wrong = run("info", f, env={"ENGRAM_PASSPHRASE": "not-it"})
+    assert wrong.exit_code == 1 and "--key-file" in wrong.output
+    mode = run("info", plain)
+    assert mode.exit_code == 1 and "--plaintext" in mode.output and "encrypted=False" not in mode.output
+    mode = run("--plaintext", "info", f)
+    assert mode.exit_code == 1 and "leave out --plaintext" in mode.output
+    assert run("--plaintext", "info", plain).exit_code == 0
