@@ -582,6 +582,19 @@ def diff(ctx: click.Context, a: str, b: str) -> None:
         ctx.exit(1)
 
 
+def _check_date(value: str | None) -> str | None:
+    """A YYYY-MM-DD date, or a usage error (compress would silently ignore anything else)."""
+    import datetime
+
+    if value is None:
+        return None
+    try:
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a date; use YYYY-MM-DD, e.g. 2024-05-02") from None
+    return value
+
+
 def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
     """(text or messages, default source name) of one ingest input."""
     try:
@@ -618,7 +631,8 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
 @click.option("--format", "fmt", type=click.Choice(["auto", "text", "markdown", "jsonl", "chat"]), default="auto",
               show_default=True, help="How to read the inputs (jsonl: one chat message per line).")
 @click.option("--title", help="Title for the compressed document (also its source name).")
-@click.option("--date", help="Date of the input (YYYY-MM-DD), for dates relative to it.")
+@click.option("--date", callback=lambda _ctx, _param, value: _check_date(value),
+              help="Date of the input (YYYY-MM-DD), for dates relative to it.")
 @click.option("--tag", "tags", multiple=True, help="Tag every memory (repeatable).")
 @click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True, help="Characters per chunk.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")

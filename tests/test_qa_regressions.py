@@ -362,3 +362,15 @@ def test_key_and_mode_errors_name_the_cli_options(run, tmp_path):
     mode = run("--plaintext", "info", f)
     assert mode.exit_code == 1 and "leave out --plaintext" in mode.output
     assert run("--plaintext", "info", plain).exit_code == 0
+
+
+@pytest.mark.parametrize("value", ["notadate", "2023-02-30"])
+def test_ingest_date_must_be_a_real_date(run, tmp_path, value):
+    """`ingest --date notadate` was accepted and silently ignored: relative dates
+    ("yesterday") then resolved to nothing."""
+    f, text = tmp_path / "d.engram", tmp_path / "rel.txt"
+    run("init", f, "--kdf", KDF)
+    text.write_text("We met yesterday and decided to ship next week.\n", encoding="utf-8")
+    result = run("ingest", f, text, "--date", value)
+    assert result.exit_code == 2 and "YYYY-MM-DD" in result.output
+    assert run("ingest", f, text, "--date", "2024-05-02").exit_code == 0
