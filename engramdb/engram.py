@@ -71,6 +71,10 @@ def _unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_ke
     if not slots:
         raise WrongPassphraseError(f"this file has no {kind} slot",
                                    hint="open it with the passphrase" if kind == "key" else None)
+    if kind == "passphrase" and len(slots) > 1:
+        # engramdb writes one passphrase slot (rekey replaces it); each would cost a full KDF run,
+        # so a header listing thousands of them could make open() run for hours
+        raise CorruptFileError(f"the header lists {len(slots)} passphrase slots; engramdb writes one")
     for slot in slots:
         salt = slot.get("salt")
         if not isinstance(salt, bytes) or not 8 <= len(salt) <= 1024:  # argon2 needs >= 8 bytes
@@ -449,13 +453,14 @@ class Engram:
             return item
         data = dict(item) if isinstance(item, Mapping) else {"content": item}
         data.update(fields)
-        unknown = set(data) - _NODE_FIELDS
-        if unknown:
+        if not _NODE_FIELDS.issuperset(data):
+            unknown = set(data) - _NODE_FIELDS
             raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}",
                                   hint=f"known fields: {', '.join(sorted(_NODE_FIELDS))}")
-        stamp = now_ts(now)
-        data.setdefault("id", new_id())
-        data.setdefault("created_at", stamp)
+        if "id" not in data:  # not setdefault: a fresh uuid4 per memory costs more than the check
+            data["id"] = new_id()
+        if "created_at" not in data:
+            data["created_at"] = now_ts(now)
         data.setdefault("last_accessed", data["created_at"])
         return Node(**data)
 
@@ -489,7 +494,7 @@ class Engram:
 
         def put_all(txn: Txn) -> list[str]:
             with self._batched(txn) as tx:
-                return [tx.put_new(node) for node in nodes]
+                return tx.put_new_many(nodes)
 
         return self._store.write(put_all)
 
@@ -855,6 +860,25 @@ class Transaction:
         self._txn.put("ids", id_key, codec.u64(docno))
         self._index(added=[(docno, node)])  # index hook
         return node.id
+
+    def put_new_many(self, nodes: list[Node]) -> list[str]:
+        """:meth:`put_new` for many nodes; every id is checked before anything is written.
+
+        Raises:
+            DuplicateIdError: an id exists already or repeats in ``nodes``.
+        """
+        id_keys = [self._engram._id_key(node.id) for node in nodes]
+        seen: set[bytes] = set()
+        for node, id_key in zip(nodes, id_keys):
+            if id_key in seen or self._txn.contains("ids", id_key):
+                raise DuplicateIdError(f"a memory with id {node.id!r} exists")
+            seen.add(id_key)
+        docnos = [self._txn.allocate_docno() for _ in nodes]
+        keys = [codec.u64(docno) for docno in docnos]
+        self._txn.put_many("nodes", [(key, codec.encode_node(node)) for key, node in zip(keys, nodes)])
+        self._txn.put_many("ids", sorted(zip(id_keys, keys)))  # key order: LMDB inserts touch fewer pages
+        self._index(added=list(zip(docnos, nodes)))  # index hook
+        return [node.id for node in nodes]
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """As :meth:`Engram.add`, inside this transaction."""

@@ -271,7 +271,8 @@ def header_seeds() -> list[bytes]:
         bad = dict(header, slots=[dict(header["slots"][0], kdf=kdf)])
         seeds.append(b"\x00" + msgpack.packb(bad, use_bin_type=True))
     for change in ({"version": [2, 0]}, {"version": [1]}, {"format": "other"}, {"slots": None}, {"slots": [1, "x"]},
-                   {"slots": [dict(header["slots"][0], salt=b"short")]}, {"store_id": None}):
+                   {"slots": [dict(header["slots"][0], salt=b"short")]}, {"store_id": None},
+                   {"slots": header["slots"][:1] * 3}):  # more passphrase slots than engramdb writes
         seeds.append(b"\x00" + msgpack.packb(dict(header, **change), use_bin_type=True))
     seeds.append(b"\x00" + msgpack.packb([1, 2, 3]))
     seeds.append(b"\x00" + b"\x91" * 3000)

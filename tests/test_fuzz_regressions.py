@@ -185,3 +185,58 @@ def test_damaged_envelopes_do_not_grow_the_cipher_cache():
     envelope = sealer.seal(b"nodes", b"k", b"value", 7)
     assert crypto.Sealer(RECORDS.DEK).open(b"nodes", b"k", envelope) == b"value"
     assert sealer.open(b"nodes", b"k", envelope) == b"value" and list(sealer._ciphers) == [7]
+
+
+# --- header ---------------------------------------------------------------------------
+
+def _seed_header() -> dict:
+    """The passphrase-protected header of the seed corpus (written by engramdb.open)."""
+    for path in sorted((CORPUS / "header").iterdir()):
+        data = path.read_bytes()
+        if data[:1] == b"\x00":
+            try:
+                header = msgpack.unpackb(data[1:], raw=False)
+            except Exception:  # the corpus holds damaged headers too
+                continue
+            if isinstance(header, dict) and any(isinstance(s, dict) and s.get("kind") == "passphrase"
+                                                for s in header.get("slots") or []):
+                return header
+    raise AssertionError("the header corpus holds no passphrase header")
+
+
+def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
+    """Review of fuzz_header, 2026-11-30: _unlock ran the KDF once per passphrase slot, and the
+    number of slots is not bounded; at the cap (t=20, m=4 GiB, p=16) one run would take about 75 s
+    on the 2-core build VM (1.2 s measured at m=64 MiB, times 64), so a header listing 1,000
+    slots would make open() run for most of a day."""
+    from engramdb import engram
+
+    header = _seed_header()
+    slot = next(s for s in header["slots"] if s["kind"] == "passphrase")
+    header = dict(header, slots=[dict(slot, salt=i.to_bytes(16, "big")) for i in range(1000)])
+    runs = []
+    monkeypatch.setattr(crypto, "derive_kek", lambda *args: runs.append(args) or bytes(32))
+    start = time.perf_counter()
+    with pytest.raises(CorruptFileError, match="1000 passphrase slots"):
+        engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
+    assert runs == [] and time.perf_counter() - start < 0.1
+
+
+@pytest.mark.parametrize("kdf", [
+    {"alg": "argon2id", "v": 19, "t": 10**9, "m": 8, "p": 1},
+    {"alg": "argon2id", "v": 19, "t": 1, "m": 2**40, "p": 1},
+    {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": 2**20},
+    {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": 2},
+    "argon2id", None, {"alg": "argon2id", "v": 19},
+])
+def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf):
+    """fuzz_header oracle, 2026-11-30: the KDF guard of cheap_kdf() never fired; this pins the order
+    (parameters checked, then argon2 run) with the real cap and without the test switch."""
+    from engramdb import engram
+
+    header = _seed_header()
+    header = dict(header, slots=[dict(s, kdf=kdf) if s["kind"] == "passphrase" else s for s in header["slots"]])
+    start = time.perf_counter()
+    with pytest.raises(WeakKDFError):
+        engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
+    assert time.perf_counter() - start < 0.1
