@@ -4,6 +4,13 @@ Seeds: the golden dump and result, the zettel-compress v1/v2 fixtures, and inval
 variants of each (truncated, a flipped byte, a deleted / duplicated / swapped line,
 a bad trailer), each prefixed with the target byte that fuzz_aaak.py dispatches on.
 
+It also writes fuzz/corpus/{importers,records,header}/ for fuzz_importers.py,
+fuzz_records.py and fuzz_header.py: files from the real writers (export_jsonl, the AAAK
+golden files, Terronex files built as tests/test_importers.py does, encode_node and
+Sealer envelopes under the targets' test key, headers of stores made by engramdb.open
+with os.urandom seeded) and invalid variants, hostile lengths, deep nesting and hostile
+KDF parameters.
+
     python fuzz/make_corpus.py
 """
 from __future__ import annotations
@@ -186,6 +193,12 @@ def importer_seeds() -> list[bytes]:
     seeds.append(b"\x00" + _tx_file(nodes[:1], passphrase=target.PASSPHRASE, cheap=target))  # no passphrase
     seeds.append(b"\x00" + _tx_file([{"id": "x", "content": {"data": [[[[[[1]]]]]]}}],
                                      [{"sourceId": "a", "targetId": "b", "type": ["list"]}]))
+    # the findings of tests/test_fuzz_regressions.py, so the fuzzer keeps exercising them
+    seeds.append(b"\x00" + _tx_file(nodes[:1], 5, 5))
+    seeds.append(b"\x00" + _tx_file(nodes[:1], [], [{"name": "A", "mentions": 5}]))
+    short_salt = {"encrypted": True, "kdf": "argon2id", "salt": b"abc", "nonce": bytes(12), "integrity": b""}
+    header = msgpack.packb({"version": [1, 0], "security": short_salt}, use_bin_type=True)
+    seeds.append(b"\x01ENGRAM\x01\x00" + struct.pack("<I", len(header)) + header + bytes(32))
     return seeds
 
 
@@ -206,6 +219,7 @@ def record_seeds() -> list[bytes]:
         b"\x01\x92\x02\xa1x",  # unknown schema
         b"\x01\x91\x01",  # too few fields
         b"\x02" + b"\x28\xb5\x2f\xfd\xa0" + struct.pack("<I", 60_000_000) + b"\x01\x00\x00",  # a zstd bomb header
+        b"\x02" + b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", 2**62) + b"\x01\x00\x00",  # finding: MemoryError
         b"\x01" + b"\x91" * 2000 + b"\x90",  # deep nesting
         b"\x01\xdd\xff\xff\xff\xff",  # an array claiming 4 billion items
         b"\x01\xdc\x00\x16\x01\xa1x" + b"\xc0" * 20,  # 22 fields, all nil
