@@ -809,7 +809,10 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
 @click.option("--space", help="The embedding space written as `embedding` (default: the node's first).")
 @click.pass_context
 def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: str | None) -> None:
-    """Export memories as JSONL (Trace-Lite `Memory` objects; lossless with `engramdb import`).
+    """Export memories as JSONL (Trace-Lite `Memory` objects, every memory field).
+
+    Edges (tunnels, links) and the source texts behind `context` stay behind: for a full
+    backup use `engramdb dump` and `engramdb restore`.
 
     Example:
 

@@ -374,3 +374,19 @@ def test_ingest_date_must_be_a_real_date(run, tmp_path, value):
     result = run("ingest", f, text, "--date", value)
     assert result.exit_code == 2 and "YYYY-MM-DD" in result.output
     assert run("ingest", f, text, "--date", "2024-05-02").exit_code == 0
+
+
+def test_export_help_does_not_promise_what_import_loses(run, tmp_path):
+    """`export --help` said "lossless with `engramdb import`", but edges and source texts
+    do not travel through JSONL (0 edges imported, `context` finds nothing)."""
+    f, out, back = tmp_path / "x.engram", tmp_path / "x.jsonl", tmp_path / "y.engram"
+    run("init", f, "--kdf", KDF)
+    text = "".join(f"Alice and Bob met Carol in Berlin on day {n}. They talked about the Berlin office.\n\n"
+                   for n in range(6))
+    assert run("ingest", f, "-", "--chunk-size", "60", input=text).exit_code == 0
+    run("export", f, "-o", out)
+    imported = json.loads(run("import", out, back, "--json").stdout)
+    original = json.loads(run("info", f, "--json").stdout)
+    help_text = run("export", "--help").output
+    assert imported["edges"] < original["tables"]["edges"]  # the tunnels did not travel
+    assert "lossless" not in help_text and "dump" in help_text
