@@ -33,6 +33,10 @@ class _Group(click.Group):
             if exc.hint:
                 click.echo(f"hint: {exc.hint}", err=True)
             ctx.exit(1)
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C, or EOF at a prompt
+            click.echo("error: interrupted; the transaction in progress was not committed", err=True)
+            click.echo("hint: run the command again (work committed before the interruption is kept)", err=True)
+            ctx.exit(1)
         except BrokenPipeError:  # `engramdb dump | head`
             sys.stderr.close()
             ctx.exit(0)

@@ -390,3 +390,20 @@ def test_export_help_does_not_promise_what_import_loses(run, tmp_path):
     help_text = run("export", "--help").output
     assert imported["edges"] < original["tables"]["edges"]  # the tunnels did not travel
     assert "lossless" not in help_text and "dump" in help_text
+
+
+def test_ctrl_c_is_an_error_line_with_hint(run, tmp_path, monkeypatch):
+    """Ctrl-C printed click's bare "Aborted!" (no error:/hint: pair)."""
+    f, text = tmp_path / "c.engram", tmp_path / "t.txt"
+    run("init", f, "--kdf", KDF)
+    text.write_text("Alice moved to Berlin in 2023.\n", encoding="utf-8")
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engram_mod.Engram, "ingest", interrupted)
+    result = run("ingest", f, text)
+    assert result.exit_code == 1 and "Aborted" not in result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("error: interrupted") and lines[1].startswith("hint: ")
+    assert json.loads(run("info", f, "--json").stdout)["memories"] == 0
