@@ -10,7 +10,8 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,8 @@ def now_ts(now: float | None = None) -> float:
 
 
 def _str_list(name: str, value: Any) -> tuple[str, ...]:
+    if type(value) is tuple and not value:  # the common default: nothing to check
+        return value
     if isinstance(value, str):
         raise ValidationError(f"{name} must be a list of strings, not a string")
     out = tuple(value or ())
@@ -71,6 +74,8 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _finite(name: str, value: Any) -> float:
+    if type(value) is float and math.isfinite(value):  # the common case, same result
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{name} must be a number, got {type(value).__name__}")
     value = float(value)
@@ -94,6 +99,8 @@ def _normalize_metadata(value: Any, depth: int = 0) -> Any:
     """
     if depth > 32:
         raise ValidationError("metadata nests too deeply (more than 32 levels)")
+    if value is None or type(value) is str:  # the common leaves first (Mapping checks are slower)
+        return value
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():

@@ -504,38 +504,86 @@ class Txn:
         return docno
 
     def _seal(self, table: str, key: bytes, value: bytes) -> bytes:
+        return self._seal_many(table, [(key, value)])[0]
+
+    def _seal_many(self, table: str, items: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """Envelopes of ``items``, counting each seal against the epoch's limit."""
         state = self.state
-        if state.sealed >= self.store.epoch_limit:
-            state.epoch += 1
-            state.sealed = 0
-        state.sealed += 1
-        return self.store.sealer.seal(table.encode(), key, value, state.epoch)
+        limit = self.store.epoch_limit
+        seal_many = self.store.sealer.seal_many
+        out: list[bytes] = []
+        pos = 0
+        while pos < len(items):
+            if state.sealed >= limit:
+                state.epoch += 1
+                state.sealed = 0
+            take = min(len(items) - pos, limit - state.sealed)
+            out += seal_many(table.encode(), items[pos:pos + take], state.epoch)
+            state.sealed += take
+            pos += take
+        return out
 
     def _put_envelope(self, table: str, key: bytes, envelope: bytes | None, *, digest: bool = True) -> bool:
+        if envelope is not None:
+            self._put_envelopes(table, [(key, envelope)], digest=digest)
+            return True
         db = self.store._env.dbs[table]
-        sealer = self.store.sealer
         if digest:
             old = self._ltxn.get(key, db=db)
-            entry = self.state.digests.setdefault(table, [0, 0])
             if old is not None:
-                entry[0] -= 1
-                entry[1] = (entry[1] - sealer.state_term(table.encode(), key, old)) % 2**256
-            if envelope is not None:
-                entry[0] += 1
-                entry[1] = (entry[1] + sealer.state_term(table.encode(), key, envelope)) % 2**256
+                self._digest_update(table, [], [(key, old)])
         self._log.append((table, key, envelope))
         while True:
             try:
-                if envelope is None:
-                    return self._ltxn.delete(key, db=db)
-                self._ltxn.put(key, envelope, db=db)
-                return True
+                return self._ltxn.delete(key, db=db)
             except lmdb.MapFullError:
                 self._log.pop()
                 self._regrow_and_replay()
                 self._log.append((table, key, envelope))
-            except lmdb.BadValsizeError as exc:
-                raise _map_lmdb_error(exc, "write failed") from None
+
+    def _put_envelopes(self, table: str, pairs: list[tuple[bytes, bytes]], *, digest: bool = True) -> None:
+        """Store ``(key, envelope)`` pairs in order, keeping the table's state digest.
+
+        A key that is new (the bulk case) is written by one insert that refuses to
+        overwrite; only a key that exists is read back, for its old digest term.
+        """
+        db = self.store._env.dbs[table]
+        log = self._log
+        replaced: list[tuple[bytes, bytes]] = []
+        done = 0
+        try:
+            while done < len(pairs):
+                ltxn = self._ltxn  # a new LMDB transaction after a map growth
+                put, get = ltxn.put, ltxn.get
+                try:
+                    for key, envelope in pairs[done:] if done else pairs:
+                        log.append((table, key, envelope))
+                        if digest and not put(key, envelope, db=db, overwrite=False):
+                            old = get(key, db=db)
+                            put(key, envelope, db=db)
+                            replaced.append((key, old))
+                        elif not digest:
+                            put(key, envelope, db=db)
+                        done += 1
+                except lmdb.MapFullError:
+                    log.pop()
+                    self._regrow_and_replay()
+                except lmdb.BadValsizeError as exc:
+                    log.pop()
+                    raise _map_lmdb_error(exc, "write failed") from None
+        finally:
+            if digest:  # exactly the writes that happened
+                self._digest_update(table, pairs[:done], replaced)
+
+    def _digest_update(self, table: str, added: list[tuple[bytes, bytes]], removed: list[tuple[bytes, bytes]]) -> None:
+        """Add the state-digest terms of ``added`` and remove those of ``removed`` (key, envelope) pairs."""
+        if not added and not removed:
+            return
+        entry = self.state.digests.setdefault(table, [0, 0])
+        terms = self.store.sealer.state_terms
+        tname = table.encode()
+        entry[0] += len(added) - len(removed)
+        entry[1] = (entry[1] + terms(tname, added) - terms(tname, removed)) % 2**256
 
     def _require_write(self) -> None:
         if not self.write:
@@ -564,6 +612,20 @@ class Txn:
         if table == "meta" and (key in HEADER_KEYS or key == STATE_KEY):
             raise StoreError(f"meta key {key!r} is reserved", hint="this is a bug in engramdb, please report it")
         self._put_envelope(table, key, self._seal(table, key, value), digest=table != "meta")
+
+    def put_many(self, table: str, items: list[tuple[bytes, bytes]]) -> None:
+        """:meth:`put` for many ``(key, plaintext)`` pairs, in order (the bulk-write path)."""
+        self._require_write()
+        if table == "meta":
+            for key, value in items:  # few, and the reserved keys are checked one by one
+                self.put(table, key, value)
+            return
+        envelopes = self._seal_many(table, items)
+        self._put_envelopes(table, [(key, env) for (key, _), env in zip(items, envelopes)])
+
+    def contains(self, table: str, key: bytes) -> bool:
+        """Whether (table, key) exists (no decryption)."""
+        return self._ltxn.get(key, db=self.store._env.dbs[table]) is not None
 
     def delete(self, table: str, key: bytes) -> bool:
         """Remove (table, key); True when it existed."""
