@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from typing import Any, Callable
 
@@ -165,9 +166,12 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Any:
     since dumps and exports hold the store's plaintext."""
     if path is None:
         return click.open_file("-", mode, **kwargs)
+    # Only a regular file is replaced by a rename; a device or pipe (/dev/null, a FIFO,
+    # /dev/stdout) is written in place: a rename would put a regular file in its stead.
+    atomic = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
     old_umask = os.umask(0o077)  # click creates the temporary file with 0o666 & ~umask
     try:
-        return click.open_file(path, mode, atomic=True, **kwargs)
+        return click.open_file(path, mode, atomic=atomic, **kwargs)
     finally:
         os.umask(old_umask)
 

@@ -407,3 +407,28 @@ def test_ctrl_c_is_an_error_line_with_hint(run, tmp_path, monkeypatch):
     lines = result.output.strip().splitlines()
     assert lines[0].startswith("error: interrupted") and lines[1].startswith("hint: ")
     assert json.loads(run("info", f, "--json").stdout)["memories"] == 0
+
+
+def test_dump_to_a_pipe_or_device_writes_into_it(run, tmp_path):
+    """`dump -o /dev/null` (or a FIFO) renamed a temporary file over the device: as root it
+    replaced /dev/null by a regular file. Output to a non-regular file is written in place."""
+    import stat
+    import threading
+
+    f, fifo = tmp_path / "f.engram", tmp_path / "pipe"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "through the pipe")
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def reader() -> None:
+        with open(fifo, "rb") as fh:
+            received.append(fh.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    result = run("dump", f, "-o", fifo)
+    thread.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced by a regular file"
+    assert received and b"through the pipe" in received[0]
