@@ -19,7 +19,7 @@ import msgpack
 from ..codec import decode_node
 from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
-from .bm25 import SegmentedBM25, snapshot_id
+from .bm25 import SegmentedBM25, TermDocs, snapshot_id
 from .graph import Graph
 from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
@@ -169,6 +169,10 @@ class Indexes:
         """The index terms of a node."""
         return self.tokenizer(node_text(node))
 
+    def term_docs(self, docnos: Sequence[int], texts: Sequence[str]) -> TermDocs:
+        """Tokenize ``texts`` (of documents ``docnos``) in one batch, for the BM25 index."""
+        return TermDocs(docnos, *self.tokenizer.encode_many(texts))
+
     def apply(self, txn: Any, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Node]]) -> None:
         """Index one write transaction's changes (an update is in both lists, same docno).
 
@@ -186,8 +190,7 @@ class Indexes:
         removed_docnos = [docno for docno, _ in removed]
         texts = [node_text(node) for _, node in added]
         self.vectors.apply(txn, added, texts, removed)
-        self.bm25.apply(txn, [(docno, self.tokenizer(text)) for (docno, _), text in zip(added, texts)],
-                        removed_docnos)
+        self.bm25.apply(txn, self.term_docs([docno for docno, _ in added], texts), removed_docnos)
         re_added = {docno for docno, _ in added}
         for docno in removed_docnos:
             if docno not in re_added:
@@ -219,8 +222,9 @@ class Indexes:
             EmbeddingError: a node's embedding does not fit its space.
         """
         nodes = list(iter_nodes(txn))
-        self.bm25.rebuild(txn, [(docno, self.terms(node)) for docno, node in nodes])
-        self.vectors.rebuild(txn, nodes, [node_text(n) for _, n in nodes])
+        texts = [node_text(n) for _, n in nodes]
+        self.bm25.rebuild(txn, self.term_docs([docno for docno, _ in nodes], texts))
+        self.vectors.rebuild(txn, nodes, texts)
         self.graph.repair(txn, [docno for docno, _ in nodes])
         self.graph.link_tunnels(txn, nodes, now=now)
 

@@ -44,6 +44,8 @@ __all__ = [
     "B",
     "MERGE_FACTOR",
     "SegmentedBM25",
+    "TermDocs",
+    "count_postings",
     "encode_block",
     "encode_blocks",
     "decode_block",
@@ -237,35 +239,85 @@ def decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return docnos, values
 
 
-def count_postings(docs: Sequence[tuple[int, Sequence[str]]]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """Invert ``(docno, terms)`` pairs.
+class TermDocs:
+    """Tokenized documents as flat columns, what a segment is built from.
+
+    Document ``i`` has number ``docnos[i]`` and the terms ``terms[term_ids[a:b]]`` in order,
+    where ``a = lengths[:i].sum()`` and ``b = a + lengths[i]``; ``terms`` is sorted and
+    distinct. :meth:`Tokenizer.encode_many` produces the last three columns directly, so
+    bulk ingest never builds a Python list of terms per document.
+    """
+
+    __slots__ = ("docnos", "terms", "term_ids", "lengths")
+
+    def __init__(self, docnos: Sequence[int] | np.ndarray, terms: list[str], term_ids: np.ndarray,
+                 lengths: np.ndarray) -> None:
+        self.docnos = np.asarray(docnos, dtype=np.uint64)
+        self.terms = terms
+        self.term_ids = np.asarray(term_ids, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.docnos.shape != self.lengths.shape or int(self.lengths.sum()) != self.term_ids.size:
+            raise ValidationError("tokenized documents: docnos, lengths and terms do not match")
+
+    @classmethod
+    def from_pairs(cls, docs: Sequence[tuple[int, Sequence[str]]]) -> "TermDocs":
+        """From ``(docno, terms)`` pairs."""
+        # a defaultdict numbering new terms on first sight: a C-level lookup per token
+        vocab: dict[str, int] = defaultdict(itertools.count().__next__)
+        term_ids: list[int] = []
+        lengths: list[int] = []
+        for _, terms in docs:
+            term_ids += map(vocab.__getitem__, terms)
+            lengths.append(len(terms))
+        words = sorted(vocab)
+        rank_of_term = np.empty(len(vocab), dtype=np.int64)
+        rank_of_term[[vocab[w] for w in words]] = np.arange(len(words))
+        return cls([d for d, _ in docs], words, rank_of_term[np.asarray(term_ids, dtype=np.int64)],
+                   np.asarray(lengths, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return int(self.docnos.size)
+
+
+def _term_docs(docs: "TermDocs | Sequence[tuple[int, Sequence[str]]]") -> TermDocs:
+    return docs if isinstance(docs, TermDocs) else TermDocs.from_pairs(docs)
+
+
+def count_postings(docs: TermDocs | Sequence[tuple[int, Sequence[str]]]
+                   ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Invert documents: ``(docno, terms)`` pairs or a :class:`TermDocs`.
 
     Returns:
         ``(words, docnos, tfs, bounds)``: the sorted distinct terms, and flat columns in
         which term ``words[j]`` owns rows ``bounds[j]:bounds[j + 1]`` (docno order).
     """
-    # a defaultdict numbering new terms on first sight: a C-level lookup per token
-    vocab: dict[str, int] = defaultdict(itertools.count().__next__)
-    term_ids: list[int] = []
-    lengths: list[int] = []
-    for _, terms in docs:
-        term_ids += map(vocab.__getitem__, terms)
-        lengths.append(len(terms))
-    if not term_ids:
+    docs = _term_docs(docs)
+    if not docs.term_ids.size:
         return [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(1, np.int64)
     n = len(docs)
-    docnos = np.fromiter((d for d, _ in docs), dtype=np.uint64, count=n)
-    order_docs = np.argsort(docnos, kind="stable")
+    order_docs = np.argsort(docs.docnos, kind="stable")
     rank_of_doc = np.empty(n, dtype=np.int64)
     rank_of_doc[order_docs] = np.arange(n)
-    words = sorted(vocab)
-    rank_of_term = np.empty(len(vocab), dtype=np.int64)
-    rank_of_term[[vocab[w] for w in words]] = np.arange(len(words))
-    doc_index = np.repeat(np.arange(n), lengths)
-    keys = rank_of_term[np.asarray(term_ids)] * n + rank_of_doc[doc_index]
-    uniq, tfs = np.unique(keys, return_counts=True)
-    bounds = np.searchsorted(uniq // n, np.arange(len(words) + 1))
-    return words, docnos[order_docs][uniq % n], tfs, bounds
+    # one sort of (term rank, doc rank) keys; runs of equal keys are the term frequencies
+    keys = docs.term_ids * n + np.repeat(rank_of_doc, docs.lengths)
+    keys.sort()
+    first = np.empty(keys.size, dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    uniq = keys[starts]
+    tfs = np.diff(np.append(starts, keys.size))
+    bounds = np.searchsorted(uniq // n, np.arange(len(docs.terms) + 1))
+    return docs.terms, docs.docnos[order_docs][uniq % n], tfs, bounds
+
+
+def _check_distinct(docnos: np.ndarray, message: str) -> None:
+    """Raise ValidationError (``message`` formatted with the smallest repeated docno) on a repeat."""
+    if docnos.size > 1:
+        ordered = np.sort(docnos)
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        if repeats.size:
+            raise ValidationError(message.format(int(repeats[0])))
 
 
 class _Term:
@@ -624,22 +676,19 @@ class SegmentedBM25:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def _write_segment(self, txn: Any, d: _Dir, docs: Sequence[tuple[int, Sequence[str]]]) -> int | None:
-        if not docs:
+    def _write_segment(self, txn: Any, d: _Dir, docs: TermDocs) -> int | None:
+        if not len(docs):
             return None
         segno = d.next
         d.next += 1
         suffix = _SEG.pack(segno)
         words, docnos, tfs, bounds = count_postings(docs)
-        blinds = []
-        for word, block in zip(words, encode_blocks(docnos, tfs, bounds)):
-            b = self.blind(word)
-            blinds.append(b)
-            txn.put("postings", b + suffix, block)
+        blinds = [self.blind(word) for word in words]
+        txn.put_many("postings", [(b + suffix, block) for b, block in zip(blinds, encode_blocks(docnos, tfs, bounds))])
         blinds.sort()
-        order = sorted(range(len(docs)), key=lambda i: docs[i][0])
-        seg_docnos = np.asarray([docs[i][0] for i in order], dtype=np.uint64)
-        seg_lens = np.asarray([len(docs[i][1]) for i in order], dtype=np.uint64)
+        order = np.argsort(docs.docnos, kind="stable")
+        seg_docnos = docs.docnos[order]
+        seg_lens = docs.lengths[order].astype(np.uint64)
         txn.put("segments", _seg_key(b"s", segno), encode_block(seg_docnos, seg_lens))
         txn.put("segments", _seg_key(b"v", segno), b"".join(blinds))
         total = int(seg_lens.sum())
@@ -669,7 +718,7 @@ class SegmentedBM25:
             return True
         return False
 
-    def apply(self, txn: Any, added: Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
+    def apply(self, txn: Any, added: TermDocs | Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
               *, auto_merge: bool = True) -> None:
         """Index one write transaction: tombstone ``removed`` docnos, then add one segment.
 
@@ -684,12 +733,9 @@ class SegmentedBM25:
         local: dict[int, _Seg] = {}
         for docno in sorted(set(removed)):
             self._tombstone(txn, d, docno, local)
-        seen = set()
-        for docno, _ in added:
-            if docno in seen:
-                raise ValidationError(f"document {docno} added twice in one index batch")
-            seen.add(docno)
-        self._write_segment(txn, d, list(added))
+        added = _term_docs(added)
+        _check_distinct(added.docnos, "document {} added twice in one index batch")
+        self._write_segment(txn, d, added)
         if auto_merge:
             self._merge_steps(txn, d, 1, AUTO_MERGE_MAX_DOCS)
         txn.put("segments", DIR_KEY, d.encode())
@@ -776,7 +822,7 @@ class SegmentedBM25:
             txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
             d.segs[new] = [int(docnos.size), int(lens.sum())]
 
-    def rebuild(self, txn: Any, docs: Sequence[tuple[int, Sequence[str]]]) -> None:
+    def rebuild(self, txn: Any, docs: TermDocs | Sequence[tuple[int, Sequence[str]]]) -> None:
         """Drop every posting and segment and index ``docs`` as one segment.
 
         Segment numbers keep increasing and the epoch changes, so caches in other handles
@@ -798,10 +844,10 @@ class SegmentedBM25:
                 if table == "postings" and len(key) == BLIND_LEN + 4:
                     next_segno = max(next_segno, _SEG.unpack(key[BLIND_LEN:])[0] + 1)
                 txn.delete(table, key)
-        if len({docno for docno, _ in docs}) != len(docs):
-            raise ValidationError("a docno appears twice in the documents to index")
+        docs = _term_docs(docs)
+        _check_distinct(docs.docnos, "docno {} appears twice in the documents to index")
         d = _Dir(epoch, next_segno)
-        self._write_segment(txn, d, list(docs))
+        self._write_segment(txn, d, docs)
         txn.put("segments", DIR_KEY, d.encode())
 
     def verify(self, txn: Any, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:

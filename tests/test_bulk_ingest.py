@@ -1,0 +1,106 @@
+"""The bulk-ingest fast paths equal the one-at-a-time paths they replace: batch tokenizing,
+the precomputed-pad HMAC, batch sealing, batch puts with their state digests, add_many."""
+from __future__ import annotations
+
+import hmac
+import os
+
+import pytest
+from conftest import NOW
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engramdb import codec
+from engramdb.crypto import HmacSha256, Sealer
+from engramdb.errors import DuplicateIdError
+from engramdb.index.bm25 import TermDocs, count_postings
+from engramdb.index.tokenize import Tokenizer
+
+WORDS = ["Running", "runs", "the", "Café", "naïve", "ÉCOLE", "東京", "x", "42", "it's", "New-York", "and",
+         "ＦＵＬＬ", "ﬁle", "über", "MOVED", "a", "I", "dog_s", "\x00", "ab\x00cd", "\t\n", "Ⅻ", "ǅ", "İstanbul"]
+texts = st.lists(st.sampled_from(WORDS) | st.text(max_size=12), max_size=12).map(" ".join)
+TOKENIZERS = [Tokenizer(stemmer="english"), Tokenizer(stemmer=None), Tokenizer(stemmer=None, stopwords="none"),
+              Tokenizer(stemmer="english", normalize=None)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(texts, max_size=6), st.sampled_from(range(len(TOKENIZERS))))
+def test_encode_many_equals_tokenizing_each_text(batch, which):
+    tok = TOKENIZERS[which]
+    terms, term_ids, lengths = tok.encode_many(batch)
+    want = [tok(text) for text in batch]
+    assert terms == sorted({t for doc in want for t in doc})
+    assert lengths.tolist() == [len(doc) for doc in want]
+    assert [terms[i] for i in term_ids.tolist()] == [t for doc in want for t in doc]
+
+
+def test_encode_many_checks_types_and_handles_empty():
+    tok = Tokenizer()
+    assert tok.encode_many([])[0] == []
+    terms, ids, lengths = tok.encode_many(["", "the a"])
+    assert terms == [] and ids.size == 0 and lengths.tolist() == [0, 0]
+    with pytest.raises(Exception, match="can only tokenize strings"):
+        tok.encode_many(["ok", 3])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(texts, max_size=8))
+def test_term_docs_from_tokenizer_invert_like_pairs(batch):
+    tok = Tokenizer()
+    docnos = [100 - 3 * i for i in range(len(batch))]  # descending docnos
+    flat = count_postings(TermDocs(docnos, *tok.encode_many(batch)))
+    pairs = count_postings([(d, tok(t)) for d, t in zip(docnos, batch)])
+    assert flat[0] == pairs[0]
+    for a, b in zip(flat[1:], pairs[1:]):
+        assert a.tolist() == b.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(min_size=0, max_size=100), st.binary(max_size=200))
+def test_hmac_sha256_equals_hmac_digest(key, msg):
+    assert HmacSha256(key).digest(msg) == hmac.digest(key, msg, "sha256")
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+def test_seal_many_envelopes_open(encrypted):
+    sealer = Sealer(os.urandom(32)) if encrypted else Sealer(None, plain_blind_key=os.urandom(32))
+    items = [(b"k%d" % i, os.urandom(i)) for i in range(20)]
+    envelopes = sealer.seal_many(b"nodes", items, 3)
+    assert [sealer.open(b"nodes", k, e) for (k, _), e in zip(items, envelopes)] == [v for _, v in items]
+    if encrypted:
+        assert len({e[5:17] for e in envelopes}) == len(items)  # a fresh nonce each
+        assert sealer.seal_many(b"nodes", [], 0) == []
+
+
+def test_put_many_keeps_digests_and_epochs(tmp_engram):
+    store = tmp_engram._store
+    store.epoch_limit = 7  # roll the sealing epoch in the middle of a batch
+    items = [(b"a%02d" % i, b"v%d" % i) for i in range(20)]
+    store.write(lambda txn: txn.put_many("sources", items))
+    # overwrites, a key repeated inside one batch, and new keys, mixed
+    again = [(b"a03", b"x"), (b"b1", b"y"), (b"a03", b"z"), (b"a19", b"w")]
+    store.write(lambda txn: txn.put_many("sources", again))
+    with store.read() as txn:
+        assert txn.get("sources", b"a03") == b"z" and txn.get("sources", b"b1") == b"y"
+        assert txn.count("sources") == 21
+        assert txn.state.epoch >= 3
+    assert tmp_engram.verify() == []  # the sealed per-table digests match the entries
+
+
+def test_add_many_refuses_duplicates_before_writing(tmp_engram):
+    tmp_engram.add_many(["first"], now=NOW)
+    first = tmp_engram.ids()
+    for batch in ([{"id": "x", "content": "a"}, {"id": "x", "content": "b"}],
+                  [{"id": "y", "content": "a"}, {"id": first[0], "content": "b"}]):
+        with pytest.raises(DuplicateIdError), tmp_engram.transaction():
+            tmp_engram.add_many(batch, now=NOW)
+        with tmp_engram.transaction():  # a caught error inside a transaction leaves nothing behind
+            with pytest.raises(DuplicateIdError):
+                tmp_engram.add_many(batch, now=NOW)
+        assert tmp_engram.ids() == first
+    ids = tmp_engram.add_many([{"id": f"n{i}", "content": f"note {i}"} for i in range(50)], now=NOW)
+    assert ids == [f"n{i}" for i in range(50)]
+    assert tmp_engram.get("n7").content == "note 7"
+    assert [n.id for n, _ in [(tmp_engram.get(i), 0) for i in ids]] == ids
+    with tmp_engram._store.read() as txn:
+        assert codec.from_u64(txn.get("ids", tmp_engram._id_key("n0"))) == 2  # docnos follow the batch order
