@@ -48,7 +48,17 @@ GROW_AT = 0.75
 MAX_READERS = 512
 HEADER_KEYS = (b"header", b"header.bak", b"header.sha256")  # the only plaintext values in a file
 STATE_KEY = b"state"
-_SNIFF = {b"ENGRAM": "a Terronex .engram file", b"SQLite format 3\x00": "an SQLite database"}
+# (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
+_SNIFF = (
+    (b"ENGRAMDB-KEY", "an engramdb key file (from export-key)",
+     "give the store's path; a key file goes back with `engramdb import-key STORE KEYFILE`"),
+    (b"ENGRAM", "a Terronex .engram file", "convert it with `engramdb import FILE NEW.engram`"),
+    (b"SQLite format 3\x00", "an SQLite database", None),
+    (b"FILE:", "AAAK text (a dump or an export)",
+     "rebuild a store from a dump with `engramdb restore DUMP NEW.engram`; AAAK v1/v2 text goes in with "
+     "`engramdb import FILE NEW.engram`"),
+    (b"AAAK-ENC", "an encrypted AAAK dump", "rebuild a store from it with `engramdb restore DUMP NEW.engram`"),
+)
 
 
 @dataclass
@@ -315,9 +325,8 @@ def sniff(path: str) -> None:
         return
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-    for magic, what in _SNIFF.items():
+    for magic, what, hint in _SNIFF:
         if head.startswith(magic):
-            hint = "convert it with `engramdb import FILE NEW.engram`" if magic == b"ENGRAM" else None
             raise ForeignFileError(f"{path} is {what}, not an engramdb file", hint=hint)
     if not head:
         raise CorruptFileError(f"{path} is empty (0 bytes): it was truncated or is not an engramdb file")

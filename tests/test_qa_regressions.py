@@ -432,3 +432,19 @@ def test_dump_to_a_pipe_or_device_writes_into_it(run, tmp_path):
     assert result.exit_code == 0, result.output
     assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced by a regular file"
     assert received and b"through the pipe" in received[0]
+
+
+def test_opening_a_dump_or_key_file_as_a_store_says_what_it_is(run, tmp_path):
+    """`engramdb info notes.key` called the key file "a Terronex .engram file" (both start
+    with ENGRAM) and told the user to import it; a dump was "not an LMDB data file"."""
+    f = tmp_path / "s.engram"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "x")
+    run("export-key", f, tmp_path / "s.key")
+    run("dump", f, "-o", tmp_path / "s.aaak")
+    run("dump", f, "--encrypt", "-o", tmp_path / "s.enc", env={"ENGRAM_DUMP_PASSPHRASE": "d"})
+    for name, what, todo in (("s.key", "key file", "import-key"), ("s.aaak", "AAAK text", "engramdb restore"),
+                             ("s.enc", "encrypted AAAK dump", "engramdb restore")):
+        result = run("info", tmp_path / name)
+        assert result.exit_code == 1 and what in result.output and todo in result.output, result.output
+        assert "Terronex" not in result.output
