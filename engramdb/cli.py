@@ -603,6 +603,19 @@ def _check_date(value: str | None) -> str | None:
     return value
 
 
+def _chat_messages(path: str, raw: str) -> list:
+    """The messages of a JSON chat document: a list of messages, or ``{"messages": [...]}``."""
+    hint = 'give a JSON list of messages (objects with speaker, text and date), or {"messages": [...]}'
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{path}, line {exc.lineno}: not JSON ({exc.msg})", hint=hint) from None
+    messages = doc.get("messages") if isinstance(doc, dict) else doc
+    if not isinstance(messages, list) or not all(isinstance(m, (dict, str)) for m in messages):
+        raise ValidationError(f"{path} is not a chat: expected a list of messages", hint=hint)
+    return messages
+
+
 def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
     """(text or messages, default source name) of one ingest input."""
     try:
@@ -613,7 +626,10 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
                               hint="convert it first, e.g. `iconv -f latin1 -t utf-8 IN > OUT`") from None
     name = "stdin" if path == "-" else os.path.basename(path)
     if fmt == "auto":
-        fmt = {".jsonl": "jsonl", ".md": "markdown", ".markdown": "markdown"}.get(os.path.splitext(path)[1], "text")
+        fmt = {".jsonl": "jsonl", ".json": "chat", ".md": "markdown", ".markdown": "markdown"}.get(
+            os.path.splitext(path)[1].lower(), "text")
+    if fmt == "chat":
+        return _chat_messages(path, raw), name
     if fmt != "jsonl":
         return raw, name
     messages = []
@@ -637,7 +653,8 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
 @click.argument("inputs", metavar="INPUT...", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @click.option("--format", "fmt", type=click.Choice(["auto", "text", "markdown", "jsonl", "chat"]), default="auto",
-              show_default=True, help="How to read the inputs (jsonl: one chat message per line).")
+              show_default=True, help="How to read the inputs (jsonl: one chat message per line; chat: a JSON "
+                                      "list of messages; auto: by extension, .jsonl/.json/.md, else text).")
 @click.option("--title", help="Title for the compressed document (also its source name).")
 @click.option("--date", callback=lambda _ctx, _param, value: _check_date(value),
               help="Date of the input (YYYY-MM-DD), for dates relative to it.")

@@ -448,3 +448,22 @@ def test_opening_a_dump_or_key_file_as_a_store_says_what_it_is(run, tmp_path):
         result = run("info", tmp_path / name)
         assert result.exit_code == 1 and what in result.output and todo in result.output, result.output
         assert "Terronex" not in result.output
+
+
+@pytest.mark.parametrize("name", ["chat.json", "chat.txt"])
+def test_ingest_format_chat_reads_a_json_list_of_messages(run, tmp_path, name):
+    """`--format chat` was accepted but read the file as plain text, so a JSON chat export
+    became memories full of braces and quotes."""
+    f, chat = tmp_path / "c.engram", tmp_path / name
+    run("init", f, "--kdf", KDF)
+    messages = [{"speaker": "Caroline", "text": "I went to a support group yesterday.", "date": "2023-05-08"},
+                {"speaker": "Melanie", "text": "That sounds powerful, Caroline!", "date": "2023-05-08"}]
+    chat.write_text(json.dumps({"messages": messages}), encoding="utf-8")
+    args = ("ingest", f, chat, "--json") + (() if name.endswith(".json") else ("--format", "chat"))
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    node = json.loads(run("list", f, "--json").stdout.splitlines()[0])
+    assert "Caroline: I went to a support group" in node["content"] and '"speaker"' not in node["content"]
+    chat.write_text('{"not": "a chat"}', encoding="utf-8")
+    result = run("ingest", f, chat, "--format", "chat")
+    assert result.exit_code == 1 and "not a chat" in result.output and "hint:" in result.output
