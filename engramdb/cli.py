@@ -403,7 +403,12 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
     with _open(ctx, file) as db:
         db.rekey(new, kdf=kdf)
         if not no_compact:
-            db.compact()
+            try:
+                db.compact()
+            except EngramError as exc:  # the rekey is committed: never let it look like it failed
+                raise type(exc)(f"the passphrase was changed, but the file was not compacted: {exc.message}",
+                                hint=f"use the new passphrase from now on; run `engramdb compact {file}` later "
+                                     "so the old wrapped key leaves the file") from None
     click.echo("passphrase changed")
 
 

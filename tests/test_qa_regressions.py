@@ -467,3 +467,20 @@ def test_ingest_format_chat_reads_a_json_list_of_messages(run, tmp_path, name):
     chat.write_text('{"not": "a chat"}', encoding="utf-8")
     result = run("ingest", f, chat, "--format", "chat")
     assert result.exit_code == 1 and "not a chat" in result.output and "hint:" in result.output
+
+
+def test_rekey_whose_compact_is_refused_says_the_passphrase_changed(run, tmp_path):
+    """With another process holding the file, `rekey` changed the passphrase, then failed
+    in compact with only "another process has this file open": the user retried with the
+    old passphrase, which no longer worked."""
+    f = tmp_path / "r.engram"
+    run("init", f, "--kdf", KDF)
+    reader = _holder(f, "ro")
+    try:
+        result = run("rekey", f, "--kdf", KDF, env={"ENGRAM_NEW_PASSPHRASE": "new-pw"})
+    finally:
+        _release(reader)
+    assert result.exit_code == 1 and "passphrase was changed" in result.output
+    assert "engramdb compact" in result.output
+    assert run("info", f, env={"ENGRAM_PASSPHRASE": "new-pw"}).exit_code == 0
+    assert run("compact", f, env={"ENGRAM_PASSPHRASE": "new-pw"}).exit_code == 0
