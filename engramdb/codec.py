@@ -8,6 +8,7 @@ schema version, so fields can be appended in later versions without breaking old
 from __future__ import annotations
 
 import struct
+import threading
 from typing import Any
 
 import msgpack
@@ -27,6 +28,7 @@ _U64 = struct.Struct(">Q")
 
 _compressor = zstandard.ZstdCompressor(level=3)
 _decompressor = zstandard.ZstdDecompressor()
+_local = threading.local()
 
 
 def pack(obj: Any) -> bytes:
@@ -110,15 +112,32 @@ def _vector_from(data: bytes) -> tuple[float, ...]:
     return tuple(np.frombuffer(data, dtype="<f4").tolist())
 
 
+def _packer() -> msgpack.Packer:
+    """This thread's reusable Packer (cheaper than packb's fresh one per call; it resets itself
+    after an error). Produces the same bytes as :func:`pack`."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer
+
+
 def encode_node(node: Node) -> bytes:
-    """Node -> record bytes."""
-    body = pack([
-        NODE_SCHEMA, node.id, node.content, list(node.entities), list(node.topics), node.quote,
-        node.weight, list(node.flags), list(node.emotions), node.source_start, node.source_end,
+    """Node -> record bytes.
+
+    Raises:
+        ValidationError: a field holds a value msgpack cannot store.
+    """
+    fields = [  # tuples pack as msgpack arrays, exactly like lists
+        NODE_SCHEMA, node.id, node.content, node.entities, node.topics, node.quote,
+        node.weight, node.flags, node.emotions, node.source_start, node.source_end,
         node.resolved_date, node.tier, node.importance, node.created_at, node.last_accessed,
-        node.access_count, node.pinned, list(node.tags), node.source, node.metadata,
-        {space: _vector_bytes(vec) for space, vec in sorted(node.embeddings.items())},
-    ])
+        node.access_count, node.pinned, node.tags, node.source, node.metadata,
+        {space: _vector_bytes(vec) for space, vec in sorted(node.embeddings.items())} if node.embeddings else {},
+    ]
+    try:
+        body = _packer().pack(fields)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"cannot encode value: {exc}") from None
     if len(body) > ZSTD_THRESHOLD:
         return bytes((CODEC_ZSTD,)) + _compressor.compress(body)
     return bytes((CODEC_MSGPACK,)) + body

@@ -163,34 +163,43 @@ class Node:
     embeddings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        if not isinstance(self.id, str) or not self.id:
+        # Normalised values are written into the instance dict: a frozen dataclass forbids
+        # setattr, and this is the cheap equivalent of object.__setattr__. Each check has a
+        # shortcut for the common value (empty tuple, finite float, empty mapping) that
+        # gives exactly what the full check would.
+        d = self.__dict__
+        id_ = d["id"]
+        if not isinstance(id_, str) or not id_:
             raise ValidationError("id must be a non-empty string")
-        if len(self.id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        # at most 4 UTF-8 bytes per code point (3 for a lone surrogate): short ids need no encode
+        if len(id_) * 4 > MAX_ID_BYTES and len(id_.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
             raise ValidationError(f"id is longer than {MAX_ID_BYTES} bytes")
         for name in ("content", "quote", "source"):
-            if not isinstance(getattr(self, name), str):
+            if not isinstance(d[name], str):
                 raise ValidationError(f"{name} must be a string")
-        if len(self.content) > MAX_CONTENT_BYTES:
+        if len(d["content"]) > MAX_CONTENT_BYTES:
             raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
         for name in ("entities", "topics", "tags"):
-            set_(self, name, _str_list(name, getattr(self, name)))
-        flags = _str_list("flags", self.flags)
-        for flag in flags:
-            if flag not in ALL_FLAGS:
-                raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
-        set_(self, "flags", flags)
-        emotions = _str_list("emotions", self.emotions)
-        for emotion in emotions:
-            if emotion not in ALL_EMOTIONS:
-                raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
-        set_(self, "emotions", emotions)
-        set_(self, "weight", _finite("weight", self.weight))
-        set_(self, "importance", _finite("importance", self.importance))
-        set_(self, "created_at", _finite("created_at", self.created_at))
-        set_(self, "last_accessed", _finite("last_accessed", self.last_accessed))
-        set_(self, "source_start", _opt_int("source_start", self.source_start))
-        set_(self, "source_end", _opt_int("source_end", self.source_end))
+            value = d[name]
+            if value.__class__ is not tuple or value:
+                d[name] = _str_list(name, value)
+        if d["flags"].__class__ is not tuple or d["flags"]:
+            flags = d["flags"] = _str_list("flags", d["flags"])
+            for flag in flags:
+                if flag not in ALL_FLAGS:
+                    raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
+        if d["emotions"].__class__ is not tuple or d["emotions"]:
+            emotions = d["emotions"] = _str_list("emotions", d["emotions"])
+            for emotion in emotions:
+                if emotion not in ALL_EMOTIONS:
+                    raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
+        for name in ("weight", "importance", "created_at", "last_accessed"):
+            value = d[name]
+            if value.__class__ is not float or not math.isfinite(value):
+                d[name] = _finite(name, value)
+        for name in ("source_start", "source_end"):
+            if d[name] is not None:
+                d[name] = _opt_int(name, d[name])
         if self.resolved_date is not None and not isinstance(self.resolved_date, str):
             raise ValidationError("resolved_date must be an ISO date string or None")
         if self.tier not in TIERS:
@@ -199,17 +208,25 @@ class Node:
             raise ValidationError("access_count must be a non-negative integer")
         if not isinstance(self.pinned, bool):
             raise ValidationError("pinned must be a bool")
-        if not isinstance(self.metadata, Mapping):
+        metadata = d["metadata"]
+        if metadata.__class__ is dict and not metadata:
+            d["metadata"] = {}  # a copy, as _normalize_metadata makes
+        elif not isinstance(metadata, Mapping):
             raise ValidationError("metadata must be a mapping")
-        set_(self, "metadata", _normalize_metadata(self.metadata))
-        if not isinstance(self.embeddings, Mapping):
+        else:
+            d["metadata"] = _normalize_metadata(metadata)
+        embeddings = d["embeddings"]
+        if embeddings.__class__ is dict and not embeddings:
+            d["embeddings"] = {}
+            return
+        if not isinstance(embeddings, Mapping):
             raise ValidationError("embeddings must map a space name to a vector")
         emb = {}
-        for space, vec in self.embeddings.items():
+        for space, vec in embeddings.items():
             if not isinstance(space, str) or not space:
                 raise ValidationError("embedding space names must be non-empty strings")
             emb[space] = _freeze_vector(space, vec)
-        set_(self, "embeddings", emb)
+        d["embeddings"] = emb
 
     def replace(self, **changes: Any) -> "Node":
         """A copy with ``changes`` applied (validated again)."""
