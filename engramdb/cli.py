@@ -15,7 +15,7 @@ import click
 
 from . import engram as engram_mod
 from .crypto import KDFParams
-from .errors import EngramError, ModeMismatchError, ValidationError, WrongPassphraseError
+from .errors import DecryptionError, EngramError, ModeMismatchError, ValidationError, WrongPassphraseError
 from .records import TIERS
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
@@ -560,7 +560,15 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
-        count = restore_store(source, file, force=force, allow_edited=allow_edited, progress=progress, **options)
+        try:
+            count = restore_store(source, file, force=force, allow_edited=allow_edited, progress=progress,
+                                  **options)
+        except DecryptionError as exc:  # raised while reading the dump, not the store: its hint names verify
+            if isinstance(exc, WrongPassphraseError):
+                raise
+            raise DecryptionError(exc.message, hint=f"the encrypted dump {dump_file} is damaged or truncated; "
+                                                    f"{file} was left as it was; use an intact copy of the dump") \
+                from None
     _emit({"file": file, "memories": count}, as_json, lambda d: f"restored {count} memories into {file}")
 
 

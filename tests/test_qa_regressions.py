@@ -484,3 +484,20 @@ def test_rekey_whose_compact_is_refused_says_the_passphrase_changed(run, tmp_pat
     assert "engramdb compact" in result.output
     assert run("info", f, env={"ENGRAM_PASSPHRASE": "new-pw"}).exit_code == 0
     assert run("compact", f, env={"ENGRAM_PASSPHRASE": "new-pw"}).exit_code == 0
+
+
+def test_truncated_encrypted_dump_hint_is_about_the_dump(run, tmp_path):
+    """Restoring a truncated encrypted dump hinted "run `engramdb verify FILE`", a store
+    command that cannot help with a dump."""
+    f, enc = tmp_path / "s.engram", tmp_path / "s.enc"
+    run("init", f, "--kdf", KDF)
+    for n in range(5):
+        run("add", f, f"memory {n} " + "padding " * 50)
+    env = {"ENGRAM_DUMP_PASSPHRASE": "d"}
+    assert run("dump", f, "--encrypt", "-o", enc, env=env).exit_code == 0
+    enc.write_bytes(enc.read_bytes()[:-20])
+    result = run("restore", enc, tmp_path / "r.engram", "--kdf", KDF, env=env)
+    assert result.exit_code == 1 and "hint:" in result.output
+    hint = result.output.split("hint: ", 1)[1]
+    assert "verify" not in hint and "dump" in hint
+    assert not (tmp_path / "r.engram").exists()
