@@ -730,8 +730,8 @@ class Engram:
         """
         from .ingest import ingest
 
-        return ingest(self, source if isinstance(source, str) else list(source), source_name=source_name, now=now,
-                      tags=list(tags), importance=importance, **compress_options)
+        return ingest(self, source, source_name=source_name, now=now, tags=list(tags), importance=importance,
+                      **compress_options)
 
     def inject_context(self, *, source: str | None = None, tags: Iterable[str] | None = None, **options: Any) -> str:
         """The stored memories that matter most, rendered for a model within a hard token

@@ -113,7 +113,7 @@ def _node_from_zettel(z: Zettel, source_text: str, source_name: str, id_prefix: 
     )
 
 
-def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | None = None, now: float | None = None,
+def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | None = None, now: float | None = None,
            tags: Sequence[str] = (), importance: float | None = None, **compress_options: Any) -> list[str]:
     """Compress ``source`` (text, or a list of chat messages) and store the zettels.
 
@@ -126,7 +126,14 @@ def ingest(engram: Engram, source: str | Sequence[Any], *, source_name: str | No
     Raises:
         ValidationError: bad input or options.
     """
-    text = source if isinstance(source, str) else messages_to_text(source)
+    if isinstance(source, str):
+        text = source
+    elif isinstance(source, (Mapping, bytes, bytearray)) or not isinstance(source, Iterable):
+        # a lone message dict would be iterated as its keys ("speaker", "text") and stored
+        raise ValidationError(f"ingest takes text or a list of messages, not {type(source).__name__}",
+                              hint="decode bytes to str first; wrap a single message in a list: [message]")
+    else:
+        text = messages_to_text(source)
     result = compress(text, **{**compress_options, "keep_source": True})
     normalized = result.meta.get("source", text)
     key = hashlib.sha256(normalized.encode("utf-8", "surrogatepass")).hexdigest()[:16]

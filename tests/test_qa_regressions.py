@@ -501,3 +501,16 @@ def test_truncated_encrypted_dump_hint_is_about_the_dump(run, tmp_path):
     hint = result.output.split("hint: ", 1)[1]
     assert "verify" not in hint and "dump" in hint
     assert not (tmp_path / "r.engram").exists()
+
+
+@pytest.mark.parametrize("source", [None, 123, b"bytes text", {"speaker": "Caroline", "text": "hello there"}])
+def test_ingest_of_something_neither_text_nor_messages_is_a_validation_error(tmp_path, source):
+    """`db.ingest(None)` raised TypeError; `db.ingest({"speaker": ..., "text": ...})` stored
+    the dict's keys ("speaker", "text") as the conversation."""
+    from engramdb.errors import ValidationError
+
+    with engram_mod.open(tmp_path / "v.engram", passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        with pytest.raises(ValidationError, match="text or a list of messages"):
+            db.ingest(source)
+        assert len(db) == 0
+        assert db.ingest(m for m in [{"speaker": "Caroline", "text": "hello there"}])  # any iterable works
