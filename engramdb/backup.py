@@ -121,6 +121,13 @@ def _replace_exclusively(tmp: str, path: str) -> None:
         os.close(fd)
 
 
+def _looks_like_a_path(data: str | bytes) -> bool:
+    """True for a one-line value that does not begin like a dump ("FILE:"): a path given
+    where the dump's text belongs. Truncated dumps (every prefix) still reach the parser."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return bool(text) and "\n" not in text and not "FILE:".startswith(text[:5])
+
+
 def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, force: bool = False,
             allow_edited: bool = False, progress: Callable[[int], None] | None = None,
             **open_options: Any) -> int:
@@ -146,6 +153,9 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
         AAAKParseError, DumpIntegrityError: the dump is malformed, truncated or edited.
         AlreadyOpenError: another process has ``path`` open.
     """
+    if isinstance(fp, (str, bytes)) and _looks_like_a_path(fp):
+        raise ValidationError("restore() takes the dump's text or an open file, not a path",
+                              hint="open the dump first: restore(open(path, 'rb'), ...)")
     path = os.path.realpath(os.fspath(path))
     if os.path.exists(path) and not force:
         raise ValidationError(f"{path} exists; restore does not overwrite it",

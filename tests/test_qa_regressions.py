@@ -514,3 +514,23 @@ def test_ingest_of_something_neither_text_nor_messages_is_a_validation_error(tmp
             db.ingest(source)
         assert len(db) == 0
         assert db.ingest(m for m in [{"speaker": "Caroline", "text": "hello there"}])  # any iterable works
+
+
+def test_restore_given_a_path_says_to_open_it(tmp_path):
+    """`engramdb.restore("backup.aaak", ...)` parsed the path as dump text and reported
+    "line 1: the last line has no LF: the dump is truncated"."""
+    import engramdb
+    from engramdb.errors import AAAKParseError, ValidationError
+
+    dump = tmp_path / "b.aaak"
+    with engram_mod.open(tmp_path / "s.engram", passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        db.add("x", id="x")
+        with open(dump, "w", encoding="utf-8") as fh:
+            db.dump(fh)
+    for given in (str(dump), str(dump).encode()):
+        with pytest.raises(ValidationError, match="not a path"):
+            engramdb.restore(given, tmp_path / "r.engram", passphrase=PW, kdf=KDFParams.for_tests())
+    with pytest.raises(AAAKParseError):  # a truncated dump is still a parse error
+        engramdb.restore(dump.read_text(encoding="utf-8")[:3], tmp_path / "r.engram", passphrase=PW)
+    with open(dump, "rb") as fh:
+        assert engramdb.restore(fh, tmp_path / "r.engram", passphrase=PW, kdf=KDFParams.for_tests()) == 1
