@@ -48,7 +48,9 @@ def run(path, processes: int, threads: int, n: int, mode: str) -> int:
         db.add(id="counter", access_count=0, now=1.0)
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), PASSPHRASE, str(w), str(threads), str(n),
                                mode], stdout=subprocess.PIPE, text=True) for w in range(processes)]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    # Every transaction commits with fsync and adds a BM25 segment; allow ~50 ms each on a busy 2-core box.
+    timeout = max(120, processes * threads * n // 20)
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert all(out.startswith("OK") for out in outputs), outputs
     with engram.open(path, passphrase=PASSPHRASE) as db:

@@ -90,8 +90,8 @@ def test_one_mib_map_accepts_512_mib(tmp_path):
     path = tmp_path / "big.engram"
     rnd = random.Random(4)
     with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, map_size=MiB) as db:
-        for start in range(0, 131_072, 2000):
-            db.add_many(blobs(rnd, start, 2000), now=1.0)
+        for start in range(0, 131_072, 2048):  # 64 batches of 2048: exactly 131,072 memories
+            db.add_many(blobs(rnd, start, 2048), now=1.0)
         assert len(db) == 131_072
         assert db.verify() == []
     assert os.path.getsize(path) > 512 * MiB
