@@ -19,7 +19,7 @@ from .errors import (
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
     WrongPassphraseError,
 )
-from .records import Node, new_id, now_ts
+from .records import TIERS, Node, new_id, now_ts
 from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
@@ -180,6 +180,9 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         WrongPassphraseError: the passphrase or key does not unlock the file.
         CorruptFileError, ForeignFileError, FormatVersionError: see their hints.
     """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValidationError(f"path must be a file path (str or os.PathLike), got {path!r}",
+                              hint='pass the path of the .engram file, e.g. open("notes.engram", passphrase=...)')
     if passphrase is not None and key is not None:
         raise ValidationError("pass either passphrase or key, not both")
     raw_key = _parse_raw_key(key) if key is not None else None
@@ -580,8 +583,16 @@ class Engram:
         """Memories in insertion order, filtered by tier, tags (all must be present) and created_at.
 
         Reads in short snapshots of ``batch`` records so a long scan never pins old pages.
+
+        Raises:
+            ValidationError: an unknown tier, or ``tags`` given as one string.
         """
         tiers = {tier} if isinstance(tier, str) else (set(tier) if tier is not None else None)
+        unknown = sorted(tiers - set(TIERS)) if tiers is not None else []
+        if unknown:  # a typo would otherwise match nothing, silently
+            raise ValidationError(f"unknown tier {unknown[0]!r}; expected one of {', '.join(TIERS)}")
+        if isinstance(tags, str):  # a string is an iterable of one-letter tags
+            raise ValidationError("tags must be a list of strings, not a string", hint=f"write tags=[{tags!r}]")
         want_tags = set(tags or ())
         start = b""
         while True:

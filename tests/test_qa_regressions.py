@@ -534,3 +534,20 @@ def test_restore_given_a_path_says_to_open_it(tmp_path):
         engramdb.restore(dump.read_text(encoding="utf-8")[:3], tmp_path / "r.engram", passphrase=PW)
     with open(dump, "rb") as fh:
         assert engramdb.restore(fh, tmp_path / "r.engram", passphrase=PW, kdf=KDFParams.for_tests()) == 1
+
+
+def test_open_and_scan_reject_bad_arguments_clearly(tmp_path):
+    """`engramdb.open(None)` raised TypeError; `db.scan(tier="hto")` and `db.scan(tags="people")`
+    silently matched nothing."""
+    import engramdb
+    from engramdb.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="path"):
+        engramdb.open(None, passphrase=PW)
+    with engram_mod.open(tmp_path / "s.engram", passphrase=PW, kdf=KDFParams.for_tests()) as db:
+        db.add("x", id="x", tags=["people"])
+        with pytest.raises(ValidationError, match="unknown tier"):
+            list(db.scan(tier="hto"))
+        with pytest.raises(ValidationError, match="not a string"):
+            list(db.scan(tags="people"))
+        assert [n.id for n in db.scan(tier="hot", tags=["people"])] == ["x"]
