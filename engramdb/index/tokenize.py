@@ -45,16 +45,24 @@ LUCENE_EN_STOPWORDS = (
 )
 STOPWORD_SETS: dict[str, tuple[str, ...]] = {"lucene_en": LUCENE_EN_STOPWORDS, "none": ()}
 
-# For ASCII text, one str.translate does lowercasing and the regex's job: ASCII letters,
-# digits and "_" are exactly the ASCII characters Unicode \w matches, so mapping every
-# other ASCII character to a space and splitting yields the maximal word runs (the
-# one-character runs are dropped afterwards). NFKC leaves ASCII text unchanged.
-_WORD_ASCII = string.ascii_letters + string.digits + "_"
-_ASCII_TABLE = str.maketrans({chr(c): " " for c in range(128) if chr(c) not in _WORD_ASCII}
+# The batch path works on UTF-8 bytes. For ASCII text one bytes.translate does the
+# lowercasing and the regex's job: ASCII letters, digits and "_" are exactly the ASCII
+# characters Unicode \w matches, so mapping every other ASCII byte to a space and
+# splitting yields the maximal word runs (one-character runs are dropped afterwards).
+# NFKC leaves ASCII text unchanged. Non-ASCII text goes through the reference path; its
+# words, UTF-8 encoded, hold no ASCII byte the table changes (all bytes of a multi-byte
+# character are >= 0x80), so the same translate and split return them intact.
+_WORD_ASCII = (string.ascii_letters + string.digits + "_").encode()
+# Separates documents in the joined batch: kept by the table, never inside a word, and
+# removed from any document that contains it before joining.
+_DOC_SEP = b"\x00"
+_SEP_TEXT = _DOC_SEP.decode()
+_BATCH_TABLE = bytes(
+    c if c in _WORD_ASCII.lower() or c >= 0x80 or c == _DOC_SEP[0]
+    else c + 32 if c in string.ascii_uppercase.encode() else 0x20
+    for c in range(256))
+_ASCII_TABLE = str.maketrans({chr(c): " " for c in range(128) if c not in _WORD_ASCII}
                              | dict(zip(string.ascii_uppercase, string.ascii_lowercase)))
-# Separates documents in the joined batch text: a token that no document can produce
-# (every document's control characters become spaces, and "\x00" is not a word character).
-_DOC_SEP = "\x00"
 _DROP, _SEP_ID = -1, -2
 
 # Bound the per-tokenizer stem memo so a long-lived handle over an open vocabulary
@@ -197,8 +205,8 @@ class Tokenizer:
         """The index terms of many texts at once, as flat arrays (the bulk-ingest path).
 
         Equal to ``[self(t) for t in texts]``, and several times faster: ASCII texts are
-        lowercased and split by one ``str.translate`` each instead of a regex scan, all
-        texts are split in one pass, and stopword filtering and stemming run once per
+        lowercased and split by one ``bytes.translate`` of the whole batch instead of a
+        regex scan each, all texts are split in one pass, and stopword filtering and stemming run once per
         distinct word rather than once per token.
 
         Returns:
@@ -214,22 +222,23 @@ class Tokenizer:
         for text in texts:
             if not isinstance(text, str):
                 raise ValidationError(f"can only tokenize strings, got {type(text).__name__}")
-            if text.isascii():
-                pieces.append(text.translate(_ASCII_TABLE))
-            else:  # the reference path; its words hold word characters only, so split() returns them
-                pieces.append(" ".join(self._findall(self._normal_lower(text))))
-        tokens = f" {_DOC_SEP} ".join(pieces).split()
+            if not text.isascii():  # the reference path, words joined by spaces
+                text = " ".join(self._findall(self._normal_lower(text)))
+            elif _SEP_TEXT in text:
+                text = text.translate(_ASCII_TABLE)  # a separator inside a document: a space, as in the regex path
+            pieces.append(text)
+        tokens = (b" " + _DOC_SEP + b" ").join([p.encode("utf-8", "surrogatepass") for p in pieces]).translate(_BATCH_TABLE).split()
         if not tokens:
             return [], np.zeros(0, np.int64), np.zeros(len(pieces), np.int64)
-        vocab: dict[str, int] = defaultdict(itertools.count().__next__)  # numbers words on first sight
+        vocab: dict[bytes, int] = defaultdict(itertools.count().__next__)  # numbers words on first sight
         raw_ids = np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int64, count=len(tokens))
         # Per distinct word: the separator, dropped (too short, a stopword), or its term's rank.
         stop = self._stop
-        words = list(vocab)
-        stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop and w != _DOC_SEP])
+        words = [w.decode("utf-8", "surrogatepass") for w in vocab]
+        stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop and w != _SEP_TEXT])
         terms = sorted(set(stems.values()))
         rank = {t: i for i, t in enumerate(terms)}
-        kinds = [_SEP_ID if w == _DOC_SEP else rank[stems[w]] if w in stems else _DROP for w in words]
+        kinds = [_SEP_ID if w == _SEP_TEXT else rank[stems[w]] if w in stems else _DROP for w in words]
         mapped = np.asarray(kinds, dtype=np.int64)[raw_ids]
         doc_index = np.cumsum(mapped == _SEP_ID)
         keep = mapped >= 0
