@@ -125,7 +125,9 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
             return engram_mod.open(path, key=_read_key_file(root["key_file"]), create=create, readonly=readonly)
         if root.get("plaintext"):
             return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
-        return engram_mod.open(path, passphrase=_passphrase(ctx), create=create, readonly=readonly)
+        # a new file (ingest/import create one) gets the passphrase typed twice, as with init
+        new = create and not os.path.exists(path)
+        return engram_mod.open(path, passphrase=_passphrase(ctx, confirm=new), create=create, readonly=readonly)
     except ModeMismatchError as exc:
         hint = ("it is encrypted: leave out --plaintext and give its passphrase or --key-file"
                 if root.get("plaintext") else "it is a plaintext file: put --plaintext before the command, "

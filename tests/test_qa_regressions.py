@@ -551,3 +551,22 @@ def test_open_and_scan_reject_bad_arguments_clearly(tmp_path):
         with pytest.raises(ValidationError, match="not a string"):
             list(db.scan(tags="people"))
         assert [n.id for n in db.scan(tier="hot", tags=["people"])] == ["x"]
+
+
+def test_ingest_creating_a_new_file_confirms_a_prompted_passphrase(run, tmp_path, monkeypatch):
+    """`ingest`/`import` create a missing file; with a prompted passphrase they asked once, so
+    one typo made a store nobody could open (init asks twice)."""
+    import engramdb.cli as cli_mod
+
+    asked: list[bool] = []
+
+    def fake_secret(what, file, env, option, *, confirm):
+        asked.append(confirm)
+        return PW
+
+    monkeypatch.setattr(cli_mod, "_secret", fake_secret)
+    text = tmp_path / "t.txt"
+    text.write_text("Alice moved to Berlin in 2023.\n", encoding="utf-8")
+    assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
+    assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
+    assert asked == [True, False]
