@@ -170,6 +170,7 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Any:
         return click.open_file("-", mode, **kwargs)
     # Only a regular file is replaced by a rename; a device or pipe (/dev/null, a FIFO,
     # /dev/stdout) is written in place: a rename would put a regular file in its stead.
+    path = os.path.realpath(path)  # through a symlink: replace its target, not the link
     atomic = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
     old_umask = os.umask(0o077)  # click creates the temporary file with 0o666 & ~umask
     try:

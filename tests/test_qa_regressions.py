@@ -570,3 +570,16 @@ def test_ingest_creating_a_new_file_confirms_a_prompted_passphrase(run, tmp_path
     assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
     assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
     assert asked == [True, False]
+
+
+def test_dump_through_a_symlink_updates_its_target(run, tmp_path):
+    """`dump -o latest.aaak` (a symlink to the real backup) replaced the link by a new file
+    and left the backup it pointed at stale."""
+    f = tmp_path / "s.engram"
+    run("init", f, "--kdf", KDF)
+    run("add", f, "fresh memory")
+    target, link = tmp_path / "backup.aaak", tmp_path / "latest.aaak"
+    target.write_text("old backup\n", encoding="utf-8")
+    link.symlink_to(target)
+    assert run("dump", f, "-o", link).exit_code == 0
+    assert link.is_symlink() and "fresh memory" in target.read_text(encoding="utf-8")
