@@ -329,7 +329,9 @@ def sniff(path: str) -> None:
         if head.startswith(magic):
             raise ForeignFileError(f"{path} is {what}, not an engramdb file", hint=hint)
     if not head:
-        raise CorruptFileError(f"{path} is empty (0 bytes): it was truncated or is not an engramdb file")
+        raise CorruptFileError(f"{path} is empty (0 bytes): it was truncated or is not an engramdb file",
+                               hint="restore it from a dump or backup; an empty file that never held data can be "
+                                    "deleted and created again with `engramdb init FILE`")
     if len(head) < 4096:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
 

@@ -583,3 +583,12 @@ def test_dump_through_a_symlink_updates_its_target(run, tmp_path):
     link.symlink_to(target)
     assert run("dump", f, "-o", link).exit_code == 0
     assert link.is_symlink() and "fresh memory" in target.read_text(encoding="utf-8")
+
+
+def test_empty_file_hint_does_not_send_the_user_in_a_circle(run, tmp_path):
+    """An empty .engram file said "run `engramdb verify FILE`", which fails the same way."""
+    f = tmp_path / "empty.engram"
+    f.write_bytes(b"")
+    result = run("verify", f)
+    assert result.exit_code == 1 and "is empty" in result.output
+    assert "verify" not in result.output.split("hint: ", 1)[1]
