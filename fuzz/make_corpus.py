@@ -93,7 +93,7 @@ def _seed_nodes() -> list:
 
 
 def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", major=1, minor=0,
-             cheap=None) -> bytes:
+             cheap=None, integrity=True) -> bytes:
     """A Terronex .engram v1 file, built as tests/test_importers.py::terronex_file does."""
     import msgpack
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -111,7 +111,8 @@ def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", maj
             key = hashlib.pbkdf2_hmac("sha256", passphrase.encode(), salt, cheap.CHEAP_PBKDF2_ITERATIONS, 32)
         payload = AESGCM(key).encrypt(nonce, payload, None)
         security = {"encrypted": True, "algorithm": "aes-256-gcm", "kdf": kdf, "salt": salt, "nonce": nonce}
-    security["integrity"] = hashlib.sha256(payload).digest()
+    if integrity:
+        security["integrity"] = hashlib.sha256(payload).digest()
     header = {"version": [major, minor], "created": 1_780_000_000_000, "security": security,
               "metadata": {"source": "fuzz"}, "schema": {"embeddingDims": 3}}
     hb = msgpack.packb(header, use_bin_type=True)
@@ -180,6 +181,10 @@ def importer_seeds() -> list[bytes]:
              for kind in ("related", "contradicts", "elaborates", "follows", "causes", "custom-kind")]
     entities = [{"name": "Alice", "type": "person", "mentions": [{"nodeId": "c1"}, {"nodeId": "c2"}]}]
     plain = _tx_file(nodes, links, entities)
+    # Without the optional integrity hash a mutated payload still reaches the node and link readers.
+    for unhashed in (_tx_file(nodes, links, entities, integrity=False), _tx_file(nodes[3:4], integrity=False),
+                     _tx_file(nodes[:2], links[3:4], entities, integrity=False)):
+        seeds.extend(bytes([mode]) + unhashed for mode in (0, 1))
     for variant in (plain, plain[:len(plain) // 2], plain[:-1], plain[:12], plain[:20]):
         seeds.extend(bytes([mode]) + variant for mode in (0, 1))
     flipped = bytearray(plain)
@@ -279,6 +284,7 @@ def header_seeds() -> list[bytes]:
         {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": 255},
         {"alg": "argon2id", "v": 19, "t": 20, "m": 4 * 1024 * 1024, "p": 16},  # at the real cap
         {"alg": "argon2id", "v": 19, "t": True, "m": 8.5, "p": None},
+        {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": float("nan")},  # NaN: not equal to itself
         {"alg": "scrypt", "v": 19}, "argon2id", None,
     ]
     for kdf in hostile:
