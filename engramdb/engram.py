@@ -797,11 +797,12 @@ def import_key(path: str | os.PathLike, keyfile: str | os.PathLike, *, passphras
     except OSError as exc:
         raise FileMissingError(f"cannot read the key file {os.fspath(keyfile)}: {exc.strerror}",
                                hint="pass the file written by export_key() / `engramdb export-key`") from None
+    keyfile_hint = "pass the file written by export_key() / `engramdb export-key`; the store's path comes first"
     if not data.startswith(KEYFILE_MAGIC):
-        raise ForeignFileError(f"{keyfile} is not an engramdb key file")
+        raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
     header = codec.unpack(data[len(KEYFILE_MAGIC):])
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise ForeignFileError(f"{keyfile} is not an engramdb key file")
+        raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
     dek = _unlock(header, passphrase=passphrase, raw_key=_parse_raw_key(key) if key is not None else None)
     store = Store.open(path, create=False)
     try:

@@ -592,3 +592,13 @@ def test_empty_file_hint_does_not_send_the_user_in_a_circle(run, tmp_path):
     result = run("verify", f)
     assert result.exit_code == 1 and "is empty" in result.output
     assert "verify" not in result.output.split("hint: ", 1)[1]
+
+
+def test_import_key_with_a_wrong_key_file_hints_at_export_key(run, tmp_path):
+    """`engramdb import-key STORE OTHERFILE` hinted "to bring in data from another tool, use
+    `engramdb import`"."""
+    f = tmp_path / "s.engram"
+    run("init", f, "--kdf", KDF)
+    result = run("import-key", f, f)  # the arguments swapped or mistyped: the store is no key file
+    assert result.exit_code == 1 and "not an engramdb key file" in result.output
+    assert "export-key" in result.output and "engramdb import`" not in result.output
