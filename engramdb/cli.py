@@ -766,6 +766,8 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
     with _open(ctx, file, readonly=True) as db:
         hits = db.recall(query, top_k=top_k, explain=explain, hops=not no_hops,
                          tags=list(tags) or None, tiers=list(tiers) or None)
+    if not hits and top_k and not as_json:  # say so on stderr; stdout stays empty for scripts
+        click.echo(f"no memories match {query!r}", err=True)
     for rank, hit in enumerate(hits, start=1):
         def text(d: dict, rank: int = rank, hit: Any = hit) -> str:
             line = f"{rank:>3}. {hit.score!r:<22} {_node_line(hit.node)}"
@@ -799,6 +801,9 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
     data = {"tokens": result.tokens, "passages": [
         {"source": p.source, "start": p.start, "end": p.end, "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
         for p in result.passages]}
+    if not result.passages and top_k and max_tokens and not as_json:
+        click.echo(f"no passages for {query!r}: no memory matches, or --max-tokens {max_tokens} is smaller "
+                   "than the best passage", err=True)
     _emit(data, as_json, lambda _d: result.text)
 
 

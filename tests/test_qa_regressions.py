@@ -602,3 +602,15 @@ def test_import_key_with_a_wrong_key_file_hints_at_export_key(run, tmp_path):
     result = run("import-key", f, f)  # the arguments swapped or mistyped: the store is no key file
     assert result.exit_code == 1 and "not an engramdb key file" in result.output
     assert "export-key" in result.output and "engramdb import`" not in result.output
+
+
+def test_recall_and_context_without_results_say_so_on_stderr(run, tmp_path):
+    """A query with no hits printed nothing at all (recall) or an empty line (context), so
+    users could not tell "nothing matches" from a budget too small for any passage."""
+    f = tmp_path / "n.engram"
+    run("init", f, "--kdf", KDF)
+    run("ingest", f, "-", input="Alice moved to Berlin in 2023 to start a new job at a robotics company.\n")
+    for args in (("recall", f, "zzzqqq"), ("context", f, "zzzqqq"), ("context", f, "Berlin", "--max-tokens", "1")):
+        result = run(*args)
+        assert result.exit_code == 0 and result.stdout.strip() == "" and "no " in result.stderr, args
+    assert "Berlin" in run("context", f, "Berlin").stdout
