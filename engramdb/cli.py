@@ -694,13 +694,17 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
     if date:
         options["date"] = date
     result: dict[str, list[str]] = {}
+    added: dict[str, int] = {}
     with _open(ctx, file, create=True) as db:
         for path in tqdm(inputs, desc="ingesting", unit=" files", disable=None, file=sys.stderr):
             source, name = _read_ingest_input(path, fmt)
             if title:
                 options["title"] = title
+            before = len(db)
             result[path] = db.ingest(source, source_name=title or name, tags=list(tags), **options)
-    _emit(result, as_json, lambda d: "\n".join(f"{path}: {len(ids)} memories" for path, ids in d.items()))
+            added[path] = len(db) - before  # text ingested before is stored once: say how much is new
+    _emit(result, as_json, lambda d: "\n".join(f"{path}: {len(ids)} memories ({added[path]} new)"
+                                               for path, ids in d.items()))
 
 
 @cli.command()

@@ -614,3 +614,14 @@ def test_recall_and_context_without_results_say_so_on_stderr(run, tmp_path):
         result = run(*args)
         assert result.exit_code == 0 and result.stdout.strip() == "" and "no " in result.stderr, args
     assert "Berlin" in run("context", f, "Berlin").stdout
+
+
+def test_ingest_again_says_nothing_new_was_stored(run, tmp_path):
+    """Ingesting the same file twice printed "N memories" both times, as if it had stored
+    duplicates; it stores the text once."""
+    f, text = tmp_path / "a.engram", tmp_path / "t.txt"
+    run("init", f, "--kdf", KDF)
+    text.write_text("Alice moved to Berlin in 2023 to start a new job.\n", encoding="utf-8")
+    first, again = run("ingest", f, text), run("ingest", f, text)
+    assert first.exit_code == again.exit_code == 0
+    assert first.stdout.strip().endswith("1 memories (1 new)") and again.stdout.strip().endswith("(0 new)")
