@@ -279,6 +279,9 @@ def add(ctx: click.Context, file: str, text: str, id_: str | None, tags: tuple[s
     """
     if text == "-":
         text = sys.stdin.read()
+    if not text.strip():  # an empty memory can never be recalled
+        raise ValidationError("nothing to add: the text is empty", hint="pass the memory's text, or - to read it "
+                                                                       "from stdin")
     fields = {k: v for k, v in (("id", id_), ("importance", importance), ("tier", tier), ("source", source))
               if v is not None}
     with _open(ctx, file) as db:

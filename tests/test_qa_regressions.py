@@ -625,3 +625,13 @@ def test_ingest_again_says_nothing_new_was_stored(run, tmp_path):
     first, again = run("ingest", f, text), run("ingest", f, text)
     assert first.exit_code == again.exit_code == 0
     assert first.stdout.strip().endswith("1 memories (1 new)") and again.stdout.strip().endswith("(0 new)")
+
+
+@pytest.mark.parametrize(("text", "stdin"), [("", None), ("   ", None), ("-", "")])
+def test_add_refuses_empty_text(run, tmp_path, text, stdin):
+    """`add FILE ""` (or an empty stdin) stored an empty memory that no query can find."""
+    f = tmp_path / "e.engram"
+    run("init", f, "--kdf", KDF)
+    result = run("add", f, text, input=stdin)
+    assert result.exit_code == 1 and "empty" in result.output and "hint:" in result.output
+    assert json.loads(run("info", f, "--json").stdout)["memories"] == 0
