@@ -5,11 +5,12 @@ error. Passphrases come from ENGRAM_PASSPHRASE, --passphrase-file or a prompt, n
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -163,20 +164,42 @@ def _refuse_same_file(target: str | None, store: str, what: str) -> None:
                               hint="write to another path")
 
 
-def _output(path: str | None, mode: str, **kwargs: Any) -> Any:
-    """stdout, or ``path`` replaced atomically; a new file is readable by its owner only,
-    since dumps and exports hold the store's plaintext."""
+PARTIAL_SUFFIX = ".partial"
+
+
+@contextlib.contextmanager
+def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
+    """stdout, or ``path`` replaced atomically through ``path + ".partial"``, created
+    readable by its owner only (dumps and exports hold the store's plaintext).
+
+    The temporary name is fixed and visible, not click's hidden random one: an interrupted
+    run leaves one file the user can see, and the next run removes it first. A device or
+    pipe (/dev/null, a FIFO) is written in place: a rename would put a regular file in its
+    stead. A symlink's target is replaced, not the link.
+    """
     if path is None:
-        return click.open_file("-", mode, **kwargs)
-    # Only a regular file is replaced by a rename; a device or pipe (/dev/null, a FIFO,
-    # /dev/stdout) is written in place: a rename would put a regular file in its stead.
-    path = os.path.realpath(path)  # through a symlink: replace its target, not the link
-    atomic = not os.path.exists(path) or stat.S_ISREG(os.stat(path).st_mode)
-    old_umask = os.umask(0o077)  # click creates the temporary file with 0o666 & ~umask
+        with click.open_file("-", mode, **kwargs) as out:
+            yield out
+        return
+    path = os.path.realpath(path)
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        with open(path, mode, **kwargs) as out:
+            yield out
+        return
+    tmp = path + PARTIAL_SUFFIX
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        return click.open_file(path, mode, atomic=atomic, **kwargs)
-    finally:
-        os.umask(old_umask)
+        with os.fdopen(fd, mode, **kwargs) as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _node_line(node: Any) -> str:

@@ -635,3 +635,35 @@ def test_add_refuses_empty_text(run, tmp_path, text, stdin):
     result = run("add", f, text, input=stdin)
     assert result.exit_code == 1 and "empty" in result.output and "hint:" in result.output
     assert json.loads(run("info", f, "--json").stdout)["memories"] == 0
+
+
+_KILLED_DUMP = """
+import os, signal, sys
+import engramdb.engram as e
+from engramdb.cli import main
+
+def dump_then_die(self, fp, progress=None):
+    fp.write(b"FILE:||||v3|dump\\npartial plaintext of the store\\n")
+    fp.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+e.Engram.dump = dump_then_die
+main(sys.argv[1:])
+"""
+
+
+def test_killed_dump_leaves_no_hidden_plaintext_and_a_rerun_cleans_up(run, tmp_path):
+    """A dump killed midway left click's hidden `.__atomic-writeXXXX` file holding part of
+    the store's plaintext, under a random name no later run would ever remove."""
+    f, out = tmp_path / "s.engram", tmp_path / "out" / "s.aaak"
+    out.parent.mkdir()
+    run("init", f, "--kdf", KDF)
+    run("add", f, "a secret memory")
+    env = {**_env(), "ENGRAM_PASSPHRASE": PW}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_DUMP, "dump", str(f), "-o", str(out)], env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == -9
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # nothing hidden
+    assert run("dump", f, "-o", out).exit_code == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["s.aaak"]
+    assert "a secret memory" in out.read_text(encoding="utf-8")
