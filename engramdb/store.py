@@ -472,7 +472,10 @@ class Txn:
             raise WriteConflictError("another writer committed while the map was growing")
         for table, key, envelope in self._log:
             db = self.store._env.dbs[table]
-            if envelope is None:
+            if key is None:  # an insert_many batch: envelope holds its (key, envelope) pairs
+                with self._ltxn.cursor(db=db) as cur:
+                    cur.putmulti(envelope)
+            elif envelope is None:
                 self._ltxn.delete(key, db=db)
             else:
                 self._ltxn.put(key, envelope, db=db)
@@ -633,6 +636,36 @@ class Txn:
             return
         envelopes = self._seal_many(table, items)
         self._put_envelopes(table, [(key, env) for (key, _), env in zip(items, envelopes)])
+
+    def insert_many(self, table: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Seal and store ``(key, plaintext)`` pairs whose keys are new: absent from the
+        table and distinct (a freshly allocated docno or segment number, or ids the caller
+        has just checked with :meth:`contains`). One LMDB call writes them all, and no old
+        value needs reading for the state digest.
+
+        Raises:
+            CorruptFileError: a key exists after all (the file's counters are behind its
+                records); the transaction must be abandoned.
+        """
+        self._require_write()
+        if table == "meta":
+            raise StoreError("insert_many does not write meta", hint="this is a bug in engramdb, please report it")
+        pairs = list(zip([key for key, _ in items], self._seal_many(table, items)))
+        db = self.store._env.dbs[table]
+        while True:
+            try:
+                with self._ltxn.cursor(db=db) as cur:
+                    _, added = cur.putmulti(pairs, overwrite=False)
+                break
+            except lmdb.MapFullError:
+                self._regrow_and_replay()
+            except lmdb.BadValsizeError as exc:
+                raise _map_lmdb_error(exc, "write failed") from None
+        if added != len(pairs):
+            raise CorruptFileError(f"{len(pairs) - added} new records of table {table} collide with existing keys",
+                                   hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
+        self._log.append((table, None, pairs))
+        self._digest_update(table, pairs, [])
 
     def contains(self, table: str, key: bytes) -> bool:
         """Whether (table, key) exists (no decryption)."""

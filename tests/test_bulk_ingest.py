@@ -104,3 +104,24 @@ def test_add_many_refuses_duplicates_before_writing(tmp_engram):
     assert [n.id for n, _ in [(tmp_engram.get(i), 0) for i in ids]] == ids
     with tmp_engram._store.read() as txn:
         assert codec.from_u64(txn.get("ids", tmp_engram._id_key("n0"))) == 2  # docnos follow the batch order
+
+
+def test_insert_many_refuses_an_existing_key(tmp_engram):
+    from engramdb.errors import CorruptFileError
+
+    store = tmp_engram._store
+    store.write(lambda txn: txn.insert_many("sources", [(b"k1", b"a"), (b"k2", b"b")]))
+    with pytest.raises(CorruptFileError):
+        store.write(lambda txn: txn.insert_many("sources", [(b"k3", b"c"), (b"k2", b"d")]))
+    with store.read() as txn:
+        assert [k for k, _ in txn.items("sources")] == [b"k1", b"k2"]
+
+
+def test_add_many_through_map_growth_replays_batches(make_db):
+    db = make_db("grow.engram", map_size=1 << 20)  # 1 MiB: the batch outgrows it several times
+    before = db._store.env_info()["map_size"]
+    texts = [f"memory number {i} about topic {i % 97} and more words {i * 7}" for i in range(3000)]
+    ids = db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts)], now=NOW)
+    assert db._store.env_info()["map_size"] > before
+    assert len(db) == 3000 and db.get(ids[2999]).content == texts[2999]
+    assert db.verify() == []

@@ -684,7 +684,8 @@ class SegmentedBM25:
         suffix = _SEG.pack(segno)
         words, docnos, tfs, bounds = count_postings(docs)
         blinds = [self.blind(word) for word in words]
-        txn.put_many("postings", [(b + suffix, block) for b, block in zip(blinds, encode_blocks(docnos, tfs, bounds))])
+        # keys of a fresh segment number are new
+        txn.insert_many("postings", [(b + suffix, block) for b, block in zip(blinds, encode_blocks(docnos, tfs, bounds))])
         blinds.sort()
         order = np.argsort(docs.docnos, kind="stable")
         seg_docnos = docs.docnos[order]
