@@ -254,11 +254,13 @@ class _Env:
             self.resize_lock.wait_for(lambda: self.active_readers <= own_readers, timeout=30)
             self.env.set_mapsize(0)
 
-    def headroom_check(self) -> None:
+    def headroom_check(self, reserve: int = 0) -> None:
+        """Grow the map before a write transaction when it is nearly full, or would be
+        after ``reserve`` more bytes (growing mid-transaction replays every write so far)."""
         info = self.env.info()
         used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
-        if used > GROW_AT * info["map_size"]:
-            self.grow()
+        if used + reserve > GROW_AT * info["map_size"]:
+            self.grow(to_at_least=int((used + reserve) / GROW_AT) + 1)
 
 
 _registry: dict[str, _Env] = {}
@@ -826,13 +828,14 @@ class Store:
                 env.resize_lock.notify_all()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Txn]:
+    def transaction(self, *, reserve: int = 0) -> Iterator[Txn]:
         """One write transaction for a block of code; commits on success, rolls back on error.
 
         Nested use on the same thread joins the outer transaction. If the map must grow
         mid-transaction, the raw writes are replayed into a new transaction; if another
         writer committed in that instant, :class:`WriteConflictError` is raised and nothing
-        is written.
+        is written. ``reserve`` (bytes the block will add, roughly) grows the map up front
+        instead.
         """
         self._check()
         if self.readonly:
@@ -841,7 +844,7 @@ class Store:
         if current is not None:
             yield current
             return
-        self._env.headroom_check()
+        self._env.headroom_check(reserve)
         txn = Txn(self, write=True)
         txn._begin()
         self._local.txn = txn
@@ -859,14 +862,14 @@ class Store:
             self._env.active_writers -= 1
             self._local.txn = None
 
-    def write(self, fn: Callable[[Txn], T], *, retries: int = 5) -> T:
+    def write(self, fn: Callable[[Txn], T], *, retries: int = 5, reserve: int = 0) -> T:
         """Run ``fn(txn)`` in one write transaction and commit; re-run it on a write conflict.
 
         ``fn`` must have no effects outside the transaction, since it may run more than once.
         """
         for attempt in range(retries):
             try:
-                with self.transaction() as txn:
+                with self.transaction(reserve=reserve) as txn:
                     return fn(txn)
             except WriteConflictError:
                 if attempt == retries - 1 or getattr(self._local, "txn", None) is not None:

@@ -121,7 +121,12 @@ def test_add_many_through_map_growth_replays_batches(make_db):
     db = make_db("grow.engram", map_size=1 << 20)  # 1 MiB: the batch outgrows it several times
     before = db._store.env_info()["map_size"]
     texts = [f"memory number {i} about topic {i % 97} and more words {i * 7}" for i in range(3000)]
-    ids = db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts)], now=NOW)
+    with db.transaction():  # no up-front reserve here: the map grows mid-transaction, replaying batches
+        ids = db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts[:1500])], now=NOW)
+        ids += db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts) if i >= 1500], now=NOW)
     assert db._store.env_info()["map_size"] > before
-    assert len(db) == 3000 and db.get(ids[2999]).content == texts[2999]
+    grown = db._store.env_info()["map_size"]
+    db.add_many([f"more {i}" for i in range(5000)], now=NOW)  # reserved up front
+    assert db._store.env_info()["map_size"] > grown and len(db) == 8000
+    assert db.get(ids[2999]).content == texts[2999]
     assert db.verify() == []
