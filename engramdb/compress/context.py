@@ -11,8 +11,13 @@
    the whole result with it replaces the weakest unguaranteed pick (or is added);
 4. ``max_token_budget``: zettels enter (guaranteed ones first, then by rank) only if the
    *rendered* output still fits, measured with ``count_tokens`` (default
-   :func:`estimate_tokens`); the output never exceeds the budget. When even an empty
-   rendering does not fit, the result is ``""``.
+   :func:`estimate_tokens`); the output never exceeds the budget. When not even one
+   zettel fits, the result is ``""``.
+
+With no zettel chosen every format renders ``""``, not an empty frame (a bare AAAK
+header or ``{"zettels": []}`` tells a model nothing and costs tokens). The AAAK format
+leaves out the ``@end`` integrity trailer: a prompt is never verified, and the trailer
+would eat the budget.
 
 The output lists the chosen zettels in document order; only the tunnels between them
 and the entity entries they use are emitted. Source offsets are left out (they index a
@@ -171,6 +176,8 @@ class _Renderer:
             self.encode = encode
 
     def render(self, chosen: Sequence[Zettel], pos: dict[int, int]) -> str:
+        if not chosen:
+            return ""
         ordered = sorted(chosen, key=lambda z: pos[id(z)])
         ids = {z.id for z in ordered}
         tunnels = [
@@ -191,7 +198,9 @@ class _Renderer:
             return json.dumps(doc, indent=2, ensure_ascii=False)
         sub = CompressResult(zettels=views, tunnels=tunnels, entity_index=_index_for(views, self.result.entity_index),
                              meta=dict(self.meta))
-        return self.encode(sub)
+        doc = self.encode(sub)
+        # encode() always ends with the "@end <count> <sha256>" line: drop that last line
+        return doc[: doc.rindex("\n", 0, len(doc) - 1) + 1]
 
     def lower_bound_text(self, z: Zettel) -> str:
         # text every rendering that includes z contains, for skipping hopeless candidates
@@ -221,10 +230,7 @@ def _fit(
     renderer: _Renderer, ordered: list[Zettel], budget: int, count: Callable[[str], int], pos: dict[int, int]
 ) -> str:
     chosen: list[Zettel] = []
-    best = renderer.render(chosen, pos)
-    used = count(best)
-    if used > budget:
-        return ""
+    best, used = "", 0
     for z in ordered:
         if used + count(renderer.lower_bound_text(z)) > budget:
             continue
@@ -262,7 +268,7 @@ def inject_context(
         count_tokens: the token counter for the budget (default :func:`estimate_tokens`).
 
     Returns:
-        The rendered text (``""`` when nothing fits the budget).
+        The rendered text (``""`` when no zettel is chosen or none fits the budget).
 
     Raises:
         ValidationError: a bad argument, an unknown flag, or a counter that fails or
