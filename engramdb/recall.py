@@ -49,6 +49,7 @@ __all__ = [
     "count_tokens",
 ]
 
+_ARGS_HINT = "see help(engramdb.Engram.recall) for the arguments and their types"
 RRF_K = 60
 # Tier only breaks near-ties: with RRF_K = 60 two adjacent ranks at the top differ by
 # about 1.6 %, so a factor below that never lets a colder tier lose a whole rank to a
@@ -138,7 +139,17 @@ def _ts(value: Any, name: str) -> float | None:
         return _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc).timestamp()
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    raise ValidationError(f"{name} must be a timestamp, a date or a datetime")
+    if isinstance(value, str):
+        text = value.strip()
+        partial = {4: "%Y", 7: "%Y-%m"}.get(len(text))
+        try:
+            parsed = _dt.datetime.strptime(text, partial) if partial else _dt.datetime.fromisoformat(text)
+        except ValueError:
+            pass
+        else:
+            return _ts(parsed, name)
+    raise ValidationError(f"{name} must be a timestamp, a date, a datetime or an ISO date string, got {value!r}",
+                          hint="e.g. after='2023-05-01', after=datetime.date(2023, 5, 1) or a Unix timestamp")
 
 
 def _str_set(value: Any, name: str, allowed: Sequence[str] | None = None) -> tuple[str, ...] | None:
@@ -147,9 +158,9 @@ def _str_set(value: Any, name: str, allowed: Sequence[str] | None = None) -> tup
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:
         if not isinstance(item, str):
-            raise ValidationError(f"{name} must be strings")
+            raise ValidationError(f"{name} must be strings", hint=_ARGS_HINT)
         if allowed is not None and item not in allowed:
-            raise ValidationError(f"unknown {name[:-1]} {item!r}; expected one of {', '.join(allowed)}")
+            raise ValidationError(f"unknown {name[:-1]} {item!r}; expected one of {', '.join(allowed)}", hint=_ARGS_HINT)
     return tuple(sorted(set(items)))
 
 
@@ -220,9 +231,9 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
         CorruptFileError, DecryptionError: the file is damaged.
     """
     if not isinstance(query, str):
-        raise ValidationError("the query must be a string")
+        raise ValidationError("the query must be a string", hint=_ARGS_HINT)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValidationError("top_k must be a non-negative integer")
+        raise ValidationError("top_k must be a non-negative integer", hint=_ARGS_HINT)
     keep = _Filter(after, before, tiers, tags, flags)
     if top_k == 0:
         return []
@@ -421,7 +432,8 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
     Each hit contributes its source span (``node.source`` text from ``source_start`` to
     ``source_end``), or its own content when it has none. Overlapping or touching spans of
     one source merge. Spans are admitted in rank order while the total stays within
-    ``max_tokens`` (a span that does not fit is skipped, later smaller ones may still fit),
+    ``max_tokens`` (a span that does not fit is skipped, later smaller ones may still fit; when
+    even the best span alone is too big, it is cut to the whole words that fit, from its quote),
     and are emitted in document order: sources (and memories without one) in order of their
     earliest memory (insertion order), spans of a source by offset.
 
@@ -442,9 +454,9 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
         ValidationError: bad arguments.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ValidationError("max_tokens must be a non-negative integer")
+        raise ValidationError("max_tokens must be a non-negative integer", hint=_ARGS_HINT)
     if source is not None and not isinstance(source, str):
-        raise ValidationError("source must be a string")
+        raise ValidationError("source must be a string", hint=_ARGS_HINT)
     fetch = top_k if source is None else max(top_k * 4, MIN_CANDIDATES)
     hits = recall(store, indexes, query, top_k=fetch, **recall_kwargs)
     if source is not None:
@@ -476,6 +488,12 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
             new_cost = sum(token_counter(text[s:e]) for s, e, _ in merged)
             old_cost = sum(token_counter(text[s:e]) for s, e, _ in spans)
             if used - old_cost + new_cost > max_tokens:
+                if used == 0 and not admitted:  # the best passage alone is too big: keep what fits of it
+                    window = _fit_window(text, start, end, node.quote, max_tokens, token_counter)
+                    if window is not None:
+                        admitted[key] = [[window[0], window[1], [hit.id]]]
+                        used = token_counter(text[window[0]:window[1]])
+                        source_order[key] = hit.docno
                 continue
             used += new_cost - old_cost
             admitted[key] = merged
@@ -490,6 +508,24 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
                                     end=None if content_only else end, text=piece, ids=tuple(ids),
                                     tokens=token_counter(piece)))
     return Context(passages=tuple(passages), tokens=used, hits=tuple(hits))
+
+
+def _fit_window(text: str, start: int, end: int, quote: str, budget: int,
+                counter: Callable[[str], int]) -> tuple[int, int] | None:
+    """The longest run of whole words of ``text[start:end]`` within ``budget`` tokens, starting at
+    the memory's quote when the span contains it (the most informative sentence), else at ``start``."""
+    at = text.find(quote, start, end) if quote else -1
+    lo = at if at >= 0 else start
+    cuts = [m.end() for m in re.finditer(r"\S+", text[lo:end])]
+    best = None
+    left, right = 0, len(cuts) - 1
+    while left <= right:  # token counts only grow with the window, so bisect on the word count
+        mid = (left + right) // 2
+        if counter(text[lo:lo + cuts[mid]]) <= budget:
+            best, left = (lo, lo + cuts[mid]), mid + 1
+        else:
+            right = mid - 1
+    return best
 
 
 def _merge_span(spans: list[list[Any]], start: int, end: int, hit_id: str) -> list[list[Any]]:

@@ -352,3 +352,27 @@ def test_a_warm_memory_that_matches_best_stays_first(make_db):
     ])
     db.link("move", "tea", "related", weight=0.5)
     assert db.recall("where did alice move", top_k=1)[0].id == "move"
+
+
+def test_recall_context_trims_a_passage_bigger_than_the_budget(make_db):
+    """Regression: a best passage larger than max_tokens was skipped whole, returning nothing."""
+    db = make_db()
+    long_text = " ".join(["filler words about nothing much"] * 40) + " Darcy proposed to Elizabeth at Hunsford. " \
+        + " ".join(["more filler text follows here"] * 40)
+    db.add(long_text, id="long", quote="Darcy proposed to Elizabeth at Hunsford.")
+    context = db.recall_context("Darcy proposed", max_tokens=20)
+    assert context.passages and context.tokens <= 20
+    assert context.text.startswith("Darcy proposed to Elizabeth")
+    assert db.recall_context("Darcy proposed", max_tokens=0).passages == ()
+
+
+def test_recall_filters_accept_iso_date_strings(make_db):
+    db = make_db()
+    db.add("an old memory about tea", id="old", created_at=1_600_000_000.0)  # 2020-09
+    db.add("a new memory about tea", id="new", created_at=1_700_000_000.0)  # 2023-11
+    assert [h.id for h in db.recall("tea", after="2023-01-01")] == ["new"]
+    assert [h.id for h in db.recall("tea", before="2021")] == ["old"]
+    assert [h.id for h in db.recall("tea", after="2023-06")] == ["new"]
+    with pytest.raises(ValidationError) as info:
+        db.recall("tea", after="last tuesday")
+    assert "ISO" in str(info.value) and "after='2023-05-01'" in info.value.hint

@@ -49,7 +49,9 @@ def test_context(run, file):
     data = json.loads(run("context", file, "alice", "--json").output)
     assert data["passages"][0]["ids"] == ["a1"] and data["tokens"] == data["passages"][0]["tokens"]
     assert run("context", file, "alice").output.strip() == "Alice moved to Berlin in 2023"
-    assert json.loads(run("context", file, "alice", "--json", "--max-tokens", "1").output)["passages"] == []
+    tight = json.loads(run("context", file, "alice", "--json", "--max-tokens", "2").output)
+    assert tight["tokens"] <= 2 and tight["passages"][0]["text"] == "Alice moved"  # trimmed, not dropped
+    assert json.loads(run("context", file, "alice", "--json", "--max-tokens", "0").output)["passages"] == []
 
 
 def test_errors_exit_cleanly(run, file, tmp_path):
