@@ -1,11 +1,13 @@
 """Regression tests for the compress QA pass (one section per reported bug)."""
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
 
-from engramdb.compress import compress, estimate_tokens, inject_context
+from engramdb.compress import CompressStream, compress, estimate_tokens, inject_context
+from engramdb.errors import ValidationError
 
 TWO_FACTS = "Alice decided to move to Berlin. Bob stayed in Lisbon."
 
@@ -35,3 +37,25 @@ def test_json_context_still_parses_when_not_empty():
     r = compress(TWO_FACTS)
     doc = json.loads(inject_context(r, format="json"))
     assert [z["quote"] for z in doc["zettels"]] == ["Alice decided to move to Berlin."]
+
+
+# --- 2. an unreadable date option raises ---------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["notadate", "", "2023-13-01", "2023-02-30", "sometime soon"])
+def test_bad_date_option_raises_with_hint(bad):
+    with pytest.raises(ValidationError) as info:
+        compress("We met yesterday.", date=bad)
+    assert "YYYY-MM-DD" in info.value.hint
+    with pytest.raises(ValidationError):
+        CompressStream(date=bad)
+
+
+@pytest.mark.parametrize("good, expected", [
+    ("2023-05-08", "2023-05-07"), ("2023-05", "2023-05"), ("2023", "2023"), ("8 May 2023", "2023-05-07"),
+    ("May 8, 2023", "2023-05-07"), (datetime.date(2023, 5, 8), "2023-05-07"),
+])
+def test_good_date_options_still_anchor(good, expected):
+    r = compress("We met yesterday.", date=good)
+    assert r.zettels[0].resolved_date == expected
+    assert not any("date" in w for w in r.meta["warnings"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping
 
 from ..errors import ValidationError
+from .dates import parse_date
 
 __all__ = ["CompressOptions", "parse_options"]
 
@@ -74,7 +75,15 @@ def _date(value: Any) -> str | None:
         return value.date().isoformat()
     if isinstance(value, _dt.date):
         return value.isoformat()
-    return _opt_str("date", value)
+    value = _opt_str("date", value)
+    # a date the parser cannot read would silently anchor nothing: a typo must not pass
+    if value is not None and parse_date(value) is None:
+        raise ValidationError(
+            f"date {value!r} is not a date",
+            hint="use YYYY-MM-DD, YYYY-MM or YYYY (e.g. 2023-05-08), an English date such as "
+            "'8 May 2023' or 'May 8, 2023', or a datetime.date",
+        )
+    return value
 
 
 def _words(value: Any) -> tuple[str, ...]:
@@ -94,7 +103,8 @@ def parse_options(options: Mapping[str, Any], *, allowed: Iterable[str] = OPTION
     """Validate ``options`` (keyword arguments of ``compress``) into :class:`CompressOptions`.
 
     Raises:
-        ValidationError: an unknown option name or a value out of range.
+        ValidationError: an unknown option name, a value out of range, or a ``date``
+            the date parser cannot read.
     """
     allowed = tuple(allowed)
     unknown = sorted(k for k in options if k not in allowed)

@@ -67,8 +67,6 @@ def analyze(
     normalized = normalize_text(text)
     warnings: list[str] = []
     dates = DateIndex.scan(normalized, opts.date)
-    if opts.date and dates.option is None:
-        warnings.append(f"date option {opts.date!r} is not a date this parser reads; it is kept in meta only")
     stripped = len(text.strip())
     if stripped < MIN_MEANINGFUL_INPUT:
         warnings.append(f"input is {stripped} chars: too short for meaningful compression")
@@ -169,7 +167,8 @@ def compress(text: str, **options: Any) -> CompressResult:
         ``chunk_count``, ``warnings``, and ``date``/``title``/``source`` when set.
 
     Raises:
-        ValidationError: ``text`` is not a string, an option is unknown or out of range.
+        ValidationError: ``text`` is not a string, an option is unknown or out of range,
+            or ``date`` is not a date (YYYY-MM-DD, YYYY-MM, YYYY or an English date).
     """
     return _compress(_check_text(text), parse_options(options))
 
