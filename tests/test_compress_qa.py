@@ -59,3 +59,35 @@ def test_good_date_options_still_anchor(good, expected):
     r = compress("We met yesterday.", date=good)
     assert r.zettels[0].resolved_date == expected
     assert not any("date" in w for w in r.meta["warnings"])
+
+
+# --- 4. relative dates carry only the precision they have ---------------------------
+
+
+@pytest.mark.parametrize("phrase, expected", [
+    ("going camping next month", "2023-06"),
+    ("I moved there last month", "2023-04"),
+    ("3 months ago I quit", "2023-02"),
+    ("in 8 months we ship", "2024-01"),
+    ("see you next year", "2024"),
+    ("last year was hard", "2022"),
+    ("we met yesterday", "2023-05-24"),
+    ("tomorrow then", "2023-05-26"),
+    ("next Friday we go", "2023-05-26"),
+    ("last Monday it rained", "2023-05-22"),
+    ("5 days ago", "2023-05-20"),
+])
+def test_relative_date_precision(phrase, expected):
+    r = compress(f"Mel: {phrase}.", date="2023-05-25")
+    assert r.zettels[0].resolved_date == expected
+
+
+def test_next_month_in_a_later_chunk_of_a_session():
+    # the QA case: a session header dates a later chunk that says "next month"
+    text = "[2023-05-25] Session 1\nMel: " + "we talked about books and music for a while. " * 20 + (
+        "\nCaroline: I am going camping next month with the kids."
+    )
+    r = compress(text, chunk_size=200, chunk_overlap=0)
+    last = r.zettels[-1]
+    assert "camping next month" in r.meta["source"][last.source_start:last.source_end]
+    assert last.resolved_date == "2023-06"

@@ -12,6 +12,10 @@ A zettel's ``resolved_date`` is, in order of preference:
    the ``date`` option;
 4. ``None``.
 
+A relative expression keeps only the precision it carries: "yesterday", "N days ago",
+"next Friday", "last week" give a day; "next month", "3 months ago" a month
+(``YYYY-MM``); "last year" a year.
+
 Output is ``YYYY-MM-DD``, ``YYYY-MM`` or ``YYYY``. Only calendar arithmetic from
 :mod:`datetime` is used: no clock, no locale, so the result is deterministic.
 """
@@ -184,12 +188,12 @@ def _add_days(d: PartialDate, n: int) -> PartialDate:
 
 
 def _add_months(d: PartialDate, n: int) -> PartialDate:
+    """``d`` moved by ``n`` months, at month precision: "next month" said on 25 May means
+    June, not 25 June, so the day is dropped (a year-only anchor moves by whole years)."""
     if d[1] is None:
         return _valid(d[0] + (n // 12 if n >= 0 else -((-n) // 12)), None, None) or d
     idx = d[1] - 1 + n
-    y, m = d[0] + idx // 12, idx % 12 + 1
-    # keep the day only when it exists in the target month (31 Jan + 1 month = Feb)
-    return _valid(y, m, d[2]) or _valid(y, m, None) or d
+    return _valid(d[0] + idx // 12, idx % 12 + 1, None) or d
 
 
 def _resolve_relative(m: re.Match[str], anchor: PartialDate) -> PartialDate | None:
@@ -206,7 +210,7 @@ def _resolve_relative(m: re.Match[str], anchor: PartialDate) -> PartialDate | No
         if unit == "week":
             return _add_days(anchor, 7 * step)
         if unit == "month":
-            return _add_months(anchor, step) if step else (anchor[0], anchor[1], None) if anchor[1] else anchor
+            return _add_months(anchor, step)
         if unit == "year":
             return _valid(anchor[0] + step, None, None)
         if anchor[2] is None:
