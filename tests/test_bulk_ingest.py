@@ -14,6 +14,7 @@ from engramdb import codec
 from engramdb.crypto import HmacSha256, Sealer
 from engramdb.errors import DuplicateIdError
 from engramdb.index.bm25 import TermDocs, count_postings
+from engramdb.index import tokenize as tk
 from engramdb.index.tokenize import Tokenizer
 
 WORDS = ["Running", "runs", "the", "Café", "naïve", "ÉCOLE", "東京", "x", "42", "it's", "New-York", "and",
@@ -24,10 +25,14 @@ TOKENIZERS = [Tokenizer(stemmer="english"), Tokenizer(stemmer=None), Tokenizer(s
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(texts, max_size=6), st.sampled_from(range(len(TOKENIZERS))))
-def test_encode_many_equals_tokenizing_each_text(batch, which):
+@given(st.lists(texts, max_size=6), st.sampled_from(range(len(TOKENIZERS))), st.sampled_from([1, 2, 1024]))
+def test_encode_many_equals_tokenizing_each_text(batch, which, chunk):
     tok = TOKENIZERS[which]
-    terms, term_ids, lengths = tok.encode_many(batch)
+    saved, tk._CHUNK_DOCS = tk._CHUNK_DOCS, chunk  # also across chunk boundaries
+    try:
+        terms, term_ids, lengths = tok.encode_many(batch)
+    finally:
+        tk._CHUNK_DOCS = saved
     want = [tok(text) for text in batch]
     assert terms == sorted({t for doc in want for t in doc})
     assert lengths.tolist() == [len(doc) for doc in want]

@@ -64,6 +64,7 @@ _BATCH_TABLE = bytes(
 _ASCII_TABLE = str.maketrans({chr(c): " " for c in range(128) if c not in _WORD_ASCII}
                              | dict(zip(string.ascii_uppercase, string.ascii_lowercase)))
 _DROP, _SEP_ID = -1, -2
+_CHUNK_DOCS = 1024
 
 # Bound the per-tokenizer stem memo so a long-lived handle over an open vocabulary
 # cannot grow without limit; clearing is cheap and keeps results identical.
@@ -227,11 +228,19 @@ class Tokenizer:
             elif _SEP_TEXT in text:
                 text = text.translate(_ASCII_TABLE)  # a separator inside a document: a space, as in the regex path
             pieces.append(text)
-        tokens = (b" " + _DOC_SEP + b" ").join([p.encode("utf-8", "surrogatepass") for p in pieces]).translate(_BATCH_TABLE).split()
-        if not tokens:
-            return [], np.zeros(0, np.int64), np.zeros(len(pieces), np.int64)
         vocab: dict[bytes, int] = defaultdict(itertools.count().__next__)  # numbers words on first sight
-        raw_ids = np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+        sep_id = vocab[_DOC_SEP]
+        glue = b" " + _DOC_SEP + b" "
+        parts = []
+        # In chunks: a few thousand token objects at a time stay in the CPU caches (one
+        # split of a large batch was measured ~25% slower per token).
+        for start in range(0, len(pieces), _CHUNK_DOCS):
+            tokens = glue.join([p.encode("utf-8", "surrogatepass")
+                                for p in pieces[start:start + _CHUNK_DOCS]]).translate(_BATCH_TABLE).split()
+            if start:
+                parts.append(np.full(1, sep_id, dtype=np.int64))
+            parts.append(np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int64, count=len(tokens)))
+        raw_ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         # Per distinct word: the separator, dropped (too short, a stopword), or its term's rank.
         stop = self._stop
         words = [w.decode("utf-8", "surrogatepass") for w in vocab]
