@@ -1876,6 +1876,13 @@ def encrypt_dump(source: Any, out_fp: BinaryIO, passphrase: str | bytes, *, kdf:
     return raw.written
 
 
+# The errors' default hints are about the store (its passphrase, `engramdb verify FILE`);
+# an encrypted dump has its own passphrase and no verify command, so say so here.
+_DUMP_PASSPHRASE_HINT = ("check the dump passphrase (ENGRAM_DUMP_PASSPHRASE or --dump-passphrase-file): the one "
+                         "given to `engramdb dump --encrypt`, not the store's")
+_DUMP_DAMAGED_HINT = "the encrypted dump is truncated or damaged; use an intact copy of the dump"
+
+
 class _DecryptingRaw(io.RawIOBase):
     """A read-only raw stream over the chunks of an AAAK-ENC container."""
 
@@ -1909,20 +1916,20 @@ class _DecryptingRaw(io.RawIOBase):
     def _next_chunk(self) -> None:
         sealed = self._read_exact(_CHUNK + _TAG)
         if len(sealed) < _TAG:
-            raise DecryptionError("the encrypted dump is truncated (no final chunk)",
-                                  hint="the file was cut short; use a complete copy")
+            raise DecryptionError("the encrypted dump is truncated (no final chunk)", hint=_DUMP_DAMAGED_HINT)
         self._ahead = self._read_exact(1)
         last = not self._ahead
         if self._counter >= _MAX_CHUNKS:
-            raise DecryptionError("too many chunks in the encrypted dump")
+            raise DecryptionError("too many chunks in the encrypted dump", hint=_DUMP_DAMAGED_HINT)
         try:
             plain = self._aead.decrypt(_nonce(self._prefix, self._counter, last), sealed, self._header)
         except InvalidTag:
             what = "truncated or tampered with" if last else "tampered with"
             raise DecryptionError(f"chunk {self._counter} of the encrypted dump failed authentication: "
-                                  f"the file was {what}") from None
+                                  f"the file was {what}", hint=_DUMP_DAMAGED_HINT) from None
         if last and not plain and self._counter > 0:
-            raise DecryptionError("the encrypted dump ends with an empty chunk (not written by engramdb)")
+            raise DecryptionError("the encrypted dump ends with an empty chunk (not written by engramdb)",
+                                  hint=_DUMP_DAMAGED_HINT)
         self._counter += 1
         self._plain, self._pos = plain, 0
         self._done = last
@@ -1967,7 +1974,7 @@ def decrypt_dump(in_fp: BinaryIO | bytes, passphrase: str | bytes) -> TextIO:
         raise ForeignFileError("not an encrypted AAAK dump (bad magic)",
                                hint="a plaintext dump is read with read_dump(); check the path")
     if len(header) < _ENC_HEADER_LEN:
-        raise DecryptionError("the encrypted dump header is truncated")
+        raise DecryptionError("the encrypted dump header is truncated", hint=_DUMP_DAMAGED_HINT)
     magic, version, kdf_id, t, m_kib, p, salt, prefix = _ENC_FIXED.unpack(header[: _ENC_FIXED.size])
     if version != _ENC_VERSION:
         raise FormatVersionError(f"encrypted dump container version {version} is not supported")
@@ -1976,7 +1983,8 @@ def decrypt_dump(in_fp: BinaryIO | bytes, passphrase: str | bytes) -> TextIO:
     enc_key, mac_key = _dump_keys(passphrase, salt, _crypto.KDFParams(t=t, m_kib=m_kib, p=p))
     expected = hmac.new(mac_key, header[: _ENC_FIXED.size], hashlib.sha256).digest()
     if not hmac.compare_digest(expected, header[_ENC_FIXED.size:]):
-        raise WrongPassphraseError("wrong passphrase for this encrypted dump (or its header is damaged)")
+        raise WrongPassphraseError("wrong passphrase for this encrypted dump (or its header is damaged)",
+                                   hint=_DUMP_PASSPHRASE_HINT)
     raw = _DecryptingRaw(in_fp, enc_key, header, prefix)
     return io.TextIOWrapper(io.BufferedReader(raw, buffer_size=_CHUNK), encoding="utf-8", errors="strict",
                             newline="\n")

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import datetime
+import io
 import json
 
 import pytest
 
+from engramdb.aaak import decrypt_dump, encrypt_dump
 from engramdb.compress import CompressStream, compress, estimate_tokens, inject_context
-from engramdb.errors import ValidationError
+from engramdb.crypto import KDFParams
+from engramdb.errors import DecryptionError, ValidationError, WrongPassphraseError
 
 TWO_FACTS = "Alice decided to move to Berlin. Bob stayed in Lisbon."
 
@@ -91,3 +94,30 @@ def test_next_month_in_a_later_chunk_of_a_session():
     last = r.zettels[-1]
     assert "camping next month" in r.meta["source"][last.source_start:last.source_end]
     assert last.resolved_date == "2023-06"
+
+
+# --- 6. decrypt_dump's hints name the dump, not the store ----------------------------
+
+
+def _sealed(plain: str) -> bytes:
+    out = io.BytesIO()
+    encrypt_dump(plain, out, "dump-pw", kdf=KDFParams.for_tests())  # conftest allows the weak test KDF
+    return out.getvalue()
+
+
+def test_wrong_dump_passphrase_hint_names_the_dump_passphrase():
+    with pytest.raises(WrongPassphraseError) as info:
+        decrypt_dump(_sealed("hello\n"), "store-pw")
+    assert "ENGRAM_DUMP_PASSPHRASE" in info.value.hint
+    assert "--dump-passphrase-file" in info.value.hint
+    assert "ENGRAM_PASSPHRASE " not in info.value.hint and "ENGRAM_PASSPHRASE or" not in info.value.hint
+
+
+@pytest.mark.parametrize("cut", [10, -1, -20])
+def test_truncated_dump_hint_is_about_the_dump(cut):
+    data = _sealed("x" * 1000 + "\n")
+    with pytest.raises(DecryptionError) as info:
+        decrypt_dump(data[:cut], "dump-pw").read()
+    assert not isinstance(info.value, WrongPassphraseError)
+    assert "verify" not in info.value.hint
+    assert "intact copy" in info.value.hint and "dump" in info.value.hint
