@@ -15,8 +15,10 @@ from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
-from .errors import (AAAKParseError, AlreadyOpenError, DuplicateIdError, EngramError, NotFoundError,
-                     ValidationError)
+from .errors import (
+    AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
+    ValidationError,
+)
 from .index import iter_nodes
 from .records import Edge, Node
 
@@ -28,36 +30,71 @@ RESTORE_BATCH = 1000
 TEMP_SUFFIX = ".restore-tmp"
 
 
-def _archive_rows(txn: Any, ids: dict[int, str]) -> list[tuple[str, str]]:
-    return sorted((ids[codec.from_u64(key)], codec.unpack_archive(value)) for key, value in txn.items("archive"))
+class _Salvage:
+    """Reads that either raise on a damaged value or, when salvaging, report it and go on."""
 
+    def __init__(self, on_damaged: Callable[[str], None] | None) -> None:
+        self.on_damaged = on_damaged
 
-def _procedures(txn: Any) -> list[Any]:
-    return [codec.unpack(value, any_keys=True) for _, value in txn.items("procedures")]
+    def attempt(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self.on_damaged is None:
+            return fn()
+        try:
+            return fn()
+        except (DecryptionError, CorruptFileError) as exc:
+            self.on_damaged(f"{what}: {exc.message}")
+            return None
 
 
 def _procedure_key(data: Any) -> bytes:
     return hashlib.sha256(codec.pack(data)).digest()[:16]
 
 
-def _scan(engram: Engram, txn: Any) -> tuple[list[int], list[Edge], dict[str, str]]:
-    """One pass over the records: docnos in id order, every edge, and the source texts."""
+def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, str]]:
+    """One pass over the records: docnos in id order, their ids, every edge, and the source texts."""
     order: list[tuple[str, int]] = []
     names: set[str] = set()
-    edges: list[Edge] = []
     graph = engram.indexes.graph
-    for docno, node in iter_nodes(txn):
-        order.append((node.id, docno))
-        if node.source:
-            names.add(node.source)
-        edges.extend(edge for _, edge, _ in graph.outgoing(txn, docno))
+    for key in list(txn.keys("nodes")):
+        docno = codec.from_u64(key)
+        node = salvage.attempt(f"memory #{docno}", lambda: codec.decode_node(txn.get("nodes", key)))
+        if node is not None:
+            order.append((node.id, docno))
+            if node.source:
+                names.add(node.source)
+    ids = {docno: id_ for id_, docno in order}
+    edges: list[Edge] = []
+    for docno in ids:
+        out = salvage.attempt(f"edges of memory #{docno}", lambda: graph.outgoing(txn, docno)) or ()
+        edges.extend(edge for dst, edge, _ in out if dst in ids)
     sources = {}
     for name in sorted(names):
-        raw = txn.get("sources", engram._store.blind(b"source", name.encode("utf-8", "surrogatepass")))
+        blind = engram._store.blind(b"source", name.encode("utf-8", "surrogatepass"))
+        raw = salvage.attempt(f"source text {name!r}", lambda: txn.get("sources", blind))
         if raw is not None:
             sources[SOURCE_META_PREFIX + name] = raw.decode("utf-8", "surrogatepass")
     order.sort()
-    return [docno for _, docno in order], edges, sources
+    return [docno for _, docno in order], ids, edges, sources
+
+
+def _archive_rows(txn: Any, ids: dict[int, str], salvage: _Salvage) -> list[tuple[str, str]]:
+    rows = []
+    for key in list(txn.keys("archive")):
+        docno = codec.from_u64(key)
+        original = salvage.attempt(f"archived original of memory #{docno}",
+                                   lambda: codec.unpack_archive(txn.get("archive", key)))
+        if original is not None and docno in ids:
+            rows.append((ids[docno], original))
+    return sorted(rows)
+
+
+def _procedures(txn: Any, salvage: _Salvage) -> list[Any]:
+    rows = []
+    for key in list(txn.keys("procedures")):
+        row = salvage.attempt("a procedure row", lambda: codec.unpack(txn.get("procedures", key), any_keys=True))
+        if row is not None:
+            rows.append(row)
+    return rows
 
 
 def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, every: int = 1000) -> Iterator[Node]:
@@ -71,24 +108,32 @@ def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, eve
         progress(count)
 
 
-def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], None] | None = None) -> int:
+def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], None] | None = None,
+         on_damaged: Callable[[str], None] | None = None) -> int:
     """Write the whole store to ``fp`` as canonical AAAK v3; returns the record count.
 
     Everything comes from one read snapshot, so the dump is consistent even while other
     processes write. The same logical content always gives the same bytes. ``progress``
     is called with the number of memories written so far.
+
+    Salvage: with ``on_damaged`` given, a value that fails authentication or does not
+    decode is reported to it (one line each) and left out, together with the edges and
+    archive rows of the memory it belongs to, instead of failing the dump. The dump stays
+    valid and restores into a clean store holding every intact memory.
+
+    Raises:
+        DecryptionError, CorruptFileError: a damaged value, unless ``on_damaged`` is given.
     """
     indexes = engram.indexes
+    salvage = _Salvage(on_damaged)
     with engram._store.read() as txn:
         spaces = [{"name": name, "model": s.model, "dims": s.dims, "dtype": s.dtype, "normalized": s.normalize,
                    "auto": s.auto} for name, s in sorted(indexes.vectors.spaces(txn).items())]
-        docnos, edges, sources = _scan(engram, txn)
-        ids = {codec.from_u64(key): codec.decode_node(value).id for key, value in txn.items("nodes")} \
-            if txn.count("archive") else {}
+        docnos, ids, edges, sources = _scan(engram, txn, salvage)
         nodes = _counting((codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
-                               nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids),
-                               procedures=_procedures(txn))
+                               nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
+                               procedures=_procedures(txn, salvage))
 
 
 def _remove_store_files(path: str) -> None:

@@ -508,9 +508,14 @@ def _dump_passphrase(passphrase_file: str | None, *, confirm: bool) -> str:
 @click.option("--encrypt", is_flag=True,
               help=f"Encrypt the dump (argon2id + AES-256-GCM); passphrase from ${DUMP_PASSPHRASE_ENV}.")
 @click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The dump passphrase, from a file.")
+@click.option("--skip-damaged", is_flag=True,
+              help="Salvage: leave out values that fail authentication (listed on stderr) instead of failing.")
 @click.pass_context
-def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_passphrase_file: str | None) -> None:
+def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_passphrase_file: str | None,
+         skip_damaged: bool) -> None:
     """Write the whole store as canonical AAAK v3 text (plaintext unless --encrypt).
+
+    To salvage a damaged file: dump it with --skip-damaged, then restore the dump into a new file.
 
     Example:
 
@@ -529,12 +534,19 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
+        damaged: list[str] = []
+        on_damaged = damaged.append if skip_damaged else None
         with _output(output, "wb") as raw:
             if dump_pw is not None:
                 with open_encrypted_writer(raw, dump_pw) as text:
-                    db.dump(text, progress=progress)
+                    db.dump(text, progress=progress, on_damaged=on_damaged)
             else:
-                db.dump(raw, progress=progress)
+                db.dump(raw, progress=progress, on_damaged=on_damaged)
+    for line in damaged:
+        click.echo(f"warning: left out damaged {line}", err=True)
+    if damaged:
+        click.echo(f"salvaged: {len(damaged)} damaged value(s) left out; restore this dump into a new file",
+                   err=True)
 
 
 def _read_dump_source(source: str, dump_passphrase_file: str | None):
@@ -831,9 +843,9 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
     data = {"tokens": result.tokens, "passages": [
         {"source": p.source, "start": p.start, "end": p.end, "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
         for p in result.passages]}
-    if not result.passages and top_k and max_tokens and not as_json:
-        click.echo(f"no passages for {query!r}: no memory matches, or --max-tokens {max_tokens} is smaller "
-                   "than the best passage", err=True)
+    if not result.passages and not as_json:
+        why = "no memory matches" if top_k and max_tokens else "--top-k or --max-tokens is 0"
+        click.echo(f"no passages for {query!r}: {why}", err=True)
     _emit(data, as_json, lambda _d: result.text)
 
 

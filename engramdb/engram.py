@@ -770,15 +770,20 @@ class Engram:
 
         return wake_up(stored_result(self, source=source, tags=tags), top_pct=top_pct)
 
-    def dump(self, fp: Any, *, progress: Any = None) -> int:
+    def dump(self, fp: Any, *, progress: Any = None, on_damaged: Any = None) -> int:
         """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).
 
         One read snapshot; the same content always gives the same bytes. Returns the record
-        count. ``progress(n)`` is called as memories are written.
+        count. ``progress(n)`` is called as memories are written. To salvage a damaged file,
+        pass ``on_damaged`` (called with a line per damaged value, which is left out) and
+        restore the dump into a new file.
+
+        Raises:
+            DecryptionError, CorruptFileError: a damaged value, unless ``on_damaged`` is given.
         """
         from .backup import dump
 
-        return dump(self, fp, progress=progress)
+        return dump(self, fp, progress=progress, on_damaged=on_damaged)
 
 
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
@@ -892,8 +897,11 @@ class Transaction:
             seen.add(id_key)
         docnos = [self._txn.allocate_docno() for _ in nodes]
         keys = [codec.u64(docno) for docno in docnos]
-        # new keys: fresh docnos, and ids checked above
-        self._txn.insert_many("nodes", [(key, codec.encode_node(node)) for key, node in zip(keys, nodes)])
+        # new keys: fresh docnos, and ids checked above. Records are encoded a chunk at a time
+        # (insert_many's), so a large batch's encoded records never all sit in memory at once.
+        for start in range(0, len(nodes), 1024):
+            self._txn.insert_many("nodes", [(key, codec.encode_node(node))
+                                            for key, node in zip(keys[start:start + 1024], nodes[start:start + 1024])])
         self._txn.insert_many("ids", sorted(zip(id_keys, keys), key=_first))  # key order fills LMDB pages
         self._index(added=list(zip(docnos, nodes)))  # index hook
         return [node.id for node in nodes]

@@ -211,3 +211,4 @@ class ImportFormatError(EngramError):
     """A file given to `engramdb import` is not in a format it can read."""
 
     default_hint = "supported sources: AAAK v1/v2 text, JSONL memories, Terronex .engram v1"
+

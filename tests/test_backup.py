@@ -211,3 +211,34 @@ def test_delete_removes_the_archived_original(make_db):
     assert db.archived("a") is None
     with db._store.read() as txn:
         assert txn.count("archive") == 0
+
+
+def test_salvage_dump_skips_a_damaged_record_and_restores_the_rest(tmp_path):
+    """A flipped byte in one record used to make dump (and so every way out) fail for the whole store."""
+    import lmdb
+
+    path = tmp_path / "damaged.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"m{i}", "content": f"memory number {i}"} for i in range(5)])
+        db.link("m1", "m2", "related", now=1.0)
+        db.link("m2", "m3", "related", now=1.0)
+        with db.transaction() as tx:
+            tx.set_archived("m2", "the original of m2")
+    env = lmdb.open(str(path), subdir=False, max_dbs=32)
+    nodes = env.open_db(b"t1")
+    with env.begin(write=True, db=nodes) as txn:
+        key = (3).to_bytes(8, "big")  # m2's docno
+        value = bytearray(txn.get(key))
+        value[-1] ^= 0x01
+        txn.put(key, bytes(value))
+    env.close()
+    with engramdb.open(path, passphrase=PASSPHRASE) as db:
+        with pytest.raises(engramdb.DecryptionError):
+            db.dump(io.StringIO())
+        damaged: list[str] = []
+        buf = io.StringIO()
+        db.dump(buf, on_damaged=damaged.append)
+    assert len(damaged) == 1 and "memory #3" in damaged[0]
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "salvaged.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with engramdb.open(tmp_path / "salvaged.engram", passphrase=PASSPHRASE) as db:
+        assert db.ids() == ["m0", "m1", "m3", "m4"] and db.edges("m1") == [] and db.verify() == []
