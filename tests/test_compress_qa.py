@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,22 @@ from engramdb.crypto import KDFParams
 from engramdb.errors import DecryptionError, ValidationError, WrongPassphraseError
 
 TWO_FACTS = "Alice decided to move to Berlin. Bob stayed in Lisbon."
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo-dev.json"
+
+
+def _locomo_text(n: int) -> str:
+    """LoCoMo conversation ``n`` as ``[date] Session N`` headers and ``Speaker: text`` lines
+    (the shape tools/bench/bench_compress.py renders)."""
+    if not LOCOMO.exists():
+        pytest.fail(f"the LoCoMo fixture {LOCOMO} is missing")
+    conv = json.loads(LOCOMO.read_text(encoding="utf-8"))[n]["conversation"]
+    lines = []
+    k = 1
+    while conv.get(f"session_{k}"):
+        lines.append(f"\n[{conv.get(f'session_{k}_date_time', '')}] Session {k}")
+        lines.extend(f"{turn['speaker']}: {turn['text']}" for turn in conv[f"session_{k}"])
+        k += 1
+    return "\n".join(lines).strip()
 
 
 # --- 1. inject_context: no @end trailer, "" instead of an empty frame ---------------
@@ -121,3 +138,35 @@ def test_truncated_dump_hint_is_about_the_dump(cut):
     assert not isinstance(info.value, WrongPassphraseError)
     assert "verify" not in info.value.hint
     assert "intact copy" in info.value.hint and "dump" in info.value.hint
+
+
+# --- 5. chat interjections are not entities ------------------------------------------
+
+INTERJECTIONS = ("Glad Sure Thanks Great Awesome Wow Yeah Okay Hey Hi Hello Sorry Congrats Nice Cool Oh Well Yes "
+                 "No").split()
+
+
+@pytest.mark.parametrize("word", INTERJECTIONS)
+def test_sentence_initial_interjections_are_not_entities(word):
+    chat = (f"Caroline: {word} you made it to the lake with Oliver!\n"
+            f"Melanie: {word}, the trip with Oliver was great.\n"
+            f"Caroline: {word}! Tell Sara I said hi.")
+    entities = {e for z in compress(chat).zettels for e in z.entities}
+    assert word not in entities
+    assert {"Caroline", "Melanie", "Oliver", "Sara"} <= entities
+
+
+def test_message_opening_exclamations_are_not_entities_but_names_are():
+    chat = ("Caroline: Woohoo! I finally adopted a dog.\n"
+            "Melanie: Ahhahha, that is so fun. Sara, look at this!\n"
+            "Caroline: Yippee! We named him Luna after the moon.")
+    entities = {e for z in compress(chat).zettels for e in z.entities}
+    assert not entities & {"Woohoo", "Ahhahha", "Yippee"}
+    assert {"Caroline", "Melanie", "Sara", "Luna"} <= entities
+
+
+def test_locomo_conversation_has_no_interjection_entities():
+    text = _locomo_text(0)
+    entities = {e for z in compress(text).zettels for e in z.entities}
+    assert not entities & {"Glad", "Bye", "Whoa", "Woah", "Woohoo", "Yay", "Aww", "Nah", "Oops", "Phew"}
+    assert {"Caroline", "Melanie", "Mel", "Oliver", "Oscar", "Luna", "Sweden"} <= entities

@@ -7,6 +7,9 @@ others), then per chunk:
   more characters that is not on the stop list (sentence starters such as "Please",
   changelog verbs such as "Added", roles, months, honorifics, ...).
 * A candidate used as a chat speaker label ("Alice: we should ship") is an entity.
+* In chat, a candidate that only ever opens a message and is set off by punctuation
+  ("Mel: Woohoo! ...", "Aww, thanks") is an interjection, not a name, unless it is a
+  known given name ("Sara, look at this").
 * Otherwise it is an entity when it is capitalized mid-sentence (after a lowercase
   word, a digit or a comma) at least as often as it appears in lowercase; a word that
   only ever starts sentences is an entity unless the document also uses it in
@@ -79,6 +82,11 @@ _CAP_CONTEXT = re.compile(
     rf"(?<![\w'\u2019\-])(?:(?<=[a-z0-9\u00df-\u00ff,;)][ \n])({_NAME})|({_NAME}))(?:['\u2019]s\b)?"
 )
 _SPEAKER = re.compile(rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?({_NAME})[ \t]*:(?![/\d])", re.MULTILINE)
+# a capitalized word that opens a chat message and is cut off by punctuation
+# ("Mel: Woohoo! ...", "Caroline: Aww, thanks"): the shape of an interjection
+_OPENER = re.compile(
+    rf"^[ \t]*(?:\[[^\]\n]*\][ \t]*)?{_NAME}[ \t]*:[ \t]*({_NAME})(?=[ \t]*[,!.?\u2026~])", re.MULTILINE
+)
 _HONORIFICS = frozenset({"Mr", "Mrs", "Ms", "Miss", "Sir", "Lady", "Lord", "Madam", "Mme", "Mlle", "Mister", "Dame",
                          "King", "Queen"})
 # chapter numbers ("XIV", "LIX"); C, D and M are left out so "DC" or "MD" survive
@@ -111,6 +119,9 @@ Important Tip Todo TODO FIXME Subject Title Date Time Session Re Fwd Cc Q A Chan
 Readme Later Soon Afterwards Earlier Amongst Whilst Illustration Self Thanks Cheers Regards Sounds Absolutely
 Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec Mon Tue Wed Thu Fri Sat Sun Esq St Ay Aye Ah Oh Etc Copyright
 Preface Contents Index Epilogue Prologue Footnote Footnotes
+Glad Awesome Congrats Congratulations Kudos Bye Goodbye Nah Yea Yup Yay Whoa Woah Woo Woohoo Aw Aww Awww Phew
+Oops Ouch Ugh Oof Dang Gotcha Lol Haha Hah Mm Mmm Btw BTW FYI Omg OMG Thankfully Hopefully Anyways Wonderful
+Amazing Fantastic Perfect Exactly Totally Definitely Really Right True Happy Excited Interesting Lovely
 """.split())
 # labels that look like speakers but introduce fields ("Note: ...", "Date: ...")
 _NOT_SPEAKERS = STOP_LIST | frozenset(
@@ -201,12 +212,17 @@ class EntityEvidence:
             if len(s) >= 2 and s not in _NOT_SPEAKERS and not s.isdigit()
         )
         lower = Counter(_LOWER_WORD.findall(text))
+        openers = Counter(_OPENER.findall(text)) if speakers else Counter()
         accepted = set()
         for name in candidates:
             if len(name) < 2 or _stopped(name):
                 continue
             if name in speakers:
                 accepted.add(name)
+                continue
+            # only ever a message's first word, set off by punctuation: an interjection
+            # ("Woohoo!", "Aww,") unless it is a known given name ("Sara, look")
+            if openers.get(name, 0) == candidates[name] and not gazetteer_gender(name):
                 continue
             low = lower.get(name.lower(), 0)
             m = mid.get(name, 0)
