@@ -123,13 +123,13 @@ def test_empty_and_short_input():
     assert len(r.zettels) == 1 and r.meta["warnings"]
 
 
-def test_date_option_accepts_date_objects_and_warns_on_garbage():
+def test_date_option_accepts_date_objects_and_refuses_garbage():
     import datetime
 
     r = compress(PROSE, date=datetime.date(2023, 5, 8))
     assert r.meta["date"] == "2023-05-08"
-    r = compress(PROSE, date="sometime soon")
-    assert any("date option" in w for w in r.meta["warnings"])
+    with pytest.raises(ValidationError):
+        compress(PROSE, date="sometime soon")
 
 
 UNICODE_TEXT = (
