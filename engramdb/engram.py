@@ -468,7 +468,7 @@ class Engram:
         if "created_at" not in data:
             data["created_at"] = now_ts(now)
         data.setdefault("last_accessed", data["created_at"])
-        return Node(**data)
+        return Node.from_fields(data)
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """Store one memory and return its id.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from collections.abc import Mapping
 from typing import Any
 
@@ -247,6 +247,27 @@ class Node:
         return out
 
     @classmethod
+    def from_fields(cls, data: Mapping[str, Any]) -> "Node":
+        """``Node(**data)``, validated the same way, about twice as fast (for bulk adds):
+        the fields are set in one dict update instead of one ``object.__setattr__`` each.
+
+        Raises:
+            ValidationError: ``id`` is missing, a key is not a field, or a value is invalid.
+        """
+        if "id" not in data:
+            raise ValidationError("id must be a non-empty string")
+        if not _FIELD_SET.issuperset(data):
+            raise ValidationError(f"unknown node fields: {', '.join(sorted(set(data) - _FIELD_SET))}")
+        node = cls.__new__(cls)
+        values = node.__dict__
+        values.update(_FIELD_DEFAULTS)  # every field, in declaration order
+        for name, factory in _FIELD_FACTORIES:
+            values[name] = factory()
+        values.update(data)
+        node.__post_init__()
+        return node
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Node":
         """Inverse of :meth:`to_dict`; unknown keys raise :class:`ValidationError`."""
         known = {f.name for f in fields(cls)}
@@ -257,6 +278,9 @@ class Node:
 
 
 NODE_FIELDS = tuple(f.name for f in fields(Node))
+_FIELD_SET = frozenset(NODE_FIELDS)
+_FIELD_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(Node)}
+_FIELD_FACTORIES = tuple((f.name, f.default_factory) for f in fields(Node) if f.default_factory is not MISSING)
 
 
 @dataclass(frozen=True)

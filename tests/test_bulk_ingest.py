@@ -6,16 +6,17 @@ import hmac
 import os
 
 import pytest
-from conftest import NOW
+from conftest import NOW, nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engramdb import codec
 from engramdb.crypto import HmacSha256, Sealer
-from engramdb.errors import DuplicateIdError
+from engramdb.errors import DuplicateIdError, ValidationError
 from engramdb.index.bm25 import TermDocs, count_postings
 from engramdb.index import tokenize as tk
 from engramdb.index.tokenize import Tokenizer
+from engramdb.records import NODE_FIELDS, Node
 
 WORDS = ["Running", "runs", "the", "Café", "naïve", "ÉCOLE", "東京", "x", "42", "it's", "New-York", "and",
          "ＦＵＬＬ", "ﬁle", "über", "MOVED", "a", "I", "dog_s", "\x00", "ab\x00cd", "\t\n", "Ⅻ", "ǅ", "İstanbul"]
@@ -135,3 +136,16 @@ def test_add_many_through_map_growth_replays_batches(make_db):
     assert db._store.env_info()["map_size"] > grown and len(db) == 8000
     assert db.get(ids[2999]).content == texts[2999]
     assert db.verify() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes())
+def test_node_from_fields_equals_the_constructor(node):
+    data = {name: getattr(node, name) for name in NODE_FIELDS}
+    built = Node.from_fields(data)
+    assert built == Node(**data) and list(vars(built)) == list(vars(node))
+    assert Node.from_fields({"id": "a"}) == Node(id="a")
+    with pytest.raises(ValidationError):
+        Node.from_fields({"content": "no id"})
+    with pytest.raises(ValidationError):
+        Node.from_fields({"id": "a", "colour": "red"})
