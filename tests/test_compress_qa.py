@@ -170,3 +170,70 @@ def test_locomo_conversation_has_no_interjection_entities():
     entities = {e for z in compress(text).zettels for e in z.entities}
     assert not entities & {"Glad", "Bye", "Whoa", "Woah", "Woohoo", "Yay", "Aww", "Nah", "Oops", "Phew"}
     assert {"Caroline", "Melanie", "Mel", "Oliver", "Oscar", "Luna", "Sweden"} <= entities
+
+
+# --- 3. chat chunks start and end at message boundaries ------------------------------
+
+
+def _at_message_start(src: str, offset: int) -> bool:
+    return not src[src.rfind("\n", 0, offset) + 1:offset].strip()
+
+
+def _at_message_end(src: str, offset: int) -> bool:
+    nl = src.find("\n", offset)
+    return not src[offset:len(src) if nl == -1 else nl].strip()
+
+
+@pytest.mark.parametrize("conv", [0, 1])
+@pytest.mark.parametrize("size, overlap", [(800, 100), (300, 120), (1500, 0)])
+def test_locomo_chunks_start_and_end_at_messages(conv, size, overlap):
+    text = _locomo_text(conv)
+    r = compress(text, chunk_size=size, chunk_overlap=overlap)
+    src = r.meta["source"]
+    longest = max(len(line) for line in src.split("\n"))
+    for z in r.zettels:
+        chunk = src[z.source_start:z.source_end]
+        assert chunk and chunk == chunk.strip()
+        if longest <= size:  # every message fits in a chunk: no chunk opens or closes inside one
+            assert _at_message_start(src, z.source_start), chunk[:60]
+            assert _at_message_end(src, z.source_end), chunk[-60:]
+    assert not any(src[z.source_start:].startswith("adoption agencies") for z in r.zettels)
+
+
+def test_a_message_longer_than_a_chunk_is_split_and_keeps_its_speaker():
+    long = "Melanie: " + " ".join(f"Sentence number {i} is about painting by the lake." for i in range(30))
+    text = "Caroline: I went to the support group yesterday.\n" + long + "\nCaroline: That sounds lovely."
+    r = compress(text, chunk_size=300, chunk_overlap=50)
+    src = r.meta["source"]
+    long_start = src.index("Melanie:")
+    long_end = long_start + len(long)
+    assert len(r.zettels) >= 4
+    for z in r.zettels:
+        assert src[z.source_start:z.source_end] == src[z.source_start:z.source_end].strip()
+        inside = long_start < z.source_start < long_end
+        # only the too-long message may be cut, and its pieces still name their speaker
+        assert _at_message_start(src, z.source_start) or inside
+        if inside:
+            assert "Melanie" in z.entities
+    first = r.zettels[0]
+    assert src[first.source_start:first.source_end] == "Caroline: I went to the support group yesterday."
+
+
+def test_chat_overlap_repeats_whole_messages():
+    lines = [f"{'Caroline' if k % 2 else 'Melanie'}: message {k} talks about pottery class and the beach."
+             for k in range(40)]
+    text = "\n".join(lines)
+    r = compress(text, chunk_size=400, chunk_overlap=150)
+    src = r.meta["source"]
+    assert len(r.zettels) > 3
+    assert all(_at_message_start(src, z.source_start) and _at_message_end(src, z.source_end) for z in r.zettels)
+    # some overlap survives (whole messages are repeated)
+    assert any(b.source_start < a.source_end for a, b in zip(r.zettels, r.zettels[1:]))
+
+
+def test_prose_chunking_is_unchanged_by_the_chat_rule():
+    prose = " ".join(f"The committee met on day {k} and talked about bridges." for k in range(60))
+    r = compress(prose, chunk_size=200, chunk_overlap=40)
+    src = r.meta["source"]
+    # prose overlap still snaps to word starts inside a line
+    assert any(not _at_message_start(src, z.source_start) for z in r.zettels)

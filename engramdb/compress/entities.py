@@ -48,6 +48,7 @@ __all__ = [
     "chunk_entities",
     "code_candidates",
     "gazetteer_gender",
+    "message_speaker",
     "resolve_coreferences",
 ]
 
@@ -262,6 +263,19 @@ class EntityEvidence:
                 if v["female"] != v["male"]:
                     gender[name] = "female" if v["female"] > v["male"] else "male"
         return cls(frozenset(accepted), speakers, gender, aliases)
+
+
+def message_speaker(text: str, offset: int, evidence: EntityEvidence) -> str | None:
+    """The speaker of the chat message that ``offset`` falls inside, past its label: a
+    chunk that continues a message cut in two still names who is talking."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    if line_start == offset:
+        return None
+    m = _SPEAKER.match(text, line_start)
+    if m is None or m.end() > offset:
+        return None
+    name = evidence.aliases.get(m[1], m[1])
+    return name if name in evidence.speakers and name in evidence.accepted else None
 
 
 def chunk_entities(

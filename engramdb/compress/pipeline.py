@@ -4,7 +4,8 @@ The pipeline (spec/compress.md):
 
 1. normalize the text (NFC, LF line breaks) and scan it once for dates and session
    headers and for entity evidence;
-2. chunk it on paragraph boundaries (session headers always start a chunk);
+2. chunk it on paragraph boundaries, in chat on message boundaries (session headers
+   always start a chunk);
 3. per chunk: entities (+ pronoun coreference), topics, quote, flags, emotions, raw
    weight and resolved date;
 4. optionally merge near-duplicates (``dedupe``);
@@ -18,7 +19,14 @@ from typing import Any, Iterable, Sequence
 from ..errors import ValidationError
 from ..records import CompressResult, EntityIndex, Zettel
 from .dates import DateIndex, PartialDate
-from .entities import EntityEvidence, assign_codes, build_entity_index, chunk_entities, resolve_coreferences
+from .entities import (
+    EntityEvidence,
+    assign_codes,
+    build_entity_index,
+    chunk_entities,
+    message_speaker,
+    resolve_coreferences,
+)
 from .links import build_tunnels, dedupe_zettels
 from .normalize import TextChunk, chunk_text, normalize_text, tokenize
 from .options import CompressOptions, parse_options
@@ -78,6 +86,11 @@ def analyze(
     tokens = [tokenize(c.text) for c in chunks]
     lower_sets = [set(low) for _, low in tokens]
     named = [chunk_entities(c.text, evidence, opts.min_entity_frequency, raw) for c, (raw, _) in zip(chunks, tokens)]
+    for names, chunk in zip(named, chunks):
+        # a chunk that continues a message too long for one chunk keeps its speaker
+        who = message_speaker(normalized, chunk.start, evidence)
+        if who is not None and who not in names:
+            names.insert(0, who)
     if gender is not None:
         gender.update(evidence.gender)
     entities, recent_out = resolve_coreferences(
