@@ -4,9 +4,14 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engramdb.aaak import decrypt_dump, encrypt_dump
 from engramdb.compress import CompressStream, compress, estimate_tokens, inject_context
@@ -237,3 +242,38 @@ def test_prose_chunking_is_unchanged_by_the_chat_rule():
     src = r.meta["source"]
     # prose overlap still snaps to word starts inside a line
     assert any(not _at_message_start(src, z.source_start) for z in r.zettels)
+
+
+SPEAKER = st.sampled_from(["Caroline", "Melanie", "Jon", "Émile"])
+MESSAGE = st.text(alphabet=st.sampled_from(list("abc défg hij. kl, mnö! ") + ["漢", "🎉", " "]), min_size=1,
+                  max_size=120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(SPEAKER, MESSAGE), min_size=2, max_size=25), st.integers(20, 400), st.integers(0, 150))
+def test_chat_chunk_offsets_are_exact_and_on_messages(messages, size, overlap):
+    text = "\n".join(f"{who}: {what}" for who, what in messages)
+    overlap = min(overlap, size - 1)
+    r = compress(text, chunk_size=size, chunk_overlap=overlap)
+    src = r.meta["source"]
+    fits = max(len(line) for line in src.split("\n")) <= size
+    for z in r.zettels:
+        chunk = src[z.source_start:z.source_end]
+        assert chunk and chunk == chunk.strip()
+        if fits:
+            assert _at_message_start(src, z.source_start) and _at_message_end(src, z.source_end)
+
+
+def test_chat_compress_is_byte_identical_across_hash_seeds():
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import test_compress_qa as t; "
+        "from engramdb.compress import compress, result_to_json; "
+        "sys.stdout.write(result_to_json(compress(t._locomo_text(0), chunk_size=500, chunk_overlap=120)))"
+    )
+    outs = []
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
+                              capture_output=True, check=True)
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] and len(outs[0]) > 1000
