@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import gc
 import hashlib
 import operator
 import os
@@ -152,6 +153,23 @@ def _write_header(txn: Txn, header: Mapping[str, Any]) -> None:
     txn.put_header(b"header", data)
     txn.put_header(b"header.bak", data)
     txn.put_header(b"header.sha256", hashlib.sha256(data).digest())
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector during a bulk write, restoring its previous state.
+
+    A batch makes hundreds of thousands of long-lived objects and no reference cycles; the
+    collector would re-traverse the whole growing heap each time it grows by a quarter
+    (measured: ~10% of add_many's time on 100k memories).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- the facade ----------------------------------------------------------------------
@@ -496,15 +514,15 @@ class Engram:
         Raises:
             DuplicateIdError: an id exists already or repeats in ``items``.
         """
-        nodes = [self._build(item, {}, now) for item in items]
-
         def put_all(txn: Txn) -> list[str]:
             with self._batched(txn) as tx:
                 return tx.put_new_many(nodes)
 
-        # records, ids and postings take a few times the text: grow the map once, up front
-        reserve = sum(3 * len(node.content) + 512 for node in nodes)
-        return self._store.write(put_all, reserve=reserve)
+        with _gc_paused():
+            nodes = [self._build(item, {}, now) for item in items]
+            # records, ids and postings take a few times the text: grow the map once, up front
+            reserve = sum(3 * len(node.content) + 512 for node in nodes)
+            return self._store.write(put_all, reserve=reserve)
 
     @contextlib.contextmanager
     def _batched(self, txn: Txn) -> Iterator["Transaction"]:

@@ -149,3 +149,20 @@ def test_node_from_fields_equals_the_constructor(node):
         Node.from_fields({"content": "no id"})
     with pytest.raises(ValidationError):
         Node.from_fields({"id": "a", "colour": "red"})
+
+
+def test_add_many_restores_the_garbage_collector_state(tmp_engram):
+    import gc
+
+    assert gc.isenabled()
+    tmp_engram.add_many(["one", "two"], now=NOW)
+    assert gc.isenabled()
+    with pytest.raises(DuplicateIdError):
+        tmp_engram.add_many([{"id": "z", "content": "a"}, {"id": "z", "content": "b"}], now=NOW)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tmp_engram.add_many(["three"], now=NOW)
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
