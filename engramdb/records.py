@@ -78,7 +78,10 @@ def _finite(name: str, value: Any) -> float:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float range, e.g. 10**400
+        raise ValidationError(f"{name} is too large to be a number ({str(value)[:20]}...)") from None
     if not math.isfinite(value):
         raise ValidationError(f"{name} must be finite, got {value}")
     return value
@@ -197,6 +200,9 @@ class Node:
             value = d[name]
             if value.__class__ is not float or not math.isfinite(value):
                 d[name] = _finite(name, value)
+        if not 0.0 <= d["importance"] <= 1.0:  # decay divides by (1 + 2 * importance)
+            raise ValidationError(f"importance must be between 0 and 1, got {d['importance']}",
+                                  hint="0 is the least important, 1 the most; the default is 0.5")
         for name in ("source_start", "source_end"):
             if d[name] is not None:
                 d[name] = _opt_int(name, d[name])

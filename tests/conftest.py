@@ -85,7 +85,7 @@ def nodes(draw) -> Node:
         source_start=draw(st.none() | st.integers(0, 2**63 - 1)),
         source_end=draw(st.none() | st.integers(0, 2**63 - 1)),
         resolved_date=draw(st.none() | _text), tier=draw(st.sampled_from(TIERS)),
-        importance=draw(_floats), created_at=draw(_floats), last_accessed=draw(_floats),
+        importance=draw(st.floats(0, 1)), created_at=draw(_floats), last_accessed=draw(_floats),
         access_count=draw(st.integers(0, 2**63 - 1)), pinned=draw(st.booleans()), tags=draw(_texts),
         source=draw(_text), metadata=draw(st.dictionaries(_text, metadata_values, max_size=5)),
         embeddings=draw(st.dictionaries(st.text(min_size=1, max_size=10),

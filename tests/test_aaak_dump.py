@@ -64,7 +64,7 @@ def nodes(draw, node_id: str, spaces: list[dict]) -> Node:
         source_end=draw(st.none() | st.integers(0, 10**6)),
         resolved_date=draw(st.none() | TEXT),
         tier=draw(st.sampled_from(TIERS)),
-        importance=draw(FINITE),
+        importance=draw(st.floats(0, 1)),
         created_at=draw(FINITE),
         last_accessed=draw(FINITE),
         access_count=draw(st.integers(0, 2**70)),

@@ -35,7 +35,7 @@ def stores(draw):
     for id_ in ids:
         nodes.append(dict(
             id=id_, content=draw(text), tags=draw(st.lists(text, max_size=3)), quote=draw(text),
-            weight=draw(finite), importance=draw(finite), created_at=draw(finite), last_accessed=draw(finite),
+            weight=draw(finite), importance=draw(st.floats(0, 1)), created_at=draw(finite), last_accessed=draw(finite),
             access_count=draw(st.integers(0, 2**40)), pinned=draw(st.booleans()),
             tier=draw(st.sampled_from(engramdb.TIERS)), source=draw(text),
             flags=draw(st.lists(st.sampled_from(engramdb.ALL_FLAGS), unique=True, max_size=2)),

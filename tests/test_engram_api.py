@@ -192,3 +192,14 @@ def test_verify_fix_rebuilds_the_id_map(make_db):
     assert any(p.kind == "ids" for p in problems)
     db.verify(fix=True)
     assert db.verify() == [] and db.get("n3").content == "3"
+
+
+@pytest.mark.parametrize("importance", [-0.1, 1.5, 10**400])
+def test_importance_must_be_between_0_and_1(make_db, importance):
+    """Regression: importance=5.0 was stored (decay divides by 1 + 2 * importance), and
+    10**400 raised a bare OverflowError."""
+    db = make_db()
+    with pytest.raises(ValidationError) as info:
+        db.add("x", importance=importance)
+    assert info.value.hint
+    assert db.get(db.add("y", importance=1)).importance == 1.0

@@ -193,7 +193,7 @@ def export_nodes(draw):
             flags=draw(st.lists(st.sampled_from(ALL_FLAGS), max_size=2)),
             emotions=draw(st.lists(st.sampled_from(ALL_EMOTIONS), max_size=2)),
             source_start=draw(st.none() | st.integers(0, 99)), resolved_date=draw(st.none() | TEXT),
-            tier=draw(st.sampled_from(TIERS)), importance=draw(st.floats(allow_nan=False, allow_infinity=False)),
+            tier=draw(st.sampled_from(TIERS)), importance=draw(st.floats(0, 1)),
             created_at=draw(st.floats(allow_nan=False, allow_infinity=False)),
             last_accessed=draw(st.floats(-1e10, 1e10)), access_count=draw(st.integers(0, 10**6)),
             pinned=draw(st.booleans()), tags=draw(st.lists(TEXT, max_size=2)), source=draw(TEXT),
