@@ -196,3 +196,13 @@ def test_local_model_embedder_never_downloads(monkeypatch):
     assert calls == [("/models/minilm", {"local_files_only": True})]
     with pytest.raises(EmbeddingError, match="not available locally"):
         LocalModelEmbedder("missing")(["a"])
+
+
+def test_forced_merge_of_a_space_whose_only_block_was_deleted(make_db):
+    """Regression (found by the stateful test): add one memory to an auto space, delete it,
+    then merge(force=True) raised numpy's 'need at least one array to concatenate'."""
+    db = make_db()
+    db.add_space("hashed", dims=16)
+    db.delete(db.add("lonely memory"))
+    db.merge_indexes(force=True)
+    assert db.recall("lonely") == [] and db.verify() == []

@@ -496,8 +496,8 @@ class VectorIndex:
             plan = sorted(d.blocks) if everything else plan_merge({b: [n, 0] for b, n in d.blocks.items()}, {})
             if plan is None and d.dead_docs.size * 2 > rows and len(d.blocks) > 0:
                 plan = sorted(d.blocks)  # mostly tombstones: rewrite everything
-            if plan is None or (max_rows is not None and sum(d.blocks[b] for b in plan) > max_rows):
-                break
+            if not plan or (max_rows is not None and sum(d.blocks[b] for b in plan) > max_rows):
+                break  # nothing to merge (a forced merge of a space with no blocks left included)
             docs, mats = [], []
             for blockno in plan:
                 docnos, matrix = self._block(txn, name, prefix, blockno)
