@@ -204,5 +204,6 @@ def test_forced_merge_of_a_space_whose_only_block_was_deleted(make_db):
     db = make_db()
     db.add_space("hashed", dims=16)
     db.delete(db.add("lonely memory"))
+    db.delete(db.add(""))  # the stateful test's example: an empty memory
     db.merge_indexes(force=True)
     assert db.recall("lonely") == [] and db.verify() == []
