@@ -18,6 +18,7 @@ import os
 import struct
 import unicodedata
 from dataclasses import dataclass
+from typing import Iterable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -202,6 +203,18 @@ class HmacSha256:
         outer.update(inner.digest())
         return outer.digest()
 
+    def digests(self, msgs: "Iterable[bytes]") -> list[bytes]:
+        """:meth:`digest` of each message (one Python call for a batch)."""
+        out = []
+        inner_copy, outer_copy = self._inner.copy, self._outer.copy
+        for msg in msgs:
+            inner = inner_copy()
+            inner.update(msg)
+            outer = outer_copy()
+            outer.update(inner.digest())
+            out.append(outer.digest())
+        return out
+
 
 class Sealer:
     """Seals and opens values of one store; holds the DEK-derived subkeys.
@@ -223,8 +236,8 @@ class Sealer:
                 raise ValidationError("a plaintext store needs its blind key")
             self._blind_key = plain_blind_key
             self.state_key = hashlib.sha256(b"engramdb/v1/state" + plain_blind_key).digest()
-        self._blind_mac = HmacSha256(self._blind_key).digest
-        self._state_mac = HmacSha256(self.state_key).digest
+        self._blind_hmac = HmacSha256(self._blind_key)
+        self._state_hmac = HmacSha256(self.state_key)
 
     def _cipher(self, epoch: int, *, remember: bool = True) -> AESGCM:
         cipher = self._ciphers.get(epoch)
@@ -252,12 +265,13 @@ class Sealer:
         header = _ENV_HEADER.pack(ENVELOPE_VERSION, epoch)
         prefix = _aad_prefix(table)
         encrypt = self._cipher(epoch).encrypt
-        u16, join = _U16.pack, b"".join
         nonces = os.urandom(NONCE_BYTES * len(items))
+        # the AAD's part before the key, per key length (a table's keys mostly share one)
+        heads = {n: prefix + _U16.pack(n) for n in {len(key) for key, _ in items}}
         out = []
         for i, (key, plaintext) in enumerate(items):
             nonce = nonces[i * NONCE_BYTES:(i + 1) * NONCE_BYTES]
-            out.append(join((header, nonce, encrypt(nonce, plaintext, join((prefix, u16(len(key)), key, header))))))
+            out.append(header + nonce + encrypt(nonce, plaintext, heads[len(key)] + key + header))
         return out
 
     def _seal_with_nonce(self, table: bytes, key: bytes, plaintext: bytes, epoch: int, nonce: bytes) -> bytes:
@@ -297,13 +311,19 @@ class Sealer:
 
     def blind(self, purpose: bytes, value: bytes) -> bytes:
         """HMAC-SHA256(blind key, purpose NUL value)[:16]: a stable, unreadable index key."""
-        return self._blind_mac(purpose + b"\x00" + value)[:16]
+        return self._blind_hmac.digest(purpose + b"\x00" + value)[:16]
+
+    def blind_many(self, purpose: bytes, values: "Iterable[bytes]") -> list[bytes]:
+        """:meth:`blind` of each value."""
+        head = purpose + b"\x00"
+        return [mac[:16] for mac in self._blind_hmac.digests([head + value for value in values])]
 
     def state_term(self, table: bytes, key: bytes, envelope: bytes) -> int:
         """This entry's term of the additive per-table state digest (reliability rule 38)."""
-        return int.from_bytes(self._state_mac(table + b"\x00" + key + hashlib.sha256(envelope).digest()), "big")
+        return self.state_terms(table, [(key, envelope)])
 
     def state_terms(self, table: bytes, pairs: "list[tuple[bytes, bytes]]") -> int:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table (not reduced)."""
-        mac, sha, prefix = self._state_mac, hashlib.sha256, table + b"\x00"
-        return sum(int.from_bytes(mac(prefix + key + sha(envelope).digest()), "big") for key, envelope in pairs)
+        sha, prefix, from_bytes = hashlib.sha256, table + b"\x00", int.from_bytes
+        macs = self._state_hmac.digests([prefix + key + sha(envelope).digest() for key, envelope in pairs])
+        return sum(from_bytes(mac, "big") for mac in macs)

@@ -466,7 +466,11 @@ class Engram:
     def _id_key(self, id: str) -> bytes:
         if not isinstance(id, str) or not id:
             raise ValidationError("an id must be a non-empty string")
-        return self._store.blind(b"id", id.encode("utf-8", "surrogatepass"))
+        return self._id_keys([id])[0]
+
+    def _id_keys(self, ids: list[str]) -> list[bytes]:
+        """The blind keys of already validated ids (node ids)."""
+        return self._store.blind_many(b"id", [id.encode("utf-8", "surrogatepass") for id in ids])
 
     @staticmethod
     def _build(item: Node | str | Mapping[str, Any], fields: Mapping[str, Any], now: float | None) -> Node:
@@ -907,7 +911,7 @@ class Transaction:
         Raises:
             DuplicateIdError: an id exists already or repeats in ``nodes``.
         """
-        id_keys = [self._engram._id_key(node.id) for node in nodes]
+        id_keys = self._engram._id_keys([node.id for node in nodes])
         seen: set[bytes] = set()
         for node, id_key in zip(nodes, id_keys):
             if id_key in seen or self._txn.contains("ids", id_key):

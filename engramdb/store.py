@@ -807,6 +807,10 @@ class Store:
         """The blind-index key of ``value`` (16 bytes)."""
         return self.sealer.blind(purpose, value)
 
+    def blind_many(self, purpose: bytes, values: list[bytes]) -> list[bytes]:
+        """:meth:`blind` of each value."""
+        return self.sealer.blind_many(purpose, values)
+
     # -- transactions ----------------------------------------------------------------------
     @contextlib.contextmanager
     def read(self) -> Iterator[Txn]:

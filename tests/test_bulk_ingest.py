@@ -64,7 +64,19 @@ def test_term_docs_from_tokenizer_invert_like_pairs(batch):
 @settings(max_examples=100, deadline=None)
 @given(st.binary(min_size=0, max_size=100), st.binary(max_size=200))
 def test_hmac_sha256_equals_hmac_digest(key, msg):
-    assert HmacSha256(key).digest(msg) == hmac.digest(key, msg, "sha256")
+    mac = HmacSha256(key)
+    assert mac.digest(msg) == hmac.digest(key, msg, "sha256")
+    assert mac.digests([msg, b"", msg + b"x"]) == [hmac.digest(key, m, "sha256") for m in (msg, b"", msg + b"x")]
+
+
+def test_blind_many_and_state_terms_equal_one_at_a_time():
+    sealer = Sealer(os.urandom(32))
+    values = [b"", b"a", os.urandom(40)]
+    assert sealer.blind_many(b"id", values) == [sealer.blind(b"id", v) for v in values]
+    pairs = [(b"k%d" % i, os.urandom(30 + i)) for i in range(5)]
+    assert sealer.state_terms(b"ids", pairs) == sum(sealer.state_term(b"ids", k, e) for k, e in pairs)
+    assert sealer.state_term(b"ids", b"k", b"e") == int.from_bytes(
+        hmac.digest(sealer.state_key, b"ids\x00k" + __import__("hashlib").sha256(b"e").digest(), "sha256"), "big")
 
 
 @pytest.mark.parametrize("encrypted", [True, False])

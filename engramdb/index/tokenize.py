@@ -249,10 +249,11 @@ class Tokenizer:
         rank = {t: i for i, t in enumerate(terms)}
         kinds = [_SEP_ID if w == _SEP_TEXT else rank[stems[w]] if w in stems else _DROP for w in words]
         mapped = np.asarray(kinds, dtype=np.int64)[raw_ids]
-        doc_index = np.cumsum(mapped == _SEP_ID)
-        keep = mapped >= 0
-        lengths = np.bincount(doc_index[keep], minlength=len(pieces)).astype(np.int64)
-        return terms, mapped[keep], lengths
+        kept = np.flatnonzero(mapped >= 0)
+        # a text's length: the kept tokens between its separators
+        ends = np.searchsorted(kept, np.flatnonzero(mapped == _SEP_ID))
+        lengths = np.diff(ends, prepend=0, append=kept.size) if pieces else np.zeros(0, np.int64)
+        return terms, mapped[kept], lengths.astype(np.int64)
 
     def _normal_lower(self, text: str) -> str:
         if self.normalize:
