@@ -544,19 +544,23 @@ class Txn:
         if envelope is not None:
             self._put_envelopes(table, [(key, envelope)], digest=digest)
             return True
+        return self._delete_envelope(table, key, self._ltxn.get(key, db=self.store._env.dbs[table]), digest=digest)
+
+    def _delete_envelope(self, table: str, key: bytes, old: bytes | None, *, digest: bool = True) -> bool:
+        """Delete (table, key) whose stored envelope is ``old`` (None: absent, nothing to do)."""
+        if old is None:
+            return False
         db = self.store._env.dbs[table]
         if digest:
-            old = self._ltxn.get(key, db=db)
-            if old is not None:
-                self._digest_update(table, [], [(key, old)])
-        self._log.append((table, key, envelope))
+            self._digest_update(table, [], [(key, old)])
+        self._log.append((table, key, None))
         while True:
             try:
                 return self._ltxn.delete(key, db=db)
             except lmdb.MapFullError:
                 self._log.pop()
                 self._regrow_and_replay()
-                self._log.append((table, key, envelope))
+                self._log.append((table, key, None))
 
     def _put_envelopes(self, table: str, pairs: list[tuple[bytes, bytes]], *, digest: bool = True) -> None:
         """Store ``(key, envelope)`` pairs in order, keeping the table's state digest.
@@ -600,7 +604,7 @@ class Txn:
         terms = self.store.sealer.state_terms
         tname = table.encode()
         entry[0] += len(added) - len(removed)
-        entry[1] = (entry[1] + terms(tname, added) - terms(tname, removed)) % 2**256
+        entry[1] = (entry[1] + (terms(tname, added) if added else 0) - (terms(tname, removed) if removed else 0)) % 2**256
 
     def _require_write(self) -> None:
         if not self.write:
@@ -680,9 +684,39 @@ class Txn:
     def delete(self, table: str, key: bytes) -> bool:
         """Remove (table, key); True when it existed."""
         self._require_write()
-        if self._ltxn.get(key, db=self.store._env.dbs[table]) is None:
-            return False
         return self._put_envelope(table, key, None, digest=table != "meta")
+
+    def pop_many(self, table: str, keys: list[bytes]) -> list[bytes | None]:
+        """:meth:`pop` for many keys: their plaintexts (None where absent), in order.
+
+        Raises:
+            DecryptionError: a stored value does not authenticate (nothing is removed).
+        """
+        self._require_write()
+        db = self.store._env.dbs[table]
+        get, open_, tname = self._ltxn.get, self.store.sealer.open, table.encode()
+        raws = [get(key, db=db) for key in keys]
+        plaintexts = [None if raw is None else open_(tname, key, raw) for key, raw in zip(keys, raws)]
+        removed = list({key: raw for key, raw in zip(keys, raws) if raw is not None}.items())  # a repeat once
+        for key, raw in removed:
+            self._delete_envelope(table, key, raw, digest=False)
+        if table != "meta":
+            self._digest_update(table, [], removed)
+        return plaintexts
+
+    def pop(self, table: str, key: bytes) -> bytes | None:
+        """Remove (table, key) and return its plaintext; None when it did not exist.
+
+        Raises:
+            DecryptionError: the stored value does not authenticate (nothing is removed).
+        """
+        self._require_write()
+        raw = self._ltxn.get(key, db=self.store._env.dbs[table])
+        if raw is None:
+            return None
+        plaintext = self.store.sealer.open(table.encode(), key, raw)
+        self._delete_envelope(table, key, raw, digest=table != "meta")
+        return plaintext
 
     def items(self, table: str, prefix: bytes = b"", *, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """(key, plaintext) pairs in key order, restricted to ``prefix``, from ``start`` on."""

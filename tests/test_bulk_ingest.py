@@ -178,3 +178,14 @@ def test_add_many_restores_the_garbage_collector_state(tmp_engram):
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+def test_pop_many_returns_and_removes_with_digests(tmp_engram):
+    store = tmp_engram._store
+    store.write(lambda txn: txn.insert_many("sources", [(b"k%d" % i, b"v%d" % i) for i in range(6)]))
+    got = store.write(lambda txn: txn.pop_many("sources", [b"k1", b"nope", b"k4", b"k1"]))
+    assert got == [b"v1", None, b"v4", b"v1"]  # a repeated key: read before anything is removed
+    assert store.write(lambda txn: txn.pop("sources", b"k2")) == b"v2"
+    with store.read() as txn:
+        assert [k for k, _ in txn.items("sources")] == [b"k0", b"k3", b"k5"]
+    assert tmp_engram.verify() == []

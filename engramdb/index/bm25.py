@@ -788,30 +788,38 @@ class SegmentedBM25:
         order = np.argsort(docnos, kind="stable")
         docnos, lens = docnos[order], lens[order]
         new = d.next if docnos.size else None
-        new_blinds = []
-        for blind in sorted(blinds):
-            parts_d, parts_t = [], []
-            for segno in segnos:
-                key = blind + _SEG.pack(segno)
-                data = txn.get("postings", key)
+        # Every old block is read and removed; the live postings of all terms are gathered
+        # into flat columns (term rank, docno, tf) and encoded in one encode_blocks call.
+        ordered = sorted(blinds)
+        suffixes = [_SEG.pack(segno) for segno in segnos]
+        deads = [d.dead.get(segno) for segno in segnos]
+        per_term = np.zeros(len(ordered), dtype=np.int64)
+        parts_d, parts_t = [], []
+        datas = iter(txn.pop_many("postings", [blind + suffix for blind in ordered for suffix in suffixes]))
+        for j in range(len(ordered)):
+            for dead in deads:
+                data = next(datas)
                 if data is None:
                     continue
-                txn.delete("postings", key)
                 pd, pt = decode_block(data)
-                dead = d.dead.get(segno)
                 if dead is not None and dead.size:
                     keep = ~np.isin(pd, dead)
                     pd, pt = pd[keep], pt[keep]
+                per_term[j] += pd.size
                 parts_d.append(pd)
                 parts_t.append(pt)
-            if new is None or not parts_d:
-                continue
-            pd = np.concatenate(parts_d)
-            if not pd.size:
-                continue
-            order = np.argsort(pd, kind="stable")
-            txn.put("postings", blind + _SEG.pack(new), encode_block(pd[order], np.concatenate(parts_t)[order]))
-            new_blinds.append(blind)
+        new_blinds = []
+        if new is not None and parts_d:
+            col_d = np.concatenate(parts_d)
+            col_t = np.concatenate(parts_t)
+            col_term = np.repeat(np.arange(len(ordered)), per_term)
+            order = np.lexsort((col_d, col_term))  # by term, then docno
+            present = np.flatnonzero(per_term)
+            bounds = np.concatenate(([0], np.cumsum(per_term[present])))
+            blocks = encode_blocks(col_d[order], col_t[order], bounds)
+            new_blinds = [ordered[j] for j in present.tolist()]
+            suffix = _SEG.pack(new)
+            txn.insert_many("postings", [(blind + suffix, block) for blind, block in zip(new_blinds, blocks)])
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
             txn.delete("segments", _seg_key(b"v", segno))
