@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import os
 
+import numpy as np
 import pytest
 from conftest import NOW, nodes
 from hypothesis import given, settings
@@ -189,3 +190,30 @@ def test_pop_many_returns_and_removes_with_digests(tmp_engram):
     with store.read() as txn:
         assert [k for k, _ in txn.items("sources")] == [b"k0", b"k3", b"k5"]
     assert tmp_engram.verify() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 2**40), st.integers(1, 2**33)), max_size=40), max_size=8))
+def test_decode_blocks_equals_decode_block(raw_blocks):
+    from engramdb.index.bm25 import decode_block, decode_blocks, encode_block
+
+    blocks = []
+    for rows in raw_blocks:
+        rows = sorted(dict(rows).items())  # strictly increasing docnos
+        blocks.append(encode_block(np.asarray([r[0] for r in rows], np.uint64), np.asarray([r[1] for r in rows])))
+    docnos, values, counts = decode_blocks(blocks)
+    want = [decode_block(b) for b in blocks]
+    assert counts.tolist() == [w[0].size for w in want]
+    assert docnos.tolist() == [x for w in want for x in w[0].tolist()]
+    assert values.tolist() == [x for w in want for x in w[1].tolist()]
+
+
+def test_decode_blocks_rejects_what_decode_block_rejects():
+    from engramdb.errors import CorruptFileError
+    from engramdb.index.bm25 import decode_blocks, encode_block
+
+    good = encode_block(np.asarray([3, 9], np.uint64), np.asarray([1, 2]))
+    repeated = bytes([1]) + (2).to_bytes(4, "little") + bytes([1, 1, 3, 0, 1, 1])  # docno deltas 3, 0
+    for bad in (good[:3], good[:-1], b"\x09" + good[1:], good[:6] + b"\x00" + good[7:], repeated):
+        with pytest.raises(CorruptFileError):
+            decode_blocks([good, bad])
