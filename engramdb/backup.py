@@ -19,7 +19,6 @@ from .errors import (
     AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
     ValidationError,
 )
-from .index import iter_nodes
 from .records import Edge, Node
 
 __all__ = ["dump", "restore", "import_records", "SOURCE_META_PREFIX"]

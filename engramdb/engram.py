@@ -13,7 +13,7 @@ import hashlib
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from . import codec, crypto
 from .errors import (
@@ -23,6 +23,10 @@ from .errors import (
 )
 from .records import TIERS, Node, new_id, now_ts
 from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
+
+if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
+    from .index import Indexes
+    from .recall import Context, Hit
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
 

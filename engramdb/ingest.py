@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .compress import compress
 from .compress.entities import build_entity_index
-from .engram import Engram, Transaction
+from .engram import Engram
 from .errors import ValidationError
 from .index import iter_nodes
 from .records import CompressResult, Edge, Node, Tunnel, Zettel, now_ts
