@@ -320,7 +320,7 @@ class Sealer:
 
     def state_term(self, table: bytes, key: bytes, envelope: bytes) -> int:
         """This entry's term of the additive per-table state digest (reliability rule 38)."""
-        return self.state_terms(table, [(key, envelope)])
+        return int.from_bytes(self._state_hmac.digest(table + b"\x00" + key + hashlib.sha256(envelope).digest()), "big")
 
     def state_terms(self, table: bytes, pairs: "list[tuple[bytes, bytes]]") -> int:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table (not reduced)."""

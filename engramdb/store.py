@@ -521,7 +521,12 @@ class Txn:
         return docno
 
     def _seal(self, table: str, key: bytes, value: bytes) -> bytes:
-        return self._seal_many(table, [(key, value)])[0]
+        state = self.state  # the one-record case of _seal_many, without its batch set-up
+        if state.sealed >= self.store.epoch_limit:
+            state.epoch += 1
+            state.sealed = 0
+        state.sealed += 1
+        return self.store.sealer.seal(table.encode(), key, value, state.epoch)
 
     def _seal_many(self, table: str, items: list[tuple[bytes, bytes]]) -> list[bytes]:
         """Envelopes of ``items``, counting each seal against the epoch's limit."""
@@ -541,6 +546,19 @@ class Txn:
         return out
 
     def _put_envelope(self, table: str, key: bytes, envelope: bytes | None, *, digest: bool = True) -> bool:
+        if envelope is not None and not digest:  # header and meta values: no digest, no old value
+            self._log.append((table, key, envelope))
+            while True:
+                try:
+                    self._ltxn.put(key, envelope, db=self.store._env.dbs[table])
+                    return True
+                except lmdb.MapFullError:
+                    self._log.pop()
+                    self._regrow_and_replay()
+                    self._log.append((table, key, envelope))
+                except lmdb.BadValsizeError as exc:
+                    self._log.pop()
+                    raise _map_lmdb_error(exc, "write failed") from None
         if envelope is not None:
             self._put_envelopes(table, [(key, envelope)], digest=digest)
             return True
@@ -602,6 +620,10 @@ class Txn:
             return
         entry = self.state.digests.setdefault(table, [0, 0])
         terms = self.store.sealer.state_terms
+        if len(added) == 1 and not removed:  # a single put: skip the batch set-up
+            entry[0] += 1
+            entry[1] = (entry[1] + self.store.sealer.state_term(table.encode(), *added[0])) % 2**256
+            return
         tname = table.encode()
         entry[0] += len(added) - len(removed)
         entry[1] = (entry[1] + (terms(tname, added) if added else 0) - (terms(tname, removed) if removed else 0)) % 2**256
