@@ -12,6 +12,7 @@ import gc
 import hashlib
 import operator
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
@@ -167,13 +168,26 @@ def _gc_paused() -> Iterator[None]:
     collector would re-traverse the whole growing heap each time it grows by a quarter
     (measured: ~10% of add_many's time on 100k memories).
     """
-    enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pauses, _gc_was_enabled
+    # Threads may overlap: the first to enter pauses, the last to leave restores. Saving and
+    # restoring per call would let an inner call re-disable what an outer one re-enabled.
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = True
 
 
 # --- the facade ----------------------------------------------------------------------

@@ -203,3 +203,25 @@ def test_importance_must_be_between_0_and_1(make_db, importance):
         db.add("x", importance=importance)
     assert info.value.hint
     assert db.get(db.add("y", importance=1)).importance == 1.0
+
+
+def test_add_many_restores_the_garbage_collector_even_across_threads(make_db):
+    """add_many pauses the cyclic GC; overlapping calls from threads must leave it as found."""
+    import gc
+    import threading
+
+    db = make_db()
+    assert gc.isenabled()
+    threads = [threading.Thread(target=lambda n=n: db.add_many([f"t{n} memory {i}" for i in range(300)]))
+               for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert gc.isenabled() and len(db) == 1200
+    gc.disable()
+    try:
+        db.add_many(["while the caller keeps gc off"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
