@@ -99,13 +99,10 @@ def snapshot_id(txn: Any, fallback: Callable[[], int]) -> int:
 
     ``store.last_txnid()`` called after the transaction began may already be newer than the
     snapshot, and labelling a cache with it would serve stale data until the next commit.
-    LMDB's read-transaction id is the snapshot's own id; store.Txn does not expose it
-    publicly yet, hence the private attribute with a fallback.
+    ``fallback`` serves transaction objects without a snapshot id (test doubles).
     """
-    ltxn = getattr(txn, "_ltxn", None)
-    if ltxn is not None:
-        return int(ltxn.id())
-    return fallback()
+    snapshot = getattr(txn, "snapshot_id", None)
+    return int(snapshot) if snapshot is not None else fallback()
 
 
 def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
