@@ -736,6 +736,9 @@ class Engram:
             AlreadyOpenError: another handle or process has the file open.
         """
         self._store.compact()
+        # The compacted copy restarts LMDB's transaction ids, and the index caches are
+        # labelled with them: a later commit could reuse a cached label and serve stale postings.
+        self.__dict__.pop("_indexes", None)
 
     def verify(self, fix: bool = False) -> list[Problem]:
         """Check the whole file: structure, header, every value's authentication, records,

@@ -58,6 +58,7 @@ TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
 DATE_WEIGHT = 0.25
 HOP_WEIGHT = 0.6
+MIN_VECTOR_SCORE = 1e-5
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
 CANDIDATES_PER_K = 8
 MIN_CANDIDATES = 50
@@ -256,7 +257,10 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
             if qvec is None:
                 continue
             v_docs, v_scores = indexes.vectors.scores(txn, name, qvec)
-            positive = v_scores > 0  # no similarity at all is no evidence
+            # No similarity is no evidence. A cosine within float32 rounding of zero is no
+            # similarity either: its sign depends on how the matrix was blocked (incremental
+            # vs rebuilt), and counting it would make rankings depend on write history.
+            positive = v_scores > MIN_VECTOR_SCORE
             rankings.append((f"vector:{name}", ctx.ranking(v_docs[positive], v_scores[positive], limit)))
         hits = ctx.fuse(rankings, dates, top_k, explain)
     if touch and hits and not store.readonly:

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 import engramdb.engram as engram_mod
+from engramdb.crypto import KDFParams
 from engramdb.errors import ValidationError
 from engramdb.records import Edge
 from engramdb.recall import count_tokens
@@ -376,3 +377,45 @@ def test_recall_filters_accept_iso_date_strings(make_db):
     with pytest.raises(ValidationError) as info:
         db.recall("tea", after="last tuesday")
     assert "ISO" in str(info.value) and "after='2023-05-01'" in info.value.hint
+
+
+def test_recall_after_compact_never_serves_stale_cached_postings(make_db):
+    """Compaction restarts LMDB's transaction ids, which label the per-handle posting caches:
+    a cache built just before compacting could match the id of the first commit after it."""
+    db = make_db()
+    first = db.add("caroline apple painting apple apple melanie")
+    before = db._store.last_txnid()
+    assert [h.id for h in db.recall("apple")] == [first]  # caches labelled with `before`
+    db.compact()
+    while db._store.last_txnid() < before:  # walk the restarted ids up to the cached label
+        db.update(first, importance=0.5)
+    second = db.add("apple caroline apple nyc apple painting spouse")
+    assert sorted(h.id for h in db.recall("apple")) == sorted([first, second])
+
+
+def test_vector_scores_within_rounding_of_zero_are_no_evidence(tmp_path):
+    """Regression (found by the stateful test): a cosine of ~1e-8, whose sign depends on how
+    the vectors were blocked, counted as a vector hit after a rebuild but not incrementally."""
+    path = tmp_path / "v.engram"
+
+    def reopen(db=None):
+        if db is not None:
+            db.close()
+        return engram_mod.open(path, passphrase="pw", kdf=KDFParams.for_tests())
+
+    db = reopen()
+    db.add_space("h", dims=16)
+    db.add("caroline apple painting apple apple melanie 2023 apple painting wedding", id="m1")
+    db.add_many([{"id": f"m{i}", "content": ""} for i in range(2, 6)])
+    db = reopen(db)
+    db.add("apple caroline the 2023 apple nyc apple the painting spouse", id="m6")
+    db.add_many([{"id": f"m{i}", "content": c} for i, c in zip(range(7, 12), [
+        "apple the", "apple apple apple apple apple apple apple wedding apple apple",
+        "apple apple apple apple caroline spouse apple apple apple apple", "may apple apple", "apple spouse"])])
+    db = reopen(db)
+    db.delete("m6")
+    db.update("m1", content="apple sunrise apple apple apple pear 2023 apple spouse moving")
+    incremental = [(h.id, h.score) for h in db.recall("relocate nyc", top_k=6, hops=False)]
+    db._store.write(db.indexes.rebuild)  # every index rebuilt from the records
+    assert [(h.id, h.score) for h in db.recall("relocate nyc", top_k=6, hops=False)] == incremental
+    db.close()
