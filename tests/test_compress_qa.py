@@ -25,8 +25,8 @@ LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "l
 def _locomo_text(n: int) -> str:
     """LoCoMo conversation ``n`` as ``[date] Session N`` headers and ``Speaker: text`` lines
     (the shape tools/bench/bench_compress.py renders)."""
-    if not LOCOMO.exists():
-        pytest.fail(f"the LoCoMo fixture {LOCOMO} is missing")
+    if not LOCOMO.exists():  # the workplace's shared data sits beside the checkout (CI has it)
+        pytest.skip(f"the shared LoCoMo data {LOCOMO} is not beside this checkout")
     conv = json.loads(LOCOMO.read_text(encoding="utf-8"))[n]["conversation"]
     lines = []
     k = 1
