@@ -730,11 +730,14 @@ class Engram:
 
     # -- maintenance ----------------------------------------------------------------------
     def compact(self) -> None:
-        """Rewrite the file without free pages (atomic rename). Deleted data leaves the file.
+        """Rewrite the file without free pages (atomic rename). Deleted data leaves the file:
+        index segments are merged first, so deleted memories' postings and vector rows go too.
 
         Raises:
             AlreadyOpenError: another handle or process has the file open.
         """
+        if not self.readonly:
+            self.merge_indexes(max_steps=1_000_000, force=True)
         self._store.compact()
         # The compacted copy restarts LMDB's transaction ids, and the index caches are
         # labelled with them: a later commit could reuse a cached label and serve stale postings.

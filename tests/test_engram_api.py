@@ -225,3 +225,18 @@ def test_add_many_restores_the_garbage_collector_even_across_threads(make_db):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_compact_merges_away_a_deleted_memorys_postings(make_db):
+    """A deleted memory's terms stay in a large live segment (as tombstoned postings) until a
+    merge; compact() is the documented way to make deleted data leave the file."""
+    db = make_db()
+    ids = db.add_many(["zanzibar quokka secret"] + [f"keep memory {i}" for i in range(300)])
+    db.delete(ids[0])
+    term_key = db._store.blind(b"term", db.indexes.tokenizer("zanzibar")[0].encode())
+    with db._store.read() as txn:
+        assert any(k.startswith(term_key) for k in txn.keys("postings"))  # still in the segment
+    db.compact()
+    with db._store.read() as txn:
+        assert not any(k.startswith(term_key) for k in txn.keys("postings"))
+    assert db.recall("zanzibar") == [] and len(db) == 300
