@@ -1,6 +1,8 @@
 """Segmented BM25: block codec, scoring against bm25s (the oracle), merges, tombstones, caches."""
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
 from collections import Counter
@@ -381,9 +383,41 @@ def test_fast_top_equals_full_scores_with_ties(tmp_path_factory, corpus, query, 
         idx = _index(store, [(5 + 3 * i, toks) for i, toks in enumerate(corpus)],
                      [min(split, len(corpus)), max(0, len(corpus) - split)])
         with store.read() as txn:
-            fast_d, fast_s = idx.top(txn, query, k)
             full_d, full_s = top_k(*idx.scores(txn, query), k)
-        assert fast_d.tolist() == full_d.tolist()
-        assert fast_s.tolist() == full_s.tolist()  # bit-identical sums
+            for ratio in (0.0, bm.LOOKUP_RATIO, math.inf):  # always / sometimes / never probe the longest list
+                with _lookup_ratio(ratio):
+                    fast_d, fast_s = idx.top(txn, query, k)
+                assert fast_d.tolist() == full_d.tolist()
+                assert fast_s.tolist() == full_s.tolist()  # bit-identical sums
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def _lookup_ratio(ratio):
+    saved = bm.LOOKUP_RATIO
+    bm.LOOKUP_RATIO = ratio
+    try:
+        yield
+    finally:
+        bm.LOOKUP_RATIO = saved
+
+
+def test_cached_term_ranking_serves_any_depth(tmp_path):
+    """A term's best documents are cached TERM_TOP_CACHED deep; a deeper top() recomputes them."""
+    store = Store.open(tmp_path / "deep.engram")
+    store.sealer = Sealer(os.urandom(32))
+    try:
+        n = bm.TERM_TOP_CACHED * 3
+        docs = [(i + 1, ["common"] * (1 + i % 4) + ["filler"] * (i % 7) + (["rare"] if i % 5 == 0 else []))
+                for i in range(n)]
+        idx = _index(store, docs, [n // 2, n - n // 2])
+        with store.read() as txn:
+            for query in (["common"], ["common", "rare"], {"common": 0.5}):
+                for k in (3, bm.TERM_TOP_CACHED + 5, n + 10, 7):
+                    fast_d, fast_s = idx.top(txn, query, k)
+                    full_d, full_s = top_k(*idx.scores(txn, query), k)
+                    assert fast_d.tolist() == full_d.tolist()
+                    assert fast_s.tolist() == full_s.tolist()
     finally:
         store.close()
