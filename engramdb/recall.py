@@ -327,31 +327,26 @@ class _Run:
             ok = np.fromiter((self.node(int(d)) is not None for d in docnos), dtype=bool, count=docnos.size)
             docnos, scores = docnos[ok], scores[ok]
         docnos, scores = _top_k(docnos, scores, limit)
-        base = {int(d): float(s) for d, s in zip(docnos, scores)}
+        if not (self.hops and docnos.size and self.has_edges):
+            # nothing to spread: the ranking is the top itself, already (score desc, docno)
+            return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
+        base = dict(zip(docnos.tolist(), scores.tolist()))
+        moved = one_hop({d: self.neighbours(d) for d in base}, base)
         spread: dict[int, float] = {}
-        if self.hops and base and self.has_edges:
-            moved = one_hop({d: self.neighbours(d) for d in base}, base)
-            for d in sorted(moved):
-                if moved[d] > 0 and (d in base or self.node(d) is not None):
-                    spread[d] = HOP_WEIGHT * moved[d]
+        for d in sorted(moved):
+            if moved[d] > 0 and (d in base or self.node(d) is not None):
+                spread[d] = HOP_WEIGHT * moved[d]
         total = {d: base.get(d, 0.0) + spread.get(d, 0.0) for d in sorted(set(base) | set(spread))}
         ranked = sorted(total.items(), key=lambda item: (-item[1], item[0]))[:limit]
         return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for d, _ in ranked]
 
     def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]], dates: Sequence[QueryDate],
              top_k: int, explain: bool) -> list[Hit]:
-        parts: dict[int, dict[str, float]] = {}
         fused: dict[int, float] = {}
-        for name, ranking in rankings:
-            rank_key = name.replace(":", "_rank:") if ":" in name else name + "_rank"
-            hop_key = "hop:" + name
-            for rank, (docno, score, hop) in enumerate(ranking, start=1):
+        for _, ranking in rankings:
+            for rank, (docno, _, _) in enumerate(ranking, start=1):
                 fused[docno] = fused.get(docno, 0.0) + 1.0 / (RRF_K + rank)
-                p = parts.setdefault(docno, {})
-                p[name] = score
-                p[rank_key] = float(rank)
-                if hop:
-                    p[hop_key] = hop
+        parts = _explain_parts(rankings) if explain else None
         # Boosts need the node, and decoding is the cost of a query, so walk candidates by
         # fused score and stop once even the largest boost cannot lift the next one into
         # the top k (the result is the same as boosting every candidate).
@@ -364,7 +359,7 @@ class _Run:
             node = self.node(docno)
             if node is None:
                 continue  # deleted since the index was read, or filtered out
-            scored[docno] = score = self._boost(docno, node, base, dates, parts[docno])
+            scored[docno] = score = self._boost(docno, node, base, dates, None if parts is None else parts[docno])
             bisect.insort(kth, (score, -docno))
             if len(kth) > top_k:
                 del kth[0]
@@ -374,18 +369,32 @@ class _Run:
             node = self.nodes[docno]
             assert node is not None  # scored nodes passed self.node()
             hits.append(Hit(id=node.id, score=score, node=node, docno=docno,
-                            parts=dict(sorted(parts[docno].items())) if explain else None))
+                            parts=None if parts is None else dict(sorted(parts[docno].items()))))
         return hits
 
-    def _boost(self, docno: int, node: Node, base: float, dates: Sequence[QueryDate], parts: dict[str, float]) -> float:
+    def _boost(self, docno: int, node: Node, base: float, dates: Sequence[QueryDate],
+               parts: dict[str, float] | None) -> float:
         tier = TIER_BOOST.get(node.tier, 1.0)
         superseded = SUPERSEDED_PENALTY if self.superseded(docno) else 1.0
         date = DATE_WEIGHT * _date_bonus(node, dates)
-        parts["rrf"] = base
-        parts["tier"] = tier
-        parts["superseded"] = superseded
-        parts["date"] = date
+        if parts is not None:
+            parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
         return base * tier * superseded * (1.0 + date)
+
+
+def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> dict[int, dict[str, float]]:
+    """Per docno, each retriever's score, rank and hop share (for ``explain=True``)."""
+    parts: dict[int, dict[str, float]] = {}
+    for name, ranking in rankings:
+        rank_key = name.replace(":", "_rank:") if ":" in name else name + "_rank"
+        hop_key = "hop:" + name
+        for rank, (docno, score, hop) in enumerate(ranking, start=1):
+            p = parts.setdefault(docno, {})
+            p[name] = score
+            p[rank_key] = float(rank)
+            if hop:
+                p[hop_key] = hop
+    return parts
 
 
 def _touch(store: Any, hits: list[Hit], now: float) -> list[Hit]:
