@@ -403,6 +403,14 @@ class _Term:
             cached = self.cache[key] = top_k(self.docnos, self.contrib, max(k, TERM_TOP_CACHED))
         return cached[0][:k], cached[1][:k]
 
+    def kth_best(self, k: int) -> float:
+        """The k-th best weighted contribution when it is cached, else 0.0: a lower bound
+        of the k-th best score of any query holding this term (the term's k best documents
+        each score at least their contribution from it, as contributions are positive)."""
+        if self.w != 1 or self.cache is None or self.docnos.size < k:
+            return 0.0
+        return float(self.best(k)[1][k - 1])
+
 
 # --- the directory --------------------------------------------------------------------
 
@@ -708,6 +716,8 @@ class SegmentedBM25:
           that term and is not among its ``k`` best is beaten by those ``k``, each of
           which scores at least as much (contributions are positive) and wins a tie on
           docno, so it cannot be in the top ``k``.
+        * Candidate entries below a floor are dropped first: the k-th best cached
+          contribution of any one term, which the k-th best score cannot be below.
         * Only the best ``k * terms`` candidate entries are examined: a document fills at
           most one entry per list, so fewer entries than that can beat the k-th best
           document, and every tie is kept. A document's entries all carry its final score,
@@ -747,6 +757,10 @@ class SegmentedBM25:
             cscores = acc[cand]
         finally:
             acc[cand] = 0.0  # every touched slot is a candidate
+        floor = max((p.kth_best(k) for p in parts), default=0.0)
+        if floor > 0:
+            keep = cscores >= floor
+            cand, cscores = cand[keep], cscores[keep]
         m = k * len(parts)
         if cand.size > m:
             threshold = cscores[np.argpartition(-cscores, m - 1)[:m]].min()
