@@ -167,72 +167,11 @@ class Node:
 
     def __post_init__(self) -> None:
         # Normalised values are written into the instance dict: a frozen dataclass forbids
-        # setattr, and this is the cheap equivalent of object.__setattr__. Each check has a
-        # shortcut for the common value (empty tuple, finite float, empty mapping) that
-        # gives exactly what the full check would.
+        # setattr, and this is the cheap equivalent of object.__setattr__. The checks are
+        # _NODE_CHECKS, in order (so a node with several bad fields reports the same one).
         d = self.__dict__
-        id_ = d["id"]
-        if not isinstance(id_, str) or not id_:
-            raise ValidationError("id must be a non-empty string")
-        # at most 4 UTF-8 bytes per code point (3 for a lone surrogate): short ids need no encode
-        if len(id_) * 4 > MAX_ID_BYTES and len(id_.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-            raise ValidationError(f"id is longer than {MAX_ID_BYTES} bytes")
-        for name in ("content", "quote", "source"):
-            if not isinstance(d[name], str):
-                raise ValidationError(f"{name} must be a string")
-        if len(d["content"]) > MAX_CONTENT_BYTES:
-            raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
-        for name in ("entities", "topics", "tags"):
-            value = d[name]
-            if value.__class__ is not tuple or value:
-                d[name] = _str_list(name, value)
-        if d["flags"].__class__ is not tuple or d["flags"]:
-            flags = d["flags"] = _str_list("flags", d["flags"])
-            for flag in flags:
-                if flag not in ALL_FLAGS:
-                    raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
-        if d["emotions"].__class__ is not tuple or d["emotions"]:
-            emotions = d["emotions"] = _str_list("emotions", d["emotions"])
-            for emotion in emotions:
-                if emotion not in ALL_EMOTIONS:
-                    raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
-        for name in ("weight", "importance", "created_at", "last_accessed"):
-            value = d[name]
-            if value.__class__ is not float or not math.isfinite(value):
-                d[name] = _finite(name, value)
-        if not 0.0 <= d["importance"] <= 1.0:  # decay divides by (1 + 2 * importance)
-            raise ValidationError(f"importance must be between 0 and 1, got {d['importance']}",
-                                  hint="0 is the least important, 1 the most; the default is 0.5")
-        for name in ("source_start", "source_end"):
-            if d[name] is not None:
-                d[name] = _opt_int(name, d[name])
-        if self.resolved_date is not None and not isinstance(self.resolved_date, str):
-            raise ValidationError("resolved_date must be an ISO date string or None")
-        if self.tier not in TIERS:
-            raise ValidationError(f"tier must be one of {', '.join(TIERS)}, got {self.tier!r}")
-        if isinstance(self.access_count, bool) or not isinstance(self.access_count, int) or self.access_count < 0:
-            raise ValidationError("access_count must be a non-negative integer")
-        if not isinstance(self.pinned, bool):
-            raise ValidationError("pinned must be a bool")
-        metadata = d["metadata"]
-        if metadata.__class__ is dict and not metadata:
-            d["metadata"] = {}  # a copy, as _normalize_metadata makes
-        elif not isinstance(metadata, Mapping):
-            raise ValidationError("metadata must be a mapping")
-        else:
-            d["metadata"] = _normalize_metadata(metadata)
-        embeddings = d["embeddings"]
-        if embeddings.__class__ is dict and not embeddings:
-            d["embeddings"] = {}
-            return
-        if not isinstance(embeddings, Mapping):
-            raise ValidationError("embeddings must map a space name to a vector")
-        emb = {}
-        for space, vec in embeddings.items():
-            if not isinstance(space, str) or not space:
-                raise ValidationError("embedding space names must be non-empty strings")
-            emb[space] = _freeze_vector(space, vec)
-        d["embeddings"] = emb
+        for _, check in _NODE_CHECKS:
+            check(d)
 
     def replace(self, **changes: Any) -> "Node":
         """A copy with ``changes`` applied (validated again)."""
@@ -267,10 +206,21 @@ class Node:
         node = cls.__new__(cls)
         values = node.__dict__
         values.update(_FIELD_DEFAULTS)  # every field, in declaration order
-        for name, factory in _FIELD_FACTORIES:
-            values[name] = factory()
+        values["metadata"], values["embeddings"] = {}, {}  # the default factories' values
         values.update(data)
-        node.__post_init__()
+        # Only the given fields are checked, in the order of ``data``: every check looks at
+        # its own field alone, and the defaults pass theirs unchanged, so a valid node comes
+        # out the same. An invalid one is checked again in the constructor's order, which
+        # raises the error the constructor raises when several fields are bad.
+        try:
+            for name in data:
+                _FIELD_CHECKS[name](values)
+        except Exception:
+            values.update(data)
+            for name, check in _NODE_CHECKS:
+                if name in data:
+                    check(values)
+            raise
         return node
 
     @classmethod
@@ -286,7 +236,167 @@ class Node:
 NODE_FIELDS = tuple(f.name for f in fields(Node))
 _FIELD_SET = frozenset(NODE_FIELDS)
 _FIELD_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(Node)}
-_FIELD_FACTORIES = tuple((f.name, f.default_factory) for f in fields(Node) if f.default_factory is not MISSING)
+
+
+# --- Node field checks ------------------------------------------------------------------
+# Each takes the instance dict, checks one field and writes back its normalised value.
+# Each has a shortcut for the common value (a short id, an empty tuple, a finite float, an
+# empty mapping) that gives exactly what the full check would.
+
+def _check_id(d: dict) -> None:
+    id_ = d["id"]
+    if not isinstance(id_, str) or not id_:
+        raise ValidationError("id must be a non-empty string")
+    # at most 4 UTF-8 bytes per code point (3 for a lone surrogate): short ids need no encode
+    if len(id_) * 4 > MAX_ID_BYTES and len(id_.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise ValidationError(f"id is longer than {MAX_ID_BYTES} bytes")
+
+
+def _check_string(name: str) -> Any:
+    def check(d: dict) -> None:
+        if not isinstance(d[name], str):
+            raise ValidationError(f"{name} must be a string")
+    return check
+
+
+def _check_content_size(d: dict) -> None:
+    if len(d["content"]) > MAX_CONTENT_BYTES:
+        raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
+
+
+def _check_str_list(name: str) -> Any:
+    def check(d: dict) -> None:
+        value = d[name]
+        if value.__class__ is not tuple or value:
+            d[name] = _str_list(name, value)
+    return check
+
+
+def _check_flags(d: dict) -> None:
+    if d["flags"].__class__ is not tuple or d["flags"]:
+        flags = d["flags"] = _str_list("flags", d["flags"])
+        for flag in flags:
+            if flag not in ALL_FLAGS:
+                raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
+
+
+def _check_emotions(d: dict) -> None:
+    if d["emotions"].__class__ is not tuple or d["emotions"]:
+        emotions = d["emotions"] = _str_list("emotions", d["emotions"])
+        for emotion in emotions:
+            if emotion not in ALL_EMOTIONS:
+                raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
+
+
+def _check_finite(name: str) -> Any:
+    def check(d: dict) -> None:
+        value = d[name]
+        if value.__class__ is not float or value - value != 0.0:  # x - x is 0.0 for exactly the finite floats
+            d[name] = _finite(name, value)
+    return check
+
+
+def _check_importance_range(d: dict) -> None:
+    if not 0.0 <= d["importance"] <= 1.0:  # decay divides by (1 + 2 * importance)
+        raise ValidationError(f"importance must be between 0 and 1, got {d['importance']}",
+                              hint="0 is the least important, 1 the most; the default is 0.5")
+
+
+def _check_opt_int(name: str) -> Any:
+    def check(d: dict) -> None:
+        if d[name] is not None:
+            d[name] = _opt_int(name, d[name])
+    return check
+
+
+def _check_resolved_date(d: dict) -> None:
+    if d["resolved_date"] is not None and not isinstance(d["resolved_date"], str):
+        raise ValidationError("resolved_date must be an ISO date string or None")
+
+
+def _check_tier(d: dict) -> None:
+    if d["tier"] not in TIERS:
+        raise ValidationError(f"tier must be one of {', '.join(TIERS)}, got {d['tier']!r}")
+
+
+def _check_access_count(d: dict) -> None:
+    count = d["access_count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValidationError("access_count must be a non-negative integer")
+
+
+def _check_pinned(d: dict) -> None:
+    if not isinstance(d["pinned"], bool):
+        raise ValidationError("pinned must be a bool")
+
+
+def _check_metadata(d: dict) -> None:
+    metadata = d["metadata"]
+    if metadata.__class__ is dict and not metadata:
+        d["metadata"] = {}  # a copy, as _normalize_metadata makes
+    elif not isinstance(metadata, Mapping):
+        raise ValidationError("metadata must be a mapping")
+    else:
+        d["metadata"] = _normalize_metadata(metadata)
+
+
+def _check_embeddings(d: dict) -> None:
+    embeddings = d["embeddings"]
+    if embeddings.__class__ is dict and not embeddings:
+        d["embeddings"] = {}
+        return
+    if not isinstance(embeddings, Mapping):
+        raise ValidationError("embeddings must map a space name to a vector")
+    emb = {}
+    for space, vec in embeddings.items():
+        if not isinstance(space, str) or not space:
+            raise ValidationError("embedding space names must be non-empty strings")
+        emb[space] = _freeze_vector(space, vec)
+    d["embeddings"] = emb
+
+
+# (field, check) in the order Node validation runs them: a node with several bad fields
+# always reports the first of them.
+_NODE_CHECKS = (
+    ("id", _check_id),
+    ("content", _check_string("content")),
+    ("quote", _check_string("quote")),
+    ("source", _check_string("source")),
+    ("content", _check_content_size),
+    ("entities", _check_str_list("entities")),
+    ("topics", _check_str_list("topics")),
+    ("tags", _check_str_list("tags")),
+    ("flags", _check_flags),
+    ("emotions", _check_emotions),
+    ("weight", _check_finite("weight")),
+    ("importance", _check_finite("importance")),
+    ("created_at", _check_finite("created_at")),
+    ("last_accessed", _check_finite("last_accessed")),
+    ("importance", _check_importance_range),
+    ("source_start", _check_opt_int("source_start")),
+    ("source_end", _check_opt_int("source_end")),
+    ("resolved_date", _check_resolved_date),
+    ("tier", _check_tier),
+    ("access_count", _check_access_count),
+    ("pinned", _check_pinned),
+    ("metadata", _check_metadata),
+    ("embeddings", _check_embeddings),
+)
+
+
+def _field_check(name: str) -> Any:
+    """All of field ``name``'s checks, as one call."""
+    checks = tuple(check for field_name, check in _NODE_CHECKS if field_name == name)
+    if len(checks) == 1:
+        return checks[0]
+
+    def check_all(d: dict) -> None:
+        for check in checks:
+            check(d)
+    return check_all
+
+
+_FIELD_CHECKS = {name: _field_check(name) for name in NODE_FIELDS}
 
 
 @dataclass(frozen=True)

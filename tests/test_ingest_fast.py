@@ -1,0 +1,125 @@
+"""The fast bulk-ingest paths give exactly what the plain paths give: vectorised token
+numbering (every word length, hash collisions), per-field node checks (the same node, the
+same first error), and the batch write path's records."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engramdb.errors import ValidationError
+from engramdb.index import tokenize as tk
+from engramdb.index.tokenize import Tokenizer
+from engramdb.records import NODE_FIELDS, Node
+
+# Words around the 8- and 16-byte key boundaries, multi-byte characters across them, and
+# words longer than any key.
+EDGE_WORDS = ["ab", "abcdefg", "abcdefgh", "abcdefghi", "abcdefghijklmnop", "abcdefghijklmnopq",
+              "abcdefghijklmnopqrstuvwxyz0123456789", "ééééé", "aaaaaaaé", "aaaaaaaaaaaaaaaé", "東京東京東京",
+              "x" * 40, "under_score_words", "HELLOWORLD", "helloworld", "a", "the", "Ⅻ", "ﬁle", "\x00", "ab\x00cd"]
+words = st.sampled_from(EDGE_WORDS) | st.text(max_size=20)
+texts = st.lists(words, max_size=12).map(" ".join)
+
+
+def _check_equal(tok: Tokenizer, batch: list[str]) -> None:
+    terms, term_ids, lengths = tok.encode_many(batch)
+    want = [tok(text) for text in batch]
+    assert terms == sorted({t for doc in want for t in doc})
+    assert lengths.tolist() == [len(doc) for doc in want]
+    assert [terms[i] for i in term_ids.tolist()] == [t for doc in want for t in doc]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(texts, max_size=6), st.booleans())
+def test_encode_many_equals_tokenizing_each_text_at_key_boundaries(batch, stem):
+    _check_equal(Tokenizer(stemmer="english" if stem else None), batch)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(texts, min_size=1, max_size=6))
+def test_a_hash_collision_falls_back_to_exact_numbering(monkeypatch_batch):
+    # every pair hashes alike: the grouping must notice and number the words exactly
+    saved = tk._MIX_LOW
+    tk._MIX_LOW = np.uint64(0)
+    try:
+        _check_equal(Tokenizer(stemmer=None), monkeypatch_batch)
+    finally:
+        tk._MIX_LOW = saved
+
+
+def test_unique_pairs_equals_numpy_unique():
+    rng = np.random.default_rng(5)
+    low = rng.integers(0, 50, size=2000).astype(np.uint64)
+    high = rng.integers(0, 3, size=2000).astype(np.uint64)
+    keys, inverse = tk._unique_pairs(low, high)
+    pairs = [int(a) | int(b) << 64 for a, b in zip(low.tolist(), high.tolist())]
+    assert sorted(keys) == sorted(set(pairs)) and len(keys) == len(set(keys))
+    assert [keys[i] for i in inverse.tolist()] == pairs
+    assert tk._unique_pairs(low[:0], high[:0])[0] == []
+
+
+def test_encode_many_across_chunks_and_empty_texts():
+    tok = Tokenizer(stemmer=None)
+    batch = ["", "alpha beta", "", "gamma " * 50, "x", "delta_epsilon_zeta_eta_theta"] * 7
+    saved, tk._CHUNK_DOCS = tk._CHUNK_DOCS, 4
+    try:
+        _check_equal(tok, batch)
+    finally:
+        tk._CHUNK_DOCS = saved
+
+
+# --- node checks -------------------------------------------------------------------------
+
+GOOD = {"id": ["a", "x" * 300], "content": ["", "hello"], "entities": [(), ["e"]], "topics": [(), ("t", "u")],
+        "quote": ["", "q"], "weight": [0.0, 1, 2.5], "flags": [(), ["CORE"]], "emotions": [(), ["joy"]],
+        "source_start": [None, 3], "source_end": [None, 0], "resolved_date": [None, "2020-01-01"],
+        "tier": ["hot", "cold"], "importance": [0.5, 1, 0.0], "created_at": [0.0, 5], "last_accessed": [0.0, 3.5],
+        "access_count": [0, 7], "pinned": [False, True], "tags": [(), ["x"]], "source": ["", "s"],
+        "metadata": [{}, {"a": 1}, {"b": [1, (2,)]}], "embeddings": [{}, {"s": [1.0, 2.0]}]}
+BAD = {"id": ["", 3, None, "x" * 2000], "content": [3, None], "entities": ["str", [1]], "topics": ["s", [None]],
+       "quote": [1], "weight": [math.inf, "1", True, 10**400, math.nan], "flags": ["CORE", ["NOPE"]],
+       "emotions": [["meh"]], "source_start": [-1, 1.5, True], "source_end": ["3"], "resolved_date": [5],
+       "tier": ["x", None], "importance": [2.0, -0.1, math.nan, "a"], "created_at": [math.inf, None],
+       "last_accessed": ["x"], "access_count": [-1, True, 1.0], "pinned": [0, None], "tags": ["t", [3]],
+       "source": [None], "metadata": [[], {1: 2}, {"a": math.inf}], "embeddings": [[], {"": [1.0]}, {"s": [math.nan]}]}
+
+
+@st.composite
+def field_dicts(draw) -> dict:
+    """Some fields in any order, the id among them (the constructor needs it), each valid or not."""
+    names = draw(st.lists(st.sampled_from(NODE_FIELDS), unique=True, max_size=8))
+    if "id" not in names:
+        names.insert(draw(st.integers(0, len(names))), "id")
+    return {name: draw(st.sampled_from(BAD[name] if draw(st.integers(0, 2)) == 0 else GOOD[name]))
+            for name in names}
+
+
+def _outcome(build, data):
+    try:
+        return build(data)
+    except ValidationError as exc:
+        return (type(exc), exc.message)
+
+
+@settings(max_examples=100, deadline=None)
+@given(field_dicts())
+def test_from_fields_gives_the_constructors_node_or_first_error(data):
+    want = _outcome(lambda d: Node(**d), data)
+    got = _outcome(Node.from_fields, data)
+    assert got == want
+    if isinstance(got, Node):
+        assert list(vars(got)) == list(NODE_FIELDS)
+
+
+def test_several_bad_fields_report_the_constructors_first():
+    # checks run in the order of the data, then again in the constructor's order on a failure
+    data = {"created_at": "x", "importance": 2.0, "id": "a"}
+    with pytest.raises(ValidationError, match="created_at must be a number"):
+        Node.from_fields(data)
+    with pytest.raises(ValidationError, match="created_at must be a number"):
+        Node(**data)
+    with pytest.raises(ValidationError, match="quote must be a string"):
+        Node.from_fields({"id": "a", "content": "x" * (16 * 1024 * 1024 + 1), "quote": 3})
