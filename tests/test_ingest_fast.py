@@ -50,15 +50,22 @@ def test_a_hash_collision_falls_back_to_exact_numbering(monkeypatch_batch):
         tk._MIX_LOW = saved
 
 
-def test_unique_pairs_equals_numpy_unique():
+@pytest.mark.parametrize("mix", [None, np.uint64(0)])  # 0: every pair hashes alike, the exact fallback
+def test_group_pairs_groups_exactly_equal_pairs(mix):
     rng = np.random.default_rng(5)
     low = rng.integers(0, 50, size=2000).astype(np.uint64)
     high = rng.integers(0, 3, size=2000).astype(np.uint64)
-    keys, inverse = tk._unique_pairs(low, high)
+    saved = tk._MIX_LOW
+    tk._MIX_LOW = saved if mix is None else mix
+    try:
+        keys, pos, group = tk._group_pairs(low, high)
+    finally:
+        tk._MIX_LOW = saved
     pairs = [int(a) | int(b) << 64 for a, b in zip(low.tolist(), high.tolist())]
     assert sorted(keys) == sorted(set(pairs)) and len(keys) == len(set(keys))
-    assert [keys[i] for i in inverse.tolist()] == pairs
-    assert tk._unique_pairs(low[:0], high[:0])[0] == []
+    assert sorted(pos.tolist()) == list(range(2000))
+    assert all(keys[g] == pairs[p] for p, g in zip(pos.tolist(), group.tolist()))
+    assert tk._group_pairs(low[:0], high[:0])[0] == []
 
 
 def test_encode_many_across_chunks_and_empty_texts():

@@ -88,17 +88,22 @@ def _unpack_key(key: int) -> bytes:
     return key.to_bytes(2 * _KEY_BYTES, "little").rstrip(b"\x00")
 
 
-def _unique_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """The distinct ``(low, high)`` uint64 pairs as packed ints (any order), and each pair's
-    index among them: ``np.unique`` of the pairs, ~5x faster.
+def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Group equal ``(low, high)`` uint64 pairs, like ``np.unique(..., return_inverse=True)``
+    but ~5x faster.
 
     One sort of uint64s, each a hash of a pair in the high bits and the pair's position in
     the low bits (numpy sorts plain uint64s much faster than it argsorts), groups equal
-    hashes; a hash shared by two different pairs (rare) falls back to ``np.unique``.
+    hashes; every pair is compared with its group's others, and a hash shared by two
+    different pairs (rare) falls back to ``np.unique``.
+
+    Returns:
+        ``(keys, pos, group)``: the distinct pairs as ints ``low | high << 64`` (in no
+        particular order), and for each ``i`` pair number ``pos[i]`` is ``keys[group[i]]``.
     """
     n = low.size
     if n == 0:
-        return [], np.zeros(0, np.int64)
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
     bits = max(1, (n - 1).bit_length())
     pos_mask = np.uint64((1 << bits) - 1)
     packed = (((low ^ (high * _MIX_HIGH)) * _MIX_LOW) & ~pos_mask) | np.arange(n, dtype=np.uint64)
@@ -112,49 +117,54 @@ def _unique_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndar
     # within a group (equal hashes) every pair must equal the one before it
     same = first[1:] | ((sorted_low[1:] == sorted_low[:-1]) & (sorted_high[1:] == sorted_high[:-1]))
     if same.all():
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[pos] = np.cumsum(first) - 1
+        group = np.cumsum(first) - 1
         reps = np.flatnonzero(first)
         uniq_low, uniq_high = sorted_low[reps], sorted_high[reps]
     else:
-        pairs, inverse = np.unique(np.stack([low, high], axis=1), axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1).astype(np.int64)
+        pairs, group = np.unique(np.stack([low, high], axis=1), axis=0, return_inverse=True)
+        pos, group = np.arange(n), group.reshape(-1)
         uniq_low, uniq_high = pairs[:, 0], pairs[:, 1]
-    return [a | b << 64 for a, b in zip(uniq_low.tolist(), uniq_high.tolist())], inverse
+    keys = uniq_low.tolist()
+    for i in np.flatnonzero(uniq_high).tolist():  # the words of more than 8 bytes
+        keys[i] |= int(uniq_high[i]) << 64
+    return keys, pos, group
 
 
-def _number_tokens(chunk: Sequence[bytes], vocab: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Split UTF-8 texts into word runs (see ``_BATCH_TABLE``) and number the words in ``vocab``.
+def _token_values(chunk: Sequence[bytes], lookup: Callable[[list], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Split UTF-8 texts into word runs (see ``_BATCH_TABLE``) and give each its word's value.
+
+    ``lookup`` maps a list of distinct word keys (see ``_KEY_MASKS``; bytes for words
+    beyond 16 bytes) to their values (int64).
 
     Returns:
-        ``(ids, firsts)``: each token's number, in text order, and each text's first token's index.
+        ``(values, firsts)``: each token's value, in text order, and each text's first token's index.
     """
     data = (b" ".join(chunk) + _PAD).translate(_BATCH_TABLE)
-    is_word = (np.frombuffer(data, dtype=np.uint8) != _SPACE).view(np.int8)
-    # nonzero at a word's first byte (1) and just after its last (-1): starts and ends alternate
-    edges = np.flatnonzero(np.diff(is_word, prepend=np.int8(0)))
+    is_word = np.frombuffer(data, dtype=np.uint8) != _SPACE
+    # True at a word's first byte and just after its last: starts and ends alternate
+    edges = np.empty(is_word.size, dtype=bool)
+    edges[0] = is_word[0]
+    np.not_equal(is_word[1:], is_word[:-1], out=edges[1:])
+    edges = np.flatnonzero(edges)
     starts, ends = edges[0::2], edges[1::2]
     lens = ends - starts
     offsets = np.cumsum([0] + [len(text) + 1 for text in chunk[:-1]])  # each text's first byte
     firsts = np.searchsorted(starts, offsets)
     # an unaligned little-endian uint64 at every byte offset
     at = np.ndarray((len(data) - _KEY_BYTES + 1,), dtype="<u8", buffer=data, strides=(1,))
-    rest = np.flatnonzero(lens > 2 * _KEY_BYTES) if lens.size and lens.max() > 2 * _KEY_BYTES else None
-    fit_starts, fit_lens = (starts, lens) if rest is None else (starts[lens <= 2 * _KEY_BYTES], lens[lens <= 2 * _KEY_BYTES])
+    fit = None if not lens.size or lens.max() <= 2 * _KEY_BYTES else np.flatnonzero(lens <= 2 * _KEY_BYTES)
+    fit_starts, fit_lens = (starts, lens) if fit is None else (starts[fit], lens[fit])
     low = at[fit_starts] & _KEY_MASKS[np.minimum(fit_lens, _KEY_BYTES)]
     high = np.zeros_like(low)
     over = np.flatnonzero(fit_lens > _KEY_BYTES)  # the words that need a second uint64 (~10% in English)
     high[over] = at[fit_starts[over] + _KEY_BYTES] & _KEY_MASKS[fit_lens[over] - _KEY_BYTES]
-    keys, inverse = _unique_pairs(low, high)
-    numbers = np.fromiter(map(vocab.__getitem__, keys), dtype=np.int64, count=len(keys))
-    if rest is None:
-        return numbers[inverse], firsts
-    # words beyond 16 bytes, by their bytes
-    ids = np.empty(starts.size, dtype=np.int64)
-    ids[lens <= 2 * _KEY_BYTES] = numbers[inverse]
-    words = [data[a:b] for a, b in zip(starts[rest].tolist(), ends[rest].tolist())]
-    ids[rest] = np.fromiter(map(vocab.__getitem__, words), dtype=np.int64, count=len(words))
-    return ids, firsts
+    keys, pos, group = _group_pairs(low, high)
+    values = np.empty(starts.size, dtype=np.int64)
+    values[pos if fit is None else fit[pos]] = lookup(keys)[group]
+    if fit is not None:  # words beyond 16 bytes, by their bytes
+        rest = np.flatnonzero(lens > 2 * _KEY_BYTES)
+        values[rest] = lookup([data[a:b] for a, b in zip(starts[rest].tolist(), ends[rest].tolist())])
+    return values, firsts
 
 
 def _load_stemmer(language: str) -> Callable[[str], str]:
@@ -303,32 +313,38 @@ class Tokenizer:
             if not text.isascii():  # the reference path, words joined by spaces
                 text = " ".join(self._findall(self._normal_lower(text)))
             pieces.append(text.encode("utf-8", "surrogatepass"))
-        # Words are numbered on first sight: a word of up to 16 bytes by its packed key (an
-        # int), a longer one by its bytes; the two kinds of key never compare equal.
-        vocab: dict[int | bytes, int] = defaultdict(itertools.count().__next__)
-        parts = []
-        doc_starts = []  # per text: the index of its first token
+        # word key -> its term's number (terms numbered on first sight) or _DROP (too short,
+        # a stopword); a new word is decoded, filtered and stemmed once
+        kinds: dict[int | bytes, int] = {}
+        numbers: dict[str, int] = {}
+        stop = self._stop
+
+        def lookup(keys: list) -> np.ndarray:
+            new = [key for key in keys if key not in kinds]
+            if new:
+                words = [(_unpack_key(k) if k.__class__ is int else k).decode("utf-8", "surrogatepass") for k in new]
+                stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
+                for key, word in zip(new, words):
+                    term = stems.get(word)
+                    kinds[key] = _DROP if term is None else numbers.setdefault(term, len(numbers))
+            return np.fromiter(map(kinds.__getitem__, keys), dtype=np.int64, count=len(keys))
+
+        parts, doc_starts = [], []
         ntok = 0
         for start in range(0, len(pieces), _CHUNK_DOCS):
-            chunk = pieces[start:start + _CHUNK_DOCS]
-            ids, firsts = _number_tokens(chunk, vocab)
+            values, firsts = _token_values(pieces[start:start + _CHUNK_DOCS], lookup)
+            parts.append(values)
             doc_starts.append(firsts + ntok)
-            parts.append(ids)
-            ntok += ids.size
-        raw_ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        # Per distinct word: dropped (too short, a stopword) or its term's rank.
-        stop = self._stop
-        words = [(_unpack_key(w) if w.__class__ is int else w).decode("utf-8", "surrogatepass") for w in vocab]
-        stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
-        terms = sorted(set(stems.values()))
-        rank = {t: i for i, t in enumerate(terms)}
-        kinds = np.asarray([rank[stems[w]] if w in stems else _DROP for w in words], dtype=np.int64)
-        mapped = kinds[raw_ids]
+            ntok += values.size
+        mapped = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         kept = np.flatnonzero(mapped >= 0)
+        terms = sorted(numbers)
+        rank = np.empty(len(terms), dtype=np.int64)
+        rank[[numbers[t] for t in terms]] = np.arange(len(terms))
         # a text's length: the kept tokens from its first token to the next text's
         firsts = np.concatenate(doc_starts) if doc_starts else np.zeros(0, np.int64)
         lengths = np.diff(np.searchsorted(kept, firsts), append=kept.size)
-        return terms, mapped[kept], lengths.astype(np.int64)
+        return terms, rank[mapped[kept]], lengths.astype(np.int64)
 
     def _normal_lower(self, text: str) -> str:
         if self.normalize:
