@@ -7,6 +7,7 @@ schema version, so fields can be appended in later versions without breaking old
 """
 from __future__ import annotations
 
+import operator
 import struct
 import threading
 from typing import Any
@@ -121,26 +122,47 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
+# The node fields in record order (between the schema version and the embeddings): one
+# attrgetter call reads them all.
+_NODE_RECORD_FIELDS = operator.attrgetter(
+    "id", "content", "entities", "topics", "quote", "weight", "flags", "emotions", "source_start", "source_end",
+    "resolved_date", "tier", "importance", "created_at", "last_accessed", "access_count", "pinned", "tags",
+    "source", "metadata")
+_MSGPACK_PREFIX = bytes((CODEC_MSGPACK,))
+_ZSTD_PREFIX = bytes((CODEC_ZSTD,))
+
+
 def encode_node(node: Node) -> bytes:
     """Node -> record bytes.
 
     Raises:
         ValidationError: a field holds a value msgpack cannot store.
     """
-    fields = [  # tuples pack as msgpack arrays, exactly like lists
-        NODE_SCHEMA, node.id, node.content, node.entities, node.topics, node.quote,
-        node.weight, node.flags, node.emotions, node.source_start, node.source_end,
-        node.resolved_date, node.tier, node.importance, node.created_at, node.last_accessed,
-        node.access_count, node.pinned, node.tags, node.source, node.metadata,
-        {space: _vector_bytes(vec) for space, vec in sorted(node.embeddings.items())} if node.embeddings else {},
-    ]
+    return encode_nodes([node])[0]
+
+
+def encode_nodes(nodes: "list[Node]") -> list[bytes]:
+    """:func:`encode_node` of each node (one call for a batch).
+
+    Raises:
+        ValidationError: a field holds a value msgpack cannot store.
+    """
+    pack = _packer().pack
+    get_fields = _NODE_RECORD_FIELDS
+    out = []
     try:
-        body = _packer().pack(fields)
+        for node in nodes:
+            # tuples pack as msgpack arrays, exactly like lists
+            embeddings = node.embeddings
+            body = pack([NODE_SCHEMA, *get_fields(node), {space: _vector_bytes(vec) for space, vec in
+                                                         sorted(embeddings.items())} if embeddings else {}])
+            if len(body) > ZSTD_THRESHOLD:
+                out.append(_ZSTD_PREFIX + _compressor.compress(body))
+            else:
+                out.append(_MSGPACK_PREFIX + body)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValidationError(f"cannot encode value: {exc}") from None
-    if len(body) > ZSTD_THRESHOLD:
-        return bytes((CODEC_ZSTD,)) + _compressor.compress(body)
-    return bytes((CODEC_MSGPACK,)) + body
+    return out
 
 
 def decode_node(data: bytes) -> Node:

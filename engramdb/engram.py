@@ -14,6 +14,7 @@ import operator
 import os
 import threading
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from . import codec, crypto
@@ -889,8 +890,7 @@ class Transaction:
             return
         for docno, node in removed:
             batch.remove(docno, node)
-        for docno, node in added:
-            batch.add(docno, node)
+        batch.add_many(added)
 
     def _docno(self, id: str) -> int | None:
         raw = self._txn.get("ids", self._engram._id_key(id))
@@ -936,19 +936,22 @@ class Transaction:
             DuplicateIdError: an id exists already or repeats in ``nodes``.
         """
         id_keys = self._engram._id_keys([node.id for node in nodes])
-        seen: set[bytes] = set()
-        for node, id_key in zip(nodes, id_keys):
-            if id_key in seen or self._txn.contains("ids", id_key):
-                raise DuplicateIdError(f"a memory with id {node.id!r} exists")
-            seen.add(id_key)
-        docnos = [self._txn.allocate_docno() for _ in nodes]
-        keys = [codec.u64(docno) for docno in docnos]
+        txn = self._txn
+        # The usual case, checked in bulk: distinct ids and none stored yet (none at all in a
+        # new file). Otherwise find the first offender one by one, for its message.
+        if len(set(id_keys)) != len(id_keys) or (txn.count("ids") and any(map(txn.contains, repeat("ids"), id_keys))):
+            seen: set[bytes] = set()
+            for node, id_key in zip(nodes, id_keys):
+                if id_key in seen or txn.contains("ids", id_key):
+                    raise DuplicateIdError(f"a memory with id {node.id!r} exists")
+                seen.add(id_key)
+        docnos = txn.allocate_docnos(len(nodes))
+        keys = list(map(codec.u64, docnos))
         # new keys: fresh docnos, and ids checked above. Records are encoded a chunk at a time
         # (insert_many's), so a large batch's encoded records never all sit in memory at once.
         for start in range(0, len(nodes), 1024):
-            self._txn.insert_many("nodes", [(key, codec.encode_node(node))
-                                            for key, node in zip(keys[start:start + 1024], nodes[start:start + 1024])])
-        self._txn.insert_many("ids", sorted(zip(id_keys, keys), key=_first))  # key order fills LMDB pages
+            txn.insert_many("nodes", list(zip(keys[start:start + 1024], codec.encode_nodes(nodes[start:start + 1024]))))
+        txn.insert_many("ids", sorted(zip(id_keys, keys), key=_first))  # key order fills LMDB pages
         self._index(added=list(zip(docnos, nodes)))  # index hook
         return [node.id for node in nodes]
 

@@ -520,6 +520,13 @@ class Txn:
         state.next_docno += 1
         return docno
 
+    def allocate_docnos(self, n: int) -> range:
+        """``n`` new document numbers (consecutive), as :meth:`allocate_docno` ``n`` times."""
+        state = self.state
+        first = state.next_docno
+        state.next_docno += n
+        return range(first, first + n)
+
     def _seal(self, table: str, key: bytes, value: bytes) -> bytes:
         state = self.state  # the one-record case of _seal_many, without its batch set-up
         if state.sealed >= self.store.epoch_limit:

@@ -130,3 +130,35 @@ def test_several_bad_fields_report_the_constructors_first():
         Node(**data)
     with pytest.raises(ValidationError, match="quote must be a string"):
         Node.from_fields({"id": "a", "content": "x" * (16 * 1024 * 1024 + 1), "quote": 3})
+
+
+# --- the batch write path ----------------------------------------------------------------
+
+def test_add_many_names_the_first_duplicate_in_a_new_and_a_filled_file(make_db):
+    from conftest import NOW
+
+    from engramdb.errors import DuplicateIdError
+
+    db = make_db("dups.engram")
+    batch = [{"id": "a", "content": "x"}, {"id": "b", "content": "y"}, {"id": "b", "content": "z"},
+             {"id": "a", "content": "w"}]
+    with pytest.raises(DuplicateIdError, match="'b'"):  # the first id that repeats, in a new file
+        db.add_many(batch, now=NOW)
+    db.add_many([{"id": "c", "content": "stored"}, {"id": "d", "content": "stored"}], now=NOW)
+    with pytest.raises(DuplicateIdError, match="'d'"):  # stored before the repeat within the batch
+        db.add_many([{"id": "e", "content": "x"}, {"id": "d", "content": "x"}, {"id": "e", "content": "x"}], now=NOW)
+    with pytest.raises(DuplicateIdError, match="'c'"):
+        db.add_many([{"id": "f", "content": "x"}, {"id": "c", "content": "x"}], now=NOW)
+    assert db.ids() == ["c", "d"]
+    ids = db.add_many([{"id": f"g{i}", "content": f"note {i}"} for i in range(30)], now=NOW)
+    assert db.ids() == ["c", "d", *ids] and db.get("g29").content == "note 29"
+    assert len(db.recall("note", top_k=40)) == 30 and db.verify() == []
+
+
+def test_encode_nodes_equals_encode_node():
+    from engramdb import codec
+
+    nodes = [Node(id="a"), Node(id="b", content="x" * 5000, embeddings={"s": [1.0, 2.0]}, metadata={"k": [1, 2]})]
+    assert codec.encode_nodes(nodes) == [codec.encode_node(n) for n in nodes]
+    assert [codec.decode_node(r) for r in codec.encode_nodes(nodes)] == nodes
+    assert codec.encode_nodes([]) == []

@@ -11,6 +11,7 @@ Everything here derives from the node records (plus user edges), so
 """
 from __future__ import annotations
 
+import operator
 import struct
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -36,6 +37,7 @@ __all__ = [
 
 TOKENIZER_KEY = b"index.tokenizer"
 _U64 = struct.Struct(">Q")
+_docno_of = operator.itemgetter(0)
 
 
 def node_text(node: Node) -> str:
@@ -185,7 +187,7 @@ class Indexes:
             CorruptFileError: the index records are damaged.
         """
         self.ensure_meta(txn)
-        added = sorted(added, key=lambda item: item[0])
+        added = sorted(added, key=_docno_of)
         removed = sorted({docno: node for docno, node in removed}.items())
         removed_docnos = [docno for docno, _ in removed]
         texts = [node_text(node) for _, node in added]
@@ -269,6 +271,16 @@ class IndexBatch:
         if docno not in self._removed and docno not in self._added:
             self._fresh.add(docno)
         self._added[docno] = node
+
+    def add_many(self, items: Sequence[tuple[int, Node]]) -> None:
+        """:meth:`add` of each ``(docno, node)``, in order."""
+        added, removed = self._added, self._removed
+        if not added and not removed:  # nothing buffered yet (a bulk add): every docno is fresh
+            self._fresh.update(docno for docno, _ in items)
+            added.update(items)
+            return
+        for docno, node in items:
+            self.add(docno, node)
 
     def remove(self, docno: int, node: Node) -> None:
         """Drop the indexed version of ``docno``."""
