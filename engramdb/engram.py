@@ -37,6 +37,7 @@ FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer min
 RECOVERY_PREFIX = "ERK1-"
 _NODE_FIELDS = set(Node.__dataclass_fields__)
 _first = operator.itemgetter(0)
+_content_of = operator.attrgetter("content")
 
 
 @dataclass(frozen=True)
@@ -544,7 +545,7 @@ class Engram:
         with _gc_paused():
             nodes = [self._build(item, {}, now) for item in items]
             # records, ids and postings take a few times the text: grow the map once, up front
-            reserve = sum(3 * len(node.content) + 512 for node in nodes)
+            reserve = 3 * sum(map(len, map(_content_of, nodes))) + 512 * len(nodes)
             return self._store.write(put_all, reserve=reserve)
 
     @contextlib.contextmanager

@@ -43,6 +43,8 @@ _docno_of = operator.itemgetter(0)
 def node_text(node: Node) -> str:
     """The text a node is indexed by: content, quote (when not inside the content),
     entities and topics."""
+    if not (node.quote or node.entities or node.topics):  # the usual memory: its content alone
+        return node.content
     parts = [node.content]
     if node.quote and node.quote not in node.content:
         parts.append(node.quote)

@@ -15,6 +15,7 @@ so a file keeps its tokenization even when the library defaults change.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import string
 import unicodedata
@@ -130,8 +131,10 @@ def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarr
     return keys, pos, group
 
 
-def _token_values(chunk: Sequence[bytes], lookup: Callable[[list], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Split UTF-8 texts into word runs (see ``_BATCH_TABLE``) and give each its word's value.
+def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Split UTF-8 texts, joined by spaces, into word runs (see ``_BATCH_TABLE``) and give
+    each its word's value; the texts start at byte ``offsets``.
 
     ``lookup`` maps a list of distinct word keys (see ``_KEY_MASKS``; bytes for words
     beyond 16 bytes) to their values (int64).
@@ -139,7 +142,7 @@ def _token_values(chunk: Sequence[bytes], lookup: Callable[[list], np.ndarray]) 
     Returns:
         ``(values, firsts)``: each token's value, in text order, and each text's first token's index.
     """
-    data = (b" ".join(chunk) + _PAD).translate(_BATCH_TABLE)
+    data = (joined + _PAD).translate(_BATCH_TABLE)
     is_word = np.frombuffer(data, dtype=np.uint8) != _SPACE
     # True at a word's first byte and just after its last: starts and ends alternate
     edges = np.empty(is_word.size, dtype=bool)
@@ -148,7 +151,6 @@ def _token_values(chunk: Sequence[bytes], lookup: Callable[[list], np.ndarray]) 
     edges = np.flatnonzero(edges)
     starts, ends = edges[0::2], edges[1::2]
     lens = ends - starts
-    offsets = np.cumsum([0] + [len(text) + 1 for text in chunk[:-1]])  # each text's first byte
     firsts = np.searchsorted(starts, offsets)
     # an unaligned little-endian uint64 at every byte offset
     at = np.ndarray((len(data) - _KEY_BYTES + 1,), dtype="<u8", buffer=data, strides=(1,))
@@ -306,13 +308,14 @@ class Tokenizer:
         Raises:
             ValidationError: an element of ``texts`` is not a string.
         """
-        pieces = []
-        for text in texts:
-            if not isinstance(text, str):
-                raise ValidationError(f"can only tokenize strings, got {type(text).__name__}")
-            if not text.isascii():  # the reference path, words joined by spaces
-                text = " ".join(self._findall(self._normal_lower(text)))
-            pieces.append(text.encode("utf-8", "surrogatepass"))
+        texts = list(texts)
+        try:
+            ascii_ = list(map(str.isascii, texts))
+        except TypeError:  # not a str
+            bad = next(text for text in texts if not isinstance(text, str))
+            raise ValidationError(f"can only tokenize strings, got {type(bad).__name__}") from None
+        for i in itertools.compress(range(len(texts)), map(operator.not_, ascii_)):
+            texts[i] = " ".join(self._findall(self._normal_lower(texts[i])))  # the reference path
         # word key -> its term's number (terms numbered on first sight) or _DROP (too short,
         # a stopword); a new word is decoded, filtered and stemmed once
         kinds: dict[int | bytes, int] = {}
@@ -331,8 +334,13 @@ class Tokenizer:
 
         parts, doc_starts = [], []
         ntok = 0
-        for start in range(0, len(pieces), _CHUNK_DOCS):
-            values, firsts = _token_values(pieces[start:start + _CHUNK_DOCS], lookup)
+        for start in range(0, len(texts), _CHUNK_DOCS):
+            chunk = texts[start:start + _CHUNK_DOCS]
+            sizes = np.fromiter(map(len, chunk if all(ascii_[start:start + _CHUNK_DOCS]) else  # UTF-8 bytes
+                                    [text.encode("utf-8", "surrogatepass") for text in chunk]),
+                                dtype=np.int64, count=len(chunk))
+            offsets = np.concatenate(([0], np.cumsum(sizes[:-1] + 1)))  # each text's first byte, joined by spaces
+            values, firsts = _token_values(" ".join(chunk).encode("utf-8", "surrogatepass"), offsets, lookup)
             parts.append(values)
             doc_starts.append(firsts + ntok)
             ntok += values.size
