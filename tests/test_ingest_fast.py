@@ -68,6 +68,15 @@ def test_group_pairs_groups_exactly_equal_pairs(mix):
     assert tk._group_pairs(low[:0], high[:0])[0] == []
 
 
+def test_stop_table_matches_exactly_the_stopwords():
+    table, mult, shift = tk._stop_table(frozenset(tk.LUCENE_EN_STOPWORDS))
+    words = sorted(set(tk.LUCENE_EN_STOPWORDS) | {"th", "thee", "there_", "andx", "ab", "zz", "tho", "wit", "their"})
+    keys = np.array([int.from_bytes(w.encode(), "little") for w in words], dtype=np.uint64)
+    hits = (table[(keys * mult) >> shift] == keys).tolist()
+    assert hits == [w in tk.LUCENE_EN_STOPWORDS and len(w) >= 2 for w in words]
+    assert tk._stop_table(frozenset()) is None and tk._stop_table(frozenset({"a", "naïve"})) is None
+
+
 def test_encode_many_across_chunks_and_empty_texts():
     tok = Tokenizer(stemmer=None)
     batch = ["", "alpha beta", "", "gamma " * 50, "x", "delta_epsilon_zeta_eta_theta"] * 7

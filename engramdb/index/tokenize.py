@@ -131,16 +131,37 @@ def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarr
     return keys, pos, group
 
 
-def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], np.ndarray]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Split UTF-8 texts, joined by spaces, into word runs (see ``_BATCH_TABLE``) and give
-    each its word's value; the texts start at byte ``offsets``.
+def _stop_table(stopwords: frozenset[str]) -> tuple[np.ndarray, np.uint64, np.uint64] | None:
+    """A perfect hash of the stopwords' keys (see ``_KEY_MASKS``): ``(table, mult, shift)``
+    with ``table[(key * mult) >> shift] == key`` exactly for a stopword's key, so a batch
+    drops stopword tokens before numbering them. None without stopwords of 2-8 ASCII bytes
+    (the others are dropped after numbering, like every stopword before)."""
+    keys = sorted({int.from_bytes(w.encode(), "little") for w in stopwords if w.isascii() and 2 <= len(w) <= _KEY_BYTES})
+    if not keys:
+        return None
+    for bits in range(max(4, len(keys).bit_length() + 2), 17):
+        for attempt in range(64):  # fixed odd multipliers: the same table in every process
+            mult = (0x9E3779B97F4A7C15 + attempt * 0xD6E8FEB86659FD93) % 2**64 | 1
+            slots = [(key * mult) % 2**64 >> (64 - bits) for key in keys]
+            if len(set(slots)) == len(keys):
+                table = np.zeros(1 << bits, dtype=np.uint64)  # 0 is no word's key: a word holds no zero byte
+                table[slots] = keys
+                return table, np.uint64(mult), np.uint64(64 - bits)
+    return None
+
+
+def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], np.ndarray],
+                  stop: tuple[np.ndarray, np.uint64, np.uint64] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Split UTF-8 texts, joined by spaces, into word runs (see ``_BATCH_TABLE``), drop those
+    of one byte (one ASCII character) and the stopwords in ``stop`` (:func:`_stop_table`),
+    and give each other its word's value; the texts start at byte ``offsets``.
 
     ``lookup`` maps a list of distinct word keys (see ``_KEY_MASKS``; bytes for words
     beyond 16 bytes) to their values (int64).
 
     Returns:
-        ``(values, firsts)``: each token's value, in text order, and each text's first token's index.
+        ``(values, firsts)``: each kept token's value, in text order, and each text's first
+        kept token's index.
     """
     data = (joined + _PAD).translate(_BATCH_TABLE)
     is_word = np.frombuffer(data, dtype=np.uint8) != _SPACE
@@ -151,16 +172,24 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], n
     edges = np.flatnonzero(edges)
     starts, ends = edges[0::2], edges[1::2]
     lens = ends - starts
-    firsts = np.searchsorted(starts, offsets)
     # an unaligned little-endian uint64 at every byte offset
     at = np.ndarray((len(data) - _KEY_BYTES + 1,), dtype="<u8", buffer=data, strides=(1,))
+    low = at[starts] & _KEY_MASKS[np.minimum(lens, _KEY_BYTES)]
+    # Tokens that never become terms leave before grouping (~40% of English text). A longer
+    # word's first 8 bytes never equal a stopword's shorter key: its masked-off bytes are 0.
+    drop = lens == 1
+    if stop is not None:
+        table, mult, shift = stop
+        drop |= table[(low * mult) >> shift] == low
+    kept = np.flatnonzero(~drop)
+    starts, ends, lens, low = starts[kept], ends[kept], lens[kept], low[kept]
+    firsts = np.searchsorted(starts, offsets)
     fit = None if not lens.size or lens.max() <= 2 * _KEY_BYTES else np.flatnonzero(lens <= 2 * _KEY_BYTES)
-    fit_starts, fit_lens = (starts, lens) if fit is None else (starts[fit], lens[fit])
-    low = at[fit_starts] & _KEY_MASKS[np.minimum(fit_lens, _KEY_BYTES)]
-    high = np.zeros_like(low)
+    fit_starts, fit_lens, fit_low = (starts, lens, low) if fit is None else (starts[fit], lens[fit], low[fit])
+    high = np.zeros_like(fit_low)
     over = np.flatnonzero(fit_lens > _KEY_BYTES)  # the words that need a second uint64 (~10% in English)
     high[over] = at[fit_starts[over] + _KEY_BYTES] & _KEY_MASKS[fit_lens[over] - _KEY_BYTES]
-    keys, pos, group = _group_pairs(low, high)
+    keys, pos, group = _group_pairs(fit_low, high)
     values = np.empty(starts.size, dtype=np.int64)
     values[pos if fit is None else fit[pos]] = lookup(keys)[group]
     if fit is not None:  # words beyond 16 bytes, by their bytes
@@ -219,6 +248,7 @@ class Tokenizer:
         self.stemmer_name = stemmer
         self.normalize = normalize
         self._stop = frozenset(STOPWORD_SETS[stopwords])
+        self._stop_keys = _stop_table(self._stop)
         # Same matches as TOKEN_PATTERN (maximal runs of two or more word characters: a
         # match can only start inside a run after failing at a one-character run), ~35%
         # faster without the \b assertions. test_tokenize checks it against bm25s.
@@ -340,7 +370,8 @@ class Tokenizer:
                                     [text.encode("utf-8", "surrogatepass") for text in chunk]),
                                 dtype=np.int64, count=len(chunk))
             offsets = np.concatenate(([0], np.cumsum(sizes[:-1] + 1)))  # each text's first byte, joined by spaces
-            values, firsts = _token_values(" ".join(chunk).encode("utf-8", "surrogatepass"), offsets, lookup)
+            values, firsts = _token_values(" ".join(chunk).encode("utf-8", "surrogatepass"), offsets, lookup,
+                                           self._stop_keys)
             parts.append(values)
             doc_starts.append(firsts + ntok)
             ntok += values.size
