@@ -390,10 +390,12 @@ def _field_check(name: str) -> Any:
     if len(checks) == 1:
         return checks[0]
 
-    def check_all(d: dict) -> None:
-        for check in checks:
-            check(d)
-    return check_all
+    first, second = checks  # content and importance have two
+
+    def check_both(d: dict) -> None:
+        first(d)
+        second(d)
+    return check_both
 
 
 _FIELD_CHECKS = {name: _field_check(name) for name in NODE_FIELDS}
