@@ -58,12 +58,13 @@ def test_group_pairs_groups_exactly_equal_pairs(mix):
     saved = tk._MIX_LOW
     tk._MIX_LOW = saved if mix is None else mix
     try:
-        keys, pos, group = tk._group_pairs(low, high)
+        keys, pos, counts = tk._group_pairs(low, high)
     finally:
         tk._MIX_LOW = saved
     pairs = [int(a) | int(b) << 64 for a, b in zip(low.tolist(), high.tolist())]
     assert sorted(keys) == sorted(set(pairs)) and len(keys) == len(set(keys))
-    assert sorted(pos.tolist()) == list(range(2000))
+    assert sorted(pos.tolist()) == list(range(2000)) and counts.sum() == 2000 and counts.min() >= 1
+    group = np.repeat(np.arange(len(keys)), counts)
     assert all(keys[g] == pairs[p] for p, g in zip(pos.tolist(), group.tolist()))
     assert tk._group_pairs(low[:0], high[:0])[0] == []
 

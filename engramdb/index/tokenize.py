@@ -91,16 +91,17 @@ def _unpack_key(key: int) -> bytes:
 
 def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Group equal ``(low, high)`` uint64 pairs, like ``np.unique(..., return_inverse=True)``
-    but ~5x faster.
+    but several times faster.
 
     One sort of uint64s, each a hash of a pair in the high bits and the pair's position in
-    the low bits (numpy sorts plain uint64s much faster than it argsorts), groups equal
-    hashes; every pair is compared with its group's others, and a hash shared by two
-    different pairs (rare) falls back to ``np.unique``.
+    the low bits (numpy sorts plain uint64s much faster than it argsorts), puts equal pairs
+    next to each other; a group is a run of equal pairs. Only a hash shared by different
+    pairs (rare) could split a pair's run: then ``np.unique`` takes over.
 
     Returns:
-        ``(keys, pos, group)``: the distinct pairs as ints ``low | high << 64`` (in no
-        particular order), and for each ``i`` pair number ``pos[i]`` is ``keys[group[i]]``.
+        ``(keys, pos, counts)``: the distinct pairs as ints ``low | high << 64`` (in no
+        particular order), and the pairs' positions grouped: the first ``counts[0]`` of
+        ``pos`` are those of ``keys[0]``, the next ``counts[1]`` those of ``keys[1]``, ...
     """
     n = low.size
     if n == 0:
@@ -110,25 +111,24 @@ def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarr
     packed = (((low ^ (high * _MIX_HIGH)) * _MIX_LOW) & ~pos_mask) | np.arange(n, dtype=np.uint64)
     packed.sort()
     pos = (packed & pos_mask).view(np.int64)
-    hashed = packed & ~pos_mask
+    sorted_low, sorted_high = low[pos], high[pos]
     first = np.empty(n, dtype=bool)
     first[0] = True
-    np.not_equal(hashed[1:], hashed[:-1], out=first[1:])
-    sorted_low, sorted_high = low[pos], high[pos]
-    # within a group (equal hashes) every pair must equal the one before it
-    same = first[1:] | ((sorted_low[1:] == sorted_low[:-1]) & (sorted_high[1:] == sorted_high[:-1]))
-    if same.all():
-        group = np.cumsum(first) - 1
-        reps = np.flatnonzero(first)
-        uniq_low, uniq_high = sorted_low[reps], sorted_high[reps]
-    else:
-        pairs, group = np.unique(np.stack([low, high], axis=1), axis=0, return_inverse=True)
-        pos, group = np.arange(n), group.reshape(-1)
-        uniq_low, uniq_high = pairs[:, 0], pairs[:, 1]
-    keys = uniq_low.tolist()
-    for i in np.flatnonzero(uniq_high).tolist():  # the words of more than 8 bytes
-        keys[i] |= int(uniq_high[i]) << 64
-    return keys, pos, group
+    np.not_equal(sorted_low[1:], sorted_low[:-1], out=first[1:])
+    first[1:] |= sorted_high[1:] != sorted_high[:-1]
+    heads = np.flatnonzero(first)
+    hashes = packed[heads] >> np.uint64(bits)
+    if hashes.size > 1 and not np.all(hashes[1:] != hashes[:-1]):  # two pairs share a hash: runs may split
+        pairs, inverse = np.unique(np.stack([low, high], axis=1), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        return ([a | b << 64 for a, b in pairs.tolist()], np.argsort(inverse, kind="stable"),
+                np.bincount(inverse, minlength=len(pairs)))
+    uniq_high = sorted_high[heads]
+    keys = sorted_low[heads].tolist()
+    longer = np.flatnonzero(uniq_high)  # the words of more than 8 bytes
+    for i, h in zip(longer.tolist(), uniq_high[longer].tolist()):
+        keys[i] |= h << 64
+    return keys, pos, np.diff(heads, append=n)
 
 
 def _stop_table(stopwords: frozenset[str]) -> tuple[np.ndarray, np.uint64, np.uint64] | None:
@@ -189,9 +189,9 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], n
     high = np.zeros_like(fit_low)
     over = np.flatnonzero(fit_lens > _KEY_BYTES)  # the words that need a second uint64 (~10% in English)
     high[over] = at[fit_starts[over] + _KEY_BYTES] & _KEY_MASKS[fit_lens[over] - _KEY_BYTES]
-    keys, pos, group = _group_pairs(fit_low, high)
+    keys, pos, counts = _group_pairs(fit_low, high)
     values = np.empty(starts.size, dtype=np.int64)
-    values[pos if fit is None else fit[pos]] = lookup(keys)[group]
+    values[pos if fit is None else fit[pos]] = np.repeat(lookup(keys), counts)
     if fit is not None:  # words beyond 16 bytes, by their bytes
         rest = np.flatnonzero(lens > 2 * _KEY_BYTES)
         values[rest] = lookup([data[a:b] for a, b in zip(starts[rest].tolist(), ends[rest].tolist())])
