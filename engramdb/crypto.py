@@ -18,6 +18,7 @@ import os
 import struct
 import unicodedata
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Iterable
 
 from cryptography.exceptions import InvalidTag
@@ -324,6 +325,6 @@ class Sealer:
 
     def state_terms(self, table: bytes, pairs: "list[tuple[bytes, bytes]]") -> int:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table (not reduced)."""
-        sha, prefix, from_bytes = hashlib.sha256, table + b"\x00", int.from_bytes
+        sha, prefix = hashlib.sha256, table + b"\x00"
         macs = self._state_hmac.digests([prefix + key + sha(envelope).digest() for key, envelope in pairs])
-        return sum(from_bytes(mac, "big") for mac in macs)
+        return sum(map(int.from_bytes, macs, repeat("big")))
