@@ -123,8 +123,9 @@ def _packer() -> msgpack.Packer:
 
 
 # The node fields in record order (between the schema version and the embeddings): one
-# attrgetter call reads them all.
-_NODE_RECORD_FIELDS = operator.attrgetter(
+# itemgetter call reads them all from the node's instance dict (a frozen dataclass keeps
+# every field there; plain dict lookups are ~3x faster than attribute lookups).
+_NODE_RECORD_FIELDS = operator.itemgetter(
     "id", "content", "entities", "topics", "quote", "weight", "flags", "emotions", "source_start", "source_end",
     "resolved_date", "tier", "importance", "created_at", "last_accessed", "access_count", "pinned", "tags",
     "source", "metadata")
@@ -152,10 +153,11 @@ def encode_nodes(nodes: "list[Node]") -> list[bytes]:
     out = []
     try:
         for node in nodes:
+            values = node.__dict__
             # tuples pack as msgpack arrays, exactly like lists
-            embeddings = node.embeddings
-            body = pack([NODE_SCHEMA, *get_fields(node), {space: _vector_bytes(vec) for space, vec in
-                                                         sorted(embeddings.items())} if embeddings else {}])
+            embeddings = values["embeddings"]
+            body = pack([NODE_SCHEMA, *get_fields(values), {space: _vector_bytes(vec) for space, vec in
+                                                           sorted(embeddings.items())} if embeddings else {}])
             if len(body) > ZSTD_THRESHOLD:
                 out.append(_ZSTD_PREFIX + _compressor.compress(body))
             else:
