@@ -111,7 +111,7 @@ def _group_pairs(low: np.ndarray, high: np.ndarray) -> tuple[list[int], np.ndarr
     packed = (((low ^ (high * _MIX_HIGH)) * _MIX_LOW) & ~pos_mask) | np.arange(n, dtype=np.uint64)
     packed.sort()
     pos = (packed & pos_mask).view(np.int64)
-    sorted_low, sorted_high = low[pos], high[pos]
+    sorted_low, sorted_high = np.take(low, pos), np.take(high, pos)
     first = np.empty(n, dtype=bool)
     first[0] = True
     np.not_equal(sorted_low[1:], sorted_low[:-1], out=first[1:])
@@ -157,7 +157,7 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], n
     and give each other its word's value; the texts start at byte ``offsets``.
 
     ``lookup`` maps a list of distinct word keys (see ``_KEY_MASKS``; bytes for words
-    beyond 16 bytes) to their values (int64).
+    beyond 16 bytes, which first pass through as key 0) to their values (int64).
 
     Returns:
         ``(values, firsts)``: each kept token's value, in text order, and each text's first
@@ -174,7 +174,8 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], n
     lens = ends - starts
     # an unaligned little-endian uint64 at every byte offset
     at = np.ndarray((len(data) - _KEY_BYTES + 1,), dtype="<u8", buffer=data, strides=(1,))
-    low = at[starts] & _KEY_MASKS[np.minimum(lens, _KEY_BYTES)]
+    # (np.take of the masks: several times faster than indexing; "clip" gives longer words 8 bytes)
+    low = at[starts] & np.take(_KEY_MASKS, lens, mode="clip")
     # Tokens that never become terms leave before grouping (~40% of English text). A longer
     # word's first 8 bytes never equal a stopword's shorter key: its masked-off bytes are 0.
     drop = lens == 1
@@ -184,16 +185,16 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], n
     kept = np.flatnonzero(~drop)
     starts, ends, lens, low = starts[kept], ends[kept], lens[kept], low[kept]
     firsts = np.searchsorted(starts, offsets)
-    fit = None if not lens.size or lens.max() <= 2 * _KEY_BYTES else np.flatnonzero(lens <= 2 * _KEY_BYTES)
-    fit_starts, fit_lens, fit_low = (starts, lens, low) if fit is None else (starts[fit], lens[fit], low[fit])
-    high = np.zeros_like(fit_low)
-    over = np.flatnonzero(fit_lens > _KEY_BYTES)  # the words that need a second uint64 (~10% in English)
-    high[over] = at[fit_starts[over] + _KEY_BYTES] & _KEY_MASKS[fit_lens[over] - _KEY_BYTES]
-    keys, pos, counts = _group_pairs(fit_low, high)
+    high = np.zeros_like(low)
+    over = np.flatnonzero(lens > _KEY_BYTES)  # the words that need a second uint64 (~10% in English)
+    high[over] = at[starts[over] + _KEY_BYTES] & np.take(_KEY_MASKS, lens[over] - _KEY_BYTES, mode="clip")
+    rest = np.flatnonzero(lens > 2 * _KEY_BYTES) if lens.size and lens.max() > 2 * _KEY_BYTES else None
+    if rest is not None:  # words beyond 16 bytes (rare) share key 0 here and get their values by their bytes
+        low[rest] = high[rest] = 0
+    keys, pos, counts = _group_pairs(low, high)
     values = np.empty(starts.size, dtype=np.int64)
-    values[pos if fit is None else fit[pos]] = np.repeat(lookup(keys), counts)
-    if fit is not None:  # words beyond 16 bytes, by their bytes
-        rest = np.flatnonzero(lens > 2 * _KEY_BYTES)
+    values[pos] = np.repeat(lookup(keys), counts)
+    if rest is not None:
         values[rest] = lookup([data[a:b] for a, b in zip(starts[rest].tolist(), ends[rest].tolist())])
     return values, firsts
 
@@ -348,7 +349,7 @@ class Tokenizer:
             texts[i] = " ".join(self._findall(self._normal_lower(texts[i])))  # the reference path
         # word key -> its term's number (terms numbered on first sight) or _DROP (too short,
         # a stopword); a new word is decoded, filtered and stemmed once
-        kinds: dict[int | bytes, int] = {}
+        kinds: dict[int | bytes, int] = {0: _DROP}  # 0: a word beyond 16 bytes, numbered by its bytes instead
         numbers: dict[str, int] = {}
         stop = self._stop
 
