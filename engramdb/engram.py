@@ -40,6 +40,12 @@ _first = operator.itemgetter(0)
 _content_of = operator.attrgetter("content")
 
 
+def _direct(item: dict) -> bool:
+    """Whether Engram._build would pass ``item`` to Node.from_fields unchanged: it gives the
+    id and both timestamps, and only node fields (from_fields copies the values)."""
+    return "id" in item and "created_at" in item and "last_accessed" in item and _NODE_FIELDS.issuperset(item)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding of :meth:`Engram.verify`."""
@@ -514,16 +520,18 @@ class Engram:
 
     @classmethod
     def _build_many(cls, items: Iterable[Node | str | Mapping[str, Any]], now: float | None) -> list[Node]:
-        """``[_build(item, {}, now) for item in items]``; a dict that gives the id and both
-        timestamps and only node fields (a bulk load's records) goes to Node.from_fields as is."""
+        """``[_build(item, {}, now) for item in items]``. A dict that gives the id and both
+        timestamps and only node fields (a bulk load's records) goes to Node.from_fields as
+        is; a batch of such dicts with the same keys, to Node.from_fields_many."""
+        items = items if isinstance(items, list) else list(items)
+        if items and set(map(type, items)) == {dict} and _direct(items[0]):
+            keys = items[0].keys()
+            if all(map(keys.__eq__, map(dict.keys, items))):
+                return Node.from_fields_many(items)
         nodes = []
-        append, from_fields, known, build = nodes.append, Node.from_fields, _NODE_FIELDS.issuperset, cls._build
+        append, build = nodes.append, cls._build
         for item in items:
-            if (item.__class__ is dict and "id" in item and "created_at" in item and "last_accessed" in item
-                    and known(item)):
-                append(from_fields(item))  # from_fields copies the values; the item is left alone
-            else:
-                append(build(item, {}, now))
+            append(Node.from_fields(item) if item.__class__ is dict and _direct(item) else build(item, {}, now))
         return nodes
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
