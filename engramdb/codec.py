@@ -188,12 +188,12 @@ def decode_node(data: bytes) -> Node:
          created, accessed, count, pinned, tags, source, metadata, embeddings) = fields[:22]
         if not isinstance(embeddings, dict):
             raise ValidationError("embeddings")
-        return Node(
-            id=id_, content=content, entities=entities, topics=topics, quote=quote, weight=weight,
-            flags=flags, emotions=emotions, source_start=ss, source_end=se, resolved_date=rd, tier=tier,
-            importance=importance, created_at=created, last_accessed=accessed, access_count=count,
-            pinned=pinned, tags=tags, source=source, metadata=metadata,
-            embeddings={space: _vector_from(vec) for space, vec in embeddings.items()},
-        )
+        return Node.from_fields({  # the constructor's checks, without its setattr per field
+            "id": id_, "content": content, "entities": entities, "topics": topics, "quote": quote,
+            "weight": weight, "flags": flags, "emotions": emotions, "source_start": ss, "source_end": se,
+            "resolved_date": rd, "tier": tier, "importance": importance, "created_at": created,
+            "last_accessed": accessed, "access_count": count, "pinned": pinned, "tags": tags, "source": source,
+            "metadata": metadata, "embeddings": {space: _vector_from(vec) for space, vec in embeddings.items()},
+        })
     except (ValidationError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"a node record holds invalid fields: {exc}") from None

@@ -170,9 +170,11 @@ class Node:
         # Normalised values are written into the instance dict: a frozen dataclass forbids
         # setattr, and this is the cheap equivalent of object.__setattr__. The checks are
         # _NODE_CHECKS, in order (so a node with several bad fields reports the same one).
+        # A field still holding its default object (not given) passes its checks unchanged.
         d = self.__dict__
-        for _, check in _NODE_CHECKS:
-            check(d)
+        for name, check, default in _POST_INIT_CHECKS:
+            if d[name] is not default:
+                check(d)
 
     def replace(self, **changes: Any) -> "Node":
         """A copy with ``changes`` applied (validated again)."""
@@ -425,6 +427,11 @@ def _field_check(name: str) -> Any:
 
 
 _FIELD_CHECKS = {name: _field_check(name) for name in NODE_FIELDS}
+# (field, check, default object): a private sentinel for the id and the factory-made mappings,
+# which no given value is
+_NO_DEFAULT = object()
+_DEFAULT_OBJECTS = {f.name: _NO_DEFAULT if f.default is MISSING else f.default for f in fields(Node)}
+_POST_INIT_CHECKS = tuple((name, check, _DEFAULT_OBJECTS[name]) for name, check in _NODE_CHECKS)
 
 
 

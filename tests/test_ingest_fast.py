@@ -131,6 +131,15 @@ def test_from_fields_gives_the_constructors_node_or_first_error(data):
         assert list(vars(got)) == list(NODE_FIELDS)
 
 
+def test_the_constructor_checks_every_given_value():
+    # fields left at their default objects skip their checks; given values never do
+    for bad in ({"id": None}, {"id": ""}, {"id": "a", "metadata": None}, {"id": "a", "embeddings": []},
+                {"id": "a", "tier": None}, {"id": "a", "importance": 0.5 + 1}):
+        with pytest.raises(ValidationError):
+            Node(**bad)
+    assert Node(id="a", tier="".join(["h", "ot"]), importance=float("0.5")) == Node(id="a")
+
+
 def test_several_bad_fields_report_the_constructors_first():
     # checks run in the order of the data, then again in the constructor's order on a failure
     data = {"created_at": "x", "importance": 2.0, "id": "a"}
