@@ -19,7 +19,6 @@ import operator
 import re
 import string
 import unicodedata
-from collections import defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
