@@ -199,8 +199,8 @@ def encode_blocks(docnos: np.ndarray, values: np.ndarray, bounds: np.ndarray) ->
     if docnos.size:
         dws[nonempty] = _widths(np.maximum.reduceat(deltas, starts[nonempty]))
         vws[nonempty] = _widths(np.maximum.reduceat(values, starts[nonempty]))
-    cols_d = {w: deltas.astype(_DT[w]) for w in np.unique(dws[nonempty]).tolist()}
-    cols_v = {w: values.astype(_DT[w]) for w in np.unique(vws[nonempty]).tolist()}
+    cols_d = {w: deltas.astype(_DT[w]) for w in set(dws[nonempty].tolist())}
+    cols_v = {w: values.astype(_DT[w]) for w in set(vws[nonempty].tolist())}
     out = []
     head, zc = _HEAD.pack, _zc.compress
     for a, b, dw, vw in zip(starts.tolist(), ends.tolist(), dws.tolist(), vws.tolist()):
