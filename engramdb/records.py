@@ -434,7 +434,6 @@ _DEFAULT_OBJECTS = {f.name: _NO_DEFAULT if f.default is MISSING else f.default f
 _POST_INIT_CHECKS = tuple((name, check, _DEFAULT_OBJECTS[name]) for name, check in _NODE_CHECKS)
 
 
-
 def _column_checks() -> dict[str, Any]:
     """Per field, a check of a whole column that implies every value passes the field's
     own check unchanged (exact types only: a subclass or a conversion goes row by row)."""
@@ -469,6 +468,7 @@ def _columns_pass(rows: "Sequence[Mapping[str, Any]]") -> bool:
     if not all(map(keys.__eq__, map(dict.keys, rows))):
         return False
     return all(_COLUMN_CHECKS[name](list(map(operator.itemgetter(name), rows))) for name in first)
+
 
 @dataclass(frozen=True)
 class Edge:

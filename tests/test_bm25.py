@@ -342,7 +342,7 @@ def test_a_second_handle_sees_commits_and_drops_stale_cache(store, tmp_path):
 
 def test_verify_reports_damage_and_rebuild_repairs(store):
     docs = [(i + 1, TOKENIZE(text)) for i, text in enumerate(CORPUS[:10])]
-    idx = _index(store, docs, [5, 5])
+    _index(store, docs, [5, 5])
     with store.read() as txn:
         key = next(iter(txn.keys("postings")))
 

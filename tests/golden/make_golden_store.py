@@ -30,7 +30,6 @@ Carol from finance approved the budget. Never store credentials in the repositor
 
 def build(path: str) -> None:
     import engramdb
-    from engramdb.engram import Transaction
 
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=engramdb.KDFParams.for_tests()) as db:
         db.add_space("hashed", dims=64)  # the built-in embedder: no model needed
