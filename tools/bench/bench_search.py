@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--dims", type=int, default=384)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--ingest-rounds", type=int, default=3)
     ap.add_argument("--out", help="also write the report to this file (e.g. tools/bench/results/DATE-HOST-search.txt)")
     args = ap.parse_args()
     if args.out:
@@ -162,44 +163,66 @@ def run(args, tmp: str) -> None:
     results: dict[str, dict] = {}
 
     # --- ingest ------------------------------------------------------------------------------
-    print("bulk ingest (one transaction)")
+    print(f"bulk ingest (one transaction per system; {args.ingest_rounds} rounds, systems taking turns, fresh files)")
     path = os.path.join(tmp, "bench.engram")
     t0 = time.perf_counter()
     db = engram_mod.open(path, passphrase="bench passphrase")  # default argon2id (t=3, m=64 MiB, p=4)
     kdf_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    db.add_many([{"id": f"d{i}", "content": t, "created_at": 0.0, "last_accessed": 0.0} for i, t in enumerate(texts)])
-    ingest_s = time.perf_counter() - t0
-    print(f"  engramdb (encrypted, postings)     {len(texts) / ingest_s:10.0f} docs/s  ({ingest_s:.2f} s)")
 
-    fts_path = os.path.join(tmp, "fts.sqlite")
-    con = sqlite3.connect(fts_path)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
-    t0 = time.perf_counter()
-    with con:
-        con.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, t) for i, t in enumerate(texts)))
-    fts_ingest = time.perf_counter() - t0
-    print(f"  sqlite3 FTS5 (plaintext)           {len(texts) / fts_ingest:10.0f} docs/s  ({fts_ingest:.2f} s)")
+    def ingest_engramdb(rnd: int) -> float:
+        target = db if rnd == 0 else engram_mod.open(os.path.join(tmp, f"r{rnd}.engram"), passphrase="bench passphrase")
+        t = time.perf_counter()
+        target.add_many([{"id": f"d{i}", "content": text, "created_at": 0.0, "last_accessed": 0.0}
+                         for i, text in enumerate(texts)])
+        seconds = time.perf_counter() - t
+        if rnd:  # the first round's file serves the queries below
+            target.close()
+        return seconds
 
-    mc = None
+    def ingest_sql(connect, rnd: int):
+        c = connect(rnd)
+        c.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
+        t = time.perf_counter()
+        with c:
+            c.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, text) for i, text in enumerate(texts)))
+        return time.perf_counter() - t, c
+
+    def fts_connect(rnd: int):
+        c = sqlite3.connect(os.path.join(tmp, f"fts{rnd}.sqlite"))
+        c.execute("PRAGMA journal_mode=WAL")
+        return c
+
+    mc_connect = None
     try:
         import apsw
 
-        mc = apsw.Connection(os.path.join(tmp, "fts-mc.sqlite"))
-        mc.pragma("cipher", "chacha20")
-        mc.pragma("key", "bench passphrase")
-        mc.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
-        t0 = time.perf_counter()
-        with mc:
-            mc.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, t) for i, t in enumerate(texts)))
-        mc_ingest = time.perf_counter() - t0
-        print(f"  SQLite3MC FTS5 (encrypted)         {len(texts) / mc_ingest:10.0f} docs/s  ({mc_ingest:.2f} s)")
+        def mc_connect(rnd: int):
+            c = apsw.Connection(os.path.join(tmp, f"fts-mc{rnd}.sqlite"))
+            c.pragma("cipher", "chacha20")
+            c.pragma("key", "bench passphrase")
+            return c
     except ImportError:
-        mc_ingest = None
+        pass
+    times: dict[str, list[float]] = {"engramdb": [], "fts5": [], "fts5mc": []}
+    con = mc = None
+    for rnd in range(args.ingest_rounds):
+        times["engramdb"].append(ingest_engramdb(rnd))
+        seconds, con = ingest_sql(fts_connect, rnd)
+        times["fts5"].append(seconds)
+        if mc_connect is not None:
+            seconds, mc = ingest_sql(mc_connect, rnd)
+            times["fts5mc"].append(seconds)
+    rates = {name: sorted(len(texts) / s for s in ts) for name, ts in times.items() if ts}
+    for name, label in (("engramdb", "engramdb (encrypted, postings)"), ("fts5", "sqlite3 FTS5 (plaintext)"),
+                        ("fts5mc", "SQLite3MC FTS5 (encrypted)")):
+        if name in rates:
+            print(f"  {label:<34} median {statistics.median(rates[name]):8.0f} docs/s  "
+                  f"(rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
+    if mc_connect is None:
         print("  SQLite3MC FTS5: skipped (pip install apsw-sqlite3mc)")
-    print(f"  ratio engramdb / FTS5 insert: {fts_ingest / ingest_s:.2f}x"
-          + (f"; engramdb / SQLite3MC: {mc_ingest / ingest_s:.2f}x" if mc_ingest else ""))
+    ours_rate = statistics.median(rates["engramdb"])
+    print(f"  ratio of medians engramdb / FTS5 insert: {ours_rate / statistics.median(rates['fts5']):.2f}x"
+          + (f"; engramdb / SQLite3MC: {ours_rate / statistics.median(rates['fts5mc']):.2f}x" if "fts5mc" in rates else ""))
 
     # --- BM25 queries ------------------------------------------------------------------------
     idx = db.indexes
