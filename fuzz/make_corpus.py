@@ -299,10 +299,31 @@ def header_seeds() -> list[bytes]:
     return seeds
 
 
+def tokenize_seeds() -> list[bytes]:
+    """Texts for fuzz_tokenize.py (split on \\x1e), each under all four tokenizers."""
+    texts = [
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
+        " must be in want of a wife.",
+        "The THE the; And/OR but_not x1 y2 __init__ 3.14 1,000,000 e-mail o'clock",
+        " ".join("w" * n for n in range(1, 21)),  # word lengths around the 8- and 16-byte keys
+        " ".join("ab" * n for n in range(1, 12)) + " " + "x" * 40 + " " + "Y" * 17,
+        "Café naïve straße Æsir ﬁnance ½ Ⅻ İstanbul ΣΊΣΥΦΟΣ 東京タワー 🙂 e\u0301",
+        "ab\x00cd\x01ef\tgh\nij\rkl\x7fmn",
+        "\x1e\x1e only separators and \x1e\x1e empty texts \x1e",
+        "running runs ran runner easily fairly, generous generously",
+    ]
+    seeds = [bytes([mode]) + text.encode("utf-8") for text in texts for mode in range(4)]
+    seeds.append(b"\x00" + "lone \ud800 surrogate \udfff".encode("utf-8", "surrogatepass"))
+    seeds.append(b"\x01invalid \xff\xfe utf-8 \xc3")
+    seeds.append(b"\x02" + "\x1e".join(texts).encode("utf-8"))
+    return seeds
+
+
 def main_parsers() -> None:
     _write_seeds("importers", importer_seeds())
     _write_seeds("records", record_seeds())
     _write_seeds("header", header_seeds())
+    _write_seeds("tokenize", tokenize_seeds())
 
 
 if __name__ == "__main__":

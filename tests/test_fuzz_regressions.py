@@ -2,7 +2,7 @@
 
 One test per finding, with the input as a literal (or built in a line from a valid file)
 and a docstring saying where it was found and what went wrong; plus a replay of the seed
-corpora of fuzz/fuzz_importers.py, fuzz/fuzz_records.py and fuzz/fuzz_header.py through
+corpora of fuzz/fuzz_importers.py, fuzz/fuzz_records.py, fuzz/fuzz_header.py and fuzz/fuzz_tokenize.py through
 the same oracles (no atheris needed). See fuzz/README.md.
 """
 from __future__ import annotations
@@ -38,12 +38,13 @@ def _target(name: str):
 IMPORTERS = _target("fuzz_importers")
 RECORDS = _target("fuzz_records")
 HEADER = _target("fuzz_header")
+TOKENIZE = _target("fuzz_tokenize")
 
 
 # --- the corpus replay ---------------------------------------------------------------
 
 @pytest.mark.parametrize("name, target, minimum", [
-    ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40),
+    ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40), ("tokenize", TOKENIZE, 30),
 ])
 def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
     """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""
@@ -57,7 +58,8 @@ def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
 
 
 def test_the_oracles_can_fail(monkeypatch):
-    """The oracles are not vacuous: a re-encoding that changes a node, and a KDF run above the cap, are reported."""
+    """The oracles are not vacuous: a re-encoding that changes a node, a KDF run above the cap and a batch
+    tokenization that differs from the one-text path are reported."""
     real_encode = codec.encode_node
     monkeypatch.setattr(codec, "encode_node", lambda node: real_encode(node.replace(content=node.content + "!")))
     with pytest.raises(AssertionError, match="!= node"):
@@ -68,6 +70,11 @@ def test_the_oracles_can_fail(monkeypatch):
         argon2.low_level.hash_secret_raw(secret=b"x", salt=b"s" * 8, time_cost=5, memory_cost=8, parallelism=1,
                                          hash_len=32, type=argon2.low_level.Type.ID)
     assert crypto.KDFParams.CAP == (20, 4 * 1024 * 1024, 16)  # cheap_kdf() restores the real cap
+    tokenizer = TOKENIZE.TOKENIZERS[0]
+    real_encode_many = tokenizer.encode_many
+    monkeypatch.setattr(tokenizer, "encode_many", lambda texts: real_encode_many([t + " extra" for t in texts]))
+    with pytest.raises(AssertionError):
+        TOKENIZE.TestOneInput(b"\x00plain words")
 
 
 # --- helpers ------------------------------------------------------------------------
