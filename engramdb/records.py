@@ -300,20 +300,21 @@ def _check_str_list(name: str) -> Any:
     return check
 
 
-def _check_flags(d: dict) -> None:
-    if d["flags"].__class__ is not tuple or d["flags"]:
-        flags = d["flags"] = _str_list("flags", d["flags"])
-        for flag in flags:
-            if flag not in ALL_FLAGS:
-                raise ValidationError(f"unknown flag {flag!r}; expected one of {', '.join(ALL_FLAGS)}")
+def _check_known(name: str, known: tuple[str, ...], unknown: Any) -> Any:
+    """A check of a string-list field whose items must be in ``known`` (``unknown(item)``
+    gives the error message)."""
+    def check(d: dict) -> None:
+        value = d[name]
+        if value.__class__ is not tuple or value:
+            items = d[name] = _str_list(name, value)
+            for item in items:
+                if item not in known:
+                    raise ValidationError(unknown(item))
+    return check
 
 
-def _check_emotions(d: dict) -> None:
-    if d["emotions"].__class__ is not tuple or d["emotions"]:
-        emotions = d["emotions"] = _str_list("emotions", d["emotions"])
-        for emotion in emotions:
-            if emotion not in ALL_EMOTIONS:
-                raise ValidationError(f"unknown emotion {emotion!r}; see engramdb.ALL_EMOTIONS")
+_check_flags = _check_known("flags", ALL_FLAGS, lambda f: f"unknown flag {f!r}; expected one of {', '.join(ALL_FLAGS)}")
+_check_emotions = _check_known("emotions", ALL_EMOTIONS, lambda e: f"unknown emotion {e!r}; see engramdb.ALL_EMOTIONS")
 
 
 def _check_finite(name: str) -> Any:
