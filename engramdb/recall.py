@@ -28,7 +28,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -323,10 +323,7 @@ class _Run:
         ``s`` holds the candidates' scores and ``P`` the row-normalised edge weights: the
         mass one step of personalised PageRank from the candidates moves to ``d``.
         """
-        if self.filtering and docnos.size:
-            ok = np.fromiter((self.node(int(d)) is not None for d in docnos), dtype=bool, count=docnos.size)
-            docnos, scores = docnos[ok], scores[ok]
-        docnos, scores = _top_k(docnos, scores, limit)
+        docnos, scores = self._passing_top(docnos, scores, limit) if self.filtering else _top_k(docnos, scores, limit)
         if not (self.hops and docnos.size and self.has_edges):
             # nothing to spread: the ranking is the top itself, already (score desc, docno)
             return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
@@ -339,6 +336,28 @@ class _Run:
         total = {d: base.get(d, 0.0) + spread.get(d, 0.0) for d in sorted(set(base) | set(spread))}
         ranked = sorted(total.items(), key=lambda item: (-item[1], item[0]))[:limit]
         return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for d, _ in ranked]
+
+    def _passing_top(self, docnos: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """``_top_k`` of the documents that pass the filter. Checking a document decodes its
+        node, so they are checked best first and only until ``limit`` pass: the best
+        ``2 * limit`` first, the rest (sorted only then) when too few of those pass."""
+        head_d, head_s = _top_k(docnos, scores, 2 * limit)
+
+        def best_first() -> Iterator[tuple[int, float]]:
+            yield from zip(head_d.tolist(), head_s.tolist())
+            if head_d.size < docnos.size:  # _top_k is the head of this same order
+                rest = np.lexsort((docnos, -scores))[head_d.size:]
+                yield from zip(docnos[rest].tolist(), scores[rest].tolist())
+
+        keep_d: list[int] = []
+        keep_s: list[float] = []
+        for d, s in best_first():
+            if len(keep_d) == limit:
+                break
+            if self.node(d) is not None:
+                keep_d.append(d)
+                keep_s.append(s)
+        return np.asarray(keep_d, dtype=docnos.dtype), np.asarray(keep_s, dtype=np.float64)
 
     def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]], dates: Sequence[QueryDate],
              top_k: int, explain: bool) -> list[Hit]:

@@ -419,3 +419,37 @@ def test_vector_scores_within_rounding_of_zero_are_no_evidence(tmp_path):
     db._store.write(db.indexes.rebuild)  # every index rebuilt from the records
     assert [(h.id, h.score) for h in db.recall("relocate nyc", top_k=6, hops=False)] == incremental
     db.close()
+
+
+def _check_all_then_top(self, docnos, scores, limit):
+    """The reference for _Run._passing_top: check every document, then take the top."""
+    import numpy as np
+
+    from engramdb.recall import _top_k
+
+    ok = np.fromiter((self.node(int(d)) is not None for d in docnos), dtype=bool, count=docnos.size)
+    return _top_k(docnos[ok], scores[ok], limit)
+
+
+def test_filtered_recall_checks_best_first_and_equals_checking_every_match(make_db, monkeypatch):
+    """A filter is checked on the best matches first, stopping once enough pass (each check
+    decodes a node); the hits equal checking every match first, with ties, a filter that
+    passes nearly everything and one that passes a few documents deep in the ranking."""
+    import random
+
+    from engramdb.recall import _Run
+
+    rng = random.Random(5)
+    db = make_db()
+    words = ["apple", "river", "stone", "cloud", "ember", "maple"]
+    db.add_many([{"id": f"m{i}", "content": " ".join(rng.choice(words) for _ in range(rng.randint(2, 6))),
+                  "tags": ["rare" if i % 37 == 5 else "common", f"g{i % 29}"], "tier": "warm" if i % 11 == 0 else "hot",
+                  "created_at": NOW + i, "last_accessed": NOW + i} for i in range(400)])
+    queries = ["apple river", "stone", "cloud ember maple", "apple apple stone river"]
+    filters = [{"tags": ["rare"]}, {"tags": ["common"]}, {"tiers": ["warm"]}, {"after": NOW + 390},
+               {"tiers": ["hot"], "tags": ["rare"]}] + [{"tags": [f"g{g}"]} for g in range(0, 29, 3)]
+    fast = [[(h.id, h.score) for h in db.recall(q, top_k=k, **f)] for q in queries for f in filters for k in (1, 7)]
+    monkeypatch.setattr(_Run, "_passing_top", _check_all_then_top)
+    slow = [[(h.id, h.score) for h in db.recall(q, top_k=k, **f)] for q in queries for f in filters for k in (1, 7)]
+    assert fast == slow
+    assert any(len(hits) == 7 for hits in fast) and all(hits for hits in fast)
