@@ -259,6 +259,7 @@ def run(args, tmp: str) -> None:
                                (" OR ".join(q.split()),)))
 
     labels = {"engramdb": "engramdb BM25 (encrypted)", "recall": "engramdb recall() full pipeline",
+              "recall_filter": "engramdb recall(tiers=['hot'])",
               "bm25s": "bm25s get_scores + argpartition", "bm25s_retrieve": "bm25s retrieve(k=10)",
               "fts5": "sqlite3 FTS5 OR-query",
               "fts5mc": "SQLite3MC FTS5 OR-query (encrypted)"}
@@ -271,7 +272,9 @@ def run(args, tmp: str) -> None:
         for terms, q in zip(q_terms, qs):  # warm cache: every query's postings decoded once
             ours(terms)
             db.recall(q, top_k=10)
+            db.recall(q, top_k=10, tiers=["hot"])
         systems = {"engramdb": (ours, q_terms), "recall": (lambda q: db.recall(q, top_k=10), qs),
+                   "recall_filter": (lambda q: db.recall(q, top_k=10, tiers=["hot"]), qs),
                    "bm25s": (theirs, q_terms), "bm25s_retrieve": (theirs_retrieve, q_terms), "fts5": (fts_or, qs)}
         if mc is not None:
             systems["fts5mc"] = (mc_or, qs)
