@@ -22,11 +22,15 @@ RANKS = {
     "aaak": 5, "importers": 5,
     "compress.*": 6, "compress": 6,
     "recall": 7,
-    "maintenance": 8, "agent.*": 8, "agent": 8,
+    "maintenance.*": 8, "maintenance": 8,
+    # the agent layer works on an Engram through its public API (duck-typed, no import of it)
+    "agent.*": 9, "agent": 9,
     # engram's facade and the modules that extend it with whole-store operations
     # (they build on Engram; engram.py reaches them through lazy imports)
-    "engram": 9, "backup": 9, "ingest": 9,
-    "cli": 10, "__main__": 10, "__init__": 10,
+    "engram": 10, "backup": 10, "ingest": 10,
+    # whole-file services built on the facade: the MCP server and the Dask fleet
+    "mcp_server": 11, "fleet": 11,
+    "cli": 12, "__main__": 12, "__init__": 12,
 }
 LMDB_ALLOWED = {"store"}
 # `from . import __version__` reads a constant that __init__ defines before it imports any

@@ -1,0 +1,6 @@
+"""The maintenance pass: what turns a store into a memory.
+
+Pure lifecycle functions in Trace Lite's shape (decay, deduplicate, cluster, forget,
+consolidate), the incremental pass over a file, archive compaction and a forget that leaves
+no trace. This package never imports the ``Engram`` facade; ``engram.py`` calls into it.
+"""
