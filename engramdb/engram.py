@@ -584,19 +584,50 @@ class Engram:
         with self._store.read() as txn:
             return Transaction(self, txn).archived(id)
 
-    def get(self, id: str, default: Any = ..., /) -> Node:
+    def get(self, id: str, default: Any = ..., /, *, full: bool = False) -> Node:
         """The memory with this id.
+
+        An archived memory comes back as its stub: ``node.archived`` is True and its
+        ``content`` is a short preview. With ``full=True`` it comes back as it was before it
+        was archived (byte for byte the same record), unless it was archived with truncation.
 
         Raises:
             NotFoundError: no such id (unless ``default`` is given).
         """
         with self._store.read() as txn:
-            node = Transaction(self, txn).find(id)
+            tx = Transaction(self, txn)
+            node = tx.find(id)
+            if node is not None and full:
+                from .maintenance import archive
+
+                node = archive.full_of(tx, node)
         if node is None:
             if default is not ...:
                 return default
             raise NotFoundError(f"no memory with id {id!r}")
         return node
+
+    def archive(self, id: str, /, *, truncate: bool = False, now: float | None = None) -> int:
+        """Archive a memory: its full text moves to the archive table (zstd-compressed, sealed)
+        and the memory keeps a 200-character preview as its content, with tier ``archive``.
+        Returns the number of bytes of text dropped: always 0 unless ``truncate=True``, which
+        keeps only the preview (the rest is gone for good). Archiving an archived memory does
+        nothing. See spec/maintenance.md, "Archive".
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        return self._store.write(lambda txn: Transaction(self, txn).archive(id, truncate=truncate, now=now))
+
+    def unarchive(self, id: str, /) -> Node:
+        """Put an archived memory back as it was (content, tier and metadata, byte for byte)
+        and return it. A memory that is not archived is returned unchanged.
+
+        Raises:
+            NotFoundError: no such id.
+            ValidationError: it was archived with ``truncate=True``; its text is gone.
+        """
+        return self._store.write(lambda txn: Transaction(self, txn).unarchive(id))
 
     def update(self, id: str, /, **changes: Any) -> Node:
         """Change fields of a memory (read-modify-write in one transaction); returns the new node.
@@ -1033,6 +1064,32 @@ class Transaction:
             raise ValidationError("an archived original must be a string")
         self._txn.put("archive", codec.u64(docno), codec.pack_archive(original))
 
+    def drop_archived(self, id: str) -> bool:
+        """Remove the archive row of memory ``id``; False when it had none."""
+        docno = self._docno(id)
+        if docno is None or self._txn.get("archive", codec.u64(docno)) is None:
+            return False
+        self._txn.delete("archive", codec.u64(docno))
+        return True
+
+    def archive(self, id: str, /, *, truncate: bool = False, now: float | None = None) -> int:
+        """As :meth:`Engram.archive`, inside this transaction."""
+        from .maintenance import archive
+
+        return archive.archive(self, id, truncate=truncate, now=now)
+
+    def unarchive(self, id: str, /) -> Node:
+        """As :meth:`Engram.unarchive`, inside this transaction."""
+        from .maintenance import archive
+
+        return archive.unarchive(self, id)
+
+    def full(self, id: str, /) -> Node:
+        """As ``Engram.get(id, full=True)``, inside this transaction."""
+        from .maintenance import archive
+
+        return archive.full(self, id)
+
 
 # --- verify ---------------------------------------------------------------------------
 
@@ -1053,6 +1110,7 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
     if binding:
         problems.append(Problem("state", binding))
     docnos: dict[int, Node] = {}
+    archive_rows: list[tuple[bytes, bytes]] = []
     for table in TABLES:
         count, digest = 0, 0
         for key, envelope in txn.raw_items(table):
@@ -1067,6 +1125,8 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
                 continue
             count += 1
             digest = (digest + sealer.state_term(table.encode(), key, envelope)) % 2**256
+            if table == "archive":
+                archive_rows.append((key, plain))
             if table == "nodes":
                 try:
                     docnos[codec.from_u64(key)] = codec.decode_node(plain)
@@ -1093,6 +1153,9 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
             problems.append(Problem("ids", f"record {docno} ({node.id!r}) has no id entry"))
         if docno >= state.next_docno:
             problems.append(Problem("state", f"record {docno} is beyond the allocated docnos"))
+    from .maintenance.archive import problems as archive_problems
+
+    problems += [Problem("archive", p) for p in archive_problems(docnos, archive_rows)]  # archive hook
     try:
         problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
     except EngramError as exc:  # e.g. a record that does not decrypt (reported above): verify reports, never raises

@@ -20,6 +20,7 @@ from .errors import ValidationError
 
 __all__ = [
     "TIERS",
+    "ARCHIVE_KEY",
     "ALL_FLAGS",
     "ALL_EMOTIONS",
     "EDGE_KINDS",
@@ -47,6 +48,10 @@ EDGE_KINDS = (
     # procedural-graph relations
     "precedes", "requires", "part_of",
 )
+
+# The reserved metadata entry of an archived memory's stub (engramdb/maintenance/archive.py):
+# {"tier": tier before archiving, "length": characters of the original content, "truncated": bool}
+ARCHIVE_KEY = "engramdb.archive"
 
 MAX_ID_BYTES = 1024
 MAX_CONTENT_BYTES = 16 * 1024 * 1024
@@ -175,6 +180,12 @@ class Node:
         for name, check, default in _POST_INIT_CHECKS:
             if d[name] is not default:
                 check(d)
+
+    @property
+    def archived(self) -> bool:
+        """Whether this is an archived memory's stub: its ``content`` is a short preview, and
+        ``Engram.get(id, full=True)`` gives the original (spec/maintenance.md, "Archive")."""
+        return isinstance(self.metadata.get(ARCHIVE_KEY), Mapping)
 
     def replace(self, **changes: Any) -> "Node":
         """A copy with ``changes`` applied (validated again)."""

@@ -1,0 +1,192 @@
+"""Archive compaction (engramdb/maintenance/archive.py): stub + archive row, byte-for-byte round trips."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engramdb
+from engramdb import codec
+from engramdb.maintenance import archive
+from engramdb.records import ARCHIVE_KEY, TIERS
+
+from conftest import PASSPHRASE, TEST_KDF
+
+LONG = "The quarterly planning meeting moved to Thursday. " * 20  # 1000 characters
+
+
+def _record(db, id_):
+    """The stored record bytes of memory ``id_`` (after opening its envelope)."""
+    from engramdb.engram import Transaction
+
+    with db._store.read() as txn:
+        tx = Transaction(db, txn)
+        return txn.get("nodes", codec.u64(tx._docno(id_)))
+
+
+def test_archive_keeps_a_preview_and_get_full_gives_the_original_byte_for_byte(tmp_engram, now):
+    db = tmp_engram
+    db.add(LONG, id="m", tier="cold", tags=["work"], metadata={"k": 1}, importance=0.7, now=now)
+    before = _record(db, "m")
+    original = db.get("m")
+    assert not original.archived
+    assert db.archive("m") == 0
+    stub = db.get("m")
+    assert stub.archived and stub.tier == "archive"
+    assert stub.content == LONG[:200] + "..."
+    assert stub.metadata[ARCHIVE_KEY] == {"tier": "cold", "length": len(LONG), "truncated": False}
+    assert stub.tags == ("work",) and stub.importance == 0.7
+    assert db.archived("m") == LONG  # the archive row holds the full text
+    assert codec.encode_node(db.get("m", full=True)) == before
+    assert db.get("m", full=True) == original
+    assert db.unarchive("m") == original
+    assert _record(db, "m") == before
+    assert db.archived("m") is None and not db.get("m").archived
+
+
+def test_archive_twice_and_unarchive_of_a_live_memory_change_nothing(tmp_engram, now):
+    db = tmp_engram
+    db.add(LONG, id="m", now=now)
+    db.archive("m")
+    stub_bytes = _record(db, "m")
+    assert db.archive("m") == 0
+    assert _record(db, "m") == stub_bytes
+    db.unarchive("m")
+    live = _record(db, "m")
+    assert db.unarchive("m") == db.get("m")
+    assert _record(db, "m") == live
+    assert db.get("m", full=True) == db.get("m")
+
+
+def test_truncating_archive_drops_the_text_and_counts_the_bytes(tmp_engram, now):
+    db = tmp_engram
+    text = "é" * 300  # two UTF-8 bytes a character: 100 characters dropped = 200 bytes
+    db.add(text, id="t", now=now)
+    assert db.archive("t", truncate=True) == 200
+    stub = db.get("t")
+    assert stub.archived and stub.content == "é" * 200 + "..."
+    assert stub.metadata[ARCHIVE_KEY]["truncated"] is True
+    assert db.archived("t") is None
+    assert db.get("t", full=True) == stub  # nothing left to give back
+    with pytest.raises(engramdb.ValidationError) as exc:
+        db.unarchive("t")
+    assert exc.value.hint
+    with db._store.read() as txn:
+        assert txn.count("archive") == 0
+
+
+def test_short_content_is_archived_whole(tmp_engram, now):
+    db = tmp_engram
+    db.add("short note", id="s", now=now)
+    assert db.archive("s", truncate=True) == 0
+    assert db.get("s").content == "short note" and db.get("s").archived
+    assert db.get("s").metadata[ARCHIVE_KEY]["truncated"] is False
+
+
+def test_archived_memory_is_found_by_its_preview_only(tmp_engram, now):
+    db = tmp_engram
+    db.add("zebra crossing at the start. " + "filler words here. " * 20 + "walrus at the end", id="m", now=now)
+    db.add("an unrelated memory about walrus tusks", id="other", now=now)
+    db.archive("m")
+    assert [h.id for h in db.recall("zebra", hops=False)] == ["m"]
+    assert "m" not in [h.id for h in db.recall("walrus", hops=False)]
+    db.unarchive("m")
+    assert "m" in [h.id for h in db.recall("walrus", hops=False)]
+
+
+def test_missing_id_and_bad_chars(tmp_engram):
+    with pytest.raises(engramdb.NotFoundError):
+        tmp_engram.archive("nope")
+    with pytest.raises(engramdb.NotFoundError):
+        tmp_engram.unarchive("nope")
+    tmp_engram.add("x", id="x")
+    with tmp_engram.transaction() as tx:
+        with pytest.raises(engramdb.ValidationError):
+            archive.archive(tx, "x", chars=0)
+
+
+def test_preview_matches_trace_lite_truncation():
+    assert archive.preview("a" * 200) == "a" * 200
+    assert archive.preview("a" * 201) == "a" * 200 + "..."
+    assert archive.preview("abcdef", 3) == "abc..."
+
+
+def test_delete_removes_the_archive_row(tmp_engram, now):
+    tmp_engram.add(LONG, id="m", now=now)
+    tmp_engram.archive("m")
+    tmp_engram.delete("m")
+    with tmp_engram._store.read() as txn:
+        assert txn.count("archive") == 0
+
+
+def test_verify_reports_a_lost_archive_row_and_an_orphan_row(tmp_engram, now):
+    db = tmp_engram
+    db.add(LONG, id="m", now=now)
+    db.add("y", id="y", now=now)
+    db.archive("m")
+    assert db.verify() == []
+    with db.transaction() as tx:
+        tx.drop_archived("m")
+    kinds = [(p.kind, p.detail) for p in db.verify()]
+    assert kinds == [("archive", "archived memory 'm' has lost its archive row (its full text)")]
+    with db.transaction() as tx:
+        tx.set_archived("m", LONG)
+        tx.set_archived("y", "y's original")  # a row without a stub entry (restore's primitive) is allowed
+    assert db.verify() == []
+    with db._store.transaction() as txn:
+        txn.put("archive", codec.u64(999), codec.pack_archive("orphan"))
+    assert [p.detail for p in db.verify()] == ["archive row 999 belongs to no memory"]
+    with db._store.transaction() as txn:
+        txn.delete("archive", codec.u64(999))
+
+
+def test_a_row_written_by_set_archived_alone_is_the_full_text(tmp_engram, now):
+    """Files written before archive() (set_archived only): get(full=True) and archive() use the row."""
+    db = tmp_engram
+    db.add("preview", id="a", now=now)
+    with db.transaction() as tx:
+        tx.set_archived("a", "the full original text")
+    assert db.get("a", full=True).content == "the full original text"
+    db.archive("a")
+    assert db.get("a", full=True).content == "the full original text"
+    assert db.unarchive("a").content == "the full original text"
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+def test_dump_restore_keeps_archived_records_archived(make_db, tmp_path, now, encrypted):
+    db = make_db("a.engram", encrypted=encrypted)
+    db.add(LONG, id="m", tier="warm", metadata={"z": [1, 2]}, now=now)
+    db.add("é" * 400, id="t", now=now)
+    db.add("live memory", id="l", now=now)
+    original = codec.encode_node(db.get("m"))
+    db.archive("m")
+    db.archive("t", truncate=True)
+    buf = io.StringIO()
+    db.dump(buf)
+    kwargs = {"passphrase": PASSPHRASE, "kdf": TEST_KDF} if encrypted else {"encrypted": False}
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "b.engram", **kwargs)
+    with engramdb.open(tmp_path / "b.engram", **kwargs) as restored:
+        assert restored.get("m").archived and restored.get("t").archived
+        assert codec.encode_node(restored.get("m", full=True)) == original
+        assert restored.get("t") == db.get("t")
+        assert codec.encode_node(restored.unarchive("m")) == original
+        assert restored.verify() == []
+
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=600)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=texts, tier=st.sampled_from(TIERS), meta=st.dictionaries(st.text(max_size=5), st.integers(-2**63, 2**63 - 1), max_size=3),
+       pinned=st.booleans())
+def test_archive_unarchive_round_trip_is_byte_identical(tmp_engram, content, tier, meta, pinned):
+    db = tmp_engram
+    id_ = db.add(content, id="h", tier=tier, metadata=meta, pinned=pinned, now=1.0)
+    before = _record(db, id_)
+    db.archive(id_)
+    assert codec.encode_node(db.get(id_, full=True)) == before
+    db.unarchive(id_)
+    assert _record(db, id_) == before
+    db.delete(id_)
