@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from .crypto import KDFParams
 from . import aaak
+from .aaak import decode, encode, encode_tunnel_line, encode_zettel_line
 from .backup import restore
 from .compress import (
     CompressStream, compress, compress_many, estimate_tokens, inject_context, merge_results, normalize_weights,
@@ -35,6 +36,10 @@ __all__ = [
     "import_key",
     "restore",
     "aaak",
+    "encode",
+    "decode",
+    "encode_zettel_line",
+    "encode_tunnel_line",
     "compress",
     "compress_many",
     "merge_results",

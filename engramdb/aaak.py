@@ -22,6 +22,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, NamedTuple, TextIO, Union
 
 import numpy as np
@@ -64,6 +65,8 @@ __all__ = [
     "DumpSummary",
     "encode",
     "decode",
+    "encode_zettel_line",
+    "encode_tunnel_line",
     "write_dump",
     "read_dump",
     "verify_dump",
@@ -528,39 +531,37 @@ def _check_zettel(z: Any) -> None:
         _check_str("zettel resolved_date", z.resolved_date)
 
 
-def encode(result: CompressResult) -> str:
-    """Serialize a compress result as an AAAK v3 result document.
+def encode(result: CompressResult, *, version: int = 3) -> str:
+    """Serialize a compress result as an AAAK result document.
 
-    Lossless: ``decode(encode(r))`` equals ``r`` (zettels, tunnels, entity index and
-    meta, except the ``warnings`` key), and the output is canonical.
+    ``version=3`` (the default) is engramdb's lossless format: ``decode(encode(r))``
+    equals ``r`` (zettels, tunnels, entity index and meta, except the ``warnings`` key),
+    and the output is canonical.
+
+    ``version=2`` writes exactly what zettel-compress 1.0.0's ``encode`` writes, byte for
+    byte, for tools that read only v2. It carries less (spec/aaak.md section 6.1):
+    weights rounded to 2 decimals, no ``resolved_date``, offsets only when both ends are
+    set, entity names without a code as their first three letters uppercased, ids,
+    tunnel ends and labels unescaped, meta other than ``date``/``title`` dropped, and no
+    trailer or final newline.
 
     Args:
         result: the result to write.
+        version: 3 or 2.
 
     Returns:
-        The document text, LF-terminated, ending with the ``@end`` trailer.
+        The document text (v3: LF-terminated, ending with the ``@end`` trailer).
 
     Raises:
-        ValidationError: a field has the wrong type, or meta holds a value tjson cannot carry.
+        ValidationError: a field has the wrong type, meta holds a value tjson cannot carry,
+            or ``version`` is neither 2 nor 3.
     """
-    if not isinstance(result, CompressResult):
-        raise ValidationError(f"encode() takes a CompressResult, got {type(result).__name__}")
+    _check_result(result)
+    if version == 2:
+        return _encode_v2(result)
+    if version != 3 or isinstance(version, bool):
+        raise ValidationError(f"AAAK version must be 2 or 3, got {version!r}")
     index = result.entity_index
-    if not isinstance(index, EntityIndex):
-        raise ValidationError("entity_index must be an EntityIndex")
-    for name in ("code_to_name", "name_to_code"):
-        mapping = getattr(index, name)
-        if not isinstance(mapping, Mapping) or any(
-            not isinstance(k, str) or not isinstance(v, str) for k, v in mapping.items()
-        ):
-            raise ValidationError(f"entity_index.{name} must map strings to strings")
-    for z in result.zettels:
-        _check_zettel(z)
-    for t in result.tunnels:
-        if not isinstance(t, Tunnel):
-            raise ValidationError(f"tunnels must be Tunnel objects, got {type(t).__name__}")
-        for name in ("from_id", "to_id", "label"):
-            _check_str(f"tunnel {name}", getattr(t, name))
     meta = dict(result.meta or {})
     meta.pop("warnings", None)
     header_fields = []
@@ -571,16 +572,7 @@ def encode(result: CompressResult) -> str:
             del meta[key]
         else:
             header_fields.append("")
-    seen: list[str] = []
-    for z in result.zettels:
-        for name in z.entities:
-            if name not in seen:
-                seen.append(name)
-            if len(seen) >= 3:
-                break
-        if len(seen) >= 3:
-            break
-    top = "+".join(_entity_token(n, index) for n in seen)
+    top = "+".join(_entity_token(n, index) for n in _top_entities(result))
     out = io.StringIO()
     sink = _Sink(out)
     sink.line(f"FILE:{len(result.zettels):03d}|{top}|{header_fields[0]}|{header_fields[1]}|v3")
@@ -598,9 +590,161 @@ def encode(result: CompressResult) -> str:
             z.source_start, z.source_end, z.resolved_date, index,
         ))
     for t in result.tunnels:
-        sink.line("T:" + _esc(t.from_id, "|<>") + "<->" + _esc(t.to_id, "|<>") + "|" + _esc(t.label, "|"))
+        sink.line(_tunnel_v3(t))
     sink.finish()
     return out.getvalue()
+
+
+def _top_entities(result: CompressResult) -> list[str]:
+    """The first three distinct entities by first appearance (the header's codes)."""
+    seen: list[str] = []
+    for z in result.zettels:
+        for name in z.entities:
+            if name not in seen:
+                seen.append(name)
+            if len(seen) >= 3:
+                return seen
+    return seen
+
+
+def _tunnel_v3(t: Tunnel) -> str:
+    return "T:" + _esc(t.from_id, "|<>") + "<->" + _esc(t.to_id, "|<>") + "|" + _esc(t.label, "|")
+
+
+def _check_index(index: Any) -> None:
+    if not isinstance(index, EntityIndex):
+        raise ValidationError("entity_index must be an EntityIndex")
+    for name in ("code_to_name", "name_to_code"):
+        mapping = getattr(index, name)
+        if not isinstance(mapping, Mapping) or any(
+            not isinstance(k, str) or not isinstance(v, str) for k, v in mapping.items()
+        ):
+            raise ValidationError(f"entity_index.{name} must map strings to strings")
+
+
+def _check_tunnel(t: Any) -> None:
+    if not isinstance(t, Tunnel):
+        raise ValidationError(f"tunnels must be Tunnel objects, got {type(t).__name__}")
+    for name in ("from_id", "to_id", "label"):
+        _check_str(f"tunnel {name}", getattr(t, name))
+
+
+def _check_result(result: Any) -> None:
+    if not isinstance(result, CompressResult):
+        raise ValidationError(f"encode() takes a CompressResult, got {type(result).__name__}")
+    _check_index(result.entity_index)
+    for z in result.zettels:
+        _check_zettel(z)
+    for t in result.tunnels:
+        _check_tunnel(t)
+
+
+# --- AAAK v2, exactly as zettel-compress 1.0.0 writes it (spec section 6.1) -----------
+# Its escapes are plain string replacements, backslash first; each field escapes its own set.
+_V2_QUOTE = (("\\", "\\\\"), ('"', '\\"'), ("\r", "\\r"), ("\n", "\\n"))
+_V2_FIELD = (("\\", "\\\\"), ("|", "\\|"), ("\r", "\\r"), ("\n", "\\n"))
+_V2_TOPIC = (("\\", "\\\\"), (",", "\\,"), ("|", "\\|"), (" ", "\\_"), ("\r", "\\r"), ("\n", "\\n"))
+_V2_NAME = (("\\", "\\\\"), (";", "\\;"), ("=", "\\="), ("\r", "\\r"), ("\n", "\\n"))
+
+
+def _replace_all(value: str, table: tuple[tuple[str, str], ...]) -> str:
+    for old, new in table:
+        value = value.replace(old, new)
+    return value
+
+
+def _js_fixed2(value: float) -> str:
+    """JavaScript's ``Number.prototype.toFixed(2)``: round half away from zero on the
+    exact binary value (Python's ``%.2f`` rounds half to even), ``NaN``/``Infinity`` spelled
+    as JavaScript does, and ``String(x)`` from 1e21 up."""
+    x = float(value)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if abs(x) >= 1e21:
+        return repr(x)  # JavaScript's exponent form for these is Python's repr
+    if x == 0:
+        return "0.00"  # -0 is not below zero for toFixed
+    fixed = format(Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP), "f")
+    return fixed
+
+
+def _js_code(name: str, index: EntityIndex) -> str:
+    """zettel-compress's entity code: ``nameToCode[name] ?? name.slice(0, 3).toUpperCase()``
+    (three UTF-16 code units, as JavaScript slices strings)."""
+    code = index.name_to_code.get(name)
+    if code is not None:
+        return code
+    units = name.encode("utf-16-le", "surrogatepass")[:6]
+    return units.decode("utf-16-le", "surrogatepass").upper()
+
+
+def _js_sorted(keys: Iterable[str]) -> list[str]:
+    """JavaScript's default ``Array.prototype.sort``: by UTF-16 code units."""
+    return sorted(keys, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
+
+
+def encode_zettel_line(zettel: Zettel, entity_index: EntityIndex | None = None, *, version: int = 3) -> str:
+    """One zettel as an AAAK zettel line (no newline).
+
+    ``version=2`` is zettel-compress's ``encodeZettelLine`` exactly; ``version=3`` is the
+    line :func:`encode` writes (entities as codes of ``entity_index`` where it has them).
+
+    Raises:
+        ValidationError: a field has the wrong type, or ``version`` is neither 2 nor 3.
+    """
+    _check_zettel(zettel)
+    index = entity_index if entity_index is not None else EntityIndex()
+    _check_index(index)
+    z = zettel
+    if version == 2:
+        codes = "+".join(_js_code(name, index) for name in z.entities)
+        topics = ",".join(_replace_all(t, _V2_TOPIC) for t in z.topics)
+        span = f"|{z.source_start}-{z.source_end}" if z.source_start is not None and z.source_end is not None else ""
+        return (f'{z.id}:{codes}|{topics}|"{_replace_all(z.quote, _V2_QUOTE)}"|{_js_fixed2(z.weight)}'
+                f'|{"+".join(z.emotions)}|{"+".join(z.flags)}{span}')
+    if version != 3 or isinstance(version, bool):
+        raise ValidationError(f"AAAK version must be 2 or 3, got {version!r}")
+    return _zettel_fields(z.id, z.entities, z.topics, z.quote, z.weight, z.emotions, z.flags,
+                          z.source_start, z.source_end, z.resolved_date, index)
+
+
+def encode_tunnel_line(tunnel: Tunnel, *, version: int = 3) -> str:
+    """One tunnel as an AAAK ``T:`` line (no newline); ``version=2`` is zettel-compress's
+    ``encodeTunnelLine`` exactly (ends and label unescaped).
+
+    Raises:
+        ValidationError: a field has the wrong type, or ``version`` is neither 2 nor 3.
+    """
+    _check_tunnel(tunnel)
+    if version == 2:
+        return f"T:{tunnel.from_id}<->{tunnel.to_id}|{tunnel.label}"
+    if version != 3 or isinstance(version, bool):
+        raise ValidationError(f"AAAK version must be 2 or 3, got {version!r}")
+    return _tunnel_v3(tunnel)
+
+
+def _v2_text(meta: Mapping[str, Any], key: str) -> str:
+    value = meta.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValidationError(f"meta[{key!r}] must be a string for AAAK v2, got {type(value).__name__}")
+    return _replace_all(value, _V2_FIELD)
+
+
+def _encode_v2(result: CompressResult) -> str:
+    index = result.entity_index
+    meta = result.meta or {}
+    top = "+".join(_js_code(name, index) for name in _top_entities(result))
+    lines = [f"FILE:{len(result.zettels):03d}|{top}|{_v2_text(meta, 'date')}|{_v2_text(meta, 'title')}|v2"]
+    if index.code_to_name:
+        lines.append("E:" + ";".join(f"{c}={_replace_all(index.code_to_name[c], _V2_NAME)}"
+                                     for c in _js_sorted(index.code_to_name)))
+    lines.extend(encode_zettel_line(z, index, version=2) for z in result.zettels)
+    lines.extend(encode_tunnel_line(t, version=2) for t in result.tunnels)
+    return "\n".join(lines)
 
 
 def _key_order(key: Any) -> tuple[int, str]:

@@ -10,21 +10,26 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import os
 from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
+from .importers import EntityTable
 from .errors import (
     AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
     ValidationError,
 )
-from .records import Edge, Node
+from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 
-__all__ = ["dump", "restore", "import_records", "SOURCE_META_PREFIX"]
+__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table", "SOURCE_META_PREFIX", "ENTITIES_META"]
 
 # Source texts (what recall_context cuts passages from) travel as @meta lines.
 SOURCE_META_PREFIX = "source:"
+# The store's entity table (code -> name, from imported AAAK `E:` lines) travels as one @meta line.
+ENTITIES_META = "entities"
+ENTITIES_KEY = b"zettel.entities"
 RESTORE_BATCH = 1000
 TEMP_SUFFIX = ".restore-tmp"
 
@@ -129,10 +134,58 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         spaces = [{"name": name, "model": s.model, "dims": s.dims, "dtype": s.dtype, "normalized": s.normalize,
                    "auto": s.auto} for name, s in sorted(indexes.vectors.spaces(txn).items())]
         docnos, ids, edges, sources = _scan(engram, txn, salvage)
+        table = salvage.attempt("the entity table", lambda: _read_entities(txn))
+        if table:
+            sources[ENTITIES_META] = table
         nodes = _counting((codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
                                nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
                                procedures=_procedures(txn, salvage))
+
+
+# --- the entity table (imported AAAK `E:` lines) --------------------------------------
+
+
+def _read_entities(txn: Any) -> dict[str, str]:
+    raw = txn.get("meta", ENTITIES_KEY)
+    if raw is None:
+        return {}
+    table = codec.unpack(raw)
+    if not isinstance(table, dict) or any(not isinstance(k, str) or not isinstance(v, str) for k, v in table.items()):
+        raise CorruptFileError("the stored entity table is malformed",
+                               hint="dump the file with --skip-damaged and restore the dump")
+    return table
+
+
+def entity_table(engram: Engram) -> dict[str, str]:
+    """The store's entity table: entity code -> name, as imported from AAAK ``E:`` lines.
+
+    Raises:
+        CorruptFileError, DecryptionError: the file is damaged.
+    """
+    with engram._store.read() as txn:
+        return _read_entities(txn)
+
+
+def _merge_entities(txn: Any, incoming: dict[str, str]) -> None:
+    """Add ``incoming`` codes to the stored table. A code already stored for another name
+    keeps its name; the newcomer's name is then stored under the code with the smallest
+    free number appended (``AL1`` -> ``AL11``), unless the name already has a code."""
+    table = _read_entities(txn)
+    names = set(table.values())
+    for code in sorted(incoming):
+        name = incoming[code]
+        if table.get(code) == name:
+            continue
+        if code not in table:
+            table[code] = name
+        elif name not in names:
+            n = 1
+            while f"{code}{n}" in table:
+                n += 1
+            table[f"{code}{n}"] = name
+        names.add(name)
+    txn.put("meta", ENTITIES_KEY, codec.pack(dict(sorted(table.items()))))
 
 
 def _remove_store_files(path: str) -> None:
@@ -238,11 +291,17 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
         db.add_space(space["name"], dims=space["dims"], model=space["model"],
                      normalize=space.get("normalized", True), auto=space.get("auto"))
     sources = {k[len(SOURCE_META_PREFIX):]: v for k, v in header.meta.items() if k.startswith(SOURCE_META_PREFIX)}
-    if sources:
+    table = header.meta.get(ENTITIES_META)
+    if table is not None and (not isinstance(table, dict) or any(
+            not isinstance(k, str) or not isinstance(v, str) for k, v in table.items())):
+        raise AAAKParseError("the dump's entity table (@meta entities) must map codes to names")
+    if sources or table:
         def put_sources(txn: Any) -> None:
             for name, text in sorted(sources.items()):
                 txn.put("sources", db._store.blind(b"source", name.encode("utf-8", "surrogatepass")),
                         text.encode("utf-8", "surrogatepass"))
+            if table:
+                txn.put("meta", ENTITIES_KEY, codec.pack(dict(sorted(table.items()))))
 
         db._store.write(put_sources)
     count = 0
@@ -293,9 +352,12 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
     return count
 
 
-def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int = RESTORE_BATCH,
+def import_records(engram: Engram, items: Iterator[Node | Edge | EntityTable], *, batch: int = RESTORE_BATCH,
                    progress: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Store imported nodes (in batches of ``batch``) and then their edges; returns (nodes, edges).
+
+    An :class:`~engramdb.importers.EntityTable` (an AAAK ``E:`` index) is merged into the
+    store's entity table first (see :func:`entity_table`).
 
     Embedding spaces that do not exist yet are created from the first vector seen
     (model ``"imported"``, not normalised). Every id is checked before anything is
@@ -308,6 +370,13 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
     """
     records = list(items)
     _check_import_ids(engram, records)
+    tables = [item for item in records if isinstance(item, EntityTable)]
+    if tables:
+        def put_tables(txn: Any) -> None:
+            for table in tables:
+                _merge_entities(txn, table.code_to_name)
+
+        engram._store.write(put_tables)
     known = set(engram.spaces())
     nodes: list[Node] = []
     edges: list[Edge] = []
@@ -330,7 +399,7 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
             nodes.append(item)
             if len(nodes) >= batch:
                 flush()
-        else:
+        elif isinstance(item, Edge):
             edges.append(item)
     if nodes:
         flush()
@@ -344,7 +413,7 @@ def import_records(engram: Engram, items: Iterator[Node | Edge], *, batch: int =
     return count, len(edges)
 
 
-def _check_import_ids(engram: Engram, records: list[Node | Edge]) -> None:
+def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) -> None:
     """Refuse an import before its first write when it would stop halfway (batches commit
     one by one, so a clash found in a later batch used to leave the earlier ones behind)."""
     hint = "nothing was imported; import under new ids with --id-prefix PREFIX (id_prefix=)"
@@ -373,3 +442,105 @@ def _put_edges(engram: Engram, txn: Any, edges: list[Edge]) -> None:
         if src is None or dst is None:
             raise AAAKParseError(f"an edge names a memory that is not there: {edge.src if src is None else edge.dst!r}")
         engram.indexes.graph.put(txn, src, dst, edge, derived=edge.kind == "tunnel")
+
+
+# --- the zettel view as AAAK v2 (spec/aaak.md section 6.1) ---------------------------
+
+
+def zettel_view(nodes: Iterator[Node] | list[Node], edges: Iterator[Edge] | list[Edge],
+                entities: dict[str, str] | None = None) -> tuple[CompressResult, bool]:
+    """What AAAK v2 can show of a store: one zettel per memory, its tunnels, its entity table.
+
+    Memories keep their ids when every id is decimal digits (ordered by number), else they
+    are numbered ``001``, ``002``, ... in id order and tunnels follow the new ids. The
+    entity index is ``entities`` plus codes for names it lacks. The header date and title
+    are those of the imported AAAK document when every memory carries the same ones.
+
+    Returns:
+        The result and whether ids were renumbered.
+    """
+    from .compress.entities import assign_codes
+    from .compress.pipeline import zettel_id
+
+    nodes = sorted(nodes, key=lambda n: n.id)
+    renumber = not all(n.id.isascii() and n.id.isdigit() for n in nodes)
+    if renumber:
+        new_ids = {n.id: zettel_id(i) for i, n in enumerate(nodes, start=1)}
+    else:
+        nodes.sort(key=lambda n: (int(n.id), n.id))
+        new_ids = {n.id: n.id for n in nodes}
+    position = {n.id: i for i, n in enumerate(nodes)}
+    zettels = [Zettel(id=new_ids[n.id], entities=list(n.entities), topics=list(n.topics),
+                      quote=n.quote or n.content[:200], weight=n.weight, emotions=list(n.emotions),
+                      flags=list(n.flags), source_start=n.source_start, source_end=n.source_end,
+                      resolved_date=n.resolved_date) for n in nodes]
+    tunnels = sorted((e for e in edges if e.kind == "tunnel" and e.src in position and e.dst in position),
+                     key=lambda e: (position[e.src], position[e.dst], e.label))
+    table = dict(entities or {})
+    index = EntityIndex({name: code for code, name in sorted(table.items())}, table)
+    assign_codes(index, (name for z in zettels for name in z.entities))
+    docs = {tuple(sorted(n.metadata.get("aaak", {}).items())) if isinstance(n.metadata.get("aaak"), dict) else ()
+            for n in nodes}
+    meta: dict[str, Any] = {"input_length": 0, "chunk_count": len(zettels)}
+    if len(docs) == 1:
+        meta.update((k, v) for k, v in next(iter(docs)) if k in ("date", "title") and isinstance(v, str))
+    result = CompressResult(zettels=zettels, tunnels=[Tunnel(new_ids[e.src], new_ids[e.dst], e.label) for e in tunnels],
+                            entity_index=index, meta=meta)
+    return result, renumber
+
+
+def dump_v2(engram: Engram, fp: TextIO | BinaryIO) -> bool:
+    """Write the store's zettel view (memories, tunnels, entity table) as AAAK v2, the
+    format zettel-compress reads; returns whether memory ids were renumbered.
+
+    v2 carries much less than a dump (spec/aaak.md section 6.1): it is for zettel-compress
+    users, not a backup.
+
+    Raises:
+        DecryptionError, CorruptFileError: a damaged value.
+    """
+    with engram._store.read() as txn:
+        docnos, _, edges, _ = _scan(engram, txn, _Salvage(None))
+        nodes = [codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos]
+        table = _read_entities(txn)
+    result, renumbered = zettel_view(nodes, edges, table)
+    _write_text(fp, aaak.encode(result, version=2))
+    return renumbered
+
+
+def convert_dump_v2(dump_fp: TextIO | BinaryIO | str | bytes, out: TextIO | BinaryIO, *,
+                    allow_edited: bool = False) -> bool:
+    """Convert an AAAK v3 store dump into the AAAK v2 zettel view :func:`dump_v2` writes
+    for the same store; returns whether ids were renumbered. The dump is fully checked
+    (grammar, count, SHA-256) before anything is written.
+
+    Raises:
+        AAAKParseError, DumpIntegrityError: the dump is malformed, truncated or edited.
+    """
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    table: dict[str, str] = {}
+    for item in aaak.read_dump(dump_fp, allow_edited=allow_edited):
+        if isinstance(item, aaak.DumpHeader):
+            value = item.meta.get(ENTITIES_META) or {}
+            if not isinstance(value, dict):
+                raise AAAKParseError("the dump's entity table (@meta entities) must map codes to names")
+            table = value
+        elif isinstance(item, Node):
+            nodes.append(item)
+        elif isinstance(item, Edge):
+            edges.append(item)
+    result, renumbered = zettel_view(nodes, edges, table)
+    _write_text(out, aaak.encode(result, version=2))
+    return renumbered
+
+
+def _write_text(fp: Any, text: str) -> None:
+    binary = isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in (getattr(fp, "mode", "") or "")
+    if not binary:
+        try:
+            fp.write(text)
+            return
+        except TypeError:  # a binary stream that does not say so (a wrapped stdout)
+            pass
+    fp.write(text.encode("utf-8"))

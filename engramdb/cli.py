@@ -510,18 +510,34 @@ def _dump_passphrase(passphrase_file: str | None, *, confirm: bool) -> str:
 @click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The dump passphrase, from a file.")
 @click.option("--skip-damaged", is_flag=True,
               help="Salvage: leave out values that fail authentication (listed on stderr) instead of failing.")
+@click.option("--format", "fmt", type=click.Choice(["v3", "v2"]), default="v3", show_default=True,
+              help="v3: the whole store, lossless. v2: only the zettel view (memories, tunnels, entity table) "
+                   "as zettel-compress writes it, for zettel-compress users (not a backup).")
 @click.pass_context
 def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_passphrase_file: str | None,
-         skip_damaged: bool) -> None:
+         skip_damaged: bool, fmt: str) -> None:
     """Write the whole store as canonical AAAK v3 text (plaintext unless --encrypt).
 
     To salvage a damaged file: dump it with --skip-damaged, then restore the dump into a new file.
+    With --format v2, write what zettel-compress can read instead (see spec/aaak.md 6.1).
 
     Example:
 
         engramdb dump notes.engram -o notes.aaak
     """
     from .aaak import open_encrypted_writer
+
+    if fmt == "v2":
+        if encrypt or skip_damaged:
+            raise click.UsageError("--format v2 writes plain zettel-compress text; it takes no --encrypt "
+                                   "or --skip-damaged")
+        _refuse_same_file(output, file, "the dump")
+        with _open(ctx, file, readonly=True) as db, _output(output, "wb") as raw:
+            renumbered = db.dump_v2(raw)
+        if renumbered:
+            click.echo("note: AAAK v2 ids must be digits; memories were numbered 001, 002, ... in id order",
+                       err=True)
+        return
 
     if encrypt and output is None and sys.stdout.isatty():
         raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")

@@ -886,6 +886,30 @@ class Engram:
 
         return dump(self, fp, progress=progress, on_damaged=on_damaged)
 
+    def dump_v2(self, fp: Any) -> bool:
+        """Write the store's zettel view (memories, tunnels, entity table) as AAAK v2, the
+        format zettel-compress reads (spec/aaak.md section 6.1 lists what v2 cannot carry).
+
+        Returns:
+            True when memory ids were renumbered (v2 ids must be decimal digits).
+
+        Raises:
+            DecryptionError, CorruptFileError: a damaged value.
+        """
+        from .backup import dump_v2
+
+        return dump_v2(self, fp)
+
+    def entity_table(self) -> dict[str, str]:
+        """The entity table imported with AAAK files (``E:`` lines): code -> name.
+
+        Raises:
+            DecryptionError, CorruptFileError: the file is damaged.
+        """
+        from .backup import entity_table
+
+        return entity_table(self)
+
 
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
 

@@ -23,7 +23,7 @@ import json
 import math
 import struct
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Iterable, Iterator, TextIO, Union
+from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple, TextIO, Union
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from .records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Edge, Node, now_ts
 
 __all__ = [
     "ImportItem",
+    "EntityTable",
     "detect_format",
     "iter_import",
     "iter_aaak",
@@ -48,7 +49,18 @@ __all__ = [
     "export_jsonl",
 ]
 
-ImportItem = Union[Node, Edge]
+
+class EntityTable(NamedTuple):
+    """The ``E:`` entity index of an imported AAAK document: entity code -> name.
+
+    ``engramdb import`` stores it with the file (tunnel labels such as ``BN1+BN7`` are
+    written in these codes) and dumps write it back out.
+    """
+
+    code_to_name: dict[str, str]
+
+
+ImportItem = Union[Node, Edge, EntityTable]
 
 TERRONEX_MAGIC = b"ENGRAM"
 # Terronex writes these fixed KDF parameters (src/io.ts); they are not stored in the file.
@@ -137,11 +149,15 @@ def iter_aaak(
     source: str | bytes | TextIO | BinaryIO, *, strict: bool = False, now: float | None = None,
     id_prefix: str = "",
 ) -> Iterator[ImportItem]:
-    """Zettels of an AAAK result document as nodes, then its tunnels as ``tunnel`` edges.
+    """The entity table of an AAAK result document, its zettels as nodes, then its tunnels
+    as ``tunnel`` edges.
 
-    A node's ``content`` is its source passage when the document carries
-    ``meta["source"]`` and offsets, else its quote. ``created_at``/``last_accessed`` are
-    ``now``; ``metadata["aaak"]`` keeps the document's date and title.
+    First comes an :class:`EntityTable` (the ``E:`` index, code -> name) when the document
+    has one. A node's ``content`` is its source passage when the document carries
+    ``meta["source"]`` and offsets, else its quote. Its ``importance`` is the zettel's
+    weight (zettel-compress normalizes weights into [0, 1]; a weight outside is clamped to
+    it; a non-finite weight is refused). ``created_at``/``last_accessed`` are ``now``;
+    ``metadata["aaak"]`` keeps the document's date and title.
 
     Raises:
         ImportFormatError: the text is not AAAK (or, with ``strict``, malformed), or a
@@ -157,6 +173,8 @@ def iter_aaak(
     ts = now_ts(now)
     text_source = result.meta.get("source")
     doc = {k: result.meta[k] for k in ("date", "title") if isinstance(result.meta.get(k), str)}
+    if result.entity_index.code_to_name:
+        yield EntityTable(dict(result.entity_index.code_to_name))
     for z in result.zettels:
         content = z.quote
         if (isinstance(text_source, str) and z.source_start is not None and z.source_end is not None
@@ -168,6 +186,7 @@ def iter_aaak(
                 weight=z.weight, flags=[f for f in z.flags if f in ALL_FLAGS],
                 emotions=[e for e in z.emotions if e in ALL_EMOTIONS], source_start=z.source_start,
                 source_end=z.source_end, resolved_date=z.resolved_date, created_at=ts, last_accessed=ts,
+                importance=min(1.0, max(0.0, z.weight)) if math.isfinite(z.weight) else 0.5,
                 source="import:aaak", metadata={"aaak": doc} if doc else {},
             )
         except ValidationError as exc:

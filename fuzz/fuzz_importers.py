@@ -11,8 +11,8 @@ The first byte of an input picks how the rest is read by ``engramdb.importers.it
     2  fmt="jsonl"
     3  fmt="aaak"   (AAAK v1/v2/v3 result documents)
 
-Oracle: anything other than an EngramError is a crash; every item yielded is a Node or an
-Edge; and the nodes accepted survive a JSONL round trip (``export_jsonl`` then
+Oracle: anything other than an EngramError is a crash; every item yielded is a Node, an
+Edge or an EntityTable; and the nodes accepted survive a JSONL round trip (``export_jsonl`` then
 ``iter_jsonl`` gives equal nodes), since that is how imported memories leave the store.
 
 The Terronex key derivations are made cheap here (argon2id t=1, m=8 KiB; PBKDF2 with one
@@ -69,7 +69,7 @@ def check_import(body: bytes, fmt: str | None) -> None:
     except EngramError:
         return
     for item in items:
-        assert isinstance(item, (Node, Edge)), f"iter_import yielded a {type(item).__name__}"
+        assert isinstance(item, (Node, Edge, importers.EntityTable)), f"iter_import yielded a {type(item).__name__}"
     nodes = [item for item in items if isinstance(item, Node)]
     buf = io.StringIO()
     importers.export_jsonl(nodes, buf)
