@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import os
 from typing import Any, BinaryIO, Callable, Iterator, TextIO
@@ -48,10 +47,6 @@ class _Salvage:
         except (DecryptionError, CorruptFileError) as exc:
             self.on_damaged(f"{what}: {exc.message}")
             return None
-
-
-def _procedure_key(data: Any) -> bytes:
-    return hashlib.sha256(codec.pack(data)).digest()[:16]
 
 
 def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, str]]:
@@ -332,7 +327,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
         tx = Transaction(db, txn)
         for row in rows:
             if not isinstance(row, aaak.ArchiveRow):
-                txn.put("procedures", _procedure_key(row), codec.pack(row))
+                tx.put_procedure_row(row)
                 continue
             try:
                 tx.set_archived(row.id, row.content)

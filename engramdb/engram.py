@@ -579,6 +579,12 @@ class Engram:
         yield tx
         tx._index_batch.flush()
 
+    def procedure_rows(self) -> list[dict[str, Any]]:
+        """The rows of the procedural graph (spec/agent.md); write them with
+        ``Transaction.put_procedure_row`` / ``delete_procedure_row`` inside :meth:`transaction`."""
+        with self._store.read() as txn:
+            return Transaction(self, txn).procedure_rows()
+
     def archived(self, id: str) -> str | None:
         """The archived full text of a memory (kept when a memory is archived), or None."""
         with self._store.read() as txn:
@@ -1069,6 +1075,25 @@ class Transaction:
         self._index(removed=[(docno, old)])  # index hook
         return True
 
+    def procedure_rows(self) -> list[dict[str, Any]]:
+        """Every procedural-graph row (spec/agent.md), in key order."""
+        return [codec.unpack(value, any_keys=True) for _, value in self._txn.items("procedures")]
+
+    def put_procedure_row(self, row: Mapping[str, Any]) -> None:
+        """Store one procedural-graph row (a map of msgpack-able values; keys sorted, so the
+        same row always has the same key: SHA-256 of its msgpack, spec/file-format.md).
+
+        Raises:
+            ValidationError: the row is not a map, or holds a value msgpack cannot store.
+        """
+        canonical = _canonical_row(row)
+        data = codec.pack(canonical)
+        self._txn.put("procedures", _procedure_key(data), data)
+
+    def delete_procedure_row(self, row: Mapping[str, Any]) -> bool:
+        """Delete a row as :meth:`procedure_rows` returned it; False when it is not stored."""
+        return self._txn.delete("procedures", _procedure_key(codec.pack(_canonical_row(row))))
+
     def archived(self, id: str) -> str | None:
         """The archived original of a memory, or None."""
         docno = self._docno(id)
@@ -1113,6 +1138,29 @@ class Transaction:
         from .maintenance import archive
 
         return archive.full(self, id)
+
+
+def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A procedure row with its map keys sorted at every level (string keys), so that its
+    msgpack, and with it its key, does not depend on insertion order."""
+    if not isinstance(row, Mapping):
+        raise ValidationError(f"a procedure row must be a map, got {type(row).__name__}")
+
+    def canon(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            items = list(value.items())
+            if all(isinstance(k, str) for k, _ in items):
+                items.sort(key=_first)
+            return {k: canon(v) for k, v in items}
+        if isinstance(value, (list, tuple)):
+            return [canon(v) for v in value]
+        return value
+
+    return canon(row)
+
+
+def _procedure_key(packed: bytes) -> bytes:
+    return hashlib.sha256(packed).digest()[:16]
 
 
 # --- verify ---------------------------------------------------------------------------

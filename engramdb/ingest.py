@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
+from .agent.serialize import is_structured, parse_messages, render_message
 from .compress import compress
 from .compress.entities import build_entity_index
 from .engram import Engram
@@ -76,11 +77,18 @@ def messages_to_text(messages: Iterable[Any]) -> str:
     Messages are strings (taken as they are) or mappings with a speaker (``speaker``,
     ``name``, ``role`` or ``author``), a text (``content``, ``text`` or ``message``) and
     optionally a date (``date``, ``timestamp`` or ``time``: an ISO date or datetime, an
-    English date such as "8 May, 2023", or a Unix timestamp).
+    English date such as "8 May, 2023", or a Unix timestamp). OpenAI chat and Anthropic
+    messages (content blocks, tool calls, tool results, thinking) are rendered by the agent
+    serializer (``engramdb.agent.serialize``, spec/agent.md): ``assistant: [tool call NAME]
+    {arguments}``, ``tool: [NAME result] text`` (``error`` for a failed call),
+    ``assistant: [thinking] text``.
 
     Raises:
         ValidationError: a message has no text, or a date that cannot be read.
     """
+    messages = list(messages)
+    if any(map(is_structured, messages)):
+        return _structured_to_text(messages)
     lines: list[str] = []
     last_date = None
     for n, message in enumerate(messages):
@@ -98,6 +106,23 @@ def messages_to_text(messages: Iterable[Any]) -> str:
             last_date = date
         speaker = next((str(message[k]) for k in _SPEAKER_KEYS if message.get(k)), None)
         lines.append(f"{speaker}: {text}" if speaker else text)
+    return "\n".join(lines)
+
+
+def _structured_to_text(messages: list[Any]) -> str:
+    """OpenAI chat / Anthropic messages as chat lines, rendered by the agent serializer (content
+    blocks, tool calls with their arguments, tool results matched by id, thinking), with the
+    same date header lines as plain messages."""
+    lines: list[str] = []
+    last_date = None
+    for message in parse_messages(messages):
+        raw = message.raw
+        if isinstance(raw, Mapping):
+            date = next((_message_date(raw[k], message.index) for k in _DATE_KEYS if raw.get(k)), None)
+            if date and date != last_date:
+                lines.append(f"[{date}]")
+                last_date = date
+        lines.extend(render_message(message))
     return "\n".join(lines)
 
 

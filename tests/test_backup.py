@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 import engramdb
 from engramdb import AAAKParseError, EngramError, ValidationError
-from engramdb import codec
-from engramdb.backup import TEMP_SUFFIX, _procedure_key
+from engramdb.backup import TEMP_SUFFIX
 from engramdb.engram import Transaction
 
 from conftest import PASSPHRASE, TEST_KDF
@@ -71,7 +70,7 @@ def _build(path, nodes, edges, archive=None, procedures=()):
         for id_, original in (archive or {}).items():
             tx.set_archived(id_, original)
         for data in procedures:
-            txn.put("procedures", _procedure_key(data), codec.pack(data))
+            tx.put_procedure_row(data)
 
     db._store.write(put_rows)
     return db

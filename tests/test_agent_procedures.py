@@ -1,0 +1,164 @@
+"""The procedural graph: recording, the refiner (threshold, a failure-predicting transition,
+rejected proposals), guidance, and the graph surviving a dump and restore."""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import engramdb
+from engramdb.agent import ProceduralGraph
+from engramdb.errors import ValidationError
+
+from conftest import PASSPHRASE, TEST_KDF
+
+
+def _transcript(task: str, tools: list[str], failed: tuple[int, ...] = ()) -> list[dict]:
+    msgs = [{"role": "user", "content": task}]
+    for i, name in enumerate(tools):
+        msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": name, "input": {}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "out",
+                                                  "is_error": i in failed}]})
+    msgs.append({"role": "assistant", "content": "done"})
+    return msgs
+
+
+GOOD = ["read_file", "edit_file", "run_tests"]
+BAD = ["read_file", "write_file", "run_tests"]  # write_file right after read_file: the failing transition
+
+
+def _record_synthetic(graph: ProceduralGraph, now: float, good: int = 9, bad: int = 6) -> None:
+    for i in range(good):
+        graph.record_trajectory(_transcript(f"fix parser bug {i}", GOOD), "success", now=now + i)
+    for i in range(bad):
+        graph.record_trajectory(_transcript(f"fix parser bug {i}", BAD), "failure", now=now + 100 + i)
+
+
+def test_recording_counts_transitions_fallbacks_and_verifiers(tmp_engram, now):
+    graph = ProceduralGraph(tmp_engram)
+    graph.record_trajectory(_transcript("deploy the site", ["build", "upload", "sftp_upload", "run_tests"],
+                                        failed=(1,)), "success", now=now)
+    graph.record_trajectory(_transcript("deploy the site", ["build", "upload"]), "failure", now=now)
+    edges = {e.key: e for e in graph.edges()}
+    assert (edges[("build", "upload", "leads_to")].success, edges[("build", "upload", "leads_to")].failure) == (1, 1)
+    assert edges[("start", "build", "leads_to")].success == 1
+    assert ("sftp_upload", "upload", "fallback_for") in edges
+    assert ("run_tests", "sftp_upload", "verifies") in edges
+    assert {n.id: n.kind for n in graph.nodes()}["start"] == "state"
+    assert [t.outcome for t in graph.trajectories()] == ["success", "failure"]
+    assert graph.trajectories()[0].errors == (1,)
+    with pytest.raises(ValidationError):
+        graph.record_trajectory(_transcript("x", ["a"]), "maybe")
+
+
+def test_refine_does_nothing_before_the_threshold(tmp_engram, now):
+    graph = ProceduralGraph(tmp_engram, min_trajectories=10)
+    _record_synthetic(graph, now, good=5, bad=4)
+    rows_before = tmp_engram.procedure_rows()
+    report = graph.refine(now=now)
+    assert report.skipped == "9 trajectories recorded; refining needs 10"
+    assert report.proposed == report.applied == []
+    assert tmp_engram.procedure_rows() == rows_before
+
+
+def test_a_failure_predicting_transition_becomes_a_pitfall(tmp_engram, now):
+    graph = ProceduralGraph(tmp_engram)
+    _record_synthetic(graph, now)
+    report = graph.refine(now=now)
+    pitfalls = [a for a in report.applied if a["op"] == "add_pitfall"]
+    assert ("read_file", "write_file") in {(a["src"], a["dst"]) for a in pitfalls}
+    edge = {e.key: e for e in graph.edges()}[("read_file", "write_file", "leads_to")]
+    assert edge.pitfalls and "preceded failure" in edge.pitfalls[0]
+    assert edge.failure == 6 and edge.success == 0
+    # guidance for a similar task follows the successful path and warns about the pitfall
+    text = graph.guidance_for("fix the parser bug in the tokenizer")
+    assert text.startswith("## Procedure")
+    assert "1. read_file\n2. edit_file" in text
+    assert "write_file right after read_file preceded failure" in text
+    assert graph.guidance_for("plan a birthday party") == ""
+    # decided proposals are not proposed again
+    again = graph.refine(now=now)
+    assert again.proposed == [] and set(again.already_decided) >= {a["op"] + "|read_file|write_file|leads_to"
+                                                                   for a in pitfalls}
+
+
+def test_a_rejected_proposal_is_not_proposed_again(tmp_engram, now):
+    graph = ProceduralGraph(tmp_engram)
+    _record_synthetic(graph, now)
+    calls = []
+
+    def proposer(contrast):
+        calls.append(contrast)
+        assert contrast["successes"] and contrast["failures"]
+        assert all(set(t) == {"id", "task", "tools", "failed_calls"} for t in contrast["successes"])
+        # wrong on purpose: edit_file -> run_tests is what successful trajectories do
+        return [{"op": "add_pitfall", "src": "edit_file", "dst": "run_tests", "text": "never test after editing"}]
+
+    first = graph.refine(proposer=proposer, now=now)
+    assert [r["src"] for r in first.rejected] == ["edit_file"] and first.applied == []
+    assert "ended in failure" in first.rejected[0]["why"]
+    assert graph.decided() == {"add_pitfall|edit_file|run_tests|leads_to": "rejected"}
+    second = graph.refine(proposer=proposer, now=now + 1)
+    assert len(calls) == 2 and "add_pitfall|edit_file|run_tests|leads_to" in calls[1]["decided"]
+    assert second.proposed == [] and second.already_decided == ["add_pitfall|edit_file|run_tests|leads_to"]
+    assert all(not e.pitfalls for e in graph.edges())  # nothing was applied
+
+
+def test_a_proposal_no_held_out_trajectory_takes_stays_undecided(tmp_engram, now):
+    graph = ProceduralGraph(tmp_engram)
+    _record_synthetic(graph, now)
+    report = graph.refine(proposer=lambda c: [{"op": "add_edge", "src": "lint", "dst": "edit_file",
+                                               "relation": "verifies", "text": "lint after editing"}], now=now)
+    assert [u["src"] for u in report.unvalidated] == ["lint"] and graph.decided() == {}
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([{"op": "delete_everything", "src": "a", "dst": "b"}], "op 'delete_everything'"),
+    ([{"op": "add_pitfall", "src": "a"}], "proposal 0: dst must be a non-empty string"),
+    ([{"op": "add_edge", "src": "a", "dst": "b", "relation": "causes"}], "relation 'causes'"),
+    (["not a mapping"], "proposal 0 is a str"),
+])
+def test_malformed_proposals_are_named(tmp_engram, now, bad, match):
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    with pytest.raises(ValidationError, match=match):
+        graph.refine(proposer=lambda c: bad, now=now)
+
+
+def test_the_graph_round_trips_through_a_dump(tmp_path, now):
+    db = engramdb.open(tmp_path / "a.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with db:
+        db.remember("a memory", now=now)
+        graph = ProceduralGraph(db)
+        _record_synthetic(graph, now)
+        graph.refine(now=now)
+        before = graph.to_dict()
+        guidance = graph.guidance_for("fix parser bug")
+        buf = io.StringIO()
+        db.dump(buf)
+    assert buf.getvalue().count("\n@p ") == len(before["nodes"]) + len(before["edges"]) + 15 + len(before["decided"])
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "b.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with engramdb.open(tmp_path / "b.engram", passphrase=PASSPHRASE) as db2:
+        graph2 = ProceduralGraph(db2)
+        assert graph2.to_dict() == before
+        assert graph2.guidance_for("fix parser bug") == guidance
+        again = io.StringIO()
+        db2.dump(again)
+        assert again.getvalue() == buf.getvalue()
+        # the restored rows stay writable: the same row has the same key
+        graph2.record_trajectory(_transcript("fix parser bug", GOOD), "success", now=now)
+        assert graph2.to_dict()["trajectories"] == 16
+        assert db2.verify() == []
+
+
+def test_rows_are_keyed_by_content_whatever_their_key_order(tmp_engram):
+    with tmp_engram.transaction() as tx:
+        tx.put_procedure_row({"b": 1, "a": {"y": 2, "x": [1, {"d": 0, "c": 1}]}})
+        tx.put_procedure_row({"a": {"x": [1, {"c": 1, "d": 0}], "y": 2}, "b": 1})
+    assert tmp_engram.procedure_rows() == [{"a": {"x": [1, {"c": 1, "d": 0}], "y": 2}, "b": 1}]
+    with tmp_engram.transaction() as tx:
+        assert tx.delete_procedure_row({"b": 1, "a": {"y": 2, "x": [1, {"d": 0, "c": 1}]}})
+        assert not tx.delete_procedure_row({"b": 1})
+        with pytest.raises(ValidationError):
+            tx.put_procedure_row(["not", "a", "map"])
+    assert tmp_engram.procedure_rows() == []
