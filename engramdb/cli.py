@@ -10,24 +10,115 @@ import json
 import os
 import stat
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import click
 
+from . import __version__
 from . import engram as engram_mod
 from .crypto import KDFParams
-from .errors import DecryptionError, EngramError, ModeMismatchError, ValidationError, WrongPassphraseError
+from .errors import (
+    DecryptionError, EngramError, FileMissingError, ModeMismatchError, ValidationError, WrongPassphraseError,
+)
 from .records import TIERS
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
+KEY_FILE_ENV = "ENGRAM_KEY_FILE"
+PLAINTEXT_ENV = "ENGRAM_PLAINTEXT"
 NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"
 DUMP_PASSPHRASE_ENV = "ENGRAM_DUMP_PASSPHRASE"
 
+# -- global options -------------------------------------------------------------------------
+# Every command accepts the global options before or after its name (`engramdb
+# --plaintext info F` and `engramdb info F --plaintext` alike): _Group gives each command
+# (and each nested group) its own copy of GLOBAL_OPTIONS, and their callbacks record what
+# was given in one _Settings per invocation. A new command gets them by being declared with
+# ``@cli.command()``; it opens its store with ``_open(ctx, path)``, and shows progress with
+# ``_progress(ctx, ...)``, which --quiet hides.
+
+
+@dataclass
+class _Settings:
+    """The global options of one invocation, wherever on the command line they were given."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    # where each came from: "commandline" beats "environment"
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name)
+
+
+def _settings(ctx: click.Context) -> _Settings:
+    root = ctx.find_root()
+    settings = root.meta.get("engramdb.settings")
+    if settings is None:
+        settings = root.meta["engramdb.settings"] = _Settings()
+    return settings
+
+
+def _record_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Callback of every global option: remember a value that was given (on the command line
+    or in the environment); a later one on the command line wins over the environment."""
+    if value is None or value is False or param.name is None:
+        return value
+    source = ctx.get_parameter_source(param.name)
+    where = "environment" if source is click.core.ParameterSource.ENVIRONMENT else "commandline"
+    settings = _settings(ctx)
+    if settings.sources.get(param.name) == "commandline" and where == "environment":
+        return value  # given on the command line before the subcommand; the variable is weaker
+    settings.values[param.name] = value
+    settings.sources[param.name] = where
+    return value
+
+
+def _global_options() -> list[click.Option]:
+    """Fresh copies of the options every command accepts (click needs one object per command)."""
+    path = click.Path(dir_okay=False)
+    return [
+        click.Option(["--passphrase-file"], type=path, callback=_record_option, expose_value=False,
+                     help=f"Read the passphrase from this file (else ${PASSPHRASE_ENV}, else a prompt)."),
+        click.Option(["--key-file"], type=path, envvar=KEY_FILE_ENV, show_envvar=True, callback=_record_option,
+                     expose_value=False,
+                     help="Read a raw key or recovery key (ERK1-...) from this file instead of a passphrase."),
+        click.Option(["--plaintext"], is_flag=True, default=None, envvar=PLAINTEXT_ENV, show_envvar=True,
+                     callback=_record_option, expose_value=False,
+                     help="The file is (or will be) unencrypted."),
+        click.Option(["-q", "--quiet"], is_flag=True, default=None, callback=_record_option, expose_value=False,
+                     help="No progress bars or notes on stderr (errors are still printed)."),
+    ]
+
+
+def _add_global_options(command: click.Command) -> None:
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    command.params.extend(opt for opt in _global_options() if not taken & set(opt.opts))
+
+
+class _Command(click.Command):
+    """A command that also accepts the global options (see GLOBAL OPTIONS above)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _add_global_options(self)
+
 
 class _Group(click.Group):
-    """Turns an EngramError into exit code 1 with its message and hint, never a traceback."""
+    """Turns an EngramError into exit code 1 with its message and hint, never a traceback.
+
+    Its commands (and nested groups) accept the global options too.
+    """
+
+    command_class = _Command
+    group_class = type  # nested groups are _Groups as well
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _add_global_options(self)
 
     def invoke(self, ctx: click.Context) -> Any:
+        if ctx.parent is not None:  # a nested group: the root maps the errors
+            return super().invoke(ctx)
         try:
             return super().invoke(ctx)
         except EngramError as exc:
@@ -47,6 +138,34 @@ class _Group(click.Group):
             click.echo(f"error: {exc.strerror or exc}{where}", err=True)
             click.echo("hint: check the path and its permissions", err=True)
             ctx.exit(1)
+
+
+def _quiet(ctx: click.Context) -> bool:
+    return bool(_settings(ctx).get("quiet"))
+
+
+def _note(ctx: click.Context, text: str) -> None:
+    """An informational line on stderr (stdout stays clean for scripts); --quiet hides it."""
+    if not _quiet(ctx):
+        click.echo(text, err=True)
+
+
+def _show_progress(stream: Any) -> bool:
+    """Bars go to a terminal only (a seam for tests)."""
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def _progress(ctx: click.Context, *, desc: str, unit: str, total: float | None = None,
+              unit_scale: bool = False) -> Any:
+    """A tqdm bar on stderr with a total where one is known; hidden by --quiet and off a terminal.
+
+    Use it as a context manager; ``bar.update(n)`` advances it.
+    """
+    from tqdm import tqdm
+
+    stream = sys.stderr
+    return tqdm(desc=desc, unit=unit, total=total, unit_scale=unit_scale, file=stream, leave=False,
+                disable=_quiet(ctx) or not _show_progress(stream), dynamic_ncols=True)
 
 
 def _emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -113,29 +232,71 @@ def _secret(what: str, file: str | None, env: str, file_option: str, *, confirm:
 
 
 def _passphrase(ctx: click.Context, *, confirm: bool = False) -> str:
-    return _secret("passphrase", ctx.find_root().params.get("passphrase_file"), PASSPHRASE_ENV,
+    return _secret("passphrase", _settings(ctx).get("passphrase_file"), PASSPHRASE_ENV,
                    "--passphrase-file", confirm=confirm)
 
 
-def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False) -> engram_mod.Engram:
-    """Open a file with the key source the command line names (--key-file, --plaintext, or a
-    passphrase); the library's hints speak of keyword arguments, so say which option to use."""
-    root = ctx.find_root().params
+_KEY_OPTIONS = (("key_file", "--key-file", KEY_FILE_ENV), ("plaintext", "--plaintext", PLAINTEXT_ENV),
+                ("passphrase_file", "--passphrase-file", None))
+
+
+def _key_source(ctx: click.Context) -> str:
+    """Which key source the invocation names: "key_file", "plaintext" or "passphrase".
+
+    A command-line option beats an environment variable; two options on the command line
+    (or ENGRAM_KEY_FILE with ENGRAM_PLAINTEXT) contradict each other and are refused. With
+    none of them, the passphrase comes from $ENGRAM_PASSPHRASE or a prompt.
+    """
+    settings = _settings(ctx)
+    given = [(name, flag, env) for name, flag, env in _KEY_OPTIONS if settings.get(name)]
+    for where in ("commandline", "environment"):
+        chosen = [(name, flag, env) for name, flag, env in given if settings.sources.get(name) == where]
+        if len(chosen) > 1:
+            names = " and ".join(flag if where == "commandline" else f"${env}" for _, flag, env in chosen)
+            raise click.UsageError(f"{names} name different keys; give one")
+        if chosen:
+            return "passphrase" if chosen[0][0] == "passphrase_file" else chosen[0][0]
+    return "passphrase"
+
+
+def _key_kwargs(ctx: click.Context, *, confirm: bool = False) -> dict[str, Any]:
+    """The key arguments of ``engramdb.open`` (or ``restore``) for this invocation.
+
+    ``confirm``: a new file, so a typed passphrase is asked twice.
+    """
+    source = _key_source(ctx)
+    if source == "key_file":
+        return {"key": _read_key_file(_settings(ctx).get("key_file"))}
+    if source == "plaintext":
+        return {"encrypted": False}
+    return {"passphrase": _passphrase(ctx, confirm=confirm)}
+
+
+def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False,
+          **kwargs: Any) -> engram_mod.Engram:
+    """Open a store with the key source the command line names (--key-file, --plaintext, or a
+    passphrase). Only `init` (and `restore`, `import --create`) may create one: a mistyped
+    path is an error, not a new empty store. The library's hints speak of keyword
+    arguments, so say which option to use.
+    """
+    source = _key_source(ctx)
+    if not create and not os.path.exists(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise FileMissingError(f"{path}: the directory {parent} does not exist",
+                                   hint="check the path (create the directory first for a new store)")
+        raise FileMissingError(f"{path} does not exist",
+                               hint=f"check the path, or create the store with `engramdb init {path}`")
     try:
-        if root.get("key_file"):
-            return engram_mod.open(path, key=_read_key_file(root["key_file"]), create=create, readonly=readonly)
-        if root.get("plaintext"):
-            return engram_mod.open(path, encrypted=False, create=create, readonly=readonly)
-        # a new file (ingest/import create one) gets the passphrase typed twice, as with init
-        new = create and not os.path.exists(path)
-        return engram_mod.open(path, passphrase=_passphrase(ctx, confirm=new), create=create, readonly=readonly)
+        keys = _key_kwargs(ctx, confirm=create and not os.path.exists(path))
+        return engram_mod.open(path, create=create, readonly=readonly, **keys, **kwargs)
     except ModeMismatchError as exc:
-        hint = ("it is encrypted: leave out --plaintext and give its passphrase or --key-file"
-                if root.get("plaintext") else "it is a plaintext file: put --plaintext before the command, "
-                                              "e.g. `engramdb --plaintext info FILE`")
+        hint = ("it is encrypted: leave out --plaintext (and $ENGRAM_PLAINTEXT) and give its passphrase or "
+                "--key-file" if source == "plaintext"
+                else "it is a plaintext file: pass --plaintext, e.g. `engramdb info FILE --plaintext`")
         raise ModeMismatchError(exc.message, hint=hint) from None
     except WrongPassphraseError as exc:
-        if root.get("key_file"):
+        if source == "key_file":
             hint = "the key in --key-file belongs to another file, or its recovery slot was replaced"
         else:
             hint = (f"check ${PASSPHRASE_ENV} or --passphrase-file; if the passphrase is lost, save the recovery "
@@ -209,15 +370,13 @@ def _node_line(node: Any) -> str:
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="engramdb")
-@click.option("--passphrase-file", type=click.Path(dir_okay=False), help="Read the passphrase from this file.")
-@click.option("--key-file", type=click.Path(dir_okay=False),
-              help="Read a raw key or recovery key (ERK1-...) from this file instead of a passphrase.")
-@click.option("--plaintext", is_flag=True, help="The file is (or will be) unencrypted.")
-def cli(passphrase_file: str | None, key_file: str | None, plaintext: bool) -> None:
+@click.version_option(version=__version__, prog_name="engramdb", message="%(prog)s %(version)s")
+def cli() -> None:
     """engramdb: an encrypted, single-file memory store for LLM apps.
 
-    The passphrase comes from $ENGRAM_PASSPHRASE, --passphrase-file, or a prompt.
+    The key comes from --key-file ($ENGRAM_KEY_FILE), --plaintext ($ENGRAM_PLAINTEXT=1) or a
+    passphrase: --passphrase-file, else $ENGRAM_PASSPHRASE, else a prompt; never argv. The
+    options go before or after the command's name.
 
     Example:
 
@@ -245,15 +404,9 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
     """
     if os.path.exists(file):
         raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
-    root = ctx.find_root().params
     kdf = _parse_kdf(kdf_text)
-    if root.get("plaintext"):
-        db = engram_mod.open(file, encrypted=False)
-    elif root.get("key_file"):
-        db = engram_mod.open(file, key=_read_key_file(root["key_file"]))
-    else:
-        db = engram_mod.open(file, passphrase=_passphrase(ctx, confirm=True), kdf=kdf)
-    with db:
+    keys = _key_kwargs(ctx, confirm=True)
+    with engram_mod.open(file, create=True, **keys, **({"kdf": kdf} if "passphrase" in keys else {})) as db:
         click.echo(f"created {file} ({'encrypted' if db.encrypted else 'PLAINTEXT'})")
         if recovery_key:
             click.echo(f"recovery key (store it safely; it is shown once): {db.add_recovery_key()}")
@@ -489,11 +642,10 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
 
         engramdb import-key notes.engram notes.key
     """
-    root = ctx.find_root().params
-    if root.get("key_file"):
-        engram_mod.import_key(file, keyfile, key=_read_key_file(root["key_file"]))
-    else:
-        engram_mod.import_key(file, keyfile, passphrase=_passphrase(ctx))
+    keys = _key_kwargs(ctx)
+    if "encrypted" in keys:
+        raise click.UsageError("a plaintext file has no key header to import")
+    engram_mod.import_key(file, keyfile, **keys)
     click.echo(f"restored the header of {file}")
 
 
@@ -541,12 +693,10 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
 
     if encrypt and output is None and sys.stdout.isatty():
         raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")
-    from tqdm import tqdm
-
     _refuse_same_file(output, file, "the dump")
     dump_pw = _dump_passphrase(dump_passphrase_file, confirm=True) if encrypt else None
     with _open(ctx, file, readonly=True) as db, \
-            tqdm(desc="dumping", unit=" memories", total=len(db), disable=None, file=sys.stderr) as bar:
+            _progress(ctx, desc="dumping", unit=" memories", total=len(db)) as bar:
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
@@ -598,22 +748,16 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
 
         engramdb restore notes.aaak restored.engram
     """
-    from tqdm import tqdm
-
     from .backup import restore as restore_store
 
     _refuse_same_file(file, dump_file, "the restored store")
     if os.path.exists(file) and not force:
         raise ValidationError(f"{file} exists; restore does not overwrite it", hint="pass --force to replace it")
-    root = ctx.find_root().params
-    if root.get("plaintext"):
-        options: dict[str, Any] = {"encrypted": False}
-    elif root.get("key_file"):
-        options = {"key": _read_key_file(root["key_file"])}
-    else:
-        options = {"passphrase": _passphrase(ctx, confirm=True), "kdf": _parse_kdf(kdf_text)}
+    options = _key_kwargs(ctx, confirm=True)
+    if "passphrase" in options:
+        options["kdf"] = _parse_kdf(kdf_text)
     source = _read_dump_source(dump_file, dump_passphrase_file)
-    with tqdm(desc="restoring", unit=" memories", disable=None, file=sys.stderr) as bar:
+    with _progress(ctx, desc="restoring", unit=" memories") as bar:
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
@@ -742,21 +886,20 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 
         engramdb ingest notes.engram meeting.md chat.jsonl --date 2024-05-02
     """
-    from tqdm import tqdm
-
     options: dict[str, Any] = {"chunk_size": chunk_size}
     if date:
         options["date"] = date
     result: dict[str, list[str]] = {}
     added: dict[str, int] = {}
-    with _open(ctx, file, create=True) as db:
-        for path in tqdm(inputs, desc="ingesting", unit=" files", disable=None, file=sys.stderr):
+    with _open(ctx, file) as db, _progress(ctx, desc="ingesting", unit=" files", total=len(inputs)) as bar:
+        for path in inputs:
             source, name = _read_ingest_input(path, fmt)
             if title:
                 options["title"] = title
             before = len(db)
             result[path] = db.ingest(source, source_name=title or name, tags=list(tags), **options)
             added[path] = len(db) - before  # text ingested before is stored once: say how much is new
+            bar.update(1)
     _emit(result, as_json, lambda d: "\n".join(f"{path}: {len(ids)} memories ({added[path]} new)"
                                                for path, ids in d.items()))
 
@@ -873,11 +1016,12 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
 @click.option("--source-passphrase-file", type=click.Path(dir_okay=False),
               help="Passphrase of an encrypted Terronex file (else $ENGRAM_SOURCE_PASSPHRASE).")
 @click.option("--id-prefix", default="", help="Prepended to every imported id.")
+@click.option("--create", is_flag=True, help="Create FILE if it does not exist (else a missing FILE is an error).")
 @click.option("--space", default="default", show_default=True, help="Embedding space for imported vectors.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
-            id_prefix: str, space: str, as_json: bool) -> None:
+            id_prefix: str, create: bool, space: str, as_json: bool) -> None:
     """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram v1 file.
 
     Example:
@@ -885,8 +1029,6 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         engramdb import memories.jsonl notes.engram
     """
     import io
-
-    from tqdm import tqdm
 
     from .backup import import_records
     from .importers import iter_import
@@ -899,8 +1041,7 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         data = io.BytesIO(fh.read())  # detection needs a seekable source
     items = iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
                         id_prefix=id_prefix)
-    with _open(ctx, file, create=True) as db, \
-            tqdm(desc="importing", unit=" memories", disable=None, file=sys.stderr) as bar:
+    with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
         nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
     _emit({"file": file, "memories": nodes, "edges": edges}, as_json,
           lambda d: f"imported {nodes} memories and {edges} edges into {file}")

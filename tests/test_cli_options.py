@@ -1,0 +1,133 @@
+"""Global options anywhere on the command line, a key source from every place, --quiet,
+progress bars, --version, and no store created by a command that only reads or adds."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+import engramdb
+import engramdb.cli as cli_mod
+from engramdb.cli import cli
+
+KDF = "t=1,m=8,p=1"
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict | None = None, input: str | None = None):
+        full_env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1", "ENGRAM_KEY_FILE": None,
+                    "ENGRAM_PLAINTEXT": None, **(env or {})}
+        return runner.invoke(cli, list(args), env=full_env, input=input, catch_exceptions=False)
+
+    return invoke
+
+
+def test_global_options_work_after_the_subcommand(run, tmp_path):
+    f = str(tmp_path / "a.engram")
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    no_env = {"ENGRAM_PASSPHRASE": ""}
+    assert run("init", f, "--kdf", KDF, "--passphrase-file", str(pw), env=no_env).exit_code == 0
+    assert run("add", f, "Alice moved", "--id", "a", "--passphrase-file", str(pw), env=no_env).exit_code == 0
+    info = run("info", f, "--passphrase-file", str(pw), "--json", env=no_env)
+    assert info.exit_code == 0, info.output
+    assert json.loads(info.output)["memories"] == 1
+    # before the command name still works
+    assert run("--passphrase-file", str(pw), "get", f, "a", env=no_env).exit_code == 0
+    # after the command wins over before it: the last word on the command line counts
+    bad = tmp_path / "bad"
+    bad.write_text("wrong\n")
+    assert run("--passphrase-file", str(bad), "get", f, "a", "--passphrase-file", str(pw), env=no_env).exit_code == 0
+
+
+def test_plaintext_from_the_environment_and_after_the_command(run, tmp_path):
+    f = str(tmp_path / "p.engram")
+    assert "PLAINTEXT" in run("init", f, "--plaintext").output
+    assert run("add", f, "visible", "--id", "v", env={"ENGRAM_PLAINTEXT": "1"}).exit_code == 0
+    got = run("get", f, "v", "--plaintext", "--json")
+    assert json.loads(got.output)["content"] == "visible"
+    wrong = run("get", f, "v")  # a passphrase for a plaintext file
+    assert wrong.exit_code == 1 and "--plaintext" in wrong.output
+
+
+def test_key_file_from_the_environment(run, tmp_path):
+    f = str(tmp_path / "k.engram")
+    kf = tmp_path / "raw.key"
+    kf.write_bytes(bytes(range(32)))
+    assert run("init", f, "--key-file", str(kf), env={"ENGRAM_PASSPHRASE": ""}).exit_code == 0
+    env = {"ENGRAM_KEY_FILE": str(kf), "ENGRAM_PASSPHRASE": "not this"}  # the key file wins over the passphrase
+    assert run("add", f, "keyed", "--id", "k", env=env).exit_code == 0
+    assert json.loads(run("get", f, "k", "--json", env=env).output)["content"] == "keyed"
+    # a passphrase file on the command line beats the variable (and here does not unlock the file)
+    pw = tmp_path / "pw"
+    pw.write_text("pw")
+    assert run("get", f, "k", "--passphrase-file", str(pw), env=env).exit_code == 1
+
+
+def test_contradicting_key_sources_are_a_usage_error(run, tmp_path):
+    f = str(tmp_path / "c.engram")
+    run("init", f, "--kdf", KDF)
+    kf = tmp_path / "raw.key"
+    kf.write_bytes(bytes(32))
+    both = run("info", f, "--plaintext", "--key-file", str(kf))
+    assert both.exit_code == 2 and "--key-file and --plaintext" in both.output
+    env_both = run("info", f, env={"ENGRAM_PLAINTEXT": "1", "ENGRAM_KEY_FILE": str(kf)})
+    assert env_both.exit_code == 2 and "$ENGRAM_KEY_FILE and $ENGRAM_PLAINTEXT" in env_both.output
+
+
+@pytest.mark.parametrize("command", [["add", "x"], ["ingest", "IN"], ["list"], ["info"], ["recall", "q"]])
+def test_a_mistyped_path_is_an_error_and_creates_nothing(run, tmp_path, command):
+    src = tmp_path / "in.txt"
+    src.write_text("Alice moved to Berlin in 2023.")
+    missing = tmp_path / "typo.engram"
+    args = [a if a != "IN" else str(src) for a in command]
+    result = run(args[0], str(missing), *args[1:])
+    assert result.exit_code == 1, result.output
+    assert "does not exist" in result.output and "engramdb init" in result.output
+    assert "create=True" not in result.output
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_a_missing_directory_is_named_as_such(run, tmp_path):
+    result = run("add", str(tmp_path / "nodir" / "x.engram"), "text")
+    assert result.exit_code == 1 and "directory" in result.output and "verify" not in result.output
+
+
+def test_import_creates_only_with_create(run, tmp_path):
+    src = tmp_path / "m.jsonl"
+    src.write_text(json.dumps({"id": "m1", "content": "hello there"}) + "\n")
+    f = tmp_path / "new.engram"
+    refused = run("import", str(src), str(f))
+    assert refused.exit_code == 1 and "does not exist" in refused.output and not f.exists()
+    created = run("import", str(src), str(f), "--create")
+    assert created.exit_code == 0, created.output
+    assert json.loads(run("get", str(f), "m1", "--json").output)["content"] == "hello there"
+
+
+def test_version(run):
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"engramdb {engramdb.__version__}"
+
+
+def test_progress_bars_have_a_total_and_quiet_hides_them(run, tmp_path, monkeypatch):
+    f = str(tmp_path / "q.engram")
+    run("init", f, "--kdf", KDF)
+    for n in range(3):
+        run("add", f, f"memory number {n}", "--id", f"m{n}")
+    monkeypatch.setattr(cli_mod, "_show_progress", lambda stream: True)
+    shown = run("dump", f, "-o", str(tmp_path / "d.aaak"))
+    assert shown.exit_code == 0 and "dumping" in shown.stderr and "/3 [" in shown.stderr  # the total
+    quiet = run("dump", f, "-o", str(tmp_path / "d2.aaak"), "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_new_commands_get_the_global_options():
+    """Any command declared with @cli.command() accepts them (a contract for new commands)."""
+    for name, command in cli.commands.items():
+        opts = {o for p in command.params for o in getattr(p, "opts", ())}
+        assert {"--passphrase-file", "--key-file", "--plaintext", "--quiet"} <= opts, name
