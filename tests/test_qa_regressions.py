@@ -280,7 +280,7 @@ def test_every_command_that_prints_data_takes_json(run, tmp_path):
     }
     run("export", f, "-o", tmp_path / "j.jsonl")
     run("dump", f, "-o", tmp_path / "j.aaak")
-    outputs["import"] = run("import", tmp_path / "j.jsonl", tmp_path / "k.engram", "--id-prefix", "k-", "--json")
+    outputs["import"] = run("import", tmp_path / "j.jsonl", tmp_path / "k.engram", "--id-prefix", "k-", "--create", "--json")
     outputs["restore"] = run("restore", tmp_path / "j.aaak", tmp_path / "r.engram", "--kdf", KDF, "--json")
     data = {}
     for name, result in outputs.items():
@@ -385,7 +385,7 @@ def test_export_help_does_not_promise_what_import_loses(run, tmp_path):
                    for n in range(6))
     assert run("ingest", f, "-", "--chunk-size", "60", input=text).exit_code == 0
     run("export", f, "-o", out)
-    imported = json.loads(run("import", out, back, "--json").stdout)
+    imported = json.loads(run("import", out, back, "--create", "--json").stdout)
     original = json.loads(run("info", f, "--json").stdout)
     help_text = run("export", "--help").output
     assert imported["edges"] < original["tables"]["edges"]  # the tunnels did not travel
@@ -554,8 +554,8 @@ def test_open_and_scan_reject_bad_arguments_clearly(tmp_path):
 
 
 def test_ingest_creating_a_new_file_confirms_a_prompted_passphrase(run, tmp_path, monkeypatch):
-    """`ingest`/`import` create a missing file; with a prompted passphrase they asked once, so
-    one typo made a store nobody could open (init asks twice)."""
+    """`import --create` (once `ingest` too) creates a missing file; with a prompted passphrase it
+    asked once, so one typo made a store nobody could open (init asks twice)."""
     import engramdb.cli as cli_mod
 
     asked: list[bool] = []
@@ -565,10 +565,10 @@ def test_ingest_creating_a_new_file_confirms_a_prompted_passphrase(run, tmp_path
         return PW
 
     monkeypatch.setattr(cli_mod, "_secret", fake_secret)
-    text = tmp_path / "t.txt"
-    text.write_text("Alice moved to Berlin in 2023.\n", encoding="utf-8")
-    assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
-    assert run("ingest", tmp_path / "new.engram", text).exit_code == 0
+    src = tmp_path / "m.jsonl"
+    src.write_text(json.dumps({"id": "m1", "content": "Alice moved to Berlin in 2023."}) + "\n", encoding="utf-8")
+    assert run("import", src, tmp_path / "new.engram", "--create").exit_code == 0
+    assert run("import", src, tmp_path / "new.engram", "--create", "--id-prefix", "b-").exit_code == 0
     assert asked == [True, False]
 
 
