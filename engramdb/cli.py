@@ -954,11 +954,16 @@ def wakeup(ctx: click.Context, file: str, top_pct: float, as_json: bool) -> None
 @click.option("--no-hops", is_flag=True, help="Do not add memories one tunnel/edge hop away.")
 @click.option("--tag", "tags", multiple=True, help="Only memories with one of these tags (repeatable).")
 @click.option("--tier", "tiers", multiple=True, type=click.Choice(TIERS), help="Only these tiers (repeatable).")
+@click.option("--min-relevance", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Only hits at least this relevant (0-1, comparable across queries).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one hit a line.")
 @click.pass_context
 def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool, no_hops: bool,
-           tags: tuple[str, ...], tiers: tuple[str, ...], as_json: bool) -> None:
+           tags: tuple[str, ...], tiers: tuple[str, ...], min_relevance: float, as_json: bool) -> None:
     """Find the memories that best answer QUERY (BM25, vectors, synonyms, one tunnel hop).
+
+    Each line shows the hit's relevance (0-1, comparable across queries: use it to cut
+    off weak hits) and its ranking score (only meaningful within one query).
 
     Example:
 
@@ -966,14 +971,15 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
     """
     with _open(ctx, file, readonly=True) as db:
         hits = db.recall(query, top_k=top_k, explain=explain, hops=not no_hops,
-                         tags=list(tags) or None, tiers=list(tiers) or None)
+                         tags=list(tags) or None, tiers=list(tiers) or None, min_relevance=min_relevance)
     if not hits and top_k and not as_json:  # say so on stderr; stdout stays empty for scripts
-        click.echo(f"no memories match {query!r}", err=True)
+        floor = f" with relevance >= {min_relevance:.3f}" if min_relevance > 0 else ""
+        click.echo(f"no memories match {query!r}{floor}", err=True)
     for rank, hit in enumerate(hits, start=1):
         def text(d: dict, rank: int = rank, hit: Any = hit) -> str:
-            line = f"{rank:>3}. {hit.score!r:<22} {_node_line(hit.node)}"
+            line = f"{rank:>3}. relevance {hit.relevance:.3f}  score {hit.score:.3f}  {_node_line(hit.node)}"
             if hit.parts is not None:
-                line += "\n     " + "  ".join(f"{k}={v!r}" for k, v in hit.parts.items())
+                line += "\n     " + "  ".join(f"{k}={v:.3f}" for k, v in hit.parts.items())
             return line
 
         _emit(hit.to_dict(), as_json, text)

@@ -379,13 +379,15 @@ class Engram:
 
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
                after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, flags: Any = None,
-               explain: bool = False, touch: bool = False, now: float | None = None) -> list["Hit"]:
+               min_relevance: float = 0.0, explain: bool = False, touch: bool = False,
+               now: float | None = None) -> list["Hit"]:
         """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
 
         BM25 over the encrypted postings, plus vector search in every embedding space that
         can embed the query, fused by reciprocal rank, boosted by tier and date proximity,
         penalised when superseded, and widened by one tunnel hop. Ties break by insertion
-        order. Reads take no write lock unless ``touch=True``.
+        order. Reads take no write lock unless ``touch=True``. Each hit carries a
+        ``relevance`` in [0, 1], comparable across queries; ``min_relevance`` drops hits below it.
 
         Raises:
             ValidationError: bad arguments.
@@ -393,8 +395,8 @@ class Engram:
         from .recall import recall
 
         return recall(self._store, self.indexes, query, top_k=top_k, hops=hops, expand_query=expand_query,
-                      after=after, before=before, tiers=tiers, tags=tags, flags=flags, explain=explain,
-                      touch=touch, now=now)
+                      after=after, before=before, tiers=tiers, tags=tags, flags=flags,
+                      min_relevance=min_relevance, explain=explain, touch=touch, now=now)
 
     def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
                        **kwargs: Any) -> "Context":

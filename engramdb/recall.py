@@ -35,6 +35,7 @@ import numpy as np
 from .codec import decode_node, encode_node
 from .errors import ValidationError
 from .index import Indexes
+from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
 from .index.synonyms import Expander, QueryDate, parse_date, query_dates
@@ -64,6 +65,23 @@ CANDIDATES_PER_K = 8
 MIN_CANDIDATES = 50
 _U64 = struct.Struct(">Q")
 _WORD = re.compile(r"\w+|[^\w\s]")
+# The calibration of relevance (spec/recall.md, "Relevance"; tools/bench/calibrate_relevance.py).
+RARE_TERMS = 2.0
+VECTOR_FLOOR = 0.3
+VECTOR_POWER = 1.5
+
+
+def relevance_of(features: dict[str, float]) -> float:
+    """A hit's relevance from its raw match features (spec/recall.md, "Relevance")."""
+    cov = features.get("coverage:bm25", 0.0)
+    best = 0.0
+    if cov > 0:
+        covered = cov * features["bm25_ceiling"] / features["bm25_rare_idf"]  # in rare-term units
+        best = cov * min(1.0, covered / RARE_TERMS)
+    for key, value in features.items():
+        if key.startswith("match:vector:"):
+            best = max(best, (max(0.0, value - VECTOR_FLOOR) / (1.0 - VECTOR_FLOOR)) ** VECTOR_POWER)
+    return min(1.0, max(0.0, best))
 
 
 @dataclass(frozen=True)
@@ -72,13 +90,18 @@ class Hit:
 
     Attributes:
         id: the memory's id.
-        score: the final score (higher is better).
+        score: the final score (higher is better). A fused rank value: it orders the hits
+            of one query and means nothing across queries.
         node: the memory.
         docno: its internal document number (the tie-break key).
         parts: with ``explain=True``, the score's parts: ``bm25`` (raw BM25, 0 for a memory
             reached only by the hop), ``hop:bm25`` (the score the hop added), ``bm25_rank``,
             ``vector:<space>`` / ``hop:vector:<space>`` / ``vector_rank:<space>``, ``rrf``,
-            ``tier``, ``superseded``, ``date``.
+            ``tier``, ``superseded``, ``date``, and the inputs of ``relevance``:
+            ``bm25_ceiling`` (the query's highest attainable BM25) and ``match:<retriever>``.
+        relevance: how well the memory matches the query, in [0, 1], comparable across
+            queries and stores (spec/recall.md, "Relevance"): use it for cut-offs. It
+            ignores the ranking boosts (tier, date, superseded).
     """
 
     id: str
@@ -86,12 +109,13 @@ class Hit:
     node: Node
     docno: int
     parts: dict[str, float] | None = None
+    relevance: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the node without its embeddings)."""
         node = self.node.to_dict()
         node.pop("embeddings", None)
-        out: dict[str, Any] = {"id": self.id, "score": self.score, "node": node}
+        out: dict[str, Any] = {"id": self.id, "score": self.score, "relevance": self.relevance, "node": node}
         if self.parts is not None:
             out["parts"] = dict(self.parts)
         return out
@@ -204,8 +228,8 @@ def _date_bonus(node: Node, dates: Sequence[QueryDate]) -> float:
 
 def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
            expand_query: bool = True, after: Any = None, before: Any = None, tiers: Any = None,
-           tags: Any = None, flags: Any = None, explain: bool = False, touch: bool = False,
-           now: float | None = None) -> list[Hit]:
+           tags: Any = None, flags: Any = None, min_relevance: float = 0.0, explain: bool = False,
+           touch: bool = False, now: float | None = None) -> list[Hit]:
     """The memories that best answer ``query``.
 
     Args:
@@ -220,6 +244,8 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
             (timestamps, dates or datetimes).
         tiers, tags, flags: keep memories in one of these tiers / with one of these tags /
             one of these flags.
+        min_relevance: keep only hits whose :attr:`Hit.relevance` is at least this (in
+            [0, 1]); fewer than ``top_k`` hits, or none, may pass.
         explain: fill :attr:`Hit.parts` with the score's parts.
         touch: bump ``access_count`` and ``last_accessed`` of the hits (one write).
         now: the clock for ``touch`` (injectable).
@@ -236,6 +262,9 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValidationError("top_k must be a non-negative integer", hint=_ARGS_HINT)
     keep = _Filter(after, before, tiers, tags, flags)
+    if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
+            or not 0.0 <= min_relevance <= 1.0):
+        raise ValidationError(f"min_relevance must be a number in [0, 1], got {min_relevance!r}", hint=_ARGS_HINT)
     if top_k == 0:
         return []
     expander = _expander(indexes)
@@ -246,6 +275,7 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
     with store.read() as txn:
         ctx = _Run(txn, indexes, keep, hops)
         rankings: list[tuple[str, list[tuple[int, float, float]]]] = []
+        features: dict[int, dict[str, float]] = {}
         if weights:
             # with filters every match must be checked; without, the fast exact top suffices
             found = indexes.bm25.scores(txn, weights) if ctx.filtering else indexes.bm25.top(txn, weights, limit)
@@ -261,8 +291,13 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
             # similarity either: its sign depends on how the matrix was blocked (incremental
             # vs rebuilt), and counting it would make rankings depend on write history.
             positive = v_scores > MIN_VECTOR_SCORE
-            rankings.append((f"vector:{name}", ctx.ranking(v_docs[positive], v_scores[positive], limit)))
-        hits = ctx.fuse(rankings, dates, top_k, explain)
+            ranking = ctx.ranking(v_docs[positive], v_scores[positive], limit)
+            rankings.append((f"vector:{name}", ranking))
+            for docno, score, hop in ranking:
+                features.setdefault(docno, {})[f"match:vector:{name}"] = score + hop
+        if weights:
+            _bm25_features(txn, indexes, rankings, terms, weights, features)
+        hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance))
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
     return hits
@@ -359,13 +394,18 @@ class _Run:
                 keep_s.append(s)
         return np.asarray(keep_d, dtype=docnos.dtype), np.asarray(keep_s, dtype=np.float64)
 
-    def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]], dates: Sequence[QueryDate],
-             top_k: int, explain: bool) -> list[Hit]:
+    def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
+             features: dict[int, dict[str, float]], dates: Sequence[QueryDate], top_k: int, explain: bool,
+             min_relevance: float) -> list[Hit]:
         fused: dict[int, float] = {}
         for _, ranking in rankings:
             for rank, (docno, _, _) in enumerate(ranking, start=1):
                 fused[docno] = fused.get(docno, 0.0) + 1.0 / (RRF_K + rank)
+        relevance = {docno: relevance_of(features.get(docno, {})) for docno in fused}
         parts = _explain_parts(rankings) if explain else None
+        if parts is not None:
+            for docno, p in parts.items():
+                p.update(features.get(docno, {}))
         # Boosts need the node, and decoding is the cost of a query, so walk candidates by
         # fused score and stop once even the largest boost cannot lift the next one into
         # the top k (the result is the same as boosting every candidate).
@@ -375,6 +415,8 @@ class _Run:
         for docno, base in sorted(fused.items(), key=lambda item: (-item[1], item[0])):
             if len(kth) == top_k and base * max_boost < kth[0][0]:
                 break
+            if relevance[docno] < min_relevance:
+                continue
             node = self.node(docno)
             if node is None:
                 continue  # deleted since the index was read, or filtered out
@@ -388,7 +430,8 @@ class _Run:
             node = self.nodes[docno]
             assert node is not None  # scored nodes passed self.node()
             hits.append(Hit(id=node.id, score=score, node=node, docno=docno,
-                            parts=None if parts is None else dict(sorted(parts[docno].items()))))
+                            parts=None if parts is None else dict(sorted(parts[docno].items())),
+                            relevance=relevance[docno]))
         return hits
 
     def _boost(self, docno: int, node: Node, base: float, dates: Sequence[QueryDate],
@@ -399,6 +442,29 @@ class _Run:
         if parts is not None:
             parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
         return base * tier * superseded * (1.0 + date)
+
+
+def _bm25_features(txn: Any, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
+                   terms: Sequence[str], weights: dict[str, float], features: dict[int, dict[str, float]]) -> None:
+    """The BM25 inputs of relevance (spec/recall.md, "Relevance") for every candidate of any
+    retriever: the query's ceiling ``bm25_ceiling`` (the least upper bound of a BM25 score),
+    ``bm25_rare_idf`` (the idf of a term one document holds), ``coverage:bm25`` (the share of
+    the ceiling the candidate's terms cover; synonyms at their weight) and, for the BM25
+    ranking, ``match:bm25`` (its score plus hop over the ceiling). The ceiling counts only what
+    the user asked (the original terms), so the values compare across queries."""
+    ceiling = indexes.bm25.ceiling(txn, dict(_counts(terms)))
+    docnos = sorted({d for _, ranking in rankings for d, _, _ in ranking})
+    if not docnos or ceiling <= 0:
+        return
+    covered = indexes.bm25.coverage(txn, weights, docnos).tolist()
+    rare = float(lucene_idf(indexes.bm25.doc_count(txn), 1))
+    for docno, cov in zip(docnos, covered):
+        features.setdefault(docno, {}).update({
+            "bm25_ceiling": ceiling, "bm25_rare_idf": rare, "coverage:bm25": min(1.0, cov / ceiling)})
+    for name, ranking in rankings:
+        if name == "bm25":
+            for docno, score, hop in ranking:
+                features[docno]["match:bm25"] = (score + hop) / ceiling
 
 
 def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> dict[int, dict[str, float]]:
@@ -431,7 +497,8 @@ def _touch(store: Any, hits: list[Hit], now: float) -> list[Hit]:
                 continue
             node = node.replace(access_count=node.access_count + 1, last_accessed=now)
             txn.put("nodes", key, encode_node(node))
-            out.append(Hit(id=hit.id, score=hit.score, node=node, docno=hit.docno, parts=hit.parts))
+            out.append(Hit(id=hit.id, score=hit.score, node=node, docno=hit.docno, parts=hit.parts,
+                           relevance=hit.relevance))
         return out
 
     return store.write(bump)

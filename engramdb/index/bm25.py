@@ -672,6 +672,48 @@ class SegmentedBM25:
                 parts.append(_Term(docnos, contrib, float(w), blind, None if txn.write else d.terms))
         return parts
 
+    def ceiling(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> float:
+        """The least upper bound of any document's score for ``query_terms``: ``sum w_t * idf(t)``
+        over every query term, matched or not (the tf factor tends to 1, never reaching it).
+        A term no live document holds counts with ``df = 0``. 0.0 on an empty index.
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
+        return sum(self._idf_mass(txn, query_terms, None).values())
+
+    def coverage(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str],
+                 docnos: Sequence[int]) -> np.ndarray:
+        """Per document, ``sum w_t * idf(t)`` over the query terms it contains (the part of
+        :meth:`ceiling` it covers, ignoring term frequency and length).
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
+        wanted = np.asarray(docnos, dtype=np.int64)
+        out = np.zeros(wanted.size)
+        for (w_idf, postings) in self._idf_mass(txn, query_terms, wanted).values():
+            if postings.size:
+                pos = np.minimum(np.searchsorted(postings, wanted), postings.size - 1)
+                out += np.where(postings[pos] == wanted, w_idf, 0.0)
+        return out
+
+    def _idf_mass(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str],
+                  with_postings: np.ndarray | None) -> dict[str, Any]:
+        weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
+        d = self._directory(txn)
+        out: dict[str, Any] = {}
+        for term in sorted(weights):  # fixed summation order
+            w = weights[term]
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
+                raise ValidationError(f"query term weight for {term!r} must be a positive number")
+            if d.n_docs <= 0:
+                continue
+            postings = self._term_scores(txn, d, self.blind(term))[0]
+            mass = float(w) * float(lucene_idf(d.n_docs, postings.size))
+            out[term] = mass if with_postings is None else (mass, postings)
+        return out
+
     def scores(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """BM25 scores of every live document matching at least one query term.
 

@@ -44,10 +44,13 @@ def _iso(date_time: str) -> str | None:
     return dt.date(int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1))).isoformat()
 
 
-def make_retriever(turns: list[dict], *, hops: bool = True, link_neighbours: bool = True) -> Callable[[str, int], list[str]]:
-    """Index one conversation; return ``search(question, k) -> [dia_id, ...]``."""
+def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool = False) -> engram_mod.Engram:
+    """One conversation as an encrypted store (temporary; removed at exit). ``space=True``
+    adds the built-in hashed embedding space, so recall also runs its vector retriever."""
     path = os.path.join(_TMP, f"{turns[0]['sample_id']}-{len(os.listdir(_TMP))}.engram")
     db = engram_mod.open(path, key=os.urandom(32))
+    if space:
+        db.add_space("hashed", dims=256)
     db.add_many([{
         "id": t["dia_id"],
         "content": t["doc"],
@@ -63,6 +66,12 @@ def make_retriever(turns: list[dict], *, hops: bool = True, link_neighbours: boo
                     db.indexes.graph.put(tx._txn, tx._docno(a["dia_id"]), tx._docno(b["dia_id"]),
                                          Edge(src=a["dia_id"], dst=b["dia_id"], kind="related",
                                                          weight=NEIGHBOUR_WEIGHT))
+    return db
+
+
+def make_retriever(turns: list[dict], *, hops: bool = True, link_neighbours: bool = True) -> Callable[[str, int], list[str]]:
+    """Index one conversation; return ``search(question, k) -> [dia_id, ...]``."""
+    db = build_store(turns, link_neighbours=link_neighbours)
     order = [t["dia_id"] for t in turns]
 
     def search(question: str, k: int) -> list[str]:
