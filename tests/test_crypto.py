@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from conftest import nodes
@@ -148,11 +147,14 @@ def test_below_floor_refused_without_the_test_switch(monkeypatch):
     KDFParams(t="3", m_kib=64 * 1024, p=4),
     KDFParams(t=3, m_kib=8, p=4),  # m < 8p: argon2 itself would refuse
 ])
-def test_hostile_parameters_refused_fast(params):
-    start = time.perf_counter()
+def test_hostile_parameters_refused_before_argon2_runs(params, monkeypatch):
+    import argon2.low_level
+
+    runs = []
+    monkeypatch.setattr(argon2.low_level, "hash_secret_raw", lambda *a, **k: runs.append(k) or bytes(32))
     with pytest.raises(WeakKDFError):
         crypto.derive_kek("pw", b"s" * 16, params)
-    assert time.perf_counter() - start < 0.05
+    assert runs == []
 
 
 @pytest.mark.parametrize("data", [None, [], {"alg": "scrypt", "v": 19}, {"alg": "argon2id", "v": 16},
@@ -167,9 +169,14 @@ def test_kdf_dict_round_trip():
     assert KDFParams.from_dict(params.to_dict()) == params
 
 
-def test_default_profile_cost():
+def test_default_profile_cost(monkeypatch):
     params = KDFParams.default()
     assert (params.t, params.m_kib, params.p) == (3, 64 * 1024, 4)
-    start = time.perf_counter()
-    crypto.derive_kek("pw", os.urandom(16), params)
-    assert 0.05 <= time.perf_counter() - start <= 5.0
+    import argon2.low_level
+
+    runs = []
+    real = argon2.low_level.hash_secret_raw
+    monkeypatch.setattr(argon2.low_level, "hash_secret_raw", lambda *a, **k: runs.append(k) or real(*a, **k))
+    assert len(crypto.derive_kek("pw", os.urandom(16), params)) == 32
+    # the cost argon2 is asked to pay is the profile's, in full (its time is a benchmark figure)
+    assert [(r["time_cost"], r["memory_cost"], r["parallelism"]) for r in runs] == [(3, 64 * 1024, 4)]

@@ -13,7 +13,6 @@ import importlib.util
 import io
 import pathlib
 import struct
-import time
 
 import msgpack
 import pytest
@@ -50,11 +49,9 @@ def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
     """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""
     seeds = sorted((CORPUS / name).iterdir())
     assert len(seeds) >= minimum
-    start = time.perf_counter()
     with getattr(target, "cheap_kdf", contextlib.nullcontext)():
         for path in seeds:
             target.TestOneInput(path.read_bytes())
-    assert time.perf_counter() - start < 10
 
 
 def test_the_oracles_can_fail(monkeypatch):
@@ -156,12 +153,12 @@ def test_zstd_record_declaring_a_huge_size(size):
     """fuzz_records, 2026-11-30 (crash-dac5da19): a zstd record whose frame declares a content size
     of 4.7e18 bytes raised MemoryError: python-zstandard allocates the declared size before it
     looks at max_output_size; a declared size in the terabytes would have been allocated."""
-    start = time.perf_counter()
+    # refused from the frame header, before anything is allocated (an allocation of the
+    # declared size would raise MemoryError or take the size in memory, not this error)
     with pytest.raises(CorruptFileError, match="beyond the"):
         codec.decode_node(bytes((codec.CODEC_ZSTD,)) + _zstd_frame_declaring(size))
     with pytest.raises(CorruptFileError, match="beyond the"):
         codec.unpack_archive(_zstd_frame_declaring(size))
-    assert time.perf_counter() - start < 0.5
 
 
 def test_fuzz_crash_dac5da19_replays():
@@ -216,10 +213,9 @@ def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
     header = dict(header, slots=[dict(slot, salt=i.to_bytes(16, "big")) for i in range(1000)])
     runs = []
     monkeypatch.setattr(crypto, "derive_kek", lambda *args: runs.append(args) or bytes(32))
-    start = time.perf_counter()
     with pytest.raises(CorruptFileError, match="1000 passphrase slots"):
         engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
-    assert runs == [] and time.perf_counter() - start < 0.1
+    assert runs == []
 
 
 @pytest.mark.parametrize("kdf", [
@@ -229,14 +225,17 @@ def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
     {"alg": "argon2id", "v": 19, "t": 1, "m": 8, "p": 2},
     "argon2id", None, {"alg": "argon2id", "v": 19},
 ])
-def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf):
+def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf, monkeypatch):
     """fuzz_header oracle, 2026-11-30: the KDF guard of cheap_kdf() never fired; this pins the order
     (parameters checked, then argon2 run) with the real cap and without the test switch."""
     from engramdb import engram
 
     header = _seed_header()
     header = dict(header, slots=[dict(s, kdf=kdf) if s["kind"] == "passphrase" else s for s in header["slots"]])
-    start = time.perf_counter()
+    import argon2.low_level
+
+    runs = []
+    monkeypatch.setattr(argon2.low_level, "hash_secret_raw", lambda *a, **k: runs.append(k) or bytes(32))
     with pytest.raises(WeakKDFError):
         engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
-    assert time.perf_counter() - start < 0.1
+    assert runs == []

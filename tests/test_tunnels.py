@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -175,19 +174,18 @@ def test_deterministic_across_hash_seeds():
     assert outs[0] == outs[1] and int(outs[0].split()[1]) > 0
 
 
-def test_ten_thousand_items_timing_sanity():
-    sets = zettel_like_sets(10_000)
-    link_sets(sets[:600])  # warm up numpy and the hash constants
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        links = link_sets(sets)
-        best = min(best, time.perf_counter() - start)
+def test_ten_thousand_items_compare_few_pairs(monkeypatch):
+    """LSH keeps the exact comparisons near-linear: at 10,000 sets about 2 per set (20,125 when
+    written), where all pairs would be 50 million. Counts work, not time (the speed itself is
+    measured by tools/bench/bench_compress.py)."""
+    from engramdb.index import tunnels
+
+    compared = []
+    exact = tunnels._Prepared.jaccard
+    monkeypatch.setattr(tunnels._Prepared, "jaccard", lambda self, i, j: compared.append(len(i)) or exact(self, i, j))
+    links = link_sets(zettel_like_sets(10_000))
     assert links
-    # the goal is well under 0.4 s on an idle 2-core machine (tools/bench/bench_compress.py
-    # measures it); the bound here only catches a return to quadratic behaviour on a
-    # shared, noisy test machine
-    assert best < 2.0, best
+    assert 0 < sum(compared) < 10 * 10_000, sum(compared)
 
 
 def test_lsh_path_with_no_collisions_or_one_giant_bucket():
