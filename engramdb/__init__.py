@@ -24,6 +24,7 @@ from .engram import Engram, Problem, Transaction, import_key, open
 from .index.tokenize import Tokenizer
 from .index.vectors import HASHED_MODEL, Embedder, EmbeddingSpace, HashedTfidfEmbedder, LocalModelEmbedder
 from .recall import Context, Hit, Passage
+from .maintenance.forget import ForgetReceipt
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
 from .errors import __all__ as _error_names
 from .records import (
@@ -63,6 +64,7 @@ __all__ = [
     "Engram",
     "Transaction",
     "Problem",
+    "ForgetReceipt",
     "KDFParams",
     "Node",
     "Edge",

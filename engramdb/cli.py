@@ -468,19 +468,28 @@ def add(ctx: click.Context, file: str, text: str, id_: str | None, tags: tuple[s
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("id_", metavar="ID")
+@click.option("--full", is_flag=True, help="An archived memory as it was before archiving (its full text).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def get(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
-    """Print one memory.
+def get(ctx: click.Context, file: str, id_: str, full: bool, as_json: bool) -> None:
+    """Print one memory. An archived memory shows its preview and `archived True`; --full
+    shows it as it was before it was archived.
 
     Example:
 
-        engramdb get notes.engram 3f2a... --json
+        engramdb get notes.engram 3f2a... --full --json
     """
     with _open(ctx, file, readonly=True) as db:
-        node = db.get(id_)
-    _emit(node.to_dict(), as_json, lambda d: "\n".join(
+        node = db.get(id_, full=full)
+    _emit(_node_dict(node), as_json, lambda d: "\n".join(
         f"{k:<14}{v}" for k, v in d.items() if v not in ((), [], {}, "", None)))
+
+
+def _node_dict(node: Any) -> dict[str, Any]:
+    """A node's fields, plus ``archived`` (whether it is an archived memory's stub)."""
+    data = node.to_dict()
+    data["archived"] = node.archived
+    return data
 
 
 @cli.command(name="list")
@@ -502,7 +511,7 @@ def list_(ctx: click.Context, file: str, tier: str | None, tags: tuple[str, ...]
         for n, node in enumerate(db.scan(tier=tier, tags=tags)):
             if limit is not None and n >= limit:
                 break
-            _emit(node.to_dict(), as_json, lambda _d: _node_line(node))
+            _emit(_node_dict(node), as_json, lambda _d: _node_line(node))
 
 
 @cli.command()
@@ -912,10 +921,11 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 @click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True)
 @click.option("--source", help="Only memories of this source.")
 @click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable).")
+@click.option("--include-archived", is_flag=True, help="Also consider archived memories.")
 @click.option("--json", "as_json", is_flag=True, help='Print JSON: {"text": the rendered context}.')
 @click.pass_context
 def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | None, fmt: str, selection: str,
-           source: str | None, tags: tuple[str, ...], as_json: bool) -> None:
+           source: str | None, tags: tuple[str, ...], include_archived: bool, as_json: bool) -> None:
     """Print the stored memories that matter most, as context for a model, within a token budget.
 
     Example:
@@ -924,7 +934,8 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
     """
     with _open(ctx, file, readonly=True) as db:
         text = db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, format=fmt,
-                                 selection=selection, source=source, tags=tags or None)
+                                 selection=selection, source=source, tags=tags or None,
+                                 include_archived=include_archived)
     _emit({"text": text}, as_json, lambda d: d["text"])
 
 
@@ -932,9 +943,10 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--top-pct", type=click.FloatRange(0, 1, min_open=True), default=0.15, show_default=True,
               help="Share of the memories to consider.")
+@click.option("--include-archived", is_flag=True, help="Also consider archived memories.")
 @click.option("--json", "as_json", is_flag=True, help='Print JSON: {"text": the narrative}.')
 @click.pass_context
-def wakeup(ctx: click.Context, file: str, top_pct: float, as_json: bool) -> None:
+def wakeup(ctx: click.Context, file: str, top_pct: float, include_archived: bool, as_json: bool) -> None:
     """Print a short narrative of the most important stored moments.
 
     Example:
@@ -942,7 +954,7 @@ def wakeup(ctx: click.Context, file: str, top_pct: float, as_json: bool) -> None
         engramdb wakeup notes.engram
     """
     with _open(ctx, file, readonly=True) as db:
-        text = db.wake_up(top_pct=top_pct)
+        text = db.wake_up(top_pct=top_pct, include_archived=include_archived)
     _emit({"text": text}, as_json, lambda d: d["text"])
 
 
@@ -1074,6 +1086,175 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
     _refuse_same_file(output, file, "the export")
     with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out:
         export_jsonl(db.scan(), out, space=space)
+
+
+# -- lifecycle: archive, pin, forget, stats (engramdb/maintenance/) -----------------------
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--truncate", is_flag=True, help="Keep only the preview: the rest of the text is gone for good.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def archive(ctx: click.Context, file: str, id_: str, truncate: bool, as_json: bool) -> None:
+    """Archive a memory: its full text moves to the archive table; it keeps a preview.
+
+    Example:
+
+        engramdb archive notes.engram 3f2a...
+    """
+    with _open(ctx, file) as db:
+        dropped = db.archive(id_, truncate=truncate)
+    _emit({"id": id_, "bytes_dropped": dropped}, as_json,
+          lambda d: f"archived {id_}" + (f" ({dropped} bytes of text dropped)" if dropped else ""))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the restored memory).")
+@click.pass_context
+def unarchive(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
+    """Put an archived memory back as it was (full text, tier, metadata).
+
+    Example:
+
+        engramdb unarchive notes.engram 3f2a...
+    """
+    with _open(ctx, file) as db:
+        node = db.unarchive(id_)
+    _emit(_node_dict(node), as_json, lambda d: f"unarchived {id_} (tier {node.tier})")
+
+
+def _set_pinned(ctx: click.Context, file: str, id_: str, pinned: bool, as_json: bool) -> None:
+    with _open(ctx, file) as db:
+        node = db.pin(id_) if pinned else db.unpin(id_)
+    _emit({"id": node.id, "pinned": node.pinned}, as_json,
+          lambda d: f"{'pinned' if pinned else 'unpinned'} {id_}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def pin(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
+    """Pin a memory: maintenance never decays it or merges it away.
+
+    Example:
+
+        engramdb pin notes.engram 3f2a...
+    """
+    _set_pinned(ctx, file, id_, True, as_json)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def unpin(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
+    """Unpin a memory.
+
+    Example:
+
+        engramdb unpin notes.engram 3f2a...
+    """
+    _set_pinned(ctx, file, id_, False, as_json)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--id", "ids", multiple=True, metavar="ID", help="A memory to forget (repeatable).")
+@click.option("--query", help="Forget every memory at least --threshold similar to this text.")
+@click.option("--threshold", type=click.FloatRange(-1, 1), default=0.7, show_default=True,
+              help="Similarity (cosine) at or above which --query forgets a memory.")
+@click.option("--space", help="Compare --query in this embedding space only.")
+@click.option("--dry-run", is_flag=True, help="Only show what would be forgotten.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the receipt as JSON.")
+@click.pass_context
+def forget(ctx: click.Context, file: str, ids: tuple[str, ...], query: str | None, threshold: float,
+           space: str | None, dry_run: bool, yes: bool, as_json: bool) -> None:
+    """Forget memories for good: they, their index entries, edges, archive rows and the
+    source passages only they used leave the file, which is then compacted (no other
+    process may have it open). Asks for confirmation unless --yes.
+
+    Example:
+
+        engramdb forget notes.engram --query "my old address" --threshold 0.8 --dry-run
+    """
+    if not ids and query is None:
+        raise click.UsageError("give --id ID (repeatable) or --query TEXT")
+    with _open(ctx, file) as db:
+        plan = db.forget(ids=list(ids) or None, query=query, threshold=threshold, space=space, dry_run=True)
+        if dry_run or not plan.ids:
+            _emit(plan.to_dict(), as_json, _receipt_text)
+            return
+        if not yes:
+            if not _interactive():
+                raise ValidationError(f"forget would remove {len(plan.ids)} memories for good; not confirmed",
+                                      hint="add --yes (check first with --dry-run)")
+            click.echo(_receipt_text(plan.to_dict()), err=True)
+            if not click.confirm(f"Forget these {len(plan.ids)} memories for good?", default=False, err=True):
+                raise ValidationError("not confirmed; nothing was forgotten", hint="answer y, or pass --yes")
+        receipt = db.forget(ids=list(plan.ids))  # exactly what was shown, even if a --query would now match more
+    _emit(receipt.to_dict(), as_json, _receipt_text)
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a confirmation prompt (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _receipt_text(d: dict[str, Any]) -> str:
+    verb = "would forget" if d["dry_run"] else "forgot"
+    lines = [f"{verb} {len(d['ids'])} memories" + (": " + ", ".join(d["ids"]) if d["ids"] else "")]
+    if d["removed"]:
+        lines.append("entries: " + ", ".join(f"{k}={v}" for k, v in d["removed"].items()))
+    if d["summaries"]:
+        lines.append("summaries built from them (kept): " + ", ".join(d["summaries"]))
+    if not d["dry_run"] and d["ids"]:
+        lines.append(f"file: {d['size_before']} -> {d['size_after']} bytes")
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, file: str, as_json: bool) -> None:
+    """Show memories per tier, flag, tag and source, sizes per table, the index's
+    segments, and the last maintenance pass.
+
+    Example:
+
+        engramdb stats notes.engram --json
+    """
+    with _open(ctx, file, readonly=True) as db:
+        data = db.stats()
+    _emit(data, as_json, _stats_text)
+
+
+def _stats_text(d: dict[str, Any]) -> str:
+    def counts(values: dict[str, int], limit: int = 10) -> str:
+        items = list(values.items())
+        shown = ", ".join(f"{k}={v}" for k, v in items[:limit])
+        return (shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")) or "-"
+
+    bm25 = d["index"]["bm25"]
+    lines = [f"{'memories':<17}{d['memories']} ({d['archived']} archived, {d['pinned']} pinned)",
+             f"{'tiers':<17}{counts(d['tiers'])}", f"{'flags':<17}{counts(d['flags'])}",
+             f"{'tags':<17}{counts(d['tags'])}", f"{'sources':<17}{counts(d['sources'])}",
+             f"{'file_size':<17}{d['file_size']}",
+             f"{'tables':<17}" + ", ".join(f"{k}={v['entries']} ({v['bytes']} B)" for k, v in d["tables"].items()
+                                            if v["entries"]),
+             f"{'bm25':<17}{bm25['segments']} segments, {bm25['live_docs']} live, {bm25['dead_docs']} dead"]
+    for name, v in d["index"]["vectors"].items():
+        lines.append(f"{'space ' + name:<17}{v['blocks']} blocks, {v['rows']} rows, {v['dead_rows']} dead")
+    last = d["last_maintenance"]
+    lines.append(f"{'last_maintenance':<17}" + ("never" if not last else ", ".join(f"{k}={v}" for k, v in last.items())))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
     from .index import Indexes
+    from .maintenance.forget import ForgetReceipt
     from .recall import Context, Hit
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
@@ -637,6 +638,44 @@ class Engram:
         """
         return self._store.write(lambda txn: Transaction(self, txn).unarchive(id))
 
+    def pin(self, id: str, /) -> Node:
+        """Pin a memory: the maintenance pass never decays it or merges it away. Returns it.
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        return self.update(id, pinned=True)
+
+    def unpin(self, id: str, /) -> Node:
+        """Undo :meth:`pin`. Returns the memory.
+
+        Raises:
+            NotFoundError: no such id.
+        """
+        return self.update(id, pinned=False)
+
+    def forget(self, *, ids: Iterable[str] | None = None, query: str | None = None, embedding: Any = None,
+               threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> "ForgetReceipt":
+        """Remove memories so that nothing of them is left in the file, and return a receipt.
+
+        Chooses the memories by ``ids`` and/or by similarity (at least ``threshold``) of
+        their vectors to a ``query`` text or an ``embedding`` (in ``space``, else every
+        space that can compare it). Deletes them with their postings, vectors, edges,
+        archive rows and the source passages only they used, merges the index segments
+        that held them and compacts the file: no page keeps their text or old ciphertext.
+        The receipt lists the ids, the entries removed per table and the summaries built
+        from them (kept). ``dry_run=True`` only reports. See spec/maintenance.md, "Forget".
+
+        Raises:
+            ValidationError: nothing to choose by, a bad threshold, or no space can compare the query.
+            NotFoundError: an id is missing (nothing is forgotten).
+            AlreadyOpenError: removed, but another handle keeps the file from being compacted.
+        """
+        from .maintenance.forget import forget
+
+        return forget(self, ids=list(ids) if ids is not None and not isinstance(ids, str) else ids, query=query,
+                      embedding=embedding, threshold=threshold, dry_run=dry_run, space=space)
+
     def update(self, id: str, /, **changes: Any) -> Node:
         """Change fields of a memory (read-modify-write in one transaction); returns the new node.
 
@@ -839,6 +878,23 @@ class Engram:
         }
 
 
+    def stats(self) -> dict[str, Any]:
+        """What the store holds, from one read snapshot (for `engramdb stats`):
+
+        ``memories``, ``archived``, ``pinned``; memories per ``tiers`` (all four always),
+        ``flags``, ``tags`` and ``sources`` (most first; memories without a source are not
+        listed); ``tables``: per table its ``entries`` and the ``bytes`` of its pages;
+        ``file_size``; ``index``: the BM25 ``segments`` (with live and dead documents) and
+        the vector blocks per space; ``last_maintenance``: what the last maintenance pass
+        recorded (when, and what it did), or None.
+
+        Raises:
+            CorruptFileError: a record does not decode (run `engramdb verify FILE`).
+        """
+        from .maintenance.stats import stats
+
+        return stats(self)
+
     # -- compressed memory (engramdb/ingest.py) -----------------------------------------
     def ingest(self, source: str | Iterable[Any], *, source_name: str | None = None, now: float | None = None,
                tags: Iterable[str] = (), importance: float | None = None, **compress_options: Any) -> list[str]:
@@ -858,11 +914,13 @@ class Engram:
         return ingest(self, source, source_name=source_name, now=now, tags=list(tags), importance=importance,
                       **compress_options)
 
-    def inject_context(self, *, source: str | None = None, tags: Iterable[str] | None = None, **options: Any) -> str:
+    def inject_context(self, *, source: str | None = None, tags: Iterable[str] | None = None,
+                       include_archived: bool = False, **options: Any) -> str:
         """The stored memories that matter most, rendered for a model within a hard token
         budget (options as :func:`engramdb.inject_context`: ``max_zettels``, ``selection``,
         ``guarantee_flags``, ``min_weight``, ``flags``, ``format``, ``max_token_budget``,
-        ``count_tokens``). ``source`` and ``tags`` restrict which memories are considered.
+        ``count_tokens``). ``source`` and ``tags`` restrict which memories are considered;
+        archived memories are left out unless ``include_archived=True``.
 
         Raises:
             ValidationError: bad options.
@@ -870,14 +928,18 @@ class Engram:
         from .compress import inject_context
         from .ingest import stored_result
 
-        return inject_context(stored_result(self, source=source, tags=tags), **options)
+        return inject_context(stored_result(self, source=source, tags=tags, include_archived=include_archived),
+                              **options)
 
-    def wake_up(self, *, top_pct: float = 0.15, source: str | None = None, tags: Iterable[str] | None = None) -> str:
-        """A short narrative of the most important stored moments (see :func:`engramdb.wake_up`)."""
+    def wake_up(self, *, top_pct: float = 0.15, source: str | None = None, tags: Iterable[str] | None = None,
+                include_archived: bool = False) -> str:
+        """A short narrative of the most important stored moments (see :func:`engramdb.wake_up`);
+        archived memories are left out unless ``include_archived=True``."""
         from .compress import wake_up
         from .ingest import stored_result
 
-        return wake_up(stored_result(self, source=source, tags=tags), top_pct=top_pct)
+        return wake_up(stored_result(self, source=source, tags=tags, include_archived=include_archived),
+                       top_pct=top_pct)
 
     def dump(self, fp: Any, *, progress: Any = None, on_damaged: Any = None) -> int:
         """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).

@@ -202,9 +202,12 @@ def _free_source_name(engram: Engram, txn: Any, name: str, key: str, encoded: by
     return f"{name}#{key}"  # a different text already sits under name#key: only a hash collision
 
 
-def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[str] | None = None) -> CompressResult:
+def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[str] | None = None,
+                  include_archived: bool = False) -> CompressResult:
     """The stored memories as a :class:`CompressResult` (zettels, tunnels, entity index),
     optionally only those of one ``source`` or carrying all ``tags``, in insertion order.
+    Archived memories (tier ``archive``, or archived stubs) are left out unless
+    ``include_archived``.
     """
     want_tags = set(tags or ())
     zettels: list[Zettel] = []
@@ -216,6 +219,8 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
             if source is not None and node.source != source:
                 continue
             if want_tags and not want_tags.issubset(node.tags):
+                continue
+            if not include_archived and (node.tier == "archive" or node.archived):
                 continue
             kept.add(node.id)
             names.extend(node.entities)

@@ -780,6 +780,11 @@ class Txn:
         """Number of entries in a table (LMDB keeps this in the B-tree; O(1))."""
         return self._ltxn.stat(self.store._env.dbs[table])["entries"]
 
+    def table_bytes(self, table: str) -> int:
+        """Bytes of the pages a table occupies (branch, leaf and overflow pages; O(1))."""
+        st = self._ltxn.stat(self.store._env.dbs[table])
+        return st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+
     # -- plaintext header (read before the key is known) --------------------------------
     def get_header(self, key: bytes) -> bytes | None:
         return self._ltxn.get(key, db=self.store._env.dbs["meta"])

@@ -9,7 +9,7 @@ def test_all_is_pinned():
         "Zettel", "Tunnel", "EntityIndex", "CompressResult", "TIERS", "ALL_FLAGS", "ALL_EMOTIONS", "EDGE_KINDS",
         "restore", "aaak", "compress", "compress_many", "merge_results", "top_zettels", "normalize_weights",
         "inject_context", "wake_up", "estimate_tokens", "CompressStream", "result_to_dict", "result_to_json", "Hit", "Context", "Passage", "Tokenizer", "EmbeddingSpace",
-        "Embedder", "HashedTfidfEmbedder", "LocalModelEmbedder", "HASHED_MODEL",
+        "Embedder", "HashedTfidfEmbedder", "LocalModelEmbedder", "HASHED_MODEL", "ForgetReceipt",
         "encode", "decode", "encode_zettel_line", "encode_tunnel_line",
     }
     assert core <= set(engramdb.__all__)

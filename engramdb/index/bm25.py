@@ -894,6 +894,16 @@ class SegmentedBM25:
             self._merge_steps(txn, d, 1, AUTO_MERGE_MAX_DOCS)
         txn.put("segments", DIR_KEY, d.encode())
 
+    def layout(self, txn: Any) -> dict[str, int]:
+        """The segments as stored: how many, the documents they index (live and dead).
+
+        Raises:
+            CorruptFileError: the directory is damaged.
+        """
+        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        dead = sum(int(a.size) for a in d.dead.values())
+        return {"segments": len(d.segs), "live_docs": d.n_docs, "dead_docs": dead}
+
     def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
         """Run up to ``max_steps`` merge steps; returns how many ran.
 

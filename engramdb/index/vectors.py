@@ -518,6 +518,18 @@ class VectorIndex:
             done += 1
         return done
 
+    def layout(self, txn: Any) -> dict[str, dict[str, int]]:
+        """Per space, the vector blocks as stored: how many, their rows, the dead ones among them.
+
+        Raises:
+            CorruptFileError: a directory is damaged.
+        """
+        out = {}
+        for name in sorted(self._read_spaces(txn)):
+            d = _VDir.decode(txn.get("vectors", self._prefix(name) + _DIR))
+            out[name] = {"blocks": len(d.blocks), "rows": sum(d.blocks.values()), "dead_rows": int(d.dead_docs.size)}
+        return out
+
     def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
         """Run up to ``max_steps`` merge steps per space; returns how many ran.
 

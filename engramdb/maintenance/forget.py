@@ -1,0 +1,226 @@
+"""Forget: remove memories so that nothing of them is left in the file.
+
+``delete`` removes a memory from every table, but LMDB keeps the freed pages (and the
+ciphertext, or plaintext, they hold) until they are reused, and the index keeps the
+memory's postings and vector rows in its segments as tombstoned entries until a merge
+rewrites them. :func:`forget` does the whole job, in this order:
+
+1. choose the memories: by id, and/or every memory whose vector is at least
+   ``threshold`` similar (cosine, in a normalised space) to a query text or embedding;
+2. in one write transaction, delete them (records, id map, archive rows, postings,
+   vectors, every edge touching them) and the sealed source passages (``sources``) that
+   no remaining memory uses;
+3. merge every index segment and vector block that still holds them (``force=True``) and
+   compact the file (a copy without free pages replaces it).
+
+The receipt names the memories, the entries removed per table, and the summaries built
+from them (memories with a ``derived_from`` edge to one of them), which are kept: forget
+those too if their text must go.
+
+The functions take an open ``Engram`` (duck-typed; this package never imports the facade).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import codec
+from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
+
+__all__ = ["ForgetReceipt", "forget", "RECORD_TABLES", "INDEX_TABLES"]
+
+# Tables whose removed entries are counted exactly; the index tables' counts also shrink
+# from the merge that rewrites their segments.
+RECORD_TABLES = ("nodes", "ids", "archive", "edges", "sources")
+INDEX_TABLES = ("postings", "segments", "vectors")
+
+
+@dataclass(frozen=True)
+class ForgetReceipt:
+    """What :meth:`engramdb.Engram.forget` removed (or, with ``dry_run``, would remove).
+
+    Attributes:
+        ids: the forgotten memories, in insertion order.
+        removed: entries removed per table. ``nodes``, ``ids``, ``archive``, ``edges`` (two
+            keys per edge: forward and reverse) and ``sources`` count exactly what belonged
+            to the forgotten memories; ``postings``, ``segments`` and ``vectors`` are how
+            many fewer entries those tables hold after the merge (absent on a dry run).
+        summaries: ids of kept memories built from forgotten ones (``derived_from`` edges).
+        dry_run: nothing was written.
+        size_before, size_after: the file's size in bytes around the forget (equal on a dry run).
+    """
+
+    ids: tuple[str, ...]
+    removed: dict[str, int] = field(default_factory=dict)
+    summaries: tuple[str, ...] = ()
+    dry_run: bool = False
+    size_before: int = 0
+    size_after: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form, for JSON output."""
+        return {"ids": list(self.ids), "removed": dict(self.removed), "summaries": list(self.summaries),
+                "dry_run": self.dry_run, "size_before": self.size_before, "size_after": self.size_after}
+
+
+def _check_threshold(threshold: Any) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not -1.0 <= threshold <= 1.0:
+        raise ValidationError(f"threshold must be a number between -1 and 1, got {threshold!r}",
+                              hint="the default, 0.7, is Trace Lite's")
+    return float(threshold)
+
+
+def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: Any, threshold: float,
+                   space: str | None) -> set[int]:
+    """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
+    vectors = engram.indexes.vectors
+    spaces = vectors.spaces(txn)
+    names = sorted(spaces) if space is None else [space]
+    if space is not None and space not in spaces:
+        raise ValidationError(f"no embedding space {space!r} in this file",
+                              hint=f"spaces: {', '.join(sorted(spaces)) or 'none'}")
+    found: set[int] = set()
+    used = 0
+    for name in names:
+        queries = []
+        if query is not None:
+            vec = vectors.embed_query(txn, name, query)
+            if vec is not None:
+                queries.append(vec)
+        if embedding is not None:
+            vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
+            if vec.shape[0] == spaces[name].dims:
+                if spaces[name].normalize:
+                    norm = float(np.linalg.norm(vec))
+                    if norm > 0:
+                        vec = vec / norm
+                queries.append(vec)
+        for vec in queries:
+            try:
+                docnos, scores = vectors.scores(txn, name, vec)
+            except EmbeddingError as exc:
+                raise ValidationError(f"the query does not fit space {name!r}: {exc.message}") from None
+            used += 1
+            found.update(int(d) for d in docnos[scores >= threshold])
+    if not used:
+        what = "query text" if embedding is None else "embedding"
+        raise ValidationError(f"no embedding space of this file can compare the {what}",
+                              hint="add one with add_space() (the built-in hashed TF-IDF space embeds text), "
+                                   "give an embedding of a space's dims, or forget by id")
+    return found
+
+
+def _select(engram: Any, txn: Any, ids: Sequence[str] | None, query: str | None, embedding: Any,
+            threshold: float, space: str | None) -> list[int]:
+    chosen: set[int] = set()
+    for id_ in ids or ():
+        raw = txn.get("ids", engram._id_key(id_))
+        if raw is None:
+            raise NotFoundError(f"no memory with id {id_!r}", hint="nothing was forgotten; check the ids")
+        chosen.add(codec.from_u64(raw))
+    if query is not None or embedding is not None:
+        chosen |= _by_similarity(engram, txn, query, embedding, threshold, space)
+    return sorted(chosen)
+
+
+def _edge_keys(engram: Any, txn: Any, docnos: Iterable[int]) -> set[tuple[int, int, str]]:
+    graph = engram.indexes.graph
+    edges: set[tuple[int, int, str]] = set()
+    for docno in docnos:
+        edges.update((docno, dst, edge.kind) for dst, edge, _ in graph.outgoing(txn, docno))
+        edges.update((src, docno, kind) for src, kind in graph.incoming(txn, docno))
+    return edges
+
+
+def _plan(engram: Any, txn: Any, docnos: list[int]) -> tuple[list[str], dict[str, int], list[str], list[bytes]]:
+    """(ids, exact counts of the record tables, summary ids, source keys to drop)."""
+    doomed = set(docnos)
+    nodes = {docno: codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos}
+    graph = engram.indexes.graph
+    summaries: set[int] = set()
+    for docno in docnos:
+        summaries.update(src for src, kind in graph.incoming(txn, docno)
+                         if kind == "derived_from" and src not in doomed)
+    summary_ids = sorted((codec.decode_node(txn.get("nodes", codec.u64(d))).id for d in summaries))
+    wanted = {node.source for node in nodes.values() if node.source}
+    still_used: set[str] = set()
+    if wanted:
+        for key, value in txn.items("nodes"):
+            if codec.from_u64(key) not in doomed:
+                source = codec.decode_node(value).source
+                if source in wanted:
+                    still_used.add(source)
+    blind = engram._store.blind
+    source_keys = [key for key in (blind(b"source", name.encode("utf-8", "surrogatepass"))
+                                   for name in sorted(wanted - still_used)) if txn.get("sources", key) is not None]
+    counts = {
+        "nodes": len(docnos), "ids": len(docnos),
+        "archive": sum(txn.get("archive", codec.u64(d)) is not None for d in docnos),
+        "edges": 2 * len(_edge_keys(engram, txn, docnos)),
+        "sources": len(source_keys),
+    }
+    return [nodes[d].id for d in docnos], counts, summary_ids, source_keys
+
+
+def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None = None, embedding: Any = None,
+           threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> ForgetReceipt:
+    """Remove memories and everything derived from them from ``engram``'s file, then merge
+    the index and compact the file, so that no page holds their text or ciphertext.
+
+    Args:
+        ids: memories to forget by id (each must exist).
+        query: also forget every memory whose vector, in a space that can embed this text
+            (e.g. the built-in hashed TF-IDF space), scores at least ``threshold``.
+        embedding: likewise for a query vector, in every space of its dimension.
+        threshold: the similarity (cosine in a normalised space) at or above which a
+            memory is forgotten.
+        dry_run: only report what would be forgotten.
+        space: compare ``query``/``embedding`` in this space only.
+
+    Raises:
+        ValidationError: nothing to choose by, a bad threshold, or no space can compare the query.
+        NotFoundError: an id is missing (nothing is forgotten).
+        AlreadyOpenError: the memories were removed but another handle keeps the file from
+            being compacted (run ``engramdb compact FILE`` once it is closed).
+    """
+    if ids is None and query is None and embedding is None:
+        raise ValidationError("forget needs ids, a query or an embedding",
+                              hint="e.g. db.forget(ids=[...]) or db.forget(query='...', threshold=0.8)")
+    if isinstance(ids, str):
+        raise ValidationError("ids must be a list of ids, not a string", hint=f"write ids=[{ids!r}]")
+    if query is not None and not isinstance(query, str):
+        raise ValidationError("query must be a string")
+    threshold = _check_threshold(threshold)
+    store = engram._store
+    size_before = store.env_info()["file_size"]
+    with store.read() as txn:
+        docnos = _select(engram, txn, list(ids) if ids is not None else None, query, embedding, threshold, space)
+        forgotten, counts, summaries, source_keys = _plan(engram, txn, docnos)
+    if dry_run or not docnos:
+        return ForgetReceipt(ids=tuple(forgotten), removed=counts if docnos else {}, summaries=tuple(summaries),
+                             dry_run=dry_run, size_before=size_before, size_after=size_before)
+
+    def remove(txn: Any) -> dict[str, int]:
+        before = {table: txn.count(table) for table in INDEX_TABLES}
+        with engram._batched(txn) as tx:
+            for id_ in forgotten:
+                tx.delete(id_)
+        for key in source_keys:
+            txn.delete("sources", key)
+        return before
+
+    index_before = store.write(remove)
+    try:
+        engram.compact()  # merges every segment and vector block that still holds them, then copies
+    except AlreadyOpenError as exc:
+        raise AlreadyOpenError(f"the memories were removed, but the file could not be compacted: {exc.message}",
+                               hint="their old pages stay in the file until `engramdb compact FILE` runs with "
+                                    "no other handle open") from None
+    with store.read() as txn:
+        removed = dict(counts)
+        removed.update({table: max(0, index_before[table] - txn.count(table)) for table in INDEX_TABLES})
+    return ForgetReceipt(ids=tuple(forgotten), removed=removed, summaries=tuple(summaries), dry_run=False,
+                         size_before=size_before, size_after=store.env_info()["file_size"])

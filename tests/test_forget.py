@@ -1,0 +1,136 @@
+"""Forget (engramdb/maintenance/forget.py): the memories and everything derived from them leave the file."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import engramdb
+from engramdb import codec
+from engramdb.store import TABLES
+
+_rng = random.Random(7)
+WORDS = sorted({"".join(_rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(9)) + "qv" for _ in range(100)})
+FILLER = ("meeting notes about the garden, the weekly shopping list, a phone call with the bank, "
+          "planning the next holiday trip and reading a book on the train").split(", ")
+
+
+def _populate(db, now):
+    """20 doomed memories holding the 100 distinctive words (5 each, in content, a tag, metadata
+    and an edge label), 60 others; edges, a vector space, an archived doomed memory."""
+    assert len(WORDS) == 100
+    db.add_space("h", dims=64)
+    doomed, keep = [], []
+    for i in range(20):  # interleaved, so the doomed records share pages with kept ones
+        words = " ".join(WORDS[5 * i:5 * i + 5])
+        text = f"Doomed note {i}: {words}. " + FILLER[i % len(FILLER)] + " " + "padding text " * (i * 3)
+        doomed.append(db.add(text, id=f"d{i:02}", tags=[WORDS[5 * i]], metadata={"w": WORDS[5 * i + 1]}, now=now))
+        keep += [db.add(f"Kept note {k}: {FILLER[k % len(FILLER)]} number {k}", id=f"k{k:02}", now=now)
+                 for k in range(3 * i, 3 * i + 3)]
+    db.link("d00", "d01", "related", label=WORDS[2], now=now)
+    db.link("k00", "d02", "related", now=now)
+    db.link("k01", "d03", "derived_from", now=now)  # k01 is a summary built from d03
+    db.archive("d04")
+    return doomed, keep
+
+
+def test_forget_by_id_removes_every_trace_of_the_words_from_a_plaintext_file(make_db, now):
+    db = make_db("plain.engram", encrypted=False)
+    doomed, keep = _populate(db, now)
+    db.compact()
+    before = open(db.path, "rb").read()
+    assert sum(w.encode() in before for w in WORDS) == 100  # the check below can fail
+    receipt = db.forget(ids=doomed)
+    assert receipt.ids == tuple(doomed) and not receipt.dry_run
+    assert receipt.summaries == ("k01",)
+    assert receipt.removed["nodes"] == 20 and receipt.removed["ids"] == 20 and receipt.removed["archive"] == 1
+    assert receipt.removed["edges"] == 6  # three edges, forward and reverse keys
+    assert receipt.removed["vectors"] >= 0 and receipt.size_after <= receipt.size_before
+    data = open(db.path, "rb").read()
+    assert [w for w in WORDS if w.encode() in data] == []
+    assert len(db) == 60 and db.verify() == []
+    for word in WORDS:  # no BM25 match is left; vector search may still return kept memories
+        assert all(h.id not in doomed for h in db.recall(word, top_k=100))
+        assert db.recall(word, top_k=100, tiers=["archive"]) == []
+    assert sorted(db.ids()) == keep
+    assert db.edges("k00") == [] and db.edges("k01") == []
+
+
+def test_forget_leaves_none_of_the_old_ciphertexts_in_an_encrypted_file(make_db, now):
+    db = make_db("enc.engram")
+    doomed, _ = _populate(db, now)
+    with db._store.read() as txn:
+        old = {table: dict(txn.raw_items(table)) for table in TABLES}
+        docnos = {codec.from_u64(txn.get("ids", db._id_key(i))) for i in doomed}
+    theirs = [old["nodes"][codec.u64(d)] for d in docnos] + [old["ids"][db._id_key(i)] for i in doomed]
+    theirs += [v for k, v in old["archive"].items() if codec.from_u64(k) in docnos]
+    assert len(theirs) == 41
+    receipt = db.forget(ids=doomed)
+    assert len(receipt.ids) == 20
+    data = open(db.path, "rb").read()
+    assert [i for i, v in enumerate(theirs) if v in data] == []
+    with db._store.read() as txn:
+        new = {table: dict(txn.raw_items(table)) for table in TABLES}
+    # every value that left a table (forgotten, or rewritten by the merge) has left the file
+    gone = [v for table in TABLES for k, v in old[table].items() if new[table].get(k) != v and len(v) >= 24]
+    assert gone and [v for v in gone if v in data] == []
+    assert db.verify() == []
+    for word in WORDS:
+        assert all(h.id not in doomed for h in db.recall(word, top_k=100))
+
+
+def test_forget_by_query_and_embedding(make_db, now):
+    db = make_db()
+    db.add_space("h", dims=256)
+    db.add("the walrus sat on the ice floe", id="w1", now=now)
+    db.add("the walrus sat on the ice floe today", id="w2", now=now)
+    db.add("tax returns are due in april", id="t", now=now)
+    dry = db.forget(query="the walrus sat on the ice floe", threshold=0.8, dry_run=True)
+    assert dry.dry_run and dry.ids == ("w1", "w2") and dry.removed["nodes"] == 2
+    assert len(db) == 3
+    vec = db.indexes.vectors.embed_query
+    with db._store.read() as txn:
+        tax = vec(txn, "h", "tax returns are due in april")
+    receipt = db.forget(embedding=tax, threshold=0.99)
+    assert receipt.ids == ("t",)
+    assert db.forget(query="the walrus sat on the ice floe", threshold=0.8).ids == ("w1", "w2")
+    assert len(db) == 0
+
+
+def test_forget_sources_only_when_no_remaining_memory_uses_them(make_db, now):
+    db = make_db()
+    ids_a = db.ingest("Alice founded the company in 2019. She chose Berlin for the office.", source_name="a", now=now)
+    db.ingest("Bob joined in 2021 as the first engineer. He wrote the storage layer.", source_name="b", now=now)
+    assert {db.get(i).source for i in ids_a} == {"a"}
+    db.add("a later note on the same document", id="note", source="a", now=now)
+    with db._store.read() as txn:
+        assert txn.count("sources") == 2
+    assert db.forget(ids=ids_a).removed["sources"] == 0  # "note" still uses source a
+    assert db.forget(ids=["note"]).removed["sources"] == 1
+    with db._store.read() as txn:
+        assert txn.count("sources") == 1
+
+
+def test_forget_errors_have_hints(make_db):
+    db = make_db()
+    db.add("x", id="x")
+    for kwargs in ({}, {"ids": "x"}, {"ids": ["x"], "threshold": 2}, {"query": "x"}):
+        with pytest.raises(engramdb.ValidationError) as exc:
+            db.forget(**kwargs)
+        assert exc.value.hint
+    with pytest.raises(engramdb.NotFoundError):
+        db.forget(ids=["x", "nope"])
+    assert "x" in db
+
+
+def test_forget_needs_the_only_handle_to_compact(make_db, tmp_path):
+    db = make_db("a.engram", encrypted=False)
+    db.add("x", id="x")
+    other = engramdb.open(tmp_path / "a.engram", encrypted=False)
+    try:
+        with pytest.raises(engramdb.AlreadyOpenError) as exc:
+            db.forget(ids=["x"])
+        assert "removed" in exc.value.message and "compact" in exc.value.hint
+    finally:
+        other.close()
+    assert "x" not in db
