@@ -111,6 +111,22 @@ def test_preview_matches_trace_lite_truncation():
     assert archive.preview("a" * 200) == "a" * 200
     assert archive.preview("a" * 201) == "a" * 200 + "..."
     assert archive.preview("abcdef", 3) == "abc..."
+    # UTF-16 code units, as Trace Lite counts: an emoji is two, and is never cut in half
+    assert archive.preview("ab\U0001F600cd", 3) == "ab..."
+    assert archive.preview("ab\U0001F600", 4) == "ab\U0001F600"
+
+
+def test_file_archive_truncation_agrees_with_the_pure_pass(tmp_engram, now):
+    from engramdb.maintenance import lifecycle
+
+    text = "x" * 199 + "\U0001F600" + "tail " * 30
+    tmp_engram.add(text, id="e", tier="archive", now=now)
+    dropped = tmp_engram.archive("e", truncate=True)
+    memory = lifecycle.Memory(id="e", content=text, tier="archive")
+    config = lifecycle.MaintenanceConfig(archive_truncate=True)
+    out, _, pure_dropped = lifecycle._archive([memory], config)
+    assert tmp_engram.get("e").content == out[0].content == "x" * 199 + "..."
+    assert dropped == pure_dropped
 
 
 def test_delete_removes_the_archive_row(tmp_engram, now):

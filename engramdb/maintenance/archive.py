@@ -4,9 +4,9 @@ An archived memory is two things, written in one transaction:
 
 * its **stub** in ``nodes``: the original record with ``content`` replaced by a short
   preview (the first ``chars`` characters, plus ``...`` when text was cut, as Trace Lite
-  writes it), ``tier`` set to ``"archive"``, and one reserved metadata entry,
-  ``metadata["engramdb.archive"] = {"tier": <tier before>, "length": <characters of the
-  original content>, "truncated": <bool>}``. The stub is what the index, recall and
+  writes it; characters are UTF-16 code units, as Trace Lite counts them), ``tier`` set to ``"archive"``, and one reserved metadata entry,
+  ``metadata["engramdb.archive"] = {"tier": <tier before>, "length": <UTF-16 code units of
+  the original content>, "truncated": <bool>}``. The stub is what the index, recall and
   ``get(id)`` see; :attr:`engramdb.Node.archived` is True for it.
 * its **archive row** (table ``archive``, key = docno): the original content,
   zstd-compressed and sealed like every other value (``codec.pack_archive``). A
@@ -32,6 +32,8 @@ from typing import Any, Protocol
 from .. import codec
 from ..errors import CorruptFileError, NotFoundError, ValidationError
 from ..records import ARCHIVE_KEY, Node, now_ts
+from .lifecycle import preview as lifecycle_preview
+from .lifecycle import utf16_len
 
 __all__ = ["ARCHIVE_KEY", "PREVIEW_CHARS", "ArchiveTxn", "preview", "archive", "unarchive", "full", "full_of", "info",
            "problems"]
@@ -51,8 +53,10 @@ class ArchiveTxn(Protocol):
 
 def preview(content: str, chars: int = PREVIEW_CHARS) -> str:
     """The stub's content: ``content`` itself when it has at most ``chars`` characters, else
-    its first ``chars`` characters followed by ``...`` (Trace Lite's truncation)."""
-    return content if len(content) <= chars else content[:chars] + "..."
+    the pure pass's truncation (:func:`engramdb.maintenance.lifecycle.preview`: the first
+    ``chars`` characters followed by ``...``; characters are UTF-16 code units, as Trace
+    Lite counts them, and a cut never splits a surrogate pair)."""
+    return content if utf16_len(content) <= chars else lifecycle_preview(content, chars)
 
 
 def info(node: Node) -> Mapping[str, Any] | None:
@@ -90,14 +94,16 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
     # a row without a stub entry (written by set_archived alone) already holds the original
     stored = tx.archived(id)
     content = node.content if stored is None else stored
-    cut = len(content) > chars
-    entry = {"tier": node.tier, "length": len(content), "truncated": bool(truncate and cut)}
+    length = utf16_len(content)
+    cut = length > chars
+    entry = {"tier": node.tier, "length": length, "truncated": bool(truncate and cut)}
+    kept = preview(content, chars)
     dropped = 0
     if truncate and cut:
-        dropped = len(content.encode("utf-8", "surrogatepass")) - len(content[:chars].encode("utf-8", "surrogatepass"))
+        dropped = len(content.encode("utf-8", "surrogatepass")) - len(kept[:-3].encode("utf-8", "surrogatepass"))
     else:  # a text no longer than the preview loses nothing: it is archived whole, and can be undone
         tx.set_archived(id, content)
-    tx.update(id, content=preview(content, chars), tier="archive", metadata={**node.metadata, ARCHIVE_KEY: entry})
+    tx.update(id, content=kept, tier="archive", metadata={**node.metadata, ARCHIVE_KEY: entry})
     return dropped
 
 
