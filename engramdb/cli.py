@@ -1018,7 +1018,8 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
     with _open(ctx, file, readonly=True) as db:
         result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source=source)
     data = {"tokens": result.tokens, "passages": [
-        {"source": p.source, "start": p.start, "end": p.end, "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
+        {"source": p.source, "start": p.start, "end": p.end, "date": p.date, "heading": p.heading,
+         "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
         for p in result.passages]}
     if not result.passages and not as_json:
         why = "no memory matches" if top_k and max_tokens else "--top-k or --max-tokens is 0"

@@ -40,6 +40,7 @@ from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
 from .index.synonyms import Expander, QueryDate, parse_date, query_dates
 from .records import ALL_FLAGS, TIERS, Node, now_ts
+from .tokens import token_counter
 
 __all__ = [
     "Hit",
@@ -47,7 +48,6 @@ __all__ = [
     "Passage",
     "recall",
     "recall_context",
-    "count_tokens",
 ]
 
 _ARGS_HINT = "see help(engramdb.Engram.recall) for the arguments and their types"
@@ -64,7 +64,6 @@ MIN_VECTOR_SCORE = 1e-5
 CANDIDATES_PER_K = 8
 MIN_CANDIDATES = 50
 _U64 = struct.Struct(">Q")
-_WORD = re.compile(r"\w+|[^\w\s]")
 # The calibration of relevance (spec/recall.md, "Relevance"; tools/bench/calibrate_relevance.py).
 RARE_TERMS = 2.0
 VECTOR_FLOOR = 0.3
@@ -123,7 +122,20 @@ class Hit:
 
 @dataclass(frozen=True)
 class Passage:
-    """A source span admitted into a context, with the hits it came from."""
+    """A source span admitted into a context, with the hits it came from.
+
+    Attributes:
+        source: the source's name (``""`` for a memory without one: its content is the passage).
+        start, end: the passage's character offsets in the source (None without a source).
+        text: the passage, from the start of a sentence to the end of one (a passage cut to
+            fit a budget ends at a sentence end too, or, when not even one sentence fits,
+            at a word followed by ``" …"``).
+        ids: the memories it came from, best first.
+        tokens: the tokens of :attr:`block` by the context's counter.
+        date: when it is from: the memories' ``resolved_date`` (or the day they were
+            stored), ``"A to B"`` when they differ, None when unknown.
+        heading: the line that heads it: ``### <source or memory id> (<date>)``.
+    """
 
     source: str
     start: int | None
@@ -131,11 +143,21 @@ class Passage:
     text: str
     ids: tuple[str, ...]
     tokens: int
+    date: str | None = None
+    heading: str = ""
+
+    @property
+    def block(self) -> str:
+        """The heading line, then the text."""
+        return f"{self.heading}\n{self.text}" if self.heading else self.text
 
 
 @dataclass(frozen=True)
 class Context:
-    """What :func:`recall_context` returns: passages in document order, within the budget."""
+    """What :func:`recall_context` returns: passages in document order, within the budget.
+
+    ``tokens`` is the count of :attr:`text` itself by the counter used, never above the budget.
+    """
 
     passages: tuple[Passage, ...] = ()
     tokens: int = 0
@@ -143,14 +165,11 @@ class Context:
 
     @property
     def text(self) -> str:
-        """The passages joined by blank lines."""
-        return "\n\n".join(p.text for p in self.passages)
+        """The passages' blocks (heading line, then text), separated by blank lines."""
+        return PASSAGE_SEPARATOR.join(p.block for p in self.passages)
 
 
-def count_tokens(text: str) -> int:
-    """The default token counter: words and punctuation marks (close to LLM token counts
-    for English prose, and never below them by much)."""
-    return len(_WORD.findall(text))
+PASSAGE_SEPARATOR = "\n\n"
 
 
 def _ts(value: Any, name: str) -> float | None:
@@ -523,26 +542,28 @@ def default_source_loader(store: Any) -> Callable[[Any, str], str | None]:
 
 
 def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10, max_tokens: int = 2000,
-                   source: str | None = None, token_counter: Callable[[str], int] = count_tokens,
+                   source: str | None = None, count_tokens: Callable[[str], int] | None = None,
                    source_loader: Callable[[Any, str], str | None] | None = None,
                    **recall_kwargs: Any) -> Context:
     """Small-to-big retrieval: rank memories, then return their source passages.
 
     Each hit contributes its source span (``node.source`` text from ``source_start`` to
-    ``source_end``), or its own content when it has none. Overlapping or touching spans of
-    one source merge. Spans are admitted in rank order while the total stays within
-    ``max_tokens`` (a span that does not fit is skipped, later smaller ones may still fit; when
-    even the best span alone is too big, it is cut to the whole words that fit, from its quote),
-    and are emitted in document order: sources (and memories without one) in order of their
-    earliest memory (insertion order), spans of a source by offset.
+    ``source_end``), widened to whole sentences, or its own content when it has none.
+    Overlapping or touching spans of one source merge. Spans are admitted in rank order
+    while the whole rendered :attr:`Context.text` (each passage headed by its source and
+    date) stays within ``max_tokens`` under ``count_tokens``: a span that does not fit is
+    skipped, later smaller ones may still fit; when even the best span alone is too big, it
+    is cut to the sentences that fit, from its quote's sentence (to words when not even one
+    sentence fits). Passages are emitted in document order: sources (and memories without
+    one) in order of their earliest memory (insertion order), spans of a source by offset.
 
     Args:
         store, indexes: as for :func:`recall`.
         query: free text.
         top_k: how many hits to draw passages from.
-        max_tokens: the hard token budget (by ``token_counter``).
+        max_tokens: the hard token budget of :attr:`Context.text` (by ``count_tokens``).
         source: only hits whose ``node.source`` equals this.
-        token_counter: text -> tokens (default :func:`count_tokens`).
+        count_tokens: text -> tokens (default :func:`engramdb.estimate_tokens`).
         source_loader: ``(txn, name) -> text`` (default: the ``sources`` table).
         **recall_kwargs: passed to :func:`recall` (filters, ``hops``...).
 
@@ -550,89 +571,199 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
         The :class:`Context`.
 
     Raises:
-        ValidationError: bad arguments.
+        ValidationError: bad arguments, or a ``count_tokens`` that fails or returns
+            something other than a non-negative int.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ValidationError("max_tokens must be a non-negative integer", hint=_ARGS_HINT)
     if source is not None and not isinstance(source, str):
         raise ValidationError("source must be a string", hint=_ARGS_HINT)
+    count = token_counter(count_tokens)
     fetch = top_k if source is None else max(top_k * 4, MIN_CANDIDATES)
     hits = recall(store, indexes, query, top_k=fetch, **recall_kwargs)
     if source is not None:
         hits = [h for h in hits if h.node.source == source]
     hits = hits[:top_k]
     loader = source_loader or default_source_loader(store)
-    texts: dict[str, str | None] = {}
-    # spans[source] = list of [start, end, ids]; content-only hits use source "" + docno
-    admitted: dict[str, list[list[Any]]] = {}
-    # document order: sources (and content-only memories) by their earliest memory's docno
-    source_order: dict[str, int] = {}
-    used = 0
+    layout = _Layout(count)
     with store.read() as txn:
         for hit in hits:
             node = hit.node
             src_text = None
             if node.source and node.source_start is not None and node.source_end is not None:
-                if node.source not in texts:
-                    texts[node.source] = loader(txn, node.source)
-                src_text = texts[node.source]
+                if node.source not in layout.texts:
+                    layout.texts[node.source] = loader(txn, node.source)
+                src_text = layout.texts[node.source]
             if src_text is not None and node.source_start < node.source_end <= len(src_text):
-                key, start, end = node.source, node.source_start, node.source_end
+                key = node.source
+                start, end = sentence_span(src_text, node.source_start, node.source_end)
             else:
                 key, start, end = f"\x00{hit.docno}", 0, len(node.content)
-                texts[key] = node.content
-            spans = admitted.get(key, [])
-            merged = _merge_span(spans, start, end, hit.id)
-            text = texts[key] or ""
-            new_cost = sum(token_counter(text[s:e]) for s, e, _ in merged)
-            old_cost = sum(token_counter(text[s:e]) for s, e, _ in spans)
-            if used - old_cost + new_cost > max_tokens:
-                if used == 0 and not admitted:  # the best passage alone is too big: keep what fits of it
-                    window = _fit_window(text, start, end, node.quote, max_tokens, token_counter)
-                    if window is not None:
-                        admitted[key] = [[window[0], window[1], [hit.id]]]
-                        used = token_counter(text[window[0]:window[1]])
-                        source_order[key] = hit.docno
-                continue
-            used += new_cost - old_cost
-            admitted[key] = merged
-            source_order[key] = min(source_order.get(key, hit.docno), hit.docno)
-    passages = []
-    for key in sorted(admitted, key=lambda k: (source_order[k], k)):
-        text = texts[key] or ""
-        content_only = key.startswith("\x00")
-        for start, end, ids in admitted[key]:
-            piece = text[start:end]
-            passages.append(Passage(source="" if content_only else key, start=None if content_only else start,
-                                    end=None if content_only else end, text=piece, ids=tuple(ids),
-                                    tokens=token_counter(piece)))
-    return Context(passages=tuple(passages), tokens=used, hits=tuple(hits))
+                layout.texts[key] = node.content
+            layout.offer(key, start, end, hit, max_tokens)
+    passages = layout.passages()
+    text = PASSAGE_SEPARATOR.join(p.block for p in passages)
+    return Context(passages=passages, tokens=count(text) if passages else 0, hits=tuple(hits))
 
 
-def _fit_window(text: str, start: int, end: int, quote: str, budget: int,
-                counter: Callable[[str], int]) -> tuple[int, int] | None:
-    """The longest run of whole words of ``text[start:end]`` within ``budget`` tokens, starting at
-    the memory's quote when the span contains it (the most informative sentence), else at ``start``."""
-    at = text.find(quote, start, end) if quote else -1
-    lo = at if at >= 0 else start
-    cuts = [m.end() for m in re.finditer(r"\S+", text[lo:end])]
+_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n")
+_WORD_END = re.compile(r"\S(?=\s|$)")
+# how far a span is widened to reach a sentence boundary (a longer sentence is cut at a word)
+SENTENCE_REACH = 400
+
+
+def sentence_span(text: str, start: int, end: int, reach: int = SENTENCE_REACH) -> tuple[int, int]:
+    """``[start, end)`` widened to whole sentences of ``text``: back to the start of the
+    sentence holding ``start`` and on to the end of the one holding ``end - 1`` (a sentence
+    ends at ``.``, ``!``, ``?`` or ``…`` (with closing quotes or brackets) before whitespace,
+    or at a line break). When no boundary lies within ``reach`` characters, the span is
+    widened to whole words instead. Leading and trailing whitespace is left out."""
+    lo = max(0, start - reach)
+    ends = [m.end() for m in _SENTENCE_END.finditer(text, lo, start)]
+    if ends:
+        new_start = ends[-1]
+    elif lo == 0:
+        new_start = 0
+    else:
+        new_start = start
+        while new_start > lo and not text[new_start - 1].isspace():
+            new_start -= 1
+    while end > new_start and text[end - 1].isspace():
+        end -= 1
+    hi = min(len(text), end + reach)
+    base = max(new_start, end - 1)
+    window = text[base:hi]
+    m = _SENTENCE_END.search(window)
+    if m is not None and (m.end() < len(window) or hi == len(text)):
+        new_end = base + m.end()
+    elif hi == len(text):
+        new_end = len(text)
+    else:
+        w = _WORD_END.search(text, base, hi)
+        new_end = w.end() if w is not None else end
+    new_end = max(new_end, end)
+    while new_start < new_end and text[new_start].isspace():
+        new_start += 1
+    while new_end > new_start and text[new_end - 1].isspace():
+        new_end -= 1
+    return new_start, new_end
+
+
+class _Layout:
+    """The passages admitted so far, and the text they render to."""
+
+    def __init__(self, count: Callable[[str], int]) -> None:
+        self.count = count
+        self.texts: dict[str, str | None] = {}
+        # admitted[key] = sorted disjoint [start, end, ids]; content-only hits use key "\0" + docno
+        self.admitted: dict[str, list[list[Any]]] = {}
+        self.order: dict[str, int] = {}  # document order: a key's earliest memory's docno
+        self.nodes: dict[str, Node] = {}
+        self.cut: dict[str, str] = {}  # key -> text appended to a passage cut within a sentence
+
+    def offer(self, key: str, start: int, end: int, hit: Hit, budget: int) -> None:
+        """Admit ``hit``'s span if the whole context still fits ``budget``; when it is the
+        first span and does not fit, admit the largest piece of it that does."""
+        self.nodes[hit.id] = hit.node
+        spans = self.admitted.get(key, [])
+        trial = dict(self.admitted)
+        trial[key] = _merge_span(spans, start, end, hit.id, self.texts[key] or "")
+        order = dict(self.order)
+        order[key] = min(order.get(key, hit.docno), hit.docno)
+        if self.count(self.render(trial, order)) <= budget:
+            self.admitted, self.order = trial, order
+        elif not self.admitted:
+            self._fit_first(key, start, end, hit, budget, order)
+
+    def _fit_first(self, key: str, start: int, end: int, hit: Hit, budget: int, order: dict[str, int]) -> None:
+        text = self.texts[key] or ""
+        quote = hit.node.quote
+        at = text.find(quote, start, end) if quote else -1
+        lo = sentence_span(text, at, at + 1)[0] if at >= 0 else start
+        lo = max(lo, start)
+
+        def fits(cut: int, suffix: str = "") -> bool:
+            self.cut = {key: suffix} if suffix else {}
+            ok = self.count(self.render({key: [[lo, cut, [hit.id]]]}, order)) <= budget
+            self.cut = {}
+            return ok
+
+        sentence_ends = [m.end() for m in _SENTENCE_END.finditer(text, lo, end) if m.end() > lo]
+        if not sentence_ends or sentence_ends[-1] < end:
+            sentence_ends.append(end)
+        best = _last_fitting(sentence_ends, fits)
+        suffix = ""
+        if best is None:  # not even one sentence: whole words, marked as cut
+            suffix = " \u2026"
+            word_ends = [m.end() for m in _WORD_END.finditer(text, lo, sentence_ends[0])]
+            best = _last_fitting(word_ends, lambda cut: fits(cut, suffix))
+        if best is None:
+            return
+        self.admitted = {key: [[lo, best, [hit.id]]]}
+        self.order = order
+        self.cut = {key: suffix} if suffix else {}
+
+    def _date(self, ids: Sequence[str]) -> str | None:
+        dates = sorted({_node_date(self.nodes[i]) for i in ids if i in self.nodes} - {None})
+        if not dates:
+            return None
+        return dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+
+    def _passages(self, admitted: dict[str, list[list[Any]]], order: dict[str, int]) -> list[Passage]:
+        out = []
+        for key in sorted(admitted, key=lambda k: (order[k], k)):
+            text = self.texts[key] or ""
+            content_only = key.startswith("\x00")
+            for start, end, ids in admitted[key]:
+                date = self._date(ids)
+                label = f"memory {ids[0]}" if content_only else key
+                heading = f"### {_one_line(label)}" + (f" ({date})" if date else "")
+                out.append(Passage(source="" if content_only else key, start=None if content_only else start,
+                                   end=None if content_only else end, text=text[start:end] + self.cut.get(key, ""),
+                                   ids=tuple(ids), tokens=0, date=date, heading=heading))
+        return out
+
+    def render(self, admitted: dict[str, list[list[Any]]], order: dict[str, int]) -> str:
+        return PASSAGE_SEPARATOR.join(p.block for p in self._passages(admitted, order))
+
+    def passages(self) -> tuple[Passage, ...]:
+        return tuple(Passage(source=p.source, start=p.start, end=p.end, text=p.text, ids=p.ids,
+                             tokens=self.count(p.block), date=p.date, heading=p.heading)
+                     for p in self._passages(self.admitted, self.order))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _node_date(node: Node) -> str | None:
+    if node.resolved_date:
+        return str(node.resolved_date)
+    if node.created_at:
+        return _dt.datetime.fromtimestamp(node.created_at, _dt.timezone.utc).date().isoformat()
+    return None
+
+
+def _last_fitting(cuts: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The largest cut that fits, by bisection (a longer piece never counts fewer tokens)."""
     best = None
     left, right = 0, len(cuts) - 1
-    while left <= right:  # token counts only grow with the window, so bisect on the word count
+    while left <= right:
         mid = (left + right) // 2
-        if counter(text[lo:lo + cuts[mid]]) <= budget:
-            best, left = (lo, lo + cuts[mid]), mid + 1
+        if fits(cuts[mid]):
+            best, left = cuts[mid], mid + 1
         else:
             right = mid - 1
     return best
 
 
-def _merge_span(spans: list[list[Any]], start: int, end: int, hit_id: str) -> list[list[Any]]:
-    """``spans`` (sorted, disjoint) plus [start, end), merging overlapping or touching ones."""
+def _merge_span(spans: list[list[Any]], start: int, end: int, hit_id: str, text: str) -> list[list[Any]]:
+    """``spans`` (sorted, disjoint) plus [start, end), merging overlapping ones and those that
+    only whitespace of ``text`` separates (adjacent sentences make one passage)."""
     out: list[list[Any]] = []
     cur = [start, end, [hit_id]]
     for s, e, ids in spans:
-        if e < cur[0] or s > cur[1]:
+        if (e < cur[0] and text[e:cur[0]].strip()) or (s > cur[1] and text[cur[1]:s].strip()):
             out.append([s, e, list(ids)])
         else:
             cur = [min(s, cur[0]), max(e, cur[1]), list(ids) + [i for i in cur[2] if i not in ids]]

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "engramdb"
 # Module (dotted, relative to engramdb) or package prefix ending in ".*" -> rank.
 RANKS = {
     "errors": 0,
-    "records": 1,
+    "records": 1, "tokens": 1,
     "codec": 2, "crypto": 2,
     "store": 3,
     "index.*": 4, "index": 4,

@@ -48,9 +48,11 @@ def test_recall_text_json_and_explain(run, file):
 def test_context(run, file):
     data = json.loads(run("context", file, "alice", "--json").output)
     assert data["passages"][0]["ids"] == ["a1"] and data["tokens"] == data["passages"][0]["tokens"]
-    assert run("context", file, "alice").output.strip() == "Alice moved to Berlin in 2023"
-    tight = json.loads(run("context", file, "alice", "--json", "--max-tokens", "2").output)
-    assert tight["tokens"] <= 2 and tight["passages"][0]["text"] == "Alice moved"  # trimmed, not dropped
+    heading, text = run("context", file, "alice").output.strip().split("\n")
+    assert heading.startswith("### memory a1 (") and text == "Alice moved to Berlin in 2023"
+    tight = json.loads(run("context", file, "alice", "--json", "--max-tokens", "11").output)
+    # trimmed, not dropped: the words that fit, marked as cut
+    assert tight["tokens"] <= 11 and tight["passages"][0]["text"] == "Alice moved to \u2026"
     assert json.loads(run("context", file, "alice", "--json", "--max-tokens", "0").output)["passages"] == []
 
 

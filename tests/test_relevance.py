@@ -118,7 +118,7 @@ def test_vector_space_contributes(make_db):
 @given(st.dictionaries(st.sampled_from(["coverage:bm25", "match:vector:a", "match:vector:b", "match:bm25"]),
                        st.floats(0, 2), min_size=0),
        st.floats(0.01, 100), st.floats(0.01, 20))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_relevance_of_is_bounded_and_monotone(features, ceiling, rare):
     features = dict(features, bm25_ceiling=ceiling, bm25_rare_idf=rare)
     r = relevance_of(features)

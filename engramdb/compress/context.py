@@ -30,6 +30,7 @@ import math
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ValidationError
+from ..tokens import estimate_tokens, token_counter
 from ..records import ALL_FLAGS, CompressResult, EntityIndex, Tunnel, Zettel
 
 __all__ = ["estimate_tokens", "inject_context", "wake_up"]
@@ -42,21 +43,6 @@ WAKE_UP_FLAGS = ("ORIGIN", "CORE", "GENESIS")
 WAKE_UP_CAP = 5
 _PREFIX = {"ORIGIN": "Origin: ", "CORE": "Core: ", "GENESIS": "Genesis: ", "DECISION": "Decision: ",
            "PIVOT": "Pivot: "}
-
-
-def estimate_tokens(text: str) -> int:
-    """Token estimate: ``ceil(max(1.3 * words, chars / 4))`` in integer arithmetic.
-
-    The character floor keeps dense runs without spaces (AAAK lines) from hiding from a
-    budget.
-
-    Raises:
-        ValidationError: ``text`` is not a string.
-    """
-    if not isinstance(text, str):
-        raise ValidationError(f"estimate_tokens takes a str, got {type(text).__name__}")
-    words = len(text.split())
-    return max(-(-13 * words // 10), -(-len(text) // 4))
 
 
 def _check_result(result: Any) -> CompressResult:
@@ -207,25 +193,6 @@ class _Renderer:
         return _markdown_line(z) if self.fmt == "markdown" else z.quote
 
 
-def _counter(count_tokens: Callable[[str], int] | None) -> Callable[[str], int]:
-    if count_tokens is None:
-        return estimate_tokens
-    if not callable(count_tokens):
-        raise ValidationError("count_tokens must be a function str -> int", hint="e.g. lambda s: len(enc.encode(s))")
-
-    def count(text: str) -> int:
-        try:
-            n = count_tokens(text)
-        except Exception as exc:  # the user's counter: report it as a usage error
-            raise ValidationError(f"count_tokens raised {type(exc).__name__}: {exc}",
-                                  hint="count_tokens must accept any string") from exc
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValidationError(f"count_tokens must return a non-negative int, got {n!r}")
-        return n
-
-    return count
-
-
 def _fit(
     renderer: _Renderer, ordered: list[Zettel], budget: int, count: Callable[[str], int], pos: dict[int, int]
 ) -> str:
@@ -291,7 +258,7 @@ def inject_context(
         raise ValidationError("max_token_budget must be a non-negative integer or None")
     guarantees = _check_flags("guarantee_flags", guarantee_flags)
     wanted = _check_flags("flags", flags)
-    count = _counter(count_tokens)
+    count = token_counter(count_tokens)
 
     everything = list(result.zettels)
     pos = {id(z): k for k, z in enumerate(everything)}

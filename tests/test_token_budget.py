@@ -1,0 +1,162 @@
+"""One token counter for every budget (issue 12, bug 3), and the text recall_context returns."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engramdb
+from engramdb.compress import compress, inject_context
+from engramdb.errors import ValidationError
+from engramdb.recall import sentence_span
+from engramdb.tokens import estimate_tokens, token_counter
+
+from conftest import NOW, PASSPHRASE, TEST_KDF
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCOMO = os.path.join(ROOT, "..", "shared", "data", "locomo", "locomo-dev.json")
+COUNTERS = {
+    "estimate": None,
+    "chars": len,
+    "words": lambda s: len(s.split()),
+    "punct": lambda s: len(re.findall(r"\w+|[^\w\s]", s)),
+}
+WORDS = ["Alice", "moved", "to", "Berlin", "in", "2023.", "Bob", "prefers", "tea!", "The", "budget", "was",
+         "approved?", "Carol", "said:", "\u201cno\u201d", "\n", "x" * 30, "caf\u00e9", "\u2026"]
+texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=120).map(" ".join)
+
+
+def test_one_counter_is_the_default_everywhere():
+    assert engramdb.estimate_tokens is estimate_tokens
+    assert token_counter(None) is estimate_tokens
+    from engramdb.compress import estimate_tokens as from_compress
+
+    assert from_compress is estimate_tokens
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("budget") / "b.engram"
+    db = engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    doc = " ".join(f"Sentence {i} says that Alice moved her budget meeting {i} times." for i in range(60))
+    db.ingest(doc, title="minutes", now=NOW)
+    db.add_many([f"note {i}: Alice and Bob discussed the budget in round {i}." for i in range(30)], now=NOW)
+    yield db
+    db.close()
+
+
+@given(budget=st.integers(0, 400), query=st.sampled_from(["Alice budget", "Bob round 7", "meeting times"]),
+       counter=st.sampled_from(sorted(COUNTERS)), top_k=st.integers(1, 12))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_recall_context_budget_is_a_hard_limit_under_any_counter(store, budget, query, counter, top_k):
+    count = COUNTERS[counter] or estimate_tokens
+    ctx = store.recall_context(query, top_k=top_k, max_tokens=budget, count_tokens=COUNTERS[counter])
+    assert count(ctx.text) <= budget
+    assert ctx.tokens == (count(ctx.text) if ctx.passages else 0)
+    assert all(p.tokens == count(p.block) for p in ctx.passages)
+
+
+@given(text=texts, budget=st.integers(0, 300), counter=st.sampled_from(sorted(COUNTERS)),
+       fmt=st.sampled_from(["markdown", "json", "aaak"]))
+@settings(max_examples=60, deadline=None)
+def test_inject_context_budget_is_a_hard_limit_under_any_counter(text, budget, counter, fmt):
+    count = COUNTERS[counter] or estimate_tokens
+    out = inject_context(compress(text), max_token_budget=budget, count_tokens=COUNTERS[counter], format=fmt)
+    assert count(out) <= budget
+
+
+@given(text=texts, budget=st.integers(0, 200), counter=st.sampled_from(sorted(COUNTERS)))
+@settings(max_examples=40, deadline=None)
+def test_recall_context_over_random_texts(tmp_path_factory, text, budget, counter):
+    count = COUNTERS[counter] or estimate_tokens
+    with engramdb.open(tmp_path_factory.mktemp("r") / "r.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.ingest(text, title="t", now=NOW)
+        db.add(text, now=NOW)
+        ctx = db.recall_context("Alice Berlin budget tea", max_tokens=budget, count_tokens=COUNTERS[counter])
+        assert count(ctx.text) <= budget
+
+
+def test_a_bad_counter_is_a_validation_error(store):
+    with pytest.raises(ValidationError):
+        store.recall_context("Alice", count_tokens=lambda s: -1)
+    with pytest.raises(ValidationError):
+        store.recall_context("Alice", count_tokens=lambda s: 1 / 0)
+    with pytest.raises(ValidationError):
+        store.recall_context("Alice", count_tokens="len")
+
+
+def test_locomo_context_stays_within_budget_by_estimate_tokens(tmp_path):
+    """Bug 3: recall_context(q, max_tokens=500) returned up to 562 tokens by estimate_tokens."""
+    if not os.path.exists(LOCOMO):
+        pytest.skip(f"LoCoMo dev data not found at {LOCOMO}")
+    with open(LOCOMO, encoding="utf-8") as f:
+        sample = json.load(f)[0]
+    conv = sample["conversation"]
+    messages = []
+    for n in range(1, 40):
+        for turn in conv.get(f"session_{n}", []):
+            messages.append({"speaker": turn["speaker"], "text": turn["text"], "date": conv[f"session_{n}_date_time"]})
+    with engramdb.open(tmp_path / "l.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.ingest(messages, title="conv", now=NOW)
+        questions = [qa["question"] for qa in sample["qa"]][:60]
+        sizes = [estimate_tokens(db.recall_context(q, max_tokens=500).text) for q in questions]
+    assert max(sizes) <= 500 and sum(s > 300 for s in sizes) > len(sizes) // 2  # full, and never over
+
+
+# --- the text: sentences, headings, separation -----------------------------------------
+
+
+def test_sentence_span_widens_to_whole_sentences():
+    text = "First one. Second sentence is here! Third? Fourth line\nFifth part."
+    a = text.index("sentence")
+    assert text[slice(*sentence_span(text, a, a + 3))] == "Second sentence is here!"
+    assert text[slice(*sentence_span(text, 0, 3))] == "First one."
+    b = text.index("Fifth")
+    assert text[slice(*sentence_span(text, b + 2, b + 4))] == "Fifth part."
+    c = text.index("line")
+    assert text[slice(*sentence_span(text, c, c + 2))] == "Fourth line"  # a line break ends a sentence
+    # an already whole sentence (with the space after it) stays as it is
+    s = text.index("Third")
+    assert text[slice(*sentence_span(text, s, s + len("Third? ")))] == "Third?"
+
+
+@given(st.text(alphabet="ab .!?\n", max_size=300), st.data())
+@settings(max_examples=200, deadline=None)
+def test_sentence_span_contains_the_span(text, data):
+    start = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(start, len(text)))
+    lo, hi = sentence_span(text, start, end, reach=50)
+    assert 0 <= lo <= hi <= len(text)
+    assert text[start:end].strip() in text[lo:hi]
+    assert text[lo:hi] == text[lo:hi].strip()
+
+
+def test_context_heads_each_passage_and_separates_them(make_db):
+    db = make_db()
+    source = "".join(f"Sentence number {i} talks about topic{i}. " for i in range(20))
+    db._store.write(lambda txn: txn.put("sources", db._store.blind(b"source", b"minutes.md"), source.encode()))
+
+    def at(i: int) -> int:
+        return source.index(f"number {i} ")  # mid-sentence on purpose
+
+    db.add("about topic3", id="a", source="minutes.md", source_start=at(3), source_end=at(3) + 12,
+           resolved_date="2024-05-02", now=NOW)
+    db.add("about topic4", id="b", source="minutes.md", source_start=at(4), source_end=at(4) + 12,
+           resolved_date="2024-05-03", now=NOW)
+    db.add("about topic15", id="c", source="minutes.md", source_start=at(15), source_end=at(15) + 5,
+           resolved_date="2024-06-01", now=NOW)
+    db.add("a bare memory about topic4", id="bare", now=NOW)
+    ctx = db.recall_context("topic3 topic4 topic15", max_tokens=1000, hops=False)
+    blocks = ctx.text.split("\n\n")
+    assert blocks == [p.block for p in ctx.passages]
+    first, second, bare = ctx.passages
+    # adjacent sentences make one passage, cut at sentence boundaries, dated by its memories
+    assert first.text == "Sentence number 3 talks about topic3. Sentence number 4 talks about topic4."
+    assert first.heading == "### minutes.md (2024-05-02 to 2024-05-03)"
+    assert second.text == "Sentence number 15 talks about topic15." and second.heading == "### minutes.md (2024-06-01)"
+    assert bare.heading == "### memory bare (2023-11-14)" and bare.text == "a bare memory about topic4"
+    assert all(b.startswith("### ") for b in blocks)
