@@ -136,8 +136,8 @@ def test_two_inputs_with_one_source_name_keep_their_own_passages(tmp_path):
         db.ingest(bob, source_name="notes.txt", now=1.0)
     for _ in range(2):  # the second round after ingesting the first text again: stored once
         with engram_mod.open(path, passphrase=PW, create=False) as db:
-            assert db.recall_context("Alice Berlin parks", max_tokens=200).text.strip() == alice
-            assert db.recall_context("Bob red bicycle", max_tokens=200).text.strip() == bob
+            assert [p.text for p in db.recall_context("Alice Berlin parks", max_tokens=200).passages] == [alice]
+            assert [p.text for p in db.recall_context("Bob red bicycle", max_tokens=200).passages] == [bob]
             assert db.ingest(alice, source_name="notes.txt", now=1.0) == first
             assert db.verify() == []
 
