@@ -681,7 +681,8 @@ class Engram:
 
         Raises:
             NotFoundError: no such id.
-            ValidationError: a change is invalid (``id`` cannot change).
+            ValidationError: a change is invalid (``id`` cannot change; an archived memory's
+                content cannot change until it is unarchived).
         """
         return self._store.write(lambda txn: Transaction(self, txn).update(id, **changes))
 
@@ -1119,6 +1120,10 @@ class Transaction:
         if unknown:
             raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}")
         new = old.replace(**changes)
+        if old.archived and new.archived and new.content != old.content:
+            # the archive row holds the full text of the preview: a new text would be lost on unarchive
+            raise ValidationError(f"memory {id!r} is archived; its content is a preview",
+                                  hint="unarchive it first, then change its content")
         self._txn.put("nodes", codec.u64(docno), codec.encode_node(new))
         self._index(removed=[(docno, old)], added=[(docno, new)])  # index hook
         return new

@@ -50,7 +50,7 @@ EDGE_KINDS = (
 )
 
 # The reserved metadata entry of an archived memory's stub (engramdb/maintenance/archive.py):
-# {"tier": tier before archiving, "length": characters of the original content, "truncated": bool}
+# {"length": UTF-16 code units of the original content, "tier": tier before archiving, "truncated": bool}
 ARCHIVE_KEY = "engramdb.archive"
 
 MAX_ID_BYTES = 1024

@@ -206,3 +206,37 @@ def test_archive_unarchive_round_trip_is_byte_identical(tmp_engram, content, tie
     db.unarchive(id_)
     assert _record(db, id_) == before
     db.delete(id_)
+
+
+def test_an_archived_memory_keeps_changes_to_other_fields_but_not_a_new_content(tmp_engram, now):
+    db = tmp_engram
+    db.add(LONG, id="m", tags=["a"], now=now)
+    db.archive("m")
+    with pytest.raises(engramdb.ValidationError) as exc:
+        db.update("m", content="new text")
+    assert "unarchive" in exc.value.hint
+    db.update("m", tags=["a", "b"], pinned=True)
+    restored = db.unarchive("m")
+    assert restored.content == LONG and restored.tags == ("a", "b") and restored.pinned and restored.tier == "hot"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(st.tuples(texts, st.sampled_from(TIERS), st.sampled_from(["keep", "archive", "truncate"])),
+                      min_size=1, max_size=6))
+def test_dump_restore_round_trip_of_archived_memories(tmp_path_factory, items):
+    """Any mix of live, archived and truncated memories: restore(dump) gives the same records,
+    and the same originals through get(full=True)."""
+    d = tmp_path_factory.mktemp("rt")
+    with engramdb.open(d / "a.engram", encrypted=False) as db:
+        for n, (content, tier, action) in enumerate(items):
+            db.add(content, id=f"m{n}", tier=tier, now=1.0)
+            if action != "keep":
+                db.archive(f"m{n}", truncate=action == "truncate")
+        buf = io.StringIO()
+        db.dump(buf)
+        want = {i: (_record(db, i), codec.encode_node(db.get(i, full=True))) for i in db.ids()}
+    engramdb.restore(io.StringIO(buf.getvalue()), d / "b.engram", encrypted=False)
+    with engramdb.open(d / "b.engram", encrypted=False) as restored:
+        got = {i: (_record(restored, i), codec.encode_node(restored.get(i, full=True))) for i in restored.ids()}
+        assert got == want
+        assert restored.verify() == []

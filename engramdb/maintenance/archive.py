@@ -5,8 +5,8 @@ An archived memory is two things, written in one transaction:
 * its **stub** in ``nodes``: the original record with ``content`` replaced by a short
   preview (the first ``chars`` characters, plus ``...`` when text was cut, as Trace Lite
   writes it; characters are UTF-16 code units, as Trace Lite counts them), ``tier`` set to ``"archive"``, and one reserved metadata entry,
-  ``metadata["engramdb.archive"] = {"tier": <tier before>, "length": <UTF-16 code units of
-  the original content>, "truncated": <bool>}``. The stub is what the index, recall and
+  ``metadata["engramdb.archive"] = {"length": <UTF-16 code units of the original content>,
+  "tier": <tier before>, "truncated": <bool>}``. The stub is what the index, recall and
   ``get(id)`` see; :attr:`engramdb.Node.archived` is True for it.
 * its **archive row** (table ``archive``, key = docno): the original content,
   zstd-compressed and sealed like every other value (``codec.pack_archive``). A
@@ -60,7 +60,7 @@ def preview(content: str, chars: int = PREVIEW_CHARS) -> str:
 
 
 def info(node: Node) -> Mapping[str, Any] | None:
-    """The reserved archive entry of a stub (``tier``, ``length``, ``truncated``), or None
+    """The reserved archive entry of a stub (``length``, ``tier``, ``truncated``), or None
     when ``node`` is not archived."""
     entry = node.metadata.get(ARCHIVE_KEY)
     return entry if isinstance(entry, Mapping) else None
@@ -96,7 +96,8 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
     content = node.content if stored is None else stored
     length = utf16_len(content)
     cut = length > chars
-    entry = {"tier": node.tier, "length": length, "truncated": bool(truncate and cut)}
+    # keys in sorted order, as a dump writes them (tjson), so a restored stub has the same bytes
+    entry = {"length": length, "tier": node.tier, "truncated": bool(truncate and cut)}
     kept = preview(content, chars)
     dropped = 0
     if truncate and cut:
