@@ -1258,6 +1258,181 @@ def _stats_text(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- agent memory (engramdb/agent, spec/agent.md) ------------------------------------------
+
+@cli.group()
+def agent() -> None:
+    """Agent memory: before/after-task hooks, sleep consolidation, the procedural graph.
+
+    Example:
+
+        engramdb agent before notes.engram "build a CLI bookmark manager"
+    """
+
+
+def _read_transcript(path: str) -> Any:
+    """A transcript file: a JSON list of messages, an object with ``messages``, or JSON Lines."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ValidationError(f"cannot read {path}: {exc.strerror}", hint="check the path and its permissions") \
+            from None
+    except UnicodeDecodeError:
+        raise ValidationError(f"{path} is not UTF-8 text", hint="a transcript is JSON") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ValidationError(f"{path} is neither JSON nor JSON Lines: {exc}",
+                                  hint="give a JSON list of OpenAI or Anthropic messages") from None
+    if isinstance(data, dict) and isinstance(data.get("messages"), list):
+        data = data["messages"]
+    if not isinstance(data, list):
+        raise ValidationError(f"{path} holds a JSON {type(data).__name__}, not a list of messages",
+                              hint='give a JSON list of messages, or {"messages": [...]}')
+    return data
+
+
+@agent.command(name="before")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("task")
+@click.option("--top-k", type=click.IntRange(1, 100), default=5, show_default=True, help="At most this many memories.")
+@click.option("--min-relevance", type=click.FloatRange(0, 1), help="Relevance floor (default: the library's).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relevance: float | None,
+                 as_json: bool) -> None:
+    """Print the memories relevant to TASK as a prompt block (nothing when none is relevant).
+
+    Example:
+
+        engramdb agent before notes.engram "build a CLI bookmark manager with tags"
+    """
+    from .agent import MemoryHooks
+
+    options = {} if min_relevance is None else {"min_relevance": min_relevance}
+    with _open(ctx, file, readonly=True) as db:
+        block = MemoryHooks(db, top_k=top_k, **options).before_task(task)
+    if as_json:
+        _emit({"block": block}, True, str)
+    elif block:
+        click.echo(block)
+
+
+@agent.command(name="after")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("transcript", type=click.Path(dir_okay=False))
+@click.option("--outcome", type=click.Choice(["success", "failure"]), help="How the task ended.")
+@click.option("--session", help="A session id for the facts' provenance (default: a hash of the transcript).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def agent_after(ctx: click.Context, file: str, transcript: str, outcome: str | None, session: str | None,
+                as_json: bool) -> None:
+    """Form 1 to 3 facts from a finished task's TRANSCRIPT (OpenAI or Anthropic messages, JSON).
+
+    Example:
+
+        engramdb agent after notes.engram session.json --outcome success
+    """
+    from .agent import MemoryHooks
+
+    messages = _read_transcript(transcript)
+    with _open(ctx, file) as db:
+        hooks = MemoryHooks(db)
+        ids = hooks.after_task(messages, outcome=outcome, session=session)
+        facts = [{"id": i, "content": db.get(i).content} for i in ids]
+    _emit(facts, as_json, lambda fs: "\n".join(f"{f['id']}\t{f['content']}" for f in fs) or "no new facts")
+
+
+@agent.command(name="consolidate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--threshold", type=click.IntRange(min=2), default=50, show_default=True,
+              help="Run once this many unconsolidated memories exist.")
+@click.option("--target", type=click.IntRange(min=1), default=5, show_default=True, help="About this many core memories.")
+@click.option("--force", is_flag=True, help="Run whatever the number of memories.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def agent_consolidate(ctx: click.Context, file: str, threshold: int, target: int, force: bool, as_json: bool) -> None:
+    """Sleep consolidation: turn unconsolidated memories into a few core memories (originals archived).
+
+    Example:
+
+        engramdb agent consolidate notes.engram --force
+    """
+    from .agent import consolidate_sleep
+
+    with _open(ctx, file) as db:
+        report = consolidate_sleep(db, threshold=threshold, target=target, force=force)
+
+    def text(r: dict) -> str:
+        if r["skipped"]:
+            return r["skipped"]
+        return "\n".join([f"{c['id']}\t{len(c['derived_from'])} memories\t{c['content'][:80]}" for c in r["cores"]]
+                         + [f"archived {r['archived']} memories"])
+
+    _emit(report.to_dict(), as_json, text)
+
+
+@agent.command(name="procedures")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--refine", is_flag=True, help="First refine the graph from the recorded trajectories.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def agent_procedures(ctx: click.Context, file: str, refine: bool, as_json: bool) -> None:
+    """Show the procedural graph: nodes, edges with their counts, guidance and pitfalls.
+
+    Example:
+
+        engramdb agent procedures notes.engram --json
+    """
+    from .agent import ProceduralGraph
+
+    with _open(ctx, file, readonly=not refine) as db:
+        graph = ProceduralGraph(db)
+        report = graph.refine().to_dict() if refine else None
+        data = graph.to_dict()
+    if report is not None:
+        data["refine"] = report
+
+    def text(d: dict) -> str:
+        lines = [f"{d['trajectories']} trajectories " + " ".join(f"{k}={v}" for k, v in d["outcomes"].items())]
+        for e in d["edges"]:
+            line = f"{e['src']} -{e['relation']}-> {e['dst']}  success={e['success']} failure={e['failure']}"
+            lines.append(line + (f"  guidance: {e['guidance']}" if e["guidance"] else ""))
+            lines.extend(f"    pitfall: {p}" for p in e["pitfalls"])
+        if "refine" in d:
+            r = d["refine"]
+            lines.append(r["skipped"] or f"refine: {len(r['applied'])} applied, {len(r['rejected'])} rejected, "
+                                         f"{len(r['unvalidated'])} undecided")
+        return "\n".join(lines)
+
+    _emit(data, as_json, text)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_context
+def mcp(ctx: click.Context, file: str) -> None:
+    """Serve FILE over stdio with the Model Context Protocol (needs `pip install 'engramdb[mcp]'`).
+
+    Tools: remember, recall, recall_context, forget, before_task, after_task, stats. The
+    passphrase comes from ENGRAM_PASSPHRASE, --passphrase-file or --key-file, never from a
+    tool argument; stdout carries the protocol only.
+
+    Example:
+
+        ENGRAM_PASSPHRASE=... engramdb mcp notes.engram
+    """
+    from . import mcp_server
+
+    mcp_server._sdk()  # a missing SDK is reported before the file is opened
+    with _open(ctx, file) as db:
+        mcp_server.serve(db)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `engramdb` console script."""
     try:

@@ -319,11 +319,40 @@ def tokenize_seeds() -> list[bytes]:
     return seeds
 
 
+def transcript_seeds() -> list[bytes]:
+    """Transcripts for fuzz_transcript.py: the agent fixtures, cut and mutated, plus edge cases."""
+    import json
+
+    seeds: list[bytes] = []
+    for path in sorted((ROOT / "tests" / "fixtures" / "agent").glob("*.json")):
+        data = path.read_bytes()
+        seeds += [data, data[: len(data) // 2], data.replace(b'"tool_use_id": "toolu_', b'"tool_use_id": "x')]
+        messages = json.loads(data)
+        seeds.append(json.dumps(messages[::-1]).encode())  # results before their calls
+        seeds.append(json.dumps(messages + messages).encode())  # repeated call ids
+    seeds += [json.dumps(doc).encode() for doc in (
+        [], {}, "text", [None], [{"content": "no role"}], [{"role": "user", "content": 5}],
+        [{"role": "assistant", "content": [{"type": "video"}]}],
+        [{"role": "assistant", "tool_calls": "x"}, {"role": "tool", "tool_call_id": 1}],
+        [{"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{"}}]},
+         {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "Traceback (most recent"
+                                                                                  " call last)"}]}],
+        [{"role": "assistant", "function_call": {"name": "g", "arguments": None}},
+         {"role": "function", "name": "g", "content": "exit code 2"}],
+        [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": "yes"}]}],
+        [{"role": "assistant", "content": [{"type": "thinking"}, {"type": "redacted_thinking"}]}],
+        [{"speaker": "Alice", "text": "hi", "date": "2024-05-02"}, "plain text"],
+    )]
+    seeds.append(b"[" * 3000 + b"]" * 3000)
+    return seeds
+
+
 def main_parsers() -> None:
     _write_seeds("importers", importer_seeds())
     _write_seeds("records", record_seeds())
     _write_seeds("header", header_seeds())
     _write_seeds("tokenize", tokenize_seeds())
+    _write_seeds("transcript", transcript_seeds())
 
 
 if __name__ == "__main__":

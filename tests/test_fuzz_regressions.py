@@ -38,12 +38,14 @@ IMPORTERS = _target("fuzz_importers")
 RECORDS = _target("fuzz_records")
 HEADER = _target("fuzz_header")
 TOKENIZE = _target("fuzz_tokenize")
+TRANSCRIPT = _target("fuzz_transcript")
 
 
 # --- the corpus replay ---------------------------------------------------------------
 
 @pytest.mark.parametrize("name, target, minimum", [
     ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40), ("tokenize", TOKENIZE, 30),
+    ("transcript", TRANSCRIPT, 25),
 ])
 def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
     """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""
@@ -239,3 +241,18 @@ def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf, monkeypatch):
     with pytest.raises(WeakKDFError):
         engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
     assert runs == []
+
+
+def test_the_transcript_oracle_can_fail(monkeypatch):
+    """fuzz_transcript's consistency checks are not vacuous: a serializer whose tool sequence
+    disagrees with its turns is reported."""
+    real = TRANSCRIPT.serialize_conversation
+
+    def broken(document):
+        conv = real(document)
+        conv.tool_sequence = conv.tool_sequence + ["ghost"]
+        return conv
+
+    monkeypatch.setattr(TRANSCRIPT, "serialize_conversation", broken)
+    with pytest.raises(AssertionError):
+        TRANSCRIPT.TestOneInput(b'[{"role": "user", "content": "hi"}]')

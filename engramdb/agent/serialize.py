@@ -352,7 +352,6 @@ def serialize_conversation(messages: Iterable[Any] | SerializedConversation) -> 
     for msg in parsed:
         lines.extend(render_message(msg))
         text = "\n".join(t for t in msg.texts if t)
-        sequence.extend(call.name for call in msg.calls)
         if msg.role in ("system", "developer"):
             system.append(text)
             continue
@@ -366,6 +365,7 @@ def serialize_conversation(messages: Iterable[Any] | SerializedConversation) -> 
                 turn.assistant = f"{turn.assistant}\n{text}" if turn.assistant else text
             turn.thinking.extend(t for t in msg.thinking if t)
             turn.tool_calls.extend(msg.calls)
+            sequence.extend(call.name for call in msg.calls)
     calls = [call for turn in turns for call in turn.tool_calls]
     return SerializedConversation(turns=turns, text="\n".join(lines), tool_sequence=sequence,
                                   has_errors=any(call.is_error for call in calls), system="\n".join(system))

@@ -16,11 +16,11 @@ please use using make build write create new also get set add via per about up o
 # Environment noise (spec/agent.md 2.3): absolute paths, temporary directories, home
 # directories, hostnames, IP addresses, user@host prompts. None of it carries across sessions.
 _NOISE = [
+    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*"),                        # user@host:~/dir prompts
     re.compile(r"(?<![\w.])(?:[A-Za-z]:\\|\\\\)[^\s\"'`,;)]+"),                     # C:\... and \\host\share
     re.compile(r"(?<![\w.~])/(?:tmp|var|private|home|Users|root|opt|usr|etc|mnt|srv|proc|dev|run)"
                r"(?:/[^\s\"'`,;)]*)?"),                                              # absolute POSIX paths
     re.compile(r"(?<![\w/])~/[^\s\"'`,;)]*"),                                        # ~/...
-    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*"),                        # user@host:~/dir prompts
     re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"),                             # IPv4 (and port)
     re.compile(r"\b(?:localhost|[\w-]+\.(?:local|lan|internal|localdomain))(?::\d+)?\b", re.IGNORECASE),
     re.compile(r"\b(?:ip|host|node|worker|runner|pod)-[\w-]*\d[\w-]*\b", re.IGNORECASE),  # machine names
@@ -45,7 +45,7 @@ def scrub(text: str) -> str:
     for pattern in _NOISE:
         text = pattern.sub("", text)
     text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
-    text = re.sub(r"[ \t]+([,.;:!?])", r"\1", text)
+    text = re.sub(r"[ \t]+([,.;:!?])(?=\s|$)", r"\1", text)
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 

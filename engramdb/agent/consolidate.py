@@ -1,0 +1,166 @@
+"""Sleep consolidation: many fresh memories become a few dense core memories.
+
+When the unconsolidated memories reach a threshold (default 50), ``consolidate_sleep``
+groups them (the maintenance pass's clusters, completed to about ``target`` groups),
+writes one core memory per group (through a ``Summarizer`` callable when given, else the
+group's most representative sentences), links the core memory to each original with a
+``derived_from`` edge and archives the originals: nothing is lost (``db.get(id,
+full=True)``, ``db.unarchive(id)``). Semantics: spec/agent.md section 3.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..errors import ValidationError
+from ..index.vectors import HashedTfidfEmbedder
+from ..records import now_ts
+from .text import content_words, overlap
+
+__all__ = ["SleepReport", "Summarizer", "consolidate_sleep", "unconsolidated", "CORE_TAG"]
+
+CORE_TAG = "core"
+LIVE_TIERS = ("hot", "warm", "cold")
+MAX_CORE = 700
+Summarizer = Callable[[list[str]], str]
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+@dataclass
+class SleepReport:
+    """What :func:`consolidate_sleep` did."""
+
+    candidates: int
+    threshold: int
+    skipped: str | None = None
+    cores: list[dict[str, Any]] = field(default_factory=list)
+    archived: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidates": self.candidates, "threshold": self.threshold, "skipped": self.skipped,
+                "cores": self.cores, "archived": self.archived}
+
+
+def unconsolidated(db: Any, *, tags: Iterable[str] | None = None) -> list[Any]:
+    """The memories sleep consolidation would take: live (not archived), not pinned, not a
+    core memory, carrying every tag in ``tags``; in insertion order."""
+    return [node for node in db.scan(tier=list(LIVE_TIERS), tags=list(tags) if tags else None)
+            if not node.pinned and CORE_TAG not in node.tags]
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows / np.where(norms == 0, 1.0, norms)
+
+
+def _centroids(vectors: np.ndarray, groups: list[list[int]]) -> np.ndarray:
+    return _unit(np.stack([vectors[g].sum(axis=0) for g in groups]))
+
+
+def _groups(ids: list[str], vectors: np.ndarray, target: int) -> list[list[int]]:
+    """About ``target`` groups covering every memory: the maintenance pass's clusters, more
+    seeds by farthest-point when there are fewer, every other memory to its nearest
+    centroid, then the smallest groups merged into their nearest until ``target`` remain."""
+    from ..maintenance.lifecycle import MaintenanceConfig, Memory, cluster
+
+    # cluster() takes warm and cold memories; every candidate here is one, whatever its tier
+    memories = [Memory(id=i, embedding=tuple(map(float, v)), tier="warm") for i, v in zip(ids, vectors)]
+    groups = [list(g) for g in cluster(memories, MaintenanceConfig(min_cluster_size=2))][:target]
+    assigned = {i for g in groups for i in g}
+    while len(groups) < target and len(assigned) < len(ids):
+        rest = [i for i in range(len(ids)) if i not in assigned]
+        if groups:
+            sims = vectors[rest] @ _centroids(vectors, groups).T
+            seed = rest[int(np.argmin(sims.max(axis=1)))]  # the least covered; argmin takes the first tie
+        else:
+            seed = rest[0]
+        groups.append([seed])
+        assigned.add(seed)
+    rest = [i for i in range(len(ids)) if i not in assigned]
+    if rest:
+        nearest = np.argmax(vectors[rest] @ _centroids(vectors, groups).T, axis=1)
+        for i, g in zip(rest, nearest.tolist()):
+            groups[g].append(i)
+    while len(groups) > target:
+        smallest = min(range(len(groups)), key=lambda k: (len(groups[k]), -k))
+        moving = groups.pop(smallest)
+        sims = _centroids(vectors, groups) @ _centroids(vectors, [moving])[0]
+        groups[int(np.argmax(sims))].extend(moving)
+    return [sorted(g) for g in sorted(groups, key=lambda g: (-len(g), min(g)))]
+
+
+def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
+    """The group's most representative sentences (closest to its centroid), in their order."""
+    sentences = [s.strip() for text in texts for s in _SENTENCE.split(text) if len(s.strip()) > 3]
+    if not sentences:
+        return " ".join(texts)[:MAX_CORE]
+    vectors = _unit(embed(sentences))
+    centroid = _unit(vectors.sum(axis=0, keepdims=True))[0]
+    order = sorted(range(len(sentences)), key=lambda k: (-float(vectors[k] @ centroid), k))
+    chosen: list[int] = []
+    size = 0
+    for k in order:
+        words = content_words(sentences[k])
+        if any(overlap(words, content_words(sentences[c])) >= 0.8 for c in chosen):
+            continue
+        if size + len(sentences[k]) > MAX_CORE and chosen:
+            continue
+        chosen.append(k)
+        size += len(sentences[k]) + 1
+        if size >= MAX_CORE * 0.8:
+            break
+    return " ".join(sentences[k] if sentences[k].endswith((".", "!", "?")) else sentences[k] + "."
+                    for k in sorted(chosen))
+
+
+def consolidate_sleep(db: Any, *, threshold: int = 50, target: int = 5, summarizer: Summarizer | None = None,
+                      tags: Iterable[str] | None = None, force: bool = False, now: float | None = None) -> SleepReport:
+    """Turn the unconsolidated memories into about ``target`` core memories once there are
+    ``threshold`` of them (``force=True``: whatever their number, at least 2).
+
+    Each core memory (tags ``agent`` and ``core``, id ``core-<hash of its members' ids>``)
+    has a ``derived_from`` edge to each original, and the originals are archived.
+
+    Raises:
+        ValidationError: bad arguments, or a summarizer that does not return text.
+    """
+    if not isinstance(threshold, int) or threshold < 2:
+        raise ValidationError("threshold must be an int of at least 2")
+    if not isinstance(target, int) or target < 1:
+        raise ValidationError("target must be a positive int")
+    stamp = now_ts(now)
+    nodes = unconsolidated(db, tags=tags)
+    report = SleepReport(candidates=len(nodes), threshold=threshold)
+    if len(nodes) < (2 if force else threshold):
+        report.skipped = f"{len(nodes)} unconsolidated memories; sleep consolidation runs at {threshold}"
+        return report
+    embed = HashedTfidfEmbedder(dims=512)
+    contents = [node.content for node in nodes]
+    vectors = _unit(embed(contents))
+    for group in _groups([n.id for n in nodes], vectors, min(target, len(nodes))):
+        members = [nodes[i] for i in group]
+        texts = [m.content for m in members]
+        if summarizer is not None:
+            summary = summarizer(texts)
+            if not isinstance(summary, str) or not summary.strip():
+                raise ValidationError(f"the summarizer returned {type(summary).__name__}, not text",
+                                      hint="a Summarizer takes a list of texts and returns one non-empty string")
+        else:
+            summary = _extractive(texts, embed)
+        ids = [m.id for m in members]
+        core_id = "core-" + hashlib.sha256("\x00".join(sorted(ids)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        if core_id not in db:  # a run interrupted after this core was written
+            db.remember(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
+                        importance=max(m.importance for m in members),
+                        metadata={"agent": {"kind": "core", "consolidated_from": ids, "at": stamp}})
+        for member in members:  # core first, then edges, then archive: an interruption loses nothing
+            db.link(core_id, member.id, "derived_from", now=stamp)
+        for member in members:
+            db.archive(member.id, now=stamp)
+        report.archived += len(members)
+        report.cores.append({"id": core_id, "derived_from": ids, "content": summary})
+    return report

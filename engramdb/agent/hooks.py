@@ -1,0 +1,164 @@
+"""Before/after-task hooks: recall what matters before a task, form facts after it.
+
+    hooks = MemoryHooks(db)
+    prompt = hooks.before_task(task) + "\\n\\n" + task      # "" when nothing is relevant
+    messages = run_agent(prompt)                            # the user's own loop and model
+    hooks.after_task(messages, outcome="success")           # 1 to 3 new facts, deduplicated
+
+Works on an ``Engram`` through its public API (duck-typed). Semantics: spec/agent.md section 2.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Iterable, Sequence
+
+from ..errors import ValidationError
+from ..records import now_ts
+from .consolidate import SleepReport, Summarizer, consolidate_sleep, unconsolidated
+from .extract import Fact, extract_facts
+from .procedures import OUTCOMES, ProceduralGraph
+from .serialize import SerializedConversation, serialize_conversation
+from .text import content_words, overlap, scrub
+
+__all__ = ["MemoryHooks", "Extractor", "HEADER", "LIVE_TIERS", "DEFAULT_MIN_RELEVANCE"]
+
+HEADER = "## Relevant Memories"
+LIVE_TIERS = ("hot", "warm", "cold")
+DEFAULT_MIN_RELEVANCE = 0.15
+DUPLICATE_OVERLAP = 0.8
+Extractor = Callable[[str], Iterable[str]]
+
+
+class MemoryHooks:
+    """Memory around an agent loop, on one open file.
+
+    Args:
+        db: an open ``Engram``.
+        extractor: ``text -> list of fact strings`` (the user's LLM prompt); without one,
+            the deterministic extractor (spec/agent.md 2.2).
+        top_k: at most this many memories in :meth:`before_task`.
+        min_relevance: memories whose ``hit.relevance`` is below this are left out.
+        procedures: keep a procedural graph: :meth:`after_task` records each trajectory
+            with an outcome, and :meth:`before_task` appends the guidance for the task.
+        sleep_threshold: :meth:`after_task` runs :meth:`consolidate_sleep` once this many
+            unconsolidated memories exist (None: never by itself).
+        summarizer: ``list of texts -> one text``, for sleep consolidation.
+        tags: tags every formed fact carries (plus ``fact`` and its kind).
+    """
+
+    def __init__(self, db: Any, *, extractor: Extractor | None = None, top_k: int = 5,
+                 min_relevance: float = DEFAULT_MIN_RELEVANCE, procedures: bool = True,
+                 sleep_threshold: int | None = 50, summarizer: Summarizer | None = None,
+                 tags: Sequence[str] = ("agent",)) -> None:
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValidationError("top_k must be a positive int")
+        if not 0.0 <= min_relevance <= 1.0:
+            raise ValidationError("min_relevance must be between 0 and 1 (hit.relevance's range)")
+        if sleep_threshold is not None and (not isinstance(sleep_threshold, int) or sleep_threshold < 2):
+            raise ValidationError("sleep_threshold must be an int of at least 2, or None")
+        self.db = db
+        self.extractor = extractor
+        self.top_k = top_k
+        self.min_relevance = min_relevance
+        self.graph = ProceduralGraph(db) if procedures else None
+        self.sleep_threshold = sleep_threshold
+        self.summarizer = summarizer
+        self.tags = list(tags)
+
+    # -- before ---------------------------------------------------------------------------
+    def relevant(self, task_text: str) -> list[Any]:
+        """The recall hits for ``task_text`` at or above the relevance floor, best first
+        (live memories only: archived originals are represented by their core memory)."""
+        if not isinstance(task_text, str):
+            raise ValidationError("before_task() takes the task's text")
+        if not task_text.strip():
+            return []
+        hits = self.db.recall(task_text, top_k=self.top_k, tiers=list(LIVE_TIERS))
+        return [hit for hit in hits if hit.relevance >= self.min_relevance]
+
+    def before_task(self, task_text: str) -> str:
+        """The memories relevant to ``task_text`` as a numbered block headed ``## Relevant
+        Memories`` (and the procedure that worked for similar tasks, when there is one), or
+        "" when nothing is relevant: unrelated memories make an agent worse.
+
+        Raises:
+            ValidationError: ``task_text`` is not a string.
+        """
+        hits = self.relevant(task_text)
+        blocks = []
+        if hits:
+            lines = [HEADER]
+            lines.extend(f"{n}. {' '.join(hit.node.content.split())}" for n, hit in enumerate(hits, 1))
+            blocks.append("\n".join(lines))
+        if self.graph is not None:
+            guidance = self.graph.guidance_for(task_text)
+            if guidance:
+                blocks.append(guidance)
+        return "\n\n".join(blocks)
+
+    # -- after ----------------------------------------------------------------------------
+    def _facts(self, conv: SerializedConversation, outcome: str | None) -> list[Fact]:
+        if self.extractor is None:
+            return extract_facts(conv, outcome=outcome)
+        produced = self.extractor(conv.text)
+        if isinstance(produced, str) or not isinstance(produced, Iterable):
+            raise ValidationError(f"the extractor returned a {type(produced).__name__}; it must return a list "
+                                  "of fact strings", hint="return e.g. ['The user wants only the standard library']")
+        facts = []
+        for item in produced:
+            if not isinstance(item, str):
+                raise ValidationError(f"the extractor returned a {type(item).__name__} among its facts; "
+                                      "each fact must be a string")
+            text = scrub(item)
+            if text:
+                facts.append(Fact(text, "extracted"))
+        return facts[:3]
+
+    def _is_duplicate(self, text: str) -> bool:
+        words = content_words(text)
+        for hit in self.db.recall(text, top_k=3, tiers=list(LIVE_TIERS)):
+            if overlap(words, content_words(hit.node.content)) >= DUPLICATE_OVERLAP:
+                return True
+        return False
+
+    def after_task(self, messages: Iterable[Any] | SerializedConversation, *, outcome: str | None = None,
+                   session: str | None = None, now: float | None = None) -> list[str]:
+        """Serialize the trajectory and store 1 to 3 new facts from it; returns their ids.
+
+        Facts carry provenance in ``metadata["agent"]`` (session, time, tool sequence,
+        outcome, kind) and are left out when a stored memory already says the same. With an
+        ``outcome`` (``success`` / ``failure``) the trajectory is also recorded in the
+        procedural graph. Once :attr:`sleep_threshold` unconsolidated memories exist, sleep
+        consolidation runs.
+
+        Raises:
+            ValidationError: a transcript that cannot be parsed (the message and field are
+                named), a bad outcome, or an extractor that returns something else than strings.
+        """
+        if outcome is not None and outcome not in OUTCOMES:
+            raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}")
+        conv = serialize_conversation(messages)
+        stamp = now_ts(now)
+        session = session or "s-" + hashlib.sha256(conv.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        ids: list[str] = []
+        seen: set[str] = set()
+        for fact in self._facts(conv, outcome):
+            fact_id = "fact-" + hashlib.sha256(fact.text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            if fact_id in seen or fact_id in self.db or self._is_duplicate(fact.text):
+                continue
+            seen.add(fact_id)
+            provenance = {"session": session, "at": stamp, "tool_sequence": list(conv.tool_sequence),
+                          "outcome": outcome, "kind": fact.kind, "had_errors": conv.has_errors}
+            ids.append(self.db.remember(fact.text, id=fact_id, now=stamp, tags=[*self.tags, "fact", fact.kind],
+                                        importance=0.7, metadata={"agent": provenance}))
+        if self.graph is not None and outcome is not None:
+            self.graph.record_trajectory(conv, outcome, now=stamp)
+        if self.sleep_threshold is not None and len(unconsolidated(self.db)) >= self.sleep_threshold:
+            self.consolidate_sleep(now=stamp)
+        return ids
+
+    # -- sleep ----------------------------------------------------------------------------
+    def consolidate_sleep(self, *, force: bool = False, now: float | None = None) -> SleepReport:
+        """:func:`engramdb.agent.consolidate_sleep` with this object's threshold and summarizer."""
+        return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
+                                 force=force, now=now)

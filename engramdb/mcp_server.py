@@ -1,0 +1,130 @@
+"""`engramdb mcp FILE`: one .engram file served over stdio with the Model Context Protocol.
+
+Any MCP-speaking agent can then remember, recall, forget and use the task hooks without
+writing Python. The server uses the official ``mcp`` SDK (the optional extra
+``engramdb[mcp]``): ``MCPServer`` in mcp 2.x, ``FastMCP`` in mcp 1.x. Each tool has a JSON
+schema (from its typed signature) and reports an ``EngramError`` as a tool error with its
+message and hint. The passphrase never travels as a tool argument: the command line opens
+the file (``ENGRAM_PASSPHRASE``, ``--passphrase-file`` or ``--key-file``) before serving.
+Semantics: spec/agent.md section 5.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from .agent.hooks import MemoryHooks
+from .engram import Engram
+from .errors import ConfigMismatchError, EngramError, ValidationError
+
+__all__ = ["build_server", "serve", "TOOLS", "INSTALL_HINT"]
+
+INSTALL_HINT = "install the MCP extra: pip install 'engramdb[mcp]'"
+TOOLS = ("remember", "recall", "recall_context", "forget", "before_task", "after_task", "stats")
+INSTRUCTIONS = ("Long-term memory in one encrypted .engram file. Call before_task with the task first and use "
+                "what it returns; call after_task with the conversation when the task is done; remember facts "
+                "worth keeping; recall to search; forget removes memories for good.")
+
+
+def _sdk() -> tuple[Any, type[Exception]]:
+    """(the server class, its ToolError) of the installed SDK.
+
+    Raises:
+        ConfigMismatchError: the ``mcp`` package is not installed.
+    """
+    try:
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver.exceptions import ToolError
+        return MCPServer, ToolError
+    except ImportError:
+        pass
+    try:
+        from mcp.server.fastmcp import FastMCP
+        from mcp.server.fastmcp.exceptions import ToolError
+        return FastMCP, ToolError
+    except ImportError:
+        raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed",
+                                  hint=INSTALL_HINT) from None
+
+
+def _node_view(node: Any) -> dict[str, Any]:
+    return {"id": node.id, "content": node.content, "tags": list(node.tags), "tier": node.tier,
+            "importance": node.importance, "created_at": node.created_at}
+
+
+def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "engramdb") -> Any:
+    """An MCP server (not yet running) whose tools work on the open file ``db``.
+
+    Raises:
+        ConfigMismatchError: the ``mcp`` package is not installed.
+    """
+    server_cls, tool_error = _sdk()
+    hooks = hooks or MemoryHooks(db)
+    server = server_cls(name, instructions=INSTRUCTIONS)
+
+    def tool(description: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                except EngramError as exc:  # the message and hint, never a traceback
+                    raise tool_error(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from None
+
+            server.add_tool(wrapped, name=fn.__name__, description=description)
+            return wrapped
+        return register
+
+    @tool("Store a memory (a fact, preference or decision worth keeping across sessions). Returns its id.")
+    def remember(text: str, tags: list[str] | None = None, importance: float | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"tags": list(tags or [])}
+        if importance is not None:
+            fields["importance"] = importance
+        return {"id": db.remember(text, **fields)}
+
+    @tool("Search memories: the best matches for the query, best first, each with its relevance in [0, 1].")
+    def recall(query: str, top_k: int = 5) -> dict[str, Any]:
+        if not 1 <= top_k <= 100:
+            raise ValidationError("top_k must be between 1 and 100")
+        hits = db.recall(query, top_k=top_k)
+        return {"hits": [{**_node_view(h.node), "relevance": h.relevance, "score": h.score} for h in hits]}
+
+    @tool("The source passages behind the best memories for the query, within a token budget, as text.")
+    def recall_context(query: str, max_tokens: int = 1000) -> str:
+        if not 1 <= max_tokens <= 100_000:
+            raise ValidationError("max_tokens must be between 1 and 100000")
+        return db.recall_context(query, max_tokens=max_tokens).text
+
+    @tool("Delete memories by id for good (records, index entries, edges, archived text). Returns a receipt.")
+    def forget(ids: list[str]) -> dict[str, Any]:
+        if not ids:
+            raise ValidationError("forget needs at least one id")
+        receipt = db.forget(ids=list(ids))
+        return receipt.to_dict() if hasattr(receipt, "to_dict") else dict(receipt)
+
+    @tool("Call before starting a task: the memories relevant to it (and a procedure that worked for similar "
+          "tasks) as a block to put into the prompt; an empty string when nothing is relevant.")
+    def before_task(task: str) -> str:
+        return hooks.before_task(task)
+
+    @tool("Call when a task is done, with the conversation (OpenAI chat or Anthropic messages) and optionally "
+          "its outcome ('success' or 'failure'): stores 1 to 3 new facts and returns their ids.")
+    def after_task(messages: list[dict[str, Any]], outcome: str | None = None) -> dict[str, Any]:
+        return {"ids": hooks.after_task(messages, outcome=outcome)}
+
+    @tool("Counts and sizes of the memory file (memories per tier, archived, edges, procedures, file size).")
+    def stats() -> dict[str, Any]:
+        result = db.stats()
+        return result.to_dict() if hasattr(result, "to_dict") else dict(result)
+
+    del remember, recall, recall_context, forget, before_task, after_task, stats  # registered above
+    return server
+
+
+def serve(db: Engram, **kwargs: Any) -> None:
+    """Serve ``db`` over stdio until the client closes the connection.
+
+    Raises:
+        ConfigMismatchError: the ``mcp`` package is not installed.
+    """
+    build_server(db, **kwargs).run("stdio")

@@ -1,0 +1,84 @@
+"""`engramdb agent before|after|consolidate|procedures` and the runnable agent loop example."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from engramdb.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+KDF = "t=1,m=8,p=1"
+SESSION1 = ROOT / "tests" / "fixtures" / "agent" / "session1_task_manager.json"
+SAMPLE = ROOT / "engramdb" / "data" / "sample_memories.txt"
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+        return runner.invoke(cli, list(args), env=env, catch_exceptions=False)
+
+    return invoke
+
+
+def test_agent_commands(run, tmp_path):
+    f = str(tmp_path / "a.engram")
+    assert run("init", f, "--kdf", KDF).exit_code == 0
+    for n, line in enumerate(x for x in SAMPLE.read_text().splitlines() if x.strip()):
+        assert run("add", f, line, "--id", f"bg{n}").exit_code == 0  # other memories of the file
+    after = run("agent", "after", f, str(SESSION1), "--outcome", "success", "--json")
+    assert after.exit_code == 0, after.output
+    facts = json.loads(after.output)
+    assert 1 <= len(facts) <= 3 and any(".tasks.json" in x["content"] for x in facts)
+    assert run("agent", "after", f, str(SESSION1)).output.strip() == "no new facts"
+
+    before = run("agent", "before", f, "build a CLI bookmark manager with tags and HTML export")
+    assert before.exit_code == 0 and before.output.startswith("## Relevant Memories\n1. ")
+    assert "no argparse or click" in before.output
+    quiet = run("agent", "before", f, "refactor this messy module", "--json")
+    assert json.loads(quiet.output) == {"block": ""}
+
+    graph = json.loads(run("agent", "procedures", f, "--json").output)
+    assert graph["trajectories"] == 1 and graph["outcomes"] == {"success": 1}
+    start = [e for e in graph["edges"] if e["src"] == "start"]
+    assert [(e["dst"], e["relation"], e["success"]) for e in start] == [("bash", "leads_to", 1)]
+    text = run("agent", "procedures", f, "--refine").output
+    assert "1 trajectories success=1" in text and "refining needs 10" in text
+
+    skipped = run("agent", "consolidate", f)
+    assert skipped.exit_code == 0 and "sleep consolidation runs at 50" in skipped.output
+    done = json.loads(run("agent", "consolidate", f, "--force", "--target", "2", "--json").output)
+    assert done["archived"] >= 2 and 1 <= len(done["cores"]) <= 2
+
+
+def test_agent_after_names_a_bad_transcript(run, tmp_path):
+    f = str(tmp_path / "a.engram")
+    assert run("init", f, "--kdf", KDF).exit_code == 0
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps([{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "?"}]}]))
+    result = CliRunner().invoke(cli, ["agent", "after", f, str(bad)], env={"ENGRAM_PASSPHRASE": "pw"})
+    assert result.exit_code == 1 and "message 1: content[0].type" in result.output
+    bad.write_text("{not json")
+    result = CliRunner().invoke(cli, ["agent", "after", f, str(bad)], env={"ENGRAM_PASSPHRASE": "pw"})
+    assert result.exit_code == 1 and "neither JSON nor JSON Lines" in result.output
+
+
+def test_the_agent_loop_example_runs(tmp_path):
+    env = {**os.environ, "ENGRAM_PASSPHRASE": "demo-passphrase", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "examples" / "agent_loop.py"),
+                          str(tmp_path / "agent.engram")], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split("== session 2")
+    assert "(nothing relevant)" in first and "outcome: success" in first
+    assert "Preferences (from: build a CLI task manager in Python)" in first
+    assert "## Relevant Memories" in second and "no argparse or click" in second
+    assert "I kept to what I remember" in second

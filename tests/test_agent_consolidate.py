@@ -1,0 +1,90 @@
+"""Sleep consolidation: it fires at the threshold, makes about five core memories linked by
+derived_from edges, and the originals are archived, never lost."""
+from __future__ import annotations
+
+import pytest
+
+from engramdb.agent import MemoryHooks, consolidate_sleep, unconsolidated
+from engramdb.errors import ValidationError
+
+TOPICS = {
+    "garden": "Alice waters the tomato garden every {} morning and the basil needs shade.",
+    "deploy": "The deploy pipeline runs the docker build on {} and pushes to the registry.",
+    "budget": "The quarterly budget review for {} found the cloud invoice doubled.",
+    "travel": "Bob booked the train to Lisbon for {} and the hotel near the river.",
+    "recipes": "The sourdough recipe needs a {} starter feeding and a long cold proof.",
+}
+DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "holiday", "rainy", "sunny"]
+
+
+def _memories(db, now, n_per_topic=10):
+    ids = {}
+    for topic, template in TOPICS.items():
+        for k in range(n_per_topic):
+            ids[db.remember(template.format(DAYS[k]), id=f"{topic}-{k}", now=now + k)] = topic
+    return ids
+
+
+def test_nothing_happens_below_the_threshold(tmp_engram, now):
+    ids = _memories(tmp_engram, now)
+    tmp_engram.remember("one pinned memory", pinned=True, now=now)
+    report = consolidate_sleep(tmp_engram, threshold=51, now=now)
+    assert report.skipped == "50 unconsolidated memories; sleep consolidation runs at 51"
+    assert report.cores == [] and all(tmp_engram.get(i).tier == "hot" for i in ids)
+
+
+def test_consolidation_fires_at_the_threshold_and_loses_nothing(tmp_engram, now):
+    ids = _memories(tmp_engram, now)
+    originals = {i: tmp_engram.get(i) for i in ids}
+    report = consolidate_sleep(tmp_engram, threshold=50, now=now + 100)
+    assert report.skipped is None and report.candidates == 50 and report.archived == 50
+    assert 3 <= len(report.cores) <= 5
+    covered = [i for core in report.cores for i in core["derived_from"]]
+    assert sorted(covered) == sorted(ids)  # every original in exactly one core
+    for core in report.cores:
+        node = tmp_engram.get(core["id"])
+        assert {"agent", "core"} <= set(node.tags) and node.content == core["content"] and node.content
+        topics = {ids[i] for i in core["derived_from"]}
+        assert len(topics) <= 2, topics  # groups follow the topics
+        assert any(s in node.content for i in core["derived_from"] for s in originals[i].content.split(" and "))
+        edges = tmp_engram.edges(core["id"])
+        assert sorted(e.dst for e in edges if e.kind == "derived_from") == sorted(core["derived_from"])
+    for i, before in originals.items():
+        stub = tmp_engram.get(i)
+        assert stub.tier == "archive"
+        assert tmp_engram.get(i, full=True) == before  # recoverable byte for byte
+    assert unconsolidated(tmp_engram) == []
+    assert tmp_engram.unarchive("garden-3") == originals["garden-3"]
+    # core memories are not consolidated again, and a second run has nothing to do
+    assert consolidate_sleep(tmp_engram, threshold=2, now=now + 200).skipped == \
+        "1 unconsolidated memories; sleep consolidation runs at 2"
+
+
+def test_a_summarizer_writes_the_core_memories(tmp_engram, now):
+    _memories(tmp_engram, now, n_per_topic=2)
+    calls = []
+
+    def summarizer(texts):
+        calls.append(texts)
+        return f"{len(texts)} memories about " + texts[0].split()[1]
+
+    report = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now)
+    assert sum(map(len, calls)) == 10 and len(report.cores) == len(calls) <= 5
+    assert all(tmp_engram.get(c["id"]).content.endswith(")") is False for c in report.cores)
+    assert {tmp_engram.get(c["id"]).content for c in report.cores} == {c["content"] for c in report.cores}
+    with pytest.raises(ValidationError, match="summarizer returned"):
+        tmp_engram.remember("a b c", now=now)
+        tmp_engram.remember("d e f", now=now)
+        consolidate_sleep(tmp_engram, threshold=2, summarizer=lambda texts: None, now=now)
+
+
+def test_the_hooks_consolidate_once_the_threshold_is_reached(tmp_engram, now):
+    hooks = MemoryHooks(tmp_engram, sleep_threshold=12)
+    _memories(tmp_engram, now, n_per_topic=2)
+    assert hooks.after_task([{"role": "user", "content": "Summarise the notes."}], now=now) != []
+    assert [n for n in tmp_engram.scan() if "core" in n.tags] == []  # 11 so far
+    hooks.after_task([{"role": "user", "content": "Plan the garden beds. Use only raised beds."}], now=now + 1)
+    cores = [n for n in tmp_engram.scan() if "core" in n.tags]
+    assert cores and unconsolidated(tmp_engram) == []
+    with pytest.raises(ValidationError):
+        MemoryHooks(tmp_engram, sleep_threshold=1)

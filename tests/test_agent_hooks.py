@@ -1,0 +1,142 @@
+"""Before/after-task hooks: the cross-session scenario, the relevance floor, fact formation
+(provenance, deduplication, environment noise, a user extractor) and the deterministic extractor."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import engramdb
+from engramdb.agent import MemoryHooks, extract_facts, serialize_conversation
+from engramdb.agent.hooks import HEADER
+from engramdb.agent.text import has_noise, scrub
+from engramdb.errors import ValidationError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
+SAMPLE = Path(engramdb.__file__).parent / "data" / "sample_memories.txt"
+
+
+def _session1() -> list:
+    return json.loads((FIXTURES / "session1_task_manager.json").read_text(encoding="utf-8"))
+
+
+def _other_memories(db, now) -> None:
+    """What an agent's file holds besides session 1: the bundled sample memories. (In a file
+    holding nothing but the three facts of session 1, every word of the task is in every memory,
+    so none of them is informative to BM25 and relevance stays near 0; see spec/agent.md 2.1.)"""
+    db.add_many([line for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()], now=now)
+
+
+def test_the_cross_session_scenario(make_db, now):
+    db = make_db("agent.engram")
+    _other_memories(db, now)
+    ids = MemoryHooks(db).after_task(_session1(), outcome="success", session="session-1", now=now)
+    assert 1 <= len(ids) <= 3
+    db.close()
+
+    db = make_db("agent.engram")  # session 2: a new process opens the same file
+    hooks = MemoryHooks(db)
+    block = hooks.before_task("build a CLI bookmark manager with tags and HTML export")
+    assert block.startswith(HEADER + "\n1. ")
+    assert "only the standard library" in block and "no argparse or click" in block
+    assert ".tasks.json" in block and "id, title, done, created_at" in block
+    for noise in ("/home/alice", "/tmp/", "devbox"):
+        assert noise not in block
+    unrelated = hooks.before_task("refactor this messy module")
+    assert unrelated == ""
+    for fact_id in ids:
+        assert db.get(fact_id).content not in unrelated
+
+
+def test_facts_carry_provenance_and_are_not_stored_twice(make_db, now):
+    db = make_db()
+    hooks = MemoryHooks(db)
+    ids = hooks.after_task(_session1(), outcome="success", session="s1", now=now)
+    node = db.get(ids[0])
+    provenance = node.metadata["agent"]
+    assert provenance["session"] == "s1" and provenance["at"] == now and provenance["outcome"] == "success"
+    assert provenance["tool_sequence"] == ["bash", "write_file", "write_file", "bash", "edit_file", "bash"]
+    assert provenance["had_errors"] is True
+    assert {"agent", "fact"} <= set(node.tags) and node.created_at == now
+    assert hooks.after_task(_session1(), outcome="success", session="s2", now=now + 1) == []  # deduplicated
+    # a near-duplicate worded differently is recognised too
+    reworded = [{"role": "user", "content": "Build a CLI task manager in Python. Use only the standard library: "
+                                            "explicitly no argparse or click, parse sys.argv yourself, please."}]
+    assert hooks.after_task(reworded, now=now + 2) == []
+    for i in ids:
+        assert not has_noise(db.get(i).content)
+
+
+def test_the_trajectory_goes_to_the_procedural_graph_with_an_outcome(make_db, now):
+    db = make_db()
+    hooks = MemoryHooks(db)
+    hooks.after_task(_session1(), now=now)
+    assert hooks.graph.trajectories() == []
+    hooks.after_task(_session1(), outcome="failure", now=now)
+    assert [t.outcome for t in hooks.graph.trajectories()] == ["failure"]
+    with pytest.raises(ValidationError, match="outcome"):
+        hooks.after_task(_session1(), outcome="meh")
+
+
+def test_before_task_includes_the_procedure_for_similar_tasks(make_db, now):
+    db = make_db()
+    hooks = MemoryHooks(db)
+    hooks.after_task(_session1(), outcome="success", now=now)
+    block = hooks.before_task("build a CLI task manager in Python with due dates")
+    assert "## Procedure" in block and "1. bash\n2. write_file" in block
+    assert MemoryHooks(db, procedures=False).before_task("build a CLI task manager with due dates").count(
+        "## Procedure") == 0
+
+
+def test_a_user_extractor_is_used_and_checked(make_db, now):
+    db = make_db()
+    seen = []
+
+    def extractor(text):
+        seen.append(text)
+        return ["The user keeps notes in /home/alice/notes.md and wants Markdown output", "  ", "Prefers tabs"]
+
+    ids = MemoryHooks(db, extractor=extractor).after_task(_session1(), now=now)
+    assert "[tool call write_file]" in seen[0]
+    assert [db.get(i).content for i in ids] == ["The user keeps notes in and wants Markdown output", "Prefers tabs"]
+    with pytest.raises(ValidationError, match="must return a list"):
+        MemoryHooks(db, extractor=lambda text: "one string").after_task(_session1(), now=now)
+    with pytest.raises(ValidationError, match="each fact must be a string"):
+        MemoryHooks(db, extractor=lambda text: [1]).after_task(_session1(), now=now)
+
+
+def test_the_relevance_floor_is_checked(make_db):
+    db = make_db()
+    with pytest.raises(ValidationError):
+        MemoryHooks(db, min_relevance=1.5)
+    assert MemoryHooks(db).before_task("") == ""
+    with pytest.raises(ValidationError):
+        MemoryHooks(db).before_task(None)
+
+
+def test_the_deterministic_extractor_finds_the_four_kinds():
+    conv = serialize_conversation(_session1())
+    facts = extract_facts(conv)
+    assert [f.kind for f in facts] == ["preference", "storage", "approach"]
+    assert "no argparse or click" in facts[0].text and "ANSI" in facts[0].text
+    assert ".tasks.json holds records with the fields id, title, done, created_at" in facts[1].text
+    assert "unittest" in facts[2].text
+    assert all("(from: build a CLI task manager in Python)" in f.text for f in facts)
+    decided = serialize_conversation([{"role": "user", "content": "Write a blog post about Rust."},
+                                      {"role": "assistant", "content": "We decided to use Hugo for the site."}])
+    assert [f.kind for f in extract_facts(decided)] == ["preference", "approach"]
+    bare = serialize_conversation([{"role": "user", "content": "Summarise the meeting notes."}])
+    assert [(f.kind, f.text) for f in extract_facts(bare, outcome="success")] == [
+        ("task", "Task (success): summarise the meeting notes.")]
+
+
+@pytest.mark.parametrize("text, clean", [
+    ("saved to /tmp/tmpab12cd/out.json ok", "saved to ok"),
+    ("alice@devbox:~/src$ make", "make"),
+    ("served on 10.0.0.12:8080 and localhost:3000", "served on and"),
+    ("see C:\\Users\\bob\\notes.txt", "see"),
+    ("keep .tasks.json and tasks.py", "keep .tasks.json and tasks.py"),
+])
+def test_environment_noise_is_scrubbed(text, clean):
+    assert scrub(text) == clean
