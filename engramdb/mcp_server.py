@@ -99,8 +99,7 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
     def forget(ids: list[str]) -> dict[str, Any]:
         if not ids:
             raise ValidationError("forget needs at least one id")
-        receipt = db.forget(ids=list(ids))
-        return receipt.to_dict() if hasattr(receipt, "to_dict") else dict(receipt)
+        return db.forget(ids=list(ids)).to_dict()
 
     @tool("Call before starting a task: the memories relevant to it (and a procedure that worked for similar "
           "tasks) as a block to put into the prompt; an empty string when nothing is relevant.")
@@ -114,8 +113,7 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
 
     @tool("Counts and sizes of the memory file (memories per tier, archived, edges, procedures, file size).")
     def stats() -> dict[str, Any]:
-        result = db.stats()
-        return result.to_dict() if hasattr(result, "to_dict") else dict(result)
+        return db.stats()
 
     del remember, recall, recall_context, forget, before_task, after_task, stats  # registered above
     return server

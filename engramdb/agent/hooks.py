@@ -14,16 +14,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ValidationError
 from ..records import now_ts
-from .consolidate import SleepReport, Summarizer, consolidate_sleep, unconsolidated
+from .consolidate import LIVE_TIERS, SleepReport, Summarizer, consolidate_sleep, unconsolidated
 from .extract import Fact, extract_facts
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub
 
-__all__ = ["MemoryHooks", "Extractor", "HEADER", "LIVE_TIERS", "DEFAULT_MIN_RELEVANCE"]
+__all__ = ["MemoryHooks", "Extractor", "HEADER", "DEFAULT_MIN_RELEVANCE"]
 
 HEADER = "## Relevant Memories"
-LIVE_TIERS = ("hot", "warm", "cold")
 DEFAULT_MIN_RELEVANCE = 0.15
 DUPLICATE_OVERLAP = 0.8
 Extractor = Callable[[str], Iterable[str]]
@@ -73,8 +72,7 @@ class MemoryHooks:
             raise ValidationError("before_task() takes the task's text")
         if not task_text.strip():
             return []
-        hits = self.db.recall(task_text, top_k=self.top_k, tiers=list(LIVE_TIERS))
-        return [hit for hit in hits if hit.relevance >= self.min_relevance]
+        return self.db.recall(task_text, top_k=self.top_k, tiers=list(LIVE_TIERS), min_relevance=self.min_relevance)
 
     def before_task(self, task_text: str) -> str:
         """The memories relevant to ``task_text`` as a numbered block headed ``## Relevant
