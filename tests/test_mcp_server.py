@@ -1,0 +1,110 @@
+"""The MCP round trip: `engramdb mcp FILE` started as a subprocess and driven by the official
+SDK's stdio client (list tools, remember, recall, forget, the hooks, stats, a tool error)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import engramdb
+from conftest import PASSPHRASE, TEST_KDF
+
+mcp = pytest.importorskip("mcp", reason="the MCP SDK (engramdb[mcp]) is not installed")
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+from engramdb.mcp_server import TOOLS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _field(obj, snake: str, camel: str):
+    """mcp 2.x names fields in snake_case, mcp 1.x in camelCase."""
+    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, camel)
+
+
+def _payload(result):
+    assert not _field(result, "is_error", "isError"), result.content
+    text = result.content[0].text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+async def _session(path: Path, script):
+    env = {**os.environ, "ENGRAM_PASSPHRASE": PASSPHRASE, "PYTHONPATH": str(ROOT)}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "engramdb", "mcp", str(path)], env=env,
+                                   cwd=str(ROOT))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        return await script(session)
+
+
+def test_mcp_round_trip(tmp_path):
+    path = tmp_path / "agent.engram"
+    engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+
+    async def script(session):
+        tools = (await session.list_tools()).tools
+        assert sorted(t.name for t in tools) == sorted(TOOLS)
+        for t in tools:
+            schema = _field(t, "input_schema", "inputSchema")
+            assert schema["type"] == "object" and t.description
+            assert "passphrase" not in json.dumps(schema)
+        schemas = {t.name: _field(t, "input_schema", "inputSchema") for t in tools}
+        assert schemas["remember"]["required"] == ["text"] and schemas["recall"]["required"] == ["query"]
+
+        first = _payload(await session.call_tool("remember", {"text": "Alice moved to Berlin in 2023",
+                                                              "tags": ["people"]}))
+        second = _payload(await session.call_tool("remember", {"text": "The deploy runs on Fridays"}))
+        hits = _payload(await session.call_tool("recall", {"query": "where does alice live?", "top_k": 3}))["hits"]
+        assert hits[0]["id"] == first["id"] and hits[0]["tags"] == ["people"]
+        assert 0.0 < hits[0]["relevance"] <= 1.0
+
+        context = _payload(await session.call_tool("recall_context", {"query": "deploy", "max_tokens": 100}))
+        assert "Fridays" in context
+
+        receipt = _payload(await session.call_tool("forget", {"ids": [first["id"]]}))
+        assert first["id"] in json.dumps(receipt)
+        after = _payload(await session.call_tool("recall", {"query": "where does alice live?"}))["hits"]
+        assert first["id"] not in [h["id"] for h in after]
+
+        missing = await session.call_tool("forget", {"ids": ["no-such-id"]})
+        assert _field(missing, "is_error", "isError")
+        assert "no-such-id" in missing.content[0].text and "hint:" in missing.content[0].text
+        bad = await session.call_tool("recall", {"query": "x", "top_k": 0})
+        assert _field(bad, "is_error", "isError") and "top_k" in bad.content[0].text
+
+        transcript = json.loads((ROOT / "tests" / "fixtures" / "agent" / "session1_task_manager.json").read_text())
+        ids = _payload(await session.call_tool("after_task", {"messages": transcript, "outcome": "success"}))["ids"]
+        assert 1 <= len(ids) <= 3
+        block = _payload(await session.call_tool("before_task", {"task": "build a CLI task manager in Python"}))
+        assert "## Procedure" in block
+        unrelated = await session.call_tool("before_task", {"task": "plan a birthday party"})
+        assert unrelated.content == [] or unrelated.content[0].text == ""
+        stats = _payload(await session.call_tool("stats", {}))
+        assert stats["memories"] == 1 + len(ids)
+        return [second["id"], *ids]
+
+    kept = asyncio.run(_session(path, script))
+    with engramdb.open(path, passphrase=PASSPHRASE) as db:  # the server closed the file cleanly
+        assert sorted(db.ids()) == sorted(kept)
+        assert db.verify() == []
+
+
+def test_mcp_needs_a_passphrase_from_the_environment(tmp_path):
+    import subprocess
+
+    path = tmp_path / "agent.engram"
+    engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    env = {k: v for k, v in os.environ.items() if k != "ENGRAM_PASSPHRASE"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "engramdb", "mcp", str(path)], env=env, capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "no passphrase given" in result.stderr and "ENGRAM_PASSPHRASE" in result.stderr
