@@ -11,6 +11,7 @@ Semantics: spec/agent.md section 5.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable
 
 from .agent.hooks import MemoryHooks
@@ -32,19 +33,13 @@ def _sdk() -> tuple[Any, type[Exception]]:
     Raises:
         ConfigMismatchError: the ``mcp`` package is not installed.
     """
-    try:
-        from mcp.server.mcpserver import MCPServer
-        from mcp.server.mcpserver.exceptions import ToolError
-        return MCPServer, ToolError
-    except ImportError:
-        pass
-    try:
-        from mcp.server.fastmcp import FastMCP
-        from mcp.server.fastmcp.exceptions import ToolError
-        return FastMCP, ToolError
-    except ImportError:
-        raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed",
-                                  hint=INSTALL_HINT) from None
+    for module, name in (("mcp.server.mcpserver", "MCPServer"), ("mcp.server.fastmcp", "FastMCP")):  # 2.x, 1.x
+        try:
+            server = getattr(importlib.import_module(module), name)
+            return server, importlib.import_module(module + ".exceptions").ToolError
+        except (ImportError, AttributeError):
+            continue
+    raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed", hint=INSTALL_HINT)
 
 
 def _node_view(node: Any) -> dict[str, Any]:

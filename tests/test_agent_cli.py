@@ -82,3 +82,19 @@ def test_the_agent_loop_example_runs(tmp_path):
     assert "Preferences (from: build a CLI task manager in Python)" in first
     assert "## Relevant Memories" in second and "no argparse or click" in second
     assert "I kept to what I remember" in second
+
+
+def test_mcp_without_the_sdk_says_how_to_install_it(run, tmp_path, monkeypatch):
+    from engramdb import mcp_server
+
+    real = mcp_server.importlib.import_module
+
+    def no_mcp(name, *args):
+        if name.startswith("mcp"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(mcp_server.importlib, "import_module", no_mcp)
+    result = CliRunner().invoke(cli, ["mcp", str(tmp_path / "missing.engram")], env={"ENGRAM_PASSPHRASE": "pw"})
+    assert result.exit_code == 1 and "pip install 'engramdb[mcp]'" in result.output
+    assert not (tmp_path / "missing.engram").exists()  # reported before the file is touched
