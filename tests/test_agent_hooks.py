@@ -140,3 +140,15 @@ def test_the_deterministic_extractor_finds_the_four_kinds():
 ])
 def test_environment_noise_is_scrubbed(text, clean):
     assert scrub(text) == clean
+
+
+def test_a_fact_stored_meanwhile_by_another_process_is_skipped(make_db, now, monkeypatch):
+    db = make_db()
+    hooks = MemoryHooks(db)
+    monkeypatch.setattr(hooks, "_is_duplicate", lambda text: False)
+    first = hooks.after_task(_session1(), now=now)
+    real_contains = type(db).__contains__
+    monkeypatch.setattr(type(db), "__contains__", lambda self, id: False)  # the check ran before the other write
+    assert hooks.after_task(_session1(), now=now) == []
+    monkeypatch.setattr(type(db), "__contains__", real_contains)
+    assert sorted(first) == sorted(i for i in db.ids() if i.startswith("fact-"))

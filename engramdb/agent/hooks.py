@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Iterable, Sequence
 
-from ..errors import ValidationError
+from ..errors import DuplicateIdError, ValidationError
 from ..records import now_ts
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, consolidate_sleep, unconsolidated
 from .extract import Fact, extract_facts
@@ -147,8 +147,11 @@ class MemoryHooks:
             seen.add(fact_id)
             provenance = {"session": session, "at": stamp, "tool_sequence": list(conv.tool_sequence),
                           "outcome": outcome, "kind": fact.kind, "had_errors": conv.has_errors}
-            ids.append(self.db.remember(fact.text, id=fact_id, now=stamp, tags=[*self.tags, "fact", fact.kind],
-                                        importance=0.7, metadata={"agent": provenance}))
+            try:
+                ids.append(self.db.remember(fact.text, id=fact_id, now=stamp, tags=[*self.tags, "fact", fact.kind],
+                                            importance=0.7, metadata={"agent": provenance}))
+            except DuplicateIdError:  # another process stored the same fact since the check
+                continue
         if self.graph is not None and outcome is not None:
             self.graph.record_trajectory(conv, outcome, now=stamp)
         if self.sleep_threshold is not None and len(unconsolidated(self.db)) >= self.sleep_threshold:
