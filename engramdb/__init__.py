@@ -25,6 +25,7 @@ from .index.tokenize import Tokenizer
 from .index.vectors import HASHED_MODEL, Embedder, EmbeddingSpace, HashedTfidfEmbedder, LocalModelEmbedder
 from .recall import Context, Hit, Passage
 from .maintenance.forget import ForgetReceipt
+from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport
 from .errors import *  # noqa: F403  (the hierarchy is public; errors.__all__ lists it)
 from .errors import __all__ as _error_names
 from .records import (
@@ -63,6 +64,8 @@ __all__ = [
     "HASHED_MODEL",
     "Engram",
     "Transaction",
+    "MaintenanceConfig",
+    "MaintenanceReport",
     "Problem",
     "ForgetReceipt",
     "KDFParams",

@@ -573,6 +573,88 @@ def compact(ctx: click.Context, file: str, as_json: bool) -> None:
           lambda d: f"compacted {file}: {d['before']} -> {d['after']} bytes")
 
 
+def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[str]]:
+    """A summarizer that runs ``command`` with the texts on stdin as a JSON list of strings
+    and takes its standard output (stripped) as the summary; failures are collected."""
+    import shlex
+    import shutil
+    import subprocess
+
+    argv = shlex.split(command)
+    if not argv or shutil.which(argv[0]) is None:
+        raise click.UsageError(f"--summarizer-cmd: cannot find the program {argv[0] if argv else command!r}")
+    failures: list[str] = []
+
+    def summarize(texts: list[str]) -> str:
+        try:
+            done = subprocess.run(argv, input=json.dumps(texts, ensure_ascii=False), capture_output=True,
+                                  text=True, encoding="utf-8", check=False)
+        except OSError as exc:
+            failures.append(str(exc))
+            raise
+        if done.returncode != 0:
+            failures.append(f"exit status {done.returncode}: {done.stderr.strip()[:200]}")
+            raise RuntimeError(failures[-1])
+        return done.stdout.strip()
+
+    return summarize, failures
+
+
+def _maintenance_text(d: dict) -> str:
+    tiers = ", ".join(f"{t} {n}" for t, n in d["after_by_tier"].items())
+    head = "would change" if d["plan"] else "maintained"
+    return (f"{head}: {d['decayed']} decayed, {d['deduplicated']} deduplicated, {d['clusters_found']} clusters "
+            f"({d['summarized']} memories summarized), {d['archived']} archived"
+            + (f" ({d['bytes_dropped']} bytes of text dropped)" if d["bytes_dropped"] else "")
+            + f"; {d['after_total']} memories ({tiers}); compared {d['compared']}"
+            + (" (full pass)" if d["full"] else "") + ("; nothing written" if d["plan"] else ""))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--now", "now_text", metavar="ISO", help="The pass's clock, an ISO 8601 time (default: now).")
+@click.option("--summarizer-cmd", metavar="CMD",
+              help="Summarize clusters with CMD: it gets the texts on stdin as a JSON list of strings "
+                   "and prints the summary.")
+@click.option("--full", is_flag=True, help="Compare every memory, not only those changed since the last pass.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def maintain(ctx: click.Context, file: str, plan: bool, now_text: str | None, summarizer_cmd: str | None,
+             full: bool, as_json: bool) -> None:
+    """Run the maintenance pass: tier decay, dedupe, clusters with summaries, archive.
+
+    Incremental (only memories changed since the last pass are compared), in small write
+    batches, and resumable: a pass that was killed is finished by the next run. Clusters
+    are summarized only with --summarizer-cmd; the summaries become new memories and their
+    sources are archived. See spec/maintenance.md.
+
+    Example:
+
+        engramdb maintain notes.engram --plan
+        engramdb maintain notes.engram --summarizer-cmd "python summarize.py" --json
+    """
+    from .maintenance.lifecycle import MaintenanceConfig, parse_iso
+
+    now = parse_iso(now_text) if now_text is not None else None
+    summarizer, failures = _command_summarizer(summarizer_cmd) if summarizer_cmd else (None, [])
+    config = MaintenanceConfig(incremental=not full)
+    with _open(ctx, file, readonly=plan) as db, _progress(ctx, desc="maintaining", unit=" steps") as bar:
+        stages: list[str] = []
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if not stages or stages[-1] != stage:
+                stages.append(stage)
+                bar.set_description(stage)
+                bar.reset(total=total)
+            bar.update(done - bar.n)
+
+        report = db.maintain(config, summarizer, now=now, plan=plan, progress=progress)
+    if failures:
+        click.echo(f"warning: the summarizer failed for {len(failures)} cluster(s): {failures[0]}", err=True)
+    _emit(report.to_dict(), as_json, _maintenance_text)
+
+
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--new-passphrase-file", type=click.Path(dir_okay=False), help="Read the new passphrase from here.")

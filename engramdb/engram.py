@@ -29,6 +29,7 @@ from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
     from .index import Indexes
     from .maintenance.forget import ForgetReceipt
+    from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport
     from .recall import Context, Hit
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
@@ -453,19 +454,8 @@ class Engram:
             NotFoundError: either id is missing.
             ValidationError: bad kind or weight, or ``src == dst``.
         """
-        from .records import Edge
-
-        edge = Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=now_ts(now),
-                    valid_from=valid_from, valid_to=valid_to)
-
-        def put(txn: Txn) -> None:
-            tx = Transaction(self, txn)
-            a, b = tx._docno(src), tx._docno(dst)
-            if a is None or b is None:
-                raise NotFoundError(f"no memory with id {src if a is None else dst!r}")
-            self.indexes.graph.put(txn, a, b, edge)
-
-        self._store.write(put)
+        self._store.write(lambda txn: Transaction(self, txn).link(
+            src, dst, kind, weight=weight, label=label, valid_from=valid_from, valid_to=valid_to, now=now))
 
     def edges(self, id: str) -> list[Any]:
         """The edges leaving memory ``id``, in key order.
@@ -675,6 +665,27 @@ class Engram:
 
         return forget(self, ids=list(ids) if ids is not None and not isinstance(ids, str) else ids, query=query,
                       embedding=embedding, threshold=threshold, dry_run=dry_run, space=space)
+
+    def maintain(self, config: "MaintenanceConfig | None" = None, summarizer: Any = None, *,
+                 now: float | None = None, plan: bool = False, progress: Any = None) -> "MaintenanceReport":
+        """One maintenance pass: decay, dedupe, clusters with summaries (only with a
+        ``summarizer``, a callable from a list of texts to one text), archive. See
+        spec/maintenance.md.
+
+        Incremental (compares only what changed since the last pass), in write batches of
+        ``config.batch_size`` memories, idempotent, and resumable: a pass killed anywhere is
+        finished by the next call, which returns that pass's report. ``plan=True`` writes
+        nothing and reports what would change. ``progress(stage, done, total)`` is called
+        as the pass goes.
+
+        Raises:
+            ValidationError: bad arguments, or another pass is running on this file.
+            EmbeddingError: ``config.space`` names no space of the file.
+        """
+        from .maintenance.run import Target, maintain
+
+        return maintain(Target(self._store, self.indexes, self.transaction), config, summarizer, now=now,
+                        plan=plan, progress=progress)
 
     def update(self, id: str, /, **changes: Any) -> Node:
         """Change fields of a memory (read-modify-write in one transaction); returns the new node.
@@ -1031,7 +1042,16 @@ class Transaction:
         self._engram = engram
         self._txn = txn
 
+    @property
+    def txn(self) -> Txn:
+        """The store transaction underneath (for the maintenance pass)."""
+        return self._txn
+
     def _index(self, *, added: list = (), removed: list = ()) -> None:
+        if removed:  # maintenance hook: the change log an incremental pass starts from
+            from .maintenance.run import log_changes
+
+            log_changes(self._txn, [docno for docno, _ in removed])
         # Index changes go to the batch when one is open (add_many), else straight in.
         batch = getattr(self, "_index_batch", None)
         if batch is None:
@@ -1051,6 +1071,18 @@ class Transaction:
             raise CorruptFileError("the id map points at a missing record",
                                    hint="run `engramdb verify --fix FILE` to rebuild the id map")
         return codec.decode_node(raw)
+
+    def link(self, src: str, dst: str, kind: str = "related", *, weight: float = 1.0, label: str = "",
+             valid_from: float | None = None, valid_to: float | None = None, now: float | None = None) -> None:
+        """As :meth:`Engram.link`, inside this transaction."""
+        from .records import Edge
+
+        edge = Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=now_ts(now),
+                    valid_from=valid_from, valid_to=valid_to)
+        a, b = self._docno(src), self._docno(dst)
+        if a is None or b is None:
+            raise NotFoundError(f"no memory with id {src if a is None else dst!r}")
+        self._engram.indexes.graph.put(self._txn, a, b, edge)
 
     def find(self, id: str) -> Node | None:
         """The node, or None."""

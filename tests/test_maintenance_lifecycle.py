@@ -73,6 +73,13 @@ def test_one_step_per_pass():
     assert tiers == ["warm", "cold", "archive", "archive"]
 
 
+def test_default_config_catches_up_in_one_pass():
+    m = mem(age_days=5000, importance=0.0)
+    assert tier_after(m, MaintenanceConfig()) == "archive"
+    assert tier_after(m, MaintenanceConfig(decay_steps=2)) == "cold"
+    assert tier_after(mem(age_days=20, importance=0.0), MaintenanceConfig()) == "warm"
+
+
 def test_archive_never_decays_further_and_unknown_tiers_stay():
     assert tier_after(mem(age_days=9000, tier="archive")) == "archive"
 
@@ -86,7 +93,8 @@ def test_pinned_never_decays_unless_parity():
 def test_decay_from_last_accessed():
     m = mem(age_days=100, last_accessed=NOW - 1 * DAY)
     assert tier_after(m, MaintenanceConfig(decay_from="last_accessed")) == "hot"
-    assert tier_after(m, MaintenanceConfig()) == "warm"
+    assert tier_after(m, MaintenanceConfig()) == "cold"
+    assert tier_after(m, MaintenanceConfig(decay_steps=1)) == "warm"
 
 
 def test_decay_counts_changes_and_keeps_unchanged_objects():

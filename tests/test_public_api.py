@@ -11,6 +11,7 @@ def test_all_is_pinned():
         "inject_context", "wake_up", "estimate_tokens", "CompressStream", "result_to_dict", "result_to_json", "Hit", "Context", "Passage", "Tokenizer", "EmbeddingSpace",
         "Embedder", "HashedTfidfEmbedder", "LocalModelEmbedder", "HASHED_MODEL", "ForgetReceipt",
         "encode", "decode", "encode_zettel_line", "encode_tunnel_line",
+        "MaintenanceConfig", "MaintenanceReport",
     }
     assert core <= set(engramdb.__all__)
     assert set(engramdb.errors.__all__) <= set(engramdb.__all__)

@@ -4,3 +4,22 @@ Pure lifecycle functions in Trace Lite's shape (decay, deduplicate, cluster, for
 consolidate), the incremental pass over a file, archive compaction and a forget that leaves
 no trace. This package never imports the ``Engram`` facade; ``engram.py`` calls into it.
 """
+from .lifecycle import (
+    Consolidated,
+    Decayed,
+    Deduplicated,
+    Forgotten,
+    MaintenanceConfig,
+    MaintenanceReport,
+    Memory,
+    Summarizer,
+    cluster,
+    consolidate,
+    cosine_similarity,
+    decay,
+    deduplicate,
+    forget,
+)
+
+__all__ = ["Consolidated", "Decayed", "Deduplicated", "Forgotten", "MaintenanceConfig", "MaintenanceReport", "Memory",
+           "Summarizer", "cluster", "consolidate", "cosine_similarity", "decay", "deduplicate", "forget"]

@@ -68,6 +68,9 @@ class MaintenanceConfig:
       never summarized into a cluster.
     - ``merge_duplicates``: a removed duplicate's tags and access count go to its survivor.
     - ``decay_from``: ``"created_at"`` (Trace Lite) or ``"last_accessed"``.
+    - ``decay_steps``: the most tiers one pass moves a memory (Trace Lite: 1). None moves
+      it straight to the tier its age says, which makes a second pass at the same time
+      change nothing (the file pass's default).
     - ``space``: the vector space the file pass compares in (None: the built-in hashed
       TF-IDF space ``engramdb/hashed-tfidf-v1``, created on first use).
     - ``batch_size``: memories written per write transaction by the file pass.
@@ -87,6 +90,7 @@ class MaintenanceConfig:
     keep_pinned: bool = True
     merge_duplicates: bool = True
     decay_from: str = "created_at"
+    decay_steps: int | None = None
     space: str | None = None
     batch_size: int = 500
     incremental: bool = True
@@ -102,6 +106,9 @@ class MaintenanceConfig:
                 raise ValidationError(f"MaintenanceConfig.{name} must be a non-negative integer, got {value!r}")
         if self.batch_size < 1:
             raise ValidationError("MaintenanceConfig.batch_size must be at least 1")
+        if self.decay_steps is not None and (isinstance(self.decay_steps, bool) or not isinstance(self.decay_steps, int)
+                                             or self.decay_steps < 1):
+            raise ValidationError(f"MaintenanceConfig.decay_steps must be None or at least 1, got {self.decay_steps!r}")
         if self.decay_from not in ("created_at", "last_accessed"):
             raise ValidationError(
                 f"MaintenanceConfig.decay_from must be 'created_at' or 'last_accessed', got {self.decay_from!r}")
@@ -110,7 +117,7 @@ class MaintenanceConfig:
     def trace_lite(cls, **overrides: Any) -> MaintenanceConfig:
         """Trace Lite 0.1.1's behaviour: every engramdb extension off, archived text truncated."""
         values: dict[str, Any] = {"archive_truncate": True, "keep_pinned": False, "merge_duplicates": False,
-                                      "decay_from": "created_at"}
+                                  "decay_from": "created_at", "decay_steps": 1}
         values.update(overrides)
         return cls(**values)
 
@@ -244,7 +251,7 @@ def parse_iso(text: str) -> float:
     try:
         value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except (TypeError, ValueError):
-        raise ValidationError(f"not an ISO 8601 time: {text!r}") from None
+        raise ValidationError(f"not an ISO 8601 time: {text!r}", hint="write it like 2026-06-01T12:00:00Z") from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=timezone.utc)
     return value.timestamp()
@@ -264,13 +271,18 @@ def _ms(ts: float) -> int:
 # --- decay ------------------------------------------------------------------------------
 
 def next_tier(tier: str, effective_age: float, config: MaintenanceConfig) -> str:
-    """At most one step down: hot -> warm past hot_days, warm -> cold, cold -> archive."""
-    if tier == "hot" and effective_age > config.hot_days:
-        return "warm"
-    if tier == "warm" and effective_age > config.warm_days:
-        return "cold"
-    if tier == "cold" and effective_age > config.cold_days:
-        return "archive"
+    """Down at most ``config.decay_steps`` tiers (all the way when None): hot -> warm past
+    hot_days, warm -> cold past warm_days, cold -> archive past cold_days."""
+    steps = 3 if config.decay_steps is None else config.decay_steps
+    for _ in range(steps):
+        if tier == "hot" and effective_age > config.hot_days:
+            tier = "warm"
+        elif tier == "warm" and effective_age > config.warm_days:
+            tier = "cold"
+        elif tier == "cold" and effective_age > config.cold_days:
+            tier = "archive"
+        else:
+            break
     return tier
 
 
@@ -290,11 +302,14 @@ def decay_tiers(tiers: np.ndarray, age_ms: np.ndarray, access_count: np.ndarray,
     age = (age_ms.astype(np.float64) / DAY_MS - np.minimum(access_count.astype(np.float64) * 0.5, 5.0)) \
         / (1 + importance.astype(np.float64) * 2)
     limits = np.array([config.hot_days, config.warm_days, config.cold_days, np.inf])
-    tiers = np.asarray(tiers, dtype=np.int8)
-    step = (tiers < 3) & (age > limits[np.minimum(tiers, 3)])
-    if pinned is not None and config.keep_pinned:
-        step &= ~pinned.astype(bool)
-    return (tiers + step).astype(np.int8)
+    tiers = np.asarray(tiers, dtype=np.int8).copy()
+    frozen = pinned.astype(bool) if pinned is not None and config.keep_pinned else np.zeros(len(tiers), bool)
+    for _ in range(3 if config.decay_steps is None else config.decay_steps):
+        step = ~frozen & (tiers < 3) & (age > limits[np.minimum(tiers, 3)])
+        if not step.any():
+            break
+        tiers += step.astype(np.int8)
+    return tiers
 
 
 def _decay_one(m: Memory, now_ms: int, config: MaintenanceConfig) -> str:
@@ -306,7 +321,8 @@ def _decay_one(m: Memory, now_ms: int, config: MaintenanceConfig) -> str:
 
 def decay(memories: Sequence[Memory], config: MaintenanceConfig | None = None, *,
           now: float | None = None) -> Decayed:
-    """Each memory moved at most one tier down by its effective age at ``now``.
+    """Each memory moved down the tiers by its effective age at ``now`` (at most
+    ``config.decay_steps`` tiers; Trace Lite's one step in parity mode).
 
     Returns the new list (unchanged memories are the same objects) and how many moved.
     """

@@ -1,0 +1,697 @@
+"""The maintenance pass over a file: the lifecycle of lifecycle.py on the stored memories.
+
+A pass has three phases (spec/maintenance.md, "The pass over a file"):
+
+1. **Plan**, in a read snapshot (no lock): the lifecycle state the last pass left
+   (``meta/maint.state``: one row per memory with what decay and dedupe need) plus the
+   memories changed since (the change log ``meta/maint.dirty.<docno>``, written by every
+   update and delete, and the docnos allocated since) give the current rows without
+   reading every record. Decay is vectorised over the rows; dedupe and clusters compare
+   the changed memories (all of them on a first or full pass) with the stored vectors,
+   one matrix product per block of rows.
+2. **Apply**, in write transactions of at most ``batch_size`` memories each: the plan
+   (with the summaries already computed) is written first, then applied batch by batch,
+   each batch recording its progress. An operation whose memory changed after the
+   snapshot is skipped (its change-log token moved); the next pass sees it.
+3. **Finish**: one transaction writes the new state and the report, and drops the plan
+   and the change-log entries the pass accounted for.
+
+A pass killed anywhere leaves the plan in the file; the next call finishes that plan
+(with the plan's ``now``) and returns its report, so killed-then-resumed equals one
+uninterrupted pass. This module never imports the facade: it gets the store, the indexes
+and a transaction factory from ``Engram.maintain``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .. import codec
+from ..errors import CorruptFileError, EmbeddingError, ValidationError
+from ..records import ARCHIVE_KEY, Node
+from . import archive as archive_ops
+from .lifecycle import (
+    TIERS,
+    MaintenanceConfig,
+    MaintenanceReport,
+    Summarizer,
+    count_by_tier,
+    decay_tiers,
+    format_iso,
+    greedy_clusters,
+    greedy_dedupe,
+)
+
+__all__ = [
+    "BUILTIN_SPACE",
+    "DIRTY_PREFIX",
+    "LAST_KEY",
+    "PLAN_KEY",
+    "PROGRESS_KEY",
+    "STATE_KEY",
+    "Progress",
+    "last_maintenance",
+    "log_changes",
+    "maintain",
+]
+
+DIRTY_PREFIX = b"maint.dirty."
+STATE_KEY = b"maint.state"
+PLAN_KEY = b"maint.plan"
+PROGRESS_KEY = b"maint.progress"
+LAST_KEY = b"maint.last"
+BUILTIN_SPACE = "hashed-tfidf-v1"
+BUILTIN_DIMS = 256
+SIM_BAND = 1e-4  # float32 products this close to a threshold are recomputed exactly
+BLOCK_ROWS = 2048
+STATE_VERSION = 1
+
+Progress = Callable[[str, int, int], None]
+
+# the state's columns: name -> dtype (little-endian)
+COLUMNS = {"docno": "<u8", "tier": "i1", "start": "<i8", "last": "<i8", "importance": "<f8",
+           "access": "<i8", "flags": "u1", "ccount": "<i4"}
+PINNED, CONSOLIDATED, STUB = 1, 2, 4
+TIER_CODE = {t: i for i, t in enumerate(TIERS)}
+
+
+class PassTxn(Protocol):
+    """What the pass needs from a write transaction of the facade (``engram.Transaction``)."""
+
+    txn: Any
+
+    def find(self, id: str) -> Node | None: ...
+    def update(self, id: str, /, **changes: Any) -> Node: ...
+    def delete(self, id: str, /, *, missing_ok: bool = False) -> bool: ...
+    def put_new(self, node: Node) -> str: ...
+    def link(self, src: str, dst: str, kind: str = ..., *, weight: float = ..., now: float | None = ...) -> None: ...
+    def archived(self, id: str) -> str | None: ...
+    def set_archived(self, id: str, original: str) -> None: ...
+    def drop_archived(self, id: str) -> bool: ...
+
+
+@dataclass
+class Target:
+    """What the pass works on: the store, its indexes and a write-transaction factory."""
+
+    store: Any
+    indexes: Any
+    transaction: Callable[[], AbstractContextManager[Any]]
+
+
+# --- the change log (written by the facade's index hook) ---------------------------------
+
+def log_changes(txn: Any, docnos: Sequence[int]) -> None:
+    """Record that the memories ``docnos`` changed (updated or deleted) in this transaction.
+
+    The value is this commit's sequence number: a token that moves with every change, so the
+    pass can tell whether a memory changed again after it looked.
+    """
+    if not docnos:
+        return
+    token = codec.u64(txn.state.seq + 1)
+    txn.put_many("meta", [(DIRTY_PREFIX + codec.u64(d), token) for d in sorted(set(docnos))])
+
+
+def _dirty(txn: Any) -> dict[int, bytes]:
+    return {codec.from_u64(k[len(DIRTY_PREFIX):]): v for k, v in txn.items("meta", DIRTY_PREFIX)}
+
+
+# --- the lifecycle state ------------------------------------------------------------------
+
+def _empty_rows() -> dict[str, np.ndarray]:
+    return {name: np.zeros(0, dtype=dt) for name, dt in COLUMNS.items()}
+
+
+def _pack_rows(rows: Mapping[str, np.ndarray]) -> dict[str, bytes]:
+    return {name: np.ascontiguousarray(rows[name], dtype=dt).tobytes() for name, dt in COLUMNS.items()}
+
+
+def _unpack_rows(data: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+    try:
+        rows = {name: np.frombuffer(data[name], dtype=dt).copy() for name, dt in COLUMNS.items()}
+    except (KeyError, TypeError, ValueError):
+        raise CorruptFileError("the maintenance state is malformed",
+                               hint="run `engramdb maintain` with a full pass (it rebuilds the state)") from None
+    if len({len(v) for v in rows.values()}) != 1:
+        raise CorruptFileError("the maintenance state is malformed",
+                               hint="run `engramdb maintain` with a full pass (it rebuilds the state)")
+    return rows
+
+
+def _fingerprint(config: MaintenanceConfig, space: str) -> list[Any]:
+    """The settings the state's rows and counts depend on: another value means a full pass."""
+    return [STATE_VERSION, space, config.dedupe_threshold, config.cluster_threshold, config.decay_from,
+            config.keep_pinned]
+
+
+def _row_of(docno: int, node: Node) -> tuple:
+    flags = (PINNED if node.pinned else 0) | (CONSOLIDATED if "consolidated" in node.tags else 0) \
+        | (STUB if ARCHIVE_KEY in node.metadata else 0)
+    return (docno, TIER_CODE.get(node.tier, 0), round(node.created_at * 1000), round(node.last_accessed * 1000),
+            node.importance, node.access_count, flags, 0)
+
+
+def _rows_from(records: Sequence[tuple[int, Node]]) -> dict[str, np.ndarray]:
+    if not records:
+        return _empty_rows()
+    cols = list(zip(*(_row_of(d, n) for d, n in records)))
+    return {name: np.asarray(col, dtype=dt) for (name, dt), col in zip(COLUMNS.items(), cols)}
+
+
+def _concat(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    rows = {name: np.concatenate([a[name], b[name]]) for name in COLUMNS}
+    order = np.argsort(rows["docno"], kind="stable")
+    return {name: v[order] for name, v in rows.items()}
+
+
+def _take(rows: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: v[keep] for name, v in rows.items()}
+
+
+# --- similarity in blocks ------------------------------------------------------------------
+
+def _exact(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two stored float32 vectors, correctly rounded sums (deterministic)."""
+    x, y = a.astype(np.float64).tolist(), b.astype(np.float64).tolist()
+    na, nb = math.sqrt(math.fsum(v * v for v in x)), math.sqrt(math.fsum(v * v for v in y))
+    return 0.0 if na == 0 or nb == 0 else math.fsum(p * q for p, q in zip(x, y)) / (na * nb)
+
+
+class _Space:
+    """The comparable vectors: unit rows of the space's live vectors, in docno order."""
+
+    def __init__(self, docnos: np.ndarray, matrix: np.ndarray) -> None:
+        order = np.argsort(docnos, kind="stable")
+        self.docnos = docnos[order].astype(np.uint64)
+        raw = np.ascontiguousarray(matrix[order], dtype=np.float32)
+        norms = np.sqrt(np.einsum("ij,ij->i", raw, raw, dtype=np.float64)).astype(np.float32)
+        self.raw = raw
+        self.unit = raw / np.where(norms > 0, norms, 1)[:, None]
+        self.unit[norms == 0] = 0
+
+    def rows_of(self, docnos: np.ndarray) -> np.ndarray:
+        """Row index of each docno, -1 where it has no vector."""
+        pos = np.searchsorted(self.docnos, docnos.astype(np.uint64))
+        pos = np.minimum(pos, max(len(self.docnos) - 1, 0))
+        found = (len(self.docnos) > 0) & (self.docnos[pos] == docnos.astype(np.uint64)) if len(self.docnos) else \
+            np.zeros(len(docnos), bool)
+        return np.where(found, pos, -1)
+
+    def exact(self, i: int, j: int) -> float:
+        return _exact(self.raw[i], self.raw[j])
+
+
+def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: float, strict: bool,
+           *, triangle: bool, progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) vector-row pairs with cosine above ``threshold`` (``>`` when ``strict``, else
+    ``>=``), ``row`` from ``rows`` and ``col`` where ``cols_mask``; never a row with itself.
+    With ``triangle`` only ``col > row`` (``rows`` must then be every row in ``cols_mask``)."""
+    out_r, out_c = [], []
+    cols = np.nonzero(cols_mask)[0]
+    if not len(rows) or not len(cols):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.sort(rows)
+    for start in range(0, len(rows), BLOCK_ROWS):
+        block = rows[start:start + BLOCK_ROWS]
+        use = cols[np.searchsorted(cols, block[0]):] if triangle else cols
+        sims = space.unit[block] @ space.unit[use].T
+        r, c = np.nonzero(sims > threshold - SIM_BAND)
+        if len(r):
+            s = sims[r, c]
+            gr, gc = block[r], use[c]
+            keep = gr != gc
+            if triangle:
+                keep &= gc > gr
+            near = keep & (np.abs(s - threshold) <= SIM_BAND)
+            for k in np.nonzero(near)[0]:
+                exact = space.exact(int(gr[k]), int(gc[k]))
+                keep[k] = exact > threshold if strict else exact >= threshold
+            far = keep & ~near
+            keep[far] = (s[far] > threshold) if strict else (s[far] >= threshold)
+            out_r.append(gr[keep])
+            out_c.append(gc[keep])
+        if progress:
+            progress(min(start + BLOCK_ROWS, len(rows)))
+    if not out_r:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(out_r), np.concatenate(out_c)
+
+
+# --- planning -------------------------------------------------------------------------------
+
+def _space_name(target: Target, txn: Any, config: MaintenanceConfig) -> tuple[str, bool]:
+    """The space to compare in, and whether it must be created (the built-in one, first use)."""
+    from ..index.vectors import HASHED_MODEL
+
+    spaces = target.indexes.vectors.spaces(txn)
+    if config.space is not None:
+        if config.space not in spaces:
+            raise EmbeddingError(f"unknown embedding space {config.space!r} (known: {', '.join(sorted(spaces)) or 'none'})",
+                                 hint="create it with Engram.add_space, or leave MaintenanceConfig.space unset")
+        return config.space, False
+    for name in sorted(spaces):
+        if spaces[name].model == HASHED_MODEL and spaces[name].auto:
+            return name, False
+    return BUILTIN_SPACE, True
+
+
+def _builtin_vectors(target: Target, txn: Any, docnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The built-in space's vectors computed in memory (a plan on a file that lacks it)."""
+    from ..index import node_text
+    from ..index.vectors import HashedTfidfEmbedder
+
+    embed = HashedTfidfEmbedder(BUILTIN_DIMS, target.indexes.tokenizer)
+    texts = [node_text(codec.decode_node(txn.get("nodes", codec.u64(int(d))))) for d in docnos]
+    mat = embed(texts) if texts else np.zeros((0, BUILTIN_DIMS), np.float32)
+    keep = np.any(mat != 0, axis=1)
+    return docnos[keep], mat[keep]
+
+
+def _summary_id(member_ids: Sequence[str]) -> str:
+    digest = hashlib.sha256("\x00".join(sorted(member_ids)).encode("utf-8", "surrogatepass")).hexdigest()
+    return "summary-" + digest[:24]
+
+
+def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | None, now: float,
+          *, plan_only: bool, progress: Progress | None) -> dict[str, Any]:
+    """Read a snapshot and decide everything; returns the plan (nothing written)."""
+    store = target.store
+    report = MaintenanceReport(now=now, plan=plan_only)
+    with store.read() as txn:
+        space_name, create = _space_name(target, txn, config)
+        fingerprint = _fingerprint(config, space_name)
+        raw_state = txn.get("meta", STATE_KEY)
+        state = codec.unpack(raw_state) if raw_state is not None else None
+        full = (not config.incremental or state is None or create or not isinstance(state, dict)
+                or state.get("fingerprint") != fingerprint)
+        tokens = _dirty(txn)
+        next_docno = txn.state.next_docno
+        if full:
+            records: list[tuple[int, Node]] = [(codec.from_u64(k), codec.decode_node(v))
+                                               for k, v in txn.items("nodes")]
+            rows = _rows_from(records)
+            dirty = rows["docno"].copy()
+        else:
+            assert state is not None
+            old = _unpack_rows(state["rows"])
+            start = int(state["next_docno"])
+            found = {codec.from_u64(k): codec.decode_node(v) for k, v in txn.items("nodes", start=codec.u64(start))}
+            changed = sorted(set(tokens) | set(found))
+            for d in tokens:
+                raw = None if d in found else txn.get("nodes", codec.u64(d))
+                if raw is not None:
+                    found[d] = codec.decode_node(raw)
+            records = sorted(found.items())
+            keep = ~np.isin(old["docno"], np.asarray(changed, dtype=np.uint64))
+            rows = _concat(_take(old, keep), _rows_from(records))
+            dirty = np.asarray([d for d, _ in records], dtype=np.uint64)
+        report.full = full
+        if create:
+            vdocs, vmat = _builtin_vectors(target, txn, rows["docno"])
+        else:
+            vdocs, vmat = target.indexes.vectors._matrix(txn, space_name)
+        space = _Space(np.asarray(vdocs), np.asarray(vmat))
+        node_cache: dict[int, Node] = dict(records)
+
+        def node(docno: int) -> Node:
+            got = node_cache.get(docno)
+            if got is None:
+                got = node_cache[docno] = codec.decode_node(txn.get("nodes", codec.u64(docno)))
+            return got
+
+        n = len(rows["docno"])
+        tiers_before = [TIERS[t] for t in rows["tier"]]
+        report.before_total = n
+        report.before_by_tier = count_by_tier(tiers_before)
+
+        # 1. decay, vectorised over the rows
+        start_ms = rows["last"] if config.decay_from == "last_accessed" else rows["start"]
+        if config.decay_from == "last_accessed":
+            start_ms = np.where(rows["last"] != 0, rows["last"], rows["start"])
+        new_tier = decay_tiers(rows["tier"], round(now * 1000) - start_ms, rows["access"], rows["importance"],
+                               config, (rows["flags"] & PINNED) != 0)
+        decayed = new_tier != rows["tier"]
+        report.decayed = int(decayed.sum())
+
+        # 2. similarities: changed rows (or all) against every comparable row
+        vrow = space.rows_of(rows["docno"])
+        has_vec = vrow >= 0
+        comparable = has_vec & ((rows["flags"] & (STUB | CONSOLIDATED)) == 0)
+        candidate = comparable & ((new_tier == 1) | (new_tier == 2))
+        if config.keep_pinned:
+            candidate &= (rows["flags"] & PINNED) == 0
+        is_dirty = np.isin(rows["docno"], dirty)
+        entered = candidate & ~((rows["tier"] == 1) | (rows["tier"] == 2))  # became warm/cold now
+        query = (comparable & (is_dirty | entered)) if not full else comparable
+        comp_v = np.zeros(len(space.docnos), bool)
+        comp_v[vrow[comparable]] = True
+        cand_v = np.zeros(len(space.docnos), bool)
+        cand_v[vrow[candidate]] = True
+        row_of_v = np.full(len(space.docnos), -1, np.int64)
+        row_of_v[vrow[has_vec]] = np.nonzero(has_vec)[0]
+        qv = vrow[query]
+        report.compared = int(query.sum())
+        tick = (lambda done: progress("compare", done, len(qv))) if progress else None
+        threshold = min(config.dedupe_threshold, config.cluster_threshold)
+        pr, pc = _pairs(space, qv, comp_v, threshold, strict=False, triangle=full, progress=tick)
+        sims_needed = len(pr)
+        # exact decisions per threshold for the pairs found
+        dd_r: list[np.ndarray] = []
+        dd_c: list[np.ndarray] = []
+        cl_r: list[np.ndarray] = []
+        cl_c: list[np.ndarray] = []
+        if sims_needed:
+            s = np.einsum("ij,ij->i", space.unit[pr], space.unit[pc])
+            for (thr, strict, out_r, out_c) in ((config.dedupe_threshold, True, dd_r, dd_c),
+                                                 (config.cluster_threshold, False, cl_r, cl_c)):
+                keep = (s > thr - SIM_BAND)
+                near = keep & (np.abs(s - thr) <= SIM_BAND)
+                for k in np.nonzero(near)[0]:
+                    e = space.exact(int(pr[k]), int(pc[k]))
+                    keep[k] = e > thr if strict else e >= thr
+                far = keep & ~near
+                keep[far] = (s[far] > thr) if strict else (s[far] >= thr)
+                out_r.append(row_of_v[pr[keep]])
+                out_c.append(row_of_v[pc[keep]])
+        dd = (np.concatenate(dd_r), np.concatenate(dd_c)) if dd_r else (np.zeros(0, np.int64),) * 2
+        cl = (np.concatenate(cl_r), np.concatenate(cl_c)) if cl_r else (np.zeros(0, np.int64),) * 2
+
+        # 3. dedupe (greedy in docno order over the pairs above the threshold)
+        neighbors: dict[int, list[int]] = {}
+        for a, b in zip(np.minimum(*dd).tolist(), np.maximum(*dd).tolist()):
+            neighbors.setdefault(a, []).append(b)
+        for js in neighbors.values():
+            js[:] = sorted(set(js))
+        score = rows["importance"] + rows["access"] * 0.1
+        pinned = (rows["flags"] & PINNED) != 0
+        removed, into = greedy_dedupe(sorted(neighbors), neighbors, lambda k: float(score[k]),
+                                      (lambda k: bool(pinned[k])) if config.keep_pinned else None)
+        report.deduplicated = len(removed)
+        alive = np.ones(n, bool)
+        alive[list(removed)] = False
+        merges: dict[int, dict[str, Any]] = {}
+        if config.merge_duplicates and removed:
+            for loser in sorted(removed):
+                keeper = loser
+                while keeper in into:
+                    keeper = into[keeper]
+                m = merges.setdefault(keeper, {"tags": list(node(int(rows["docno"][keeper])).tags),
+                                               "access_count": int(rows["access"][keeper]),
+                                               "last_accessed": int(rows["last"][keeper])})
+                lost = node(int(rows["docno"][loser]))
+                m["tags"] = list(dict.fromkeys(m["tags"] + list(lost.tags)))
+                m["access_count"] += int(rows["access"][loser])
+                m["last_accessed"] = max(m["last_accessed"], int(rows["last"][loser]))
+
+        # 4. cluster neighbour counts (an upper bound kept in the state), clusters, summaries
+        ccount = rows["ccount"].astype(np.int64)
+        ccount[query] = 0
+        if len(cl[0]):
+            both = candidate[cl[0]] & candidate[cl[1]]
+            a, b = cl[0][both], cl[1][both]
+            np.add.at(ccount, a, 1)
+            if full:
+                np.add.at(ccount, b, 1)
+            else:
+                np.add.at(ccount, b[~query[b]], 1)  # an old row's bound grows by its new neighbours
+        summaries: list[dict[str, Any]] = []
+        archive_now: dict[int, bool] = {}
+        if summarizer is not None:
+            cand_alive = candidate & alive
+            seeds = np.nonzero(cand_alive & (ccount + 1 >= config.min_cluster_size))[0]
+            adjacency: dict[int, list[int]] = {}
+            if len(seeds):
+                ctick = (lambda done: progress("cluster", done, len(seeds))) if progress else None
+                cand_v2 = np.zeros(len(space.docnos), bool)
+                cand_v2[vrow[cand_alive]] = True
+                sr, sc = _pairs(space, vrow[seeds], cand_v2, config.cluster_threshold, strict=False,
+                                triangle=False, progress=ctick)
+                for a, b in zip(row_of_v[sr].tolist(), row_of_v[sc].tolist()):
+                    adjacency.setdefault(a, []).append(b)
+                ccount[seeds] = 0
+                np.add.at(ccount, row_of_v[sr], 1)
+            groups = greedy_clusters(np.nonzero(cand_alive)[0].tolist(), lambda s: adjacency.get(s, ()),
+                                     config.min_cluster_size)
+            report.clusters_found = len(groups)
+            for gi, group in enumerate(groups):
+                if progress:
+                    progress("summarize", gi, len(groups))
+                members = [node(int(rows["docno"][i])) for i in group]
+                try:
+                    text = summarizer([m.content for m in members])
+                except Exception:  # noqa: BLE001, S112 -- a failing summarizer skips its cluster, as in Trace Lite
+                    continue
+                if not isinstance(text, str) or len(text) < 10:
+                    continue
+                best = int(group[0])
+                for i in group[1:]:
+                    if not score[best] >= score[i]:
+                        best = int(i)
+                lead = node(int(rows["docno"][best]))
+                summaries.append({
+                    "id": _summary_id([m.id for m in members]), "content": text,
+                    "tags": list(dict.fromkeys(list(lead.tags) + ["consolidated"])),
+                    "importance": max(m.importance for m in members), "tier": lead.tier, "source": lead.source,
+                    "metadata": {"consolidatedFrom": len(group), "consolidatedAt": format_iso(now)},
+                    "sources": [m.id for m in members]})
+                report.summarized += len(group)
+                for i in group:
+                    archive_now[i] = False  # sources are archived whole
+        # 5. archive: memories in the archive tier not archived yet
+        to_archive = np.nonzero(alive & (new_tier == 3) & ((rows["flags"] & STUB) == 0))[0]
+        for i in to_archive.tolist():
+            archive_now.setdefault(i, config.archive_truncate and not (rows["flags"][i] & CONSOLIDATED))
+        report.archived = len(archive_now)
+
+        # the operations, one per memory, in docno order
+        ops: list[list[Any]] = []
+        for i in sorted(set(np.nonzero(decayed & alive)[0].tolist()) | set(removed) | set(merges) | set(archive_now)):
+            d = int(rows["docno"][i])
+            op: dict[str, Any] = {}
+            if i in removed:
+                op["delete"] = True
+            else:
+                if decayed[i]:
+                    op["tier"] = TIERS[int(new_tier[i])]
+                if i in merges:
+                    op.update(merges[i])
+                    op["last_accessed"] = op["last_accessed"] / 1000
+                if i in archive_now:
+                    op["archive"] = archive_now[i]
+            ops.append([d, node(d).id, tokens.get(d), op])
+            if i in removed:
+                report.removed_ids.append(node(d).id)
+            elif i in archive_now:
+                report.archived_ids.append(node(d).id)
+        report.summary_ids = [s["id"] for s in summaries]
+
+        # the state after the pass
+        post = dict(rows)
+        post["tier"] = np.where(decayed, new_tier, rows["tier"]).astype(np.int8)
+        post["ccount"] = np.minimum(ccount, 2**31 - 1).astype(np.int32)
+        for i, m in merges.items():
+            post["access"] = post["access"].copy()
+            post["last"] = post["last"].copy()
+            post["access"][i] = m["access_count"]
+            post["last"][i] = m["last_accessed"]
+        flags = post["flags"].copy()
+        for i in archive_now:
+            flags[i] |= STUB
+            post["tier"][i] = 3
+        post["flags"] = flags
+        post = _take(post, alive)
+        report.after_total = int(alive.sum()) + len(summaries)
+        report.after_by_tier = count_by_tier([TIERS[t] for t in post["tier"]] + [s["tier"] for s in summaries])
+        report.batches = -(-(len(ops) + len(summaries)) // config.batch_size) if ops or summaries else 0
+    return {"id": os.urandom(16), "now": now, "space": space_name, "create_space": create, "ops": ops,
+            "summaries": summaries, "report": report, "tokens": tokens, "next_docno": next_docno,
+            "state": {"fingerprint": fingerprint, "next_docno": int(next_docno), "rows": _pack_rows(post)},
+            "needs_state": full or bool(tokens) or (state is not None and int(state.get("next_docno", 0)) != next_docno)}
+
+
+# --- applying -------------------------------------------------------------------------------
+
+def _encode_plan(plan: Mapping[str, Any]) -> bytes:
+    report: MaintenanceReport = plan["report"]
+    return codec.pack({
+        "v": 1, "id": plan["id"], "now": plan["now"], "space": plan["space"], "create_space": plan["create_space"],
+        "ops": plan["ops"], "summaries": plan["summaries"], "report": report.to_dict(),
+        "tokens": [[d, t] for d, t in sorted(plan["tokens"].items())], "state": plan["state"]})
+
+
+def _decode_plan(raw: bytes) -> dict[str, Any]:
+    data = codec.unpack(raw)
+    if not isinstance(data, dict) or data.get("v") != 1:
+        raise CorruptFileError("the pending maintenance plan is malformed",
+                               hint="restore from a dump, or delete and re-run maintenance")
+    report = MaintenanceReport(**data["report"])
+    return {**data, "report": report, "tokens": {int(d): t for d, t in data["tokens"]}}
+
+
+def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int:
+    """Apply one memory's operation unless the memory changed since the plan; returns the
+    bytes of text dropped."""
+    docno, id_, token, op = entry
+    txn = tx.txn
+    key = DIRTY_PREFIX + codec.u64(docno)
+    if txn.get("meta", key) != token or tx.find(id_) is None:
+        return 0  # changed (or gone) after the snapshot: the next pass sees it
+    if op.get("delete"):
+        tx.delete(id_)
+    else:
+        changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
+        if changes:
+            tx.update(id_, **changes)
+    dropped = 0
+    if not op.get("delete") and "archive" in op:
+        dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"])
+    txn.delete("meta", key)  # our own change: the new state accounts for it
+    return dropped
+
+
+def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any]) -> None:
+    if tx.find(s["id"]) is not None:
+        return
+    now = plan["now"]
+    tx.put_new(Node(id=s["id"], content=s["content"], tags=tuple(s["tags"]), importance=s["importance"],
+                    tier=s["tier"], source=s["source"], metadata=s["metadata"], created_at=now, last_accessed=now))
+    for src in s["sources"]:
+        if tx.find(src) is not None:
+            tx.link(s["id"], src, "derived_from", now=now)
+            archive_ops.archive(tx, src, truncate=False, now=now)
+            tx.txn.delete("meta", DIRTY_PREFIX + codec.u64(_docno_of(tx, src)))
+
+
+def _docno_of(tx: PassTxn, id_: str) -> int:
+    raw = tx.txn.get("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
+    return codec.from_u64(raw)
+
+
+def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: Progress | None) -> MaintenanceReport:
+    report: MaintenanceReport = plan["report"]
+    steps: list[tuple[str, Any]] = [("op", e) for e in plan["ops"]] + [("summary", s) for s in plan["summaries"]]
+    total = len(steps)
+    while True:
+        with target.transaction() as tx:
+            prog = tx.txn.get("meta", PROGRESS_KEY)
+            if prog is None:
+                break  # finished (by another process)
+            plan_id, done, _ = codec.unpack(prog)
+            if plan_id != plan["id"]:
+                break
+            if done >= total:
+                _finish(tx.txn, plan)
+                break
+            dropped = 0
+            for kind, item in steps[done:done + batch_size]:
+                if kind == "op":
+                    dropped += _apply_op(tx, plan, item)
+                else:
+                    _apply_summary(tx, plan, item)
+            report.bytes_dropped += dropped
+            done = min(done + batch_size, total)
+            tx.txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], done, report.bytes_dropped]))
+        if progress:
+            progress("write", done, total)
+    return report
+
+
+def _finish(txn: Any, plan: Mapping[str, Any]) -> None:
+    """The last transaction: new state and report, processed change-log entries dropped."""
+    report: MaintenanceReport = plan["report"]
+    prog = txn.get("meta", PROGRESS_KEY)
+    if prog is not None:
+        report.bytes_dropped = codec.unpack(prog)[2]
+    for d, token in plan["tokens"].items():
+        key = DIRTY_PREFIX + codec.u64(d)
+        if txn.get("meta", key) == token:
+            txn.delete("meta", key)
+    txn.put("meta", STATE_KEY, codec.pack(plan["state"]))
+    txn.put("meta", LAST_KEY, codec.pack(report.to_dict()))
+    txn.delete("meta", PLAN_KEY)
+    txn.delete("meta", PROGRESS_KEY)
+
+
+def last_maintenance(txn: Any) -> dict[str, Any] | None:
+    """The report of the last finished pass (for stats), or None when none ran."""
+    raw = txn.get("meta", LAST_KEY)
+    if raw is None:
+        return None
+    data = codec.unpack(raw)
+    return data if isinstance(data, dict) else None
+
+
+def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer: Summarizer | None = None, *,
+             now: float | None = None, plan: bool = False, progress: Progress | None = None) -> MaintenanceReport:
+    """One maintenance pass over the file (see the module docstring and spec/maintenance.md).
+
+    Raises:
+        ValidationError: bad arguments.
+        EmbeddingError: ``config.space`` names no space of the file.
+        ReadOnlyError: the file is open read-only (unless ``plan``).
+    """
+    config = config or MaintenanceConfig()
+    if not isinstance(config, MaintenanceConfig):
+        raise ValidationError("config must be a MaintenanceConfig")
+    if summarizer is not None and not callable(summarizer):
+        raise ValidationError("summarizer must be a callable from a list of texts to one text")
+    started = time.perf_counter()
+    with target.store.read() as txn:
+        pending = txn.get("meta", PLAN_KEY)
+    if pending is not None:
+        pending_plan = _decode_plan(pending)
+        if plan:
+            report = pending_plan["report"]
+            report.plan = True
+            return report
+        report = _run_plan(target, pending_plan, config.batch_size, progress)
+        report.duration_s = time.perf_counter() - started
+        return report
+    now = time.time() if now is None else float(now)
+    if not math.isfinite(now):
+        raise ValidationError("now must be a finite number of seconds")
+    new_plan = _plan(target, config, summarizer, now, plan_only=plan, progress=progress)
+    report = new_plan["report"]
+    if plan:
+        report.duration_s = time.perf_counter() - started
+        return report
+    if new_plan["create_space"]:
+        from ..index.vectors import HASHED_MODEL, EmbeddingSpace
+
+        space = EmbeddingSpace(name=BUILTIN_SPACE, model=HASHED_MODEL, dims=BUILTIN_DIMS, normalize=True, auto=True)
+        target.store.write(lambda t: target.indexes.add_space(t, space))
+    if not new_plan["ops"] and not new_plan["summaries"]:
+        if new_plan["needs_state"] or new_plan["create_space"]:
+            target.store.write(lambda t: _finish_empty(t, new_plan))
+    else:
+        def begin(t: Any) -> None:
+            if t.get("meta", PLAN_KEY) is not None:
+                raise ValidationError("another maintenance pass is running on this file",
+                                      hint="wait for it; a killed pass is finished by the next call")
+            t.put("meta", PLAN_KEY, _encode_plan(new_plan))
+            t.put("meta", PROGRESS_KEY, codec.pack([new_plan["id"], 0, 0]))
+        target.store.write(begin)
+        if progress:
+            progress("write", 0, len(new_plan["ops"]) + len(new_plan["summaries"]))
+        report = _run_plan(target, new_plan, config.batch_size, progress)
+    report.duration_s = time.perf_counter() - started
+    return report
+
+
+def _finish_empty(txn: Any, plan: Mapping[str, Any]) -> None:
+    txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], 0, 0]))
+    _finish(txn, plan)
+
+
+def iter_dirty(txn: Any) -> Iterator[int]:
+    """Docnos in the change log (for tests and stats)."""
+    yield from _dirty(txn)

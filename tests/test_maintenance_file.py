@@ -1,0 +1,250 @@
+"""The maintenance pass over a file: idempotent, incremental == full, plan, batches, summaries."""
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import NOW
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import engramdb.engram as engram_mod
+from engramdb.errors import EmbeddingError, ValidationError
+from engramdb.maintenance.lifecycle import MaintenanceConfig
+from engramdb.maintenance.run import BUILTIN_SPACE, iter_dirty, last_maintenance
+
+DAY = 86400.0
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november"]
+
+
+def summarize(texts):
+    return f"summary of {len(texts)}: " + " ".join(t.split(" ")[0] for t in texts)
+
+
+def text_of(rng: random.Random) -> str:
+    base = rng.randrange(6)
+    return " ".join(WORDS[base:base + 4] + [rng.choice(WORDS) for _ in range(rng.randrange(4))])
+
+
+def fill(db, n: int, seed: int = 0, start: int = 0) -> None:
+    rng = random.Random(seed)
+    db.add_many([{"id": f"m{start + i}", "content": text_of(rng), "created_at": NOW - rng.randrange(900) * DAY,
+                  "last_accessed": NOW - rng.randrange(100) * DAY, "tier": rng.choice(["hot", "warm", "cold"]),
+                  "importance": rng.choice([0.0, 0.2, 0.5, 0.9]), "access_count": rng.randrange(6),
+                  "pinned": rng.random() < 0.1, "tags": [rng.choice(["a", "b", "c"])]} for i in range(n)])
+
+
+def snapshot(db) -> dict:
+    """Every memory (as stored, and its full original when archived) plus derived_from edges."""
+    out = {}
+    for node in db.scan():
+        full = db.get(node.id, full=True)
+        edges = sorted((e.dst, e.kind) for e in db.edges(node.id) if e.kind == "derived_from")
+        out[node.id] = (node.to_dict(), full.to_dict(), edges)
+    return out
+
+
+def test_pass_plan_then_apply_then_idempotent(make_db):
+    db = make_db(encrypted=False)
+    fill(db, 80)
+    before = snapshot(db)
+    planned = db.maintain(now=NOW, plan=True, summarizer=summarize)
+    assert snapshot(db) == before and planned.plan and planned.changed
+    with db._store.read() as txn:
+        assert last_maintenance(txn) is None
+    done = db.maintain(now=NOW, summarizer=summarize)
+    for field in ("decayed", "deduplicated", "clusters_found", "summarized", "archived", "after_total"):
+        assert getattr(done, field) == getattr(planned, field), field
+    assert done.removed_ids == planned.removed_ids and done.summary_ids == planned.summary_ids
+    assert done.deduplicated > 0 and done.decayed > 0 and done.summarized > 0
+    assert len(db) == done.after_total
+    after = snapshot(db)
+    again = db.maintain(now=NOW, summarizer=summarize)
+    assert not again.changed and snapshot(db) == after
+    assert again.compared < done.compared
+    with db._store.read() as txn:
+        assert last_maintenance(txn)["now"] == NOW
+        assert list(iter_dirty(txn)) == []
+    assert BUILTIN_SPACE in db.spaces()
+
+
+def test_summaries_are_new_memories_linked_to_archived_sources(make_db):
+    db = make_db(encrypted=False)
+    fill(db, 60, seed=3)
+    report = db.maintain(now=NOW, summarizer=summarize)
+    assert report.summary_ids
+    for sid in report.summary_ids:
+        summary = db.get(sid)
+        assert summary.content.startswith("summary of ") and "consolidated" in summary.tags
+        sources = [e.dst for e in db.edges(sid) if e.kind == "derived_from"]
+        assert len(sources) == summary.metadata["consolidatedFrom"]
+        for src in sources:
+            assert db.get(src).archived  # archived, not deleted
+            assert db.get(src, full=True).content == db.archived(src)
+
+
+def test_extensions_pinned_and_merge(make_db):
+    db = make_db(encrypted=False)
+    db.add("alpha bravo charlie delta", id="keep", importance=0.9, tags=["x"], access_count=2, now=NOW)
+    db.add("alpha bravo charlie delta", id="pin", importance=0.1, pinned=True, tags=["y"], now=NOW - 900 * DAY)
+    db.add("alpha bravo charlie delta", id="dup", importance=0.0, tags=["z"], access_count=3, now=NOW)
+    report = db.maintain(now=NOW)
+    assert sorted(report.removed_ids) == ["dup", "keep"]
+    pin = db.get("pin")
+    assert pin.tier == "hot" and set(pin.tags) == {"x", "y", "z"} and pin.access_count == 5
+
+
+def test_parity_config_on_a_file(make_db):
+    db = make_db(encrypted=False)
+    db.add("alpha bravo charlie delta " * 80, id="old", tier="cold", importance=0.0, now=NOW - 400 * DAY)
+    db.add("kilo lima mike", id="young", now=NOW)
+    report = db.maintain(MaintenanceConfig.trace_lite(), now=NOW)
+    assert report.archived == 1 and report.bytes_dropped > 0
+    old = db.get("old")
+    assert old.archived and old.tier == "archive" and len(old.content) == 203
+    with pytest.raises(ValidationError):
+        db.unarchive("old")
+
+
+def test_small_batches_and_progress(make_db):
+    db = make_db(encrypted=False)
+    fill(db, 50, seed=5)
+    seen = []
+    report = db.maintain(MaintenanceConfig(batch_size=3), now=NOW, progress=lambda *a: seen.append(a))
+    assert report.batches >= 5
+    writes = [a for a in seen if a[0] == "write"]
+    assert writes[-1][1] == writes[-1][2] and len(writes) >= report.batches
+
+
+def test_bad_arguments(make_db):
+    db = make_db(encrypted=False)
+    with pytest.raises(ValidationError):
+        db.maintain(config={"hot_days": 3})
+    with pytest.raises(ValidationError):
+        db.maintain(summarizer="not callable")
+    with pytest.raises(EmbeddingError):
+        db.maintain(MaintenanceConfig(space="nope"))
+
+
+def test_user_space_and_concurrent_change_is_left_for_next_pass(make_db):
+    db = make_db(encrypted=False)
+    db.add_space("v", dims=3, model="mine", auto=False)
+    db.add("one", id="a", embeddings={"v": [1, 0, 0]}, now=NOW)
+    db.add("two", id="b", embeddings={"v": [1, 0.001, 0]}, importance=0.9, now=NOW)
+    db.add("three", id="c", embeddings={"v": [0, 1, 0]}, now=NOW)
+    report = db.maintain(MaintenanceConfig(space="v"), now=NOW)
+    assert report.removed_ids == ["a"] and BUILTIN_SPACE not in db.spaces()
+    db.update("c", embeddings={"v": [1, 0.002, 0]})
+    report = db.maintain(MaintenanceConfig(space="v"), now=NOW)
+    assert report.compared == 1 and report.removed_ids == ["c"]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(0, 40), seed=st.integers(0, 10_000), steps=st.sampled_from([None, 1]),
+       with_summarizer=st.booleans())
+def test_pass_is_idempotent_over_random_stores(tmp_path_factory, n, seed, steps, with_summarizer):
+    path = tmp_path_factory.mktemp("idem") / "f.engram"
+    with engram_mod.open(path, encrypted=False) as db:
+        fill(db, n, seed=seed)
+        config = MaintenanceConfig(decay_steps=steps, batch_size=7)
+        s = summarize if with_summarizer else None
+        db.maintain(config, s, now=NOW)
+        if steps is None:
+            after = snapshot(db)
+            assert not db.maintain(config, s, now=NOW).changed
+            assert snapshot(db) == after
+        assert db.verify() == []
+
+
+class IncrementalEqualsFull(RuleBasedStateMachine):
+    """Random adds, updates, deletes and passes on two files: one maintained incrementally,
+    one with full passes. After every pass they hold the same memories."""
+
+    @initialize()
+    def setup(self):
+        self.dir = Path(tempfile.mkdtemp())
+        self.inc = engram_mod.open(self.dir / "inc.engram", encrypted=False)
+        self.full = engram_mod.open(self.dir / "full.engram", encrypted=False)
+        self.ids: list[str] = []
+        self.counter = 0
+        self.now = NOW
+        self.rng = random.Random(0)
+
+    def both(self, fn):
+        return fn(self.inc), fn(self.full)
+
+    @rule(k=st.integers(1, 6), seed=st.integers(0, 1000))
+    def add(self, k, seed):
+        rng = random.Random(seed)
+        items = []
+        for _ in range(k):
+            self.counter += 1
+            items.append({"id": f"m{self.counter}", "content": text_of(rng),
+                          "created_at": self.now - rng.randrange(500) * DAY, "tier": rng.choice(["hot", "warm"]),
+                          "importance": rng.choice([0.0, 0.5, 1.0]), "pinned": rng.random() < 0.1})
+        self.both(lambda db: db.add_many(items))
+
+    def live(self):
+        return [n.id for n in self.inc.scan()]
+
+    @precondition(lambda self: len(self.inc) > 0)
+    @rule(pick=st.integers(0, 10_000), seed=st.integers(0, 1000), what=st.sampled_from(["content", "importance", "pin", "tier"]))
+    def update(self, pick, seed, what):
+        ids = self.live()
+        id_ = ids[pick % len(ids)]
+        rng = random.Random(seed)
+        changes = {"content": {"content": text_of(rng)}, "importance": {"importance": rng.random()},
+                   "pin": {"pinned": rng.random() < 0.5}, "tier": {"tier": rng.choice(["hot", "warm", "cold"])}}[what]
+        if self.inc.get(id_).archived and what == "content":
+            return
+        self.both(lambda db: db.update(id_, **changes))
+
+    @precondition(lambda self: len(self.inc) > 0)
+    @rule(pick=st.integers(0, 10_000))
+    def delete(self, pick):
+        ids = self.live()
+        id_ = ids[pick % len(ids)]
+        self.both(lambda db: db.delete(id_))
+
+    @precondition(lambda self: len(self.inc) > 0)
+    @rule(pick=st.integers(0, 10_000))
+    def unarchive(self, pick):
+        ids = [n.id for n in self.inc.scan() if n.archived]
+        if ids:
+            id_ = ids[pick % len(ids)]
+            self.both(lambda db: db.unarchive(id_))
+
+    @rule(days=st.sampled_from([0, 1, 20, 200]), with_summarizer=st.booleans())
+    def maintain(self, days, with_summarizer):
+        self.now += days * DAY
+        s = summarize if with_summarizer else None
+        a = self.inc.maintain(MaintenanceConfig(batch_size=4), s, now=self.now)
+        b = self.full.maintain(MaintenanceConfig(batch_size=4, incremental=False), s, now=self.now)
+        assert (a.decayed, a.deduplicated, a.summarized, a.archived) == \
+            (b.decayed, b.deduplicated, b.summarized, b.archived)
+        assert a.removed_ids == b.removed_ids and a.summary_ids == b.summary_ids
+        assert snapshot(self.inc) == snapshot(self.full)
+
+    @invariant()
+    def same_ids(self):
+        if hasattr(self, "inc"):
+            assert sorted(self.live()) == sorted(n.id for n in self.full.scan())
+
+    def teardown(self):
+        if hasattr(self, "inc"):
+            for db in (self.inc, self.full):
+                assert db.verify() == []
+                db.close()
+
+
+TestIncrementalEqualsFull = IncrementalEqualsFull.TestCase
+TestIncrementalEqualsFull.settings = settings(max_examples=12, stateful_step_count=14, deadline=None)
