@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 import engramdb.engram as engram_mod
 from engramdb.errors import EmbeddingError, ValidationError
 from engramdb.maintenance.lifecycle import MaintenanceConfig
-from engramdb.maintenance.run import BUILTIN_SPACE, iter_dirty, last_maintenance
+from engramdb.maintenance.run import BUILTIN_SPACE, iter_dirty, read_last_pass
 
 DAY = 86400.0
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november"]
@@ -60,7 +60,7 @@ def test_pass_plan_then_apply_then_idempotent(make_db):
     planned = db.maintain(now=NOW, plan=True, summarizer=summarize)
     assert snapshot(db) == before and planned.plan and planned.changed
     with db._store.read() as txn:
-        assert last_maintenance(txn) is None
+        assert read_last_pass(txn) is None
     done = db.maintain(now=NOW, summarizer=summarize)
     for field in ("decayed", "deduplicated", "clusters_found", "summarized", "archived", "after_total"):
         assert getattr(done, field) == getattr(planned, field), field
@@ -72,9 +72,11 @@ def test_pass_plan_then_apply_then_idempotent(make_db):
     assert not again.changed and snapshot(db) == after
     assert again.compared < done.compared
     with db._store.read() as txn:
-        assert last_maintenance(txn)["now"] == NOW
+        assert read_last_pass(txn)["at"] == "2023-11-14T22:13:20.000Z"
         assert list(iter_dirty(txn)) == []
     assert BUILTIN_SPACE in db.spaces()
+    last = db.stats()["last_maintenance"]
+    assert last["decayed"] == 0 and last["compared"] == again.compared and not last["full"]
 
 
 def test_summaries_are_new_memories_linked_to_archived_sources(make_db):

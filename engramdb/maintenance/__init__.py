@@ -20,6 +20,7 @@ from .lifecycle import (
     deduplicate,
     forget,
 )
+from .run import read_last_pass
 
 __all__ = ["Consolidated", "Decayed", "Deduplicated", "Forgotten", "MaintenanceConfig", "MaintenanceReport", "Memory",
-           "Summarizer", "cluster", "consolidate", "cosine_similarity", "decay", "deduplicate", "forget"]
+           "Summarizer", "cluster", "consolidate", "cosine_similarity", "decay", "deduplicate", "forget", "read_last_pass"]

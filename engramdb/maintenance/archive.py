@@ -35,8 +35,18 @@ from ..records import ARCHIVE_KEY, Node, now_ts
 from .lifecycle import preview as lifecycle_preview
 from .lifecycle import utf16_len
 
-__all__ = ["ARCHIVE_KEY", "PREVIEW_CHARS", "ArchiveTxn", "preview", "archive", "unarchive", "full", "full_of", "info",
-           "problems"]
+__all__ = [
+    "ARCHIVE_KEY",
+    "PREVIEW_CHARS",
+    "ArchiveTxn",
+    "archive",
+    "full",
+    "full_of",
+    "info",
+    "preview",
+    "problems",
+    "unarchive",
+]
 
 PREVIEW_CHARS = 200  # Trace Lite's archive truncation length
 

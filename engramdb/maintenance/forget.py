@@ -30,7 +30,7 @@ import numpy as np
 from .. import codec
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
 
-__all__ = ["ForgetReceipt", "forget", "RECORD_TABLES", "INDEX_TABLES"]
+__all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
 
 # Tables whose removed entries are counted exactly; the index tables' counts also shrink
 # from the merge that rewrites their segments.
@@ -144,7 +144,7 @@ def _plan(engram: Any, txn: Any, docnos: list[int]) -> tuple[list[str], dict[str
     for docno in docnos:
         summaries.update(src for src, kind in graph.incoming(txn, docno)
                          if kind == "derived_from" and src not in doomed)
-    summary_ids = sorted((codec.decode_node(txn.get("nodes", codec.u64(d))).id for d in summaries))
+    summary_ids = sorted(codec.decode_node(txn.get("nodes", codec.u64(d))).id for d in summaries)
     wanted = {node.source for node in nodes.values() if node.source}
     still_used: set[str] = set()
     if wanted:

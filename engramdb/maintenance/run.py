@@ -58,9 +58,9 @@ __all__ = [
     "PROGRESS_KEY",
     "STATE_KEY",
     "Progress",
-    "last_maintenance",
     "log_changes",
     "maintain",
+    "read_last_pass",
 ]
 
 DIRTY_PREFIX = b"maint.dirty."
@@ -514,8 +514,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         report.batches = -(-(len(ops) + len(summaries)) // config.batch_size) if ops or summaries else 0
     return {"id": os.urandom(16), "now": now, "space": space_name, "create_space": create, "ops": ops,
             "summaries": summaries, "report": report, "tokens": tokens, "next_docno": next_docno,
-            "state": {"fingerprint": fingerprint, "next_docno": int(next_docno), "rows": _pack_rows(post)},
-            "needs_state": full or bool(tokens) or (state is not None and int(state.get("next_docno", 0)) != next_docno)}
+            "state": {"fingerprint": fingerprint, "next_docno": int(next_docno), "rows": _pack_rows(post)}}
 
 
 # --- applying -------------------------------------------------------------------------------
@@ -616,13 +615,22 @@ def _finish(txn: Any, plan: Mapping[str, Any]) -> None:
         if txn.get("meta", key) == token:
             txn.delete("meta", key)
     txn.put("meta", STATE_KEY, codec.pack(plan["state"]))
-    txn.put("meta", LAST_KEY, codec.pack(report.to_dict()))
+    txn.put("meta", LAST_KEY, codec.pack(_last_record(report)))
     txn.delete("meta", PLAN_KEY)
     txn.delete("meta", PROGRESS_KEY)
 
 
-def last_maintenance(txn: Any) -> dict[str, Any] | None:
-    """The report of the last finished pass (for stats), or None when none ran."""
+def _last_record(report: MaintenanceReport) -> dict[str, Any]:
+    """What ``stats`` shows of the last pass: when (the pass's clock) and what it did. Counts
+    only: no ids, so a forgotten memory leaves no trace here."""
+    return {"at": format_iso(report.now), "memories": report.after_total, "decayed": report.decayed,
+            "deduplicated": report.deduplicated, "clusters": report.clusters_found,
+            "summarized": report.summarized, "archived": report.archived, "bytes_dropped": report.bytes_dropped,
+            "compared": report.compared, "full": report.full}
+
+
+def read_last_pass(txn: Any) -> dict[str, Any] | None:
+    """When the last finished pass ran and what it did (for ``stats``), or None when none ran."""
     raw = txn.get("meta", LAST_KEY)
     if raw is None:
         return None
@@ -670,8 +678,7 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         space = EmbeddingSpace(name=BUILTIN_SPACE, model=HASHED_MODEL, dims=BUILTIN_DIMS, normalize=True, auto=True)
         target.store.write(lambda t: target.indexes.add_space(t, space))
     if not new_plan["ops"] and not new_plan["summaries"]:
-        if new_plan["needs_state"] or new_plan["create_space"]:
-            target.store.write(lambda t: _finish_empty(t, new_plan))
+        target.store.write(lambda t: _finish_empty(t, new_plan))  # the state, and when this pass ran
     else:
         def begin(t: Any) -> None:
             if t.get("meta", PLAN_KEY) is not None:

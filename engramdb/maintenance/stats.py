@@ -14,7 +14,7 @@ from ..index import iter_nodes
 from ..records import ALL_FLAGS, TIERS
 from ..store import TABLES
 
-__all__ = ["stats", "last_maintenance"]
+__all__ = ["last_maintenance", "stats"]
 
 
 def last_maintenance(txn: Any) -> Mapping[str, Any] | None:
