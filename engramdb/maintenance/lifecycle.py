@@ -92,7 +92,7 @@ class MaintenanceConfig:
     decay_from: str = "created_at"
     decay_steps: int | None = None
     space: str | None = None
-    batch_size: int = 500
+    batch_size: int = 200
     incremental: bool = True
 
     def __post_init__(self) -> None:

@@ -72,6 +72,7 @@ BUILTIN_SPACE = "hashed-tfidf-v1"
 BUILTIN_DIMS = 256
 SIM_BAND = 1e-4  # float32 products this close to a threshold are recomputed exactly
 BLOCK_ROWS = 2048
+BLOCK_CELLS = 1 << 24
 STATE_VERSION = 1
 
 Progress = Callable[[str, int, int], None]
@@ -220,8 +221,9 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
     if not len(rows) or not len(cols):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     rows = np.sort(rows)
-    for start in range(0, len(rows), BLOCK_ROWS):
-        block = rows[start:start + BLOCK_ROWS]
+    step = max(64, min(BLOCK_ROWS, BLOCK_CELLS // len(cols)))  # a block's products stay ~64 MB
+    for start in range(0, len(rows), step):
+        block = rows[start:start + step]
         use = cols[np.searchsorted(cols, block[0]):] if triangle else cols
         sims = space.unit[block] @ space.unit[use].T
         r, c = np.nonzero(sims > threshold - SIM_BAND)
@@ -240,7 +242,7 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
             out_r.append(gr[keep])
             out_c.append(gc[keep])
         if progress:
-            progress(min(start + BLOCK_ROWS, len(rows)))
+            progress(min(start + step, len(rows)))
     if not out_r:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate(out_r), np.concatenate(out_c)
@@ -564,10 +566,18 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any]) -
     tx.put_new(Node(id=s["id"], content=s["content"], tags=tuple(s["tags"]), importance=s["importance"],
                     tier=s["tier"], source=s["source"], metadata=s["metadata"], created_at=now, last_accessed=now))
     for src in s["sources"]:
-        if tx.find(src) is not None:
-            tx.link(s["id"], src, "derived_from", now=now)
+        if tx.find(src) is None:
+            continue
+        tx.link(s["id"], src, "derived_from", now=now)
+        docno = _docno_of(tx, src)
+        key = DIRTY_PREFIX + codec.u64(docno)
+        # unchanged since the snapshot: its token is the snapshot's, or none once this plan's
+        # own operation on it was applied (which takes it out of the change log)
+        expected = None if docno in plan.setdefault("op_docnos", {e[0] for e in plan["ops"]}) \
+            else plan["tokens"].get(docno)
+        if tx.txn.get("meta", key) == expected:
             archive_ops.archive(tx, src, truncate=False, now=now)
-            tx.txn.delete("meta", DIRTY_PREFIX + codec.u64(_docno_of(tx, src)))
+            tx.txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
 
 
 def _docno_of(tx: PassTxn, id_: str) -> int:
