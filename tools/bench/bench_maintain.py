@@ -36,13 +36,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import engramdb  # noqa: E402
-from engramdb.maintenance.lifecycle import MaintenanceConfig, Memory, consolidate  # noqa: E402
+import engramdb
+from engramdb.maintenance.lifecycle import MaintenanceConfig, Memory, consolidate
 
 NOW = 1_780_000_000.0
 DAY = 86400.0
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]
 PASSPHRASE = "bench passphrase"
 
 
@@ -162,7 +161,7 @@ def main() -> None:
                        importance=r["importance"], tier=r["tier"], created_at=r["created_at"],
                        last_accessed=r["last_accessed"], access_count=r["access_count"]) for k, r in enumerate(sample)]
         t = time.perf_counter()
-        out, rep = consolidate(pure, MaintenanceConfig.trace_lite(archive_truncate_length=0), now=NOW)
+        out, _rep = consolidate(pure, MaintenanceConfig.trace_lite(archive_truncate_length=0), now=NOW)
         pure_time = time.perf_counter() - t
         same = [m.id for m in out] == [m["id"] for m in tl_kept]
         sdb, _ = build(os.path.join(tmp, "sample.engram"), sample, emb[:args.sample])
