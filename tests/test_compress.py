@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,14 @@ from engramdb.compress import (
     result_to_json,
     top_zettels,
 )
+from engramdb.compress import zc
 from engramdb.compress.normalize import chunk_text, normalize_text
 from engramdb.errors import EngramError, ValidationError
 from engramdb.records import CompressResult, Zettel
+
+# engramdb's own pipeline (compress(method="refined"), spec/compress.md sections 2-8):
+# the tests that use it check behaviours zettel-compress 1.0.0 (the default) does not have
+compress_refined = partial(compress, method="refined")
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOKS = ROOT.parent / "shared" / "data" / "gutenberg"
@@ -141,14 +147,25 @@ UNICODE_TEXT = (
 
 
 def _check_offsets(text: str, **options) -> None:
-    r = compress(text, **options)
+    size, overlap = options.get("chunk_size", 800), options.get("chunk_overlap", 100)
+    # refined: NFC and every line break folded; offsets are its chunker's
+    r = compress_refined(text, **options)
     source = r.meta["source"]
     assert source == normalize_text(text)
-    chunks = chunk_text(source, options.get("chunk_size", 800), options.get("chunk_overlap", 100))
+    chunks = chunk_text(source, size, overlap)
     assert len(chunks) == len(r.zettels)
     for z, c in zip(r.zettels, chunks):
         assert source[z.source_start:z.source_end] == c.text
         assert c.text == c.text.strip() and c.text
+    # default (zettel-compress): only CR/CRLF folded; trimmed of JavaScript's whitespace
+    r = compress(text, **options)
+    source = r.meta["source"]
+    assert source == zc.normalize_text(text)
+    chunks = zc.chunk_text(source, size, overlap)
+    assert len(chunks) == len(r.zettels)
+    for z, c in zip(r.zettels, chunks):
+        assert source[z.source_start:z.source_end] == c.text
+        assert c.text == zc.js_trim(c.text) and c.text
 
 
 def test_offsets_on_unicode_input():
@@ -177,7 +194,7 @@ def test_chunk_overlap_snaps_to_word_start():
 
 def test_long_paragraph_is_split():
     chat = "\n".join(f"Alice: message number {i} about the deploy" for i in range(80))
-    r = compress(chat, chunk_size=300)
+    r = compress_refined(chat, chunk_size=300)
     assert len(r.zettels) > 5
     assert all(z.source_end - z.source_start <= 300 + 100 for z in r.zettels)
 
@@ -191,7 +208,7 @@ def test_chat_speakers_and_session_dates():
         "Alice: did you tell them?\n"
         "Bob: yes, yesterday evening.\n"
     )
-    r = compress(chat, chunk_size=800)
+    r = compress_refined(chat, chunk_size=800)
     assert len(r.zettels) == 2  # a session header always starts a chunk
     assert {"Alice", "Bob"} <= set(r.entity_index.name_to_code)
     assert r.zettels[0].resolved_date == "2023-05-08"
@@ -295,6 +312,7 @@ def test_errors_are_engram_errors():
 _DIGEST = r"""
 import hashlib, sys
 from engramdb.compress import compress, result_to_json
+
 for path in sys.argv[1:]:
     text = open(path, encoding="utf-8").read()
     print(hashlib.sha256(result_to_json(compress(text)).encode("utf-8")).hexdigest())
@@ -355,10 +373,10 @@ def test_quote_avoids_fragments_of_cut_sentences():
 
 
 def test_small_chunk_size_with_default_overlap():
-    r = compress(PROSE, chunk_size=60)  # the default overlap shrinks instead of failing
+    r = compress_refined(PROSE, chunk_size=60)  # the default overlap shrinks instead of failing
     assert len(r.zettels) > 4
     with pytest.raises(ValidationError):
-        compress(PROSE, chunk_size=60, chunk_overlap=60)
+        compress_refined(PROSE, chunk_size=60, chunk_overlap=60)
 
 
 def _many_paragraphs(n: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import ValidationError
 from .dates import parse_date
+from .zc import ALL_FIXES
 
 __all__ = ["CompressOptions", "parse_options"]
 
@@ -36,6 +37,8 @@ class CompressOptions:
     dedupe_threshold: float = 0.9
     verbose_labels: bool = False
     keep_source: bool = True
+    fixes: tuple[str, ...] = ("decision-precision", "first-name-aliases")
+    method: str = "zettel-compress"
 
 
 OPTION_NAMES = tuple(f.name for f in fields(CompressOptions))
@@ -99,6 +102,28 @@ def _words(value: Any) -> tuple[str, ...]:
     return tuple(sorted(set(out)))
 
 
+METHODS = ("zettel-compress", "refined")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValidationError(f"{name} must be one of {', '.join(choices)}, got {value!r}", hint=_HINT)
+    return str(value)
+
+
+def _fixes(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValidationError("fixes must be a list of fix names, not a single string",
+                              hint=f"known fixes: {', '.join(ALL_FIXES)}; () gives zettel-compress 1.0.0 exactly")
+    out = set()
+    for name in value:
+        if name not in ALL_FIXES:
+            raise ValidationError(f"unknown fix {name!r}",
+                                  hint=f"known fixes: {', '.join(ALL_FIXES)}; () gives zettel-compress 1.0.0 exactly")
+        out.add(name)
+    return tuple(f for f in ALL_FIXES if f in out)
+
+
 def parse_options(options: Mapping[str, Any], *, allowed: Iterable[str] = OPTION_NAMES) -> CompressOptions:
     """Validate ``options`` (keyword arguments of ``compress``) into :class:`CompressOptions`.
 
@@ -136,4 +161,6 @@ def parse_options(options: Mapping[str, Any], *, allowed: Iterable[str] = OPTION
         dedupe_threshold=_num("dedupe_threshold", d.get("dedupe_threshold", 0.9), 0.0, 1.0, open_lo=True),
         verbose_labels=_bool("verbose_labels", d.get("verbose_labels", False)),
         keep_source=_bool("keep_source", d.get("keep_source", True)),
+        fixes=_fixes(d.get("fixes", CompressOptions.fixes)),
+        method=_choice("method", d.get("method", "zettel-compress"), METHODS),
     )

@@ -13,11 +13,12 @@ The pipeline (spec/compress.md):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from ..errors import ValidationError
 from ..records import CompressResult, EntityIndex, Zettel
+from . import zc
 from .dates import DateIndex, PartialDate
 from .entities import (
     EntityEvidence,
@@ -31,13 +32,14 @@ from .links import build_tunnels, dedupe_zettels
 from .normalize import TextChunk, chunk_text, normalize_text, tokenize
 from .options import CompressOptions, parse_options
 from .quote import select_quote
-from .signals import detect
+from .signals import FLAG_KEYWORDS, detect
 from .topics import BASE_STOP_WORDS, extract_topics, speaker_names
 from .weights import blend_centrality, normalize_weights, raw_weight
 
 __all__ = ["compress", "compress_many", "merge_results", "top_zettels", "zettel_id"]
 
 MIN_MEANINGFUL_INPUT = 40
+_REFINED_DECISION = zc.keyword_pattern(FLAG_KEYWORDS["DECISION"])
 
 
 def zettel_id(number: int) -> str:
@@ -99,10 +101,13 @@ def analyze(
     stop = BASE_STOP_WORDS | frozenset(opts.stop_words) if opts.stop_words else BASE_STOP_WORDS
     speakers = speaker_names(normalized)
 
+    precise = "decision-precision" in opts.fixes
     zettels = []
     prev_end = 0
     for k, chunk in enumerate(chunks):
         signals = detect(chunk.text, tokens[k][1], lower_sets[k])
+        if precise and "DECISION" in signals.flags and not zc.precise_decision(chunk.text, _REFINED_DECISION):
+            signals = replace(signals, flags=tuple(f for f in signals.flags if f != "DECISION"))
         # the quote comes from the chunk's own text: its overlap with the previous
         # chunk often starts mid-sentence and was already quotable there
         own = chunk.text[max(0, prev_end - chunk.start):]
@@ -132,9 +137,14 @@ def _meta(input_length: int, chunk_count: int, opts: CompressOptions, warnings: 
     return meta
 
 
-def _compress(text: str, opts: CompressOptions) -> CompressResult:
+def _compress_refined(text: str, opts: CompressOptions) -> CompressResult:
+    """engramdb's own pipeline (``method="refined"``, sections 2-8 of spec/compress.md)."""
     analysis = analyze(text, opts)
     zettels = analysis.zettels
+    if "first-name-aliases" in opts.fixes:
+        merged = zc.merge_first_name_aliases([z.entities for z in zettels], zc.detect_speaker_names(analysis.normalized))
+        for z, names in zip(zettels, merged):
+            z.entities = names
     index = build_entity_index(name for z in zettels for name in z.entities)
     if opts.dedupe:
         zettels = dedupe_zettels(zettels, opts.dedupe_threshold)
@@ -144,6 +154,53 @@ def _compress(text: str, opts: CompressOptions) -> CompressResult:
     meta = _meta(len(text), len(analysis.chunks), opts, analysis.warnings)
     if opts.keep_source:
         meta["source"] = analysis.normalized
+    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index, meta=meta)
+
+
+def _compress(text: str, opts: CompressOptions) -> CompressResult:
+    """zettel-compress 1.0.0's pipeline (:mod:`.zc`) plus the fixes ``opts.fixes`` names."""
+    if opts.method == "refined":
+        return _compress_refined(text, opts)
+    normalized = zc.normalize_text(text)
+    warnings: list[str] = []
+    stripped = len(zc.js_trim(text))
+    if stripped < MIN_MEANINGFUL_INPUT:
+        warnings.append(f"input is {stripped} chars: too short for meaningful compression")
+    chunks = zc.chunk_text(normalized, opts.chunk_size, opts.chunk_overlap)
+    detected = [zc.detect_entities(c.text, opts.min_entity_frequency) for c in chunks]
+    entities = zc.resolve_coreferences(chunks, detected)
+    speakers = zc.detect_speaker_names(normalized)
+    if "first-name-aliases" in opts.fixes:
+        entities = zc.merge_first_name_aliases(entities, speakers)
+    index = zc.build_entity_index(name for names in entities for name in names)
+    hits = zc.scan_document_dates(normalized)
+    starts = [h.index for h in hits]
+    stop = zc.BASE_STOP_WORDS | frozenset(opts.stop_words) if opts.stop_words else zc.BASE_STOP_WORDS
+    precise = "decision-precision" in opts.fixes
+    zettels = []
+    for k, chunk in enumerate(chunks):
+        flags = zc.detect_flags(chunk.text, precise)
+        emotions = zc.detect_emotions(chunk.text)
+        zettels.append(Zettel(
+            id=zettel_id(k + 1),
+            entities=entities[k],
+            topics=zc.extract_topics(chunk.text, stop, speakers),
+            quote=zc.select_key_sentence(chunk.text),
+            weight=zc.compute_weight(emotions, flags, chunk.text),
+            emotions=emotions,
+            flags=flags,
+            source_start=chunk.start,
+            source_end=chunk.end,
+            resolved_date=zc.resolve_chunk_date(chunk.text, opts.date, hits, chunk.start, starts),
+        ))
+    if opts.dedupe:
+        zettels = dedupe_zettels(zettels, opts.dedupe_threshold)
+    tunnels = zc.build_tunnels(zettels, index, opts.tunnel_threshold, opts.tunnel_top_k, opts.verbose_labels)
+    blend_centrality(zettels, tunnels)
+    normalize_weights(zettels, opts.temperature)
+    meta = _meta(len(text), len(chunks), opts, warnings)
+    if opts.keep_source:
+        meta["source"] = normalized
     return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index, meta=meta)
 
 
@@ -173,7 +230,11 @@ def compress(text: str, **options: Any) -> CompressResult:
             ``tunnel_threshold=0.3``, ``tunnel_top_k=3``, ``dedupe=False``,
             ``dedupe_threshold=0.9``, ``verbose_labels=False`` (entity names instead of
             codes in tunnel labels), ``keep_source=True`` (keep the normalized text in
-            ``meta["source"]``; zettel offsets index into it).
+            ``meta["source"]``; zettel offsets index into it),
+            ``method="zettel-compress"`` (zettel-compress 1.0.0's algorithm; ``"refined"``
+            for engramdb's own pipeline with chat-aware chunking, see spec/compress.md),
+            ``fixes=("decision-precision", "first-name-aliases")`` (the deliberate
+            departures from zettel-compress; ``()`` for its exact output).
 
     Returns:
         A :class:`~engramdb.records.CompressResult`; ``meta`` has ``input_length``,
