@@ -21,6 +21,7 @@ from .errors import (
     ValidationError,
 )
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
+from .store import STORE_SIDECARS, remove_if_abandoned, replace_store
 
 __all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table", "SOURCE_META_PREFIX", "ENTITIES_META"]
 
@@ -184,7 +185,7 @@ def _merge_entities(txn: Any, incoming: dict[str, str]) -> None:
 
 
 def _remove_store_files(path: str) -> None:
-    for suffix in ("", "-lock", "-maint"):
+    for suffix in ("", *STORE_SIDECARS):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path + suffix)
 
@@ -193,22 +194,6 @@ def _fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_exclusively(tmp: str, path: str) -> None:
-    """Rename ``tmp`` over ``path`` while no process has ``path`` open (its maint lock held alone)."""
-    fd = os.open(path + "-maint", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise AlreadyOpenError(f"{path} is open in another process; restore cannot replace it",
-                                   hint="close the other processes, then run restore again") from None
-        os.replace(tmp, path)
-        os.pwrite(fd, b"clean", 0)
-        _fsync_path(os.path.dirname(path) or ".")
     finally:
         os.close(fd)
 
@@ -253,15 +238,26 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
         raise ValidationError(f"{path} exists; restore does not overwrite it",
                               hint="pass force=True (--force) to replace it, or choose a new path")
     tmp = path + TEMP_SUFFIX
-    _remove_store_files(tmp)  # an earlier interrupted restore's leftovers
+    remove_if_abandoned(tmp, STORE_SIDECARS)  # an interrupted restore's leftovers; never one in progress
     items = aaak.read_dump(fp, allow_edited=allow_edited)
     try:
         header = next(items)
     except StopIteration:
         raise AAAKParseError("the dump is empty") from None
     tokenizer = header.settings.get("tokenizer")
+    ours = not os.path.lexists(tmp)
+    guard: int | None = None
     try:
         db = open_engram(tmp, create=True, tokenizer=tokenizer, **open_options)
+        if not db._store.created:
+            ours = False
+            db.close()
+            raise AlreadyOpenError(f"another restore to {path} is in progress ({tmp} is in use)",
+                                   hint="wait for it to finish, or choose another path")
+        # Our shared lock on the new file, held from its creation to its rename: the next
+        # opener of `path` removes a .restore-tmp only when nobody holds one.
+        guard = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.flock(guard, fcntl.LOCK_SH)
         try:
             count = _load(db, header, items, progress)
             problems = db.verify()
@@ -271,13 +267,12 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
         finally:
             db.close()
         _fsync_path(tmp)
-        if os.path.exists(path):
-            _replace_exclusively(tmp, path)
-        else:
-            os.replace(tmp, path)
-            _fsync_path(os.path.dirname(path) or ".")
+        replace_store(tmp, path)
     finally:
-        _remove_store_files(tmp)
+        if ours:  # after a failure the new file, after the rename its sidecars
+            _remove_store_files(tmp)
+        if guard is not None:
+            os.close(guard)
     return count
 
 

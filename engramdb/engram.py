@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from . import codec, crypto
 from .errors import (
@@ -24,7 +24,7 @@ from .errors import (
     WrongPassphraseError,
 )
 from .records import TIERS, Node, new_id, now_ts
-from .store import HEADER_KEYS, TABLES, Store, Txn, structural_problems
+from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
     from .index import Indexes
@@ -205,7 +205,8 @@ _gc_was_enabled = True
 def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key: bytes | str | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
-         tokenizer: Mapping[str, Any] | None = None) -> "Engram":
+         tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
+         repair: bool = False) -> "Engram":
     """Open (or create) a .engram file.
 
     Args:
@@ -217,16 +218,25 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         create: create the file when missing.
         readonly: open without write access (no write lock is ever taken).
         kdf: argon2id parameters for a new file (default t=3, m=64 MiB, p=4).
-        verify: run LMDB's structural check before mapping the file (always done after an
-            unclean shutdown).
+        verify: run LMDB's structural check before mapping the file, and check every
+            table against the sealed state's digests after unlocking it (which finds records
+            rolled back in place). The structural check alone also runs whenever the file
+            may have changed outside engramdb since its last clean close (spec/file-format.md).
         map_size: initial map size in bytes (it grows by itself).
         tokenizer: tokenizer settings for a new file (see spec/bm25.md); a file keeps its
             tokenizer for life, and opening it with different settings is an error.
+        timeout: seconds this handle waits for another process or thread: at open, for a
+            compaction or restore of the file to finish; in each write, for the writer
+            before it (default 30; None waits as long as it takes). :class:`BusyError` when
+            it expires.
+        repair: open a file whose sealed state is missing or was not written by the file's
+            last commit (otherwise refused), only to run ``verify(fix=True)`` on it.
 
     Raises:
         ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
         WrongPassphraseError: the passphrase or key does not unlock the file.
         CorruptFileError, ForeignFileError, FormatVersionError: see their hints.
+        BusyError: another process kept the file busy past ``timeout``.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValidationError(f"path must be a file path (str or os.PathLike), got {path!r}",
@@ -238,16 +248,18 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
     if kdf is not None:
         kdf.check()
-    store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
+    store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify, timeout=timeout)
+    store.repair = bool(repair)
     try:
         engram = Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
-        if verify or store.unclean_shutdown:  # verify-then-trust: the snapshot must be the last commit
+        if not repair:  # the snapshot must be the last engramdb commit (a removed or older state is not)
             with store.read() as txn:
-                binding = txn.binding_problem()
-            if binding:
-                raise CorruptFileError(f"{store.path}: {binding}",
-                                       hint="open it without verify=True and run `engramdb verify --fix FILE`, "
-                                            "or restore from a dump or backup")
+                problems = [txn.binding_problem()] + (_digest_problems(txn) if verify else [])
+            problems = [p for p in problems if p]
+            if problems:
+                raise CorruptFileError(f"{store.path}: {problems[0]}",
+                                       hint="run `engramdb verify --fix FILE` (it rebuilds the state from the "
+                                            "records), or restore from a dump or backup")
         engram._tokenizer_settings = dict(tokenizer) if tokenizer is not None else None
         indexes = engram.indexes  # checks the requested tokenizer against the file's
         if not store.readonly:
@@ -863,6 +875,8 @@ class Engram:
         the records (id map, indexes, digests) and report what was found before fixing.
         """
         problems = self._verify_structure()
+        if problems:  # never read a damaged file through the map: a bad page can kill the process
+            return problems
         with self._store.read() as txn:
             problems += _check_contents(self, txn)
         if fix and problems and not self.readonly:
@@ -1085,9 +1099,19 @@ class Transaction:
         self._engram.indexes.graph.put(self._txn, a, b, edge)
 
     def find(self, id: str) -> Node | None:
-        """The node, or None."""
+        """The node, or None.
+
+        Raises:
+            CorruptFileError: the id map points at a record of another memory.
+        """
         docno = self._docno(id)
-        return None if docno is None else self._load(docno)
+        if docno is None:
+            return None
+        node = self._load(docno)
+        if node.id != id:
+            raise CorruptFileError(f"the id map points {id[:60]!r} at the record of another memory",
+                                   hint="run `engramdb verify --fix FILE` to rebuild the id map")
+        return node
 
     def get(self, id: str) -> Node:
         """The node.
@@ -1105,8 +1129,9 @@ class Transaction:
         if self._txn.get("ids", id_key) is not None:
             raise DuplicateIdError(f"a memory with id {node.id!r} exists")
         docno = self._txn.allocate_docno()
-        self._txn.put("nodes", codec.u64(docno), codec.encode_node(node))
-        self._txn.put("ids", id_key, codec.u64(docno))
+        # inserts that never overwrite: a stored record under a new docno means the counters are behind
+        self._txn.insert_many("nodes", [(codec.u64(docno), codec.encode_node(node))])
+        self._txn.insert_many("ids", [(id_key, codec.u64(docno))])
         self._index(added=[(docno, node)])  # index hook
         return node.id
 
@@ -1266,7 +1291,61 @@ def _procedure_key(packed: bytes) -> bytes:
 
 # --- verify ---------------------------------------------------------------------------
 
+def _digest_mismatch(table: str, found: tuple[int, int], sealed: list[int]) -> str | None:
+    """What differs between a table's entries and the sealed state's count and digest, or None."""
+    (count, digest), (want_count, want_digest) = found, sealed
+    if count != want_count:
+        return (f"table {table}: {count} entries, but the sealed state counts {want_count}; entries were "
+                "removed or added outside engramdb")
+    if digest != want_digest:
+        return (f"table {table}: {count} entries as the sealed state counts, but their digest differs; an "
+                "entry was replaced, e.g. rolled back to an older value")
+    return None
+
+
+def _table_digests(txn: Txn, table: str, sealer: crypto.Sealer,
+                   on_entry: Callable[[bytes, bytes], None] | None = None) -> tuple[int, int]:
+    """(count, additive digest) of a table's entries, streamed; ``on_entry(key, envelope)`` sees each."""
+    count, digest, tname = 0, 0, table.encode()
+    for key, envelope in txn.raw_items(table):
+        if on_entry is not None:
+            on_entry(key, envelope)
+        count += 1
+        digest = (digest + sealer.state_term(tname, key, envelope)) % 2**256
+    return count, digest
+
+
+def _digest_problems(txn: Txn) -> list[str]:
+    """Every table's entries against the sealed state's count and digest (open(verify=True))."""
+    state, sealer = txn.state, txn.store.sealer
+    found = (_digest_mismatch(t, _table_digests(txn, t, sealer), state.digests.get(t, [0, 0]))
+             for t in TABLES if t != "meta")
+    return [p for p in found if p]
+
+
+class _Records(Mapping[int, Node]):
+    """Every docno of the file, but only the archived stubs' records (what the archive check
+    reads), so verify does not keep every decoded record."""
+
+    def __init__(self, docnos: Mapping[int, bytes], archived: dict[int, Node]) -> None:
+        self._docnos, self._archived = docnos, archived
+
+    def __contains__(self, docno: object) -> bool:
+        return docno in self._docnos
+
+    def __getitem__(self, docno: int) -> Node:
+        return self._archived[docno]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._archived)
+
+    def __len__(self) -> int:
+        return len(self._archived)
+
+
 def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
+    """Everything below the structure. It streams: per record only its docno and blind id key
+    are kept, so memory grows with the number of records by tens of bytes each."""
     store = engram._store
     sealer = store.sealer
     problems: list[Problem] = []
@@ -1282,53 +1361,63 @@ def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
     binding = txn.binding_problem()
     if binding:
         problems.append(Problem("state", binding))
-    docnos: dict[int, Node] = {}
-    archive_rows: list[tuple[bytes, bytes]] = []
-    for table in TABLES:
-        count, digest = 0, 0
-        for key, envelope in txn.raw_items(table):
-            if table == "meta" and (key in HEADER_KEYS):
-                continue
+    for key, envelope in txn.raw_items("meta"):
+        if key not in HEADER_KEYS:
             try:
-                plain = sealer.open(table.encode(), key, envelope)
+                sealer.open(b"meta", key, envelope)
+            except DecryptionError:
+                problems.append(Problem("decrypt", f"meta/{key.hex()} does not authenticate"))
+    from .maintenance.archive import info as archive_info, problems as archive_problems
+
+    id_keys: dict[int, bytes] = {}  # docno -> blind id key of the record's id
+    archived: dict[int, Node] = {}  # only archived stubs are kept decoded (for the archive check)
+    archive_rows: list[tuple[bytes, bytes]] = []
+
+    for table in TABLES:
+        if table == "meta":
+            continue
+        tname = table.encode()
+
+        def check(key: bytes, envelope: bytes, table: str = table, tname: bytes = tname) -> None:
+            try:
+                plain = sealer.open(tname, key, envelope)
             except DecryptionError:
                 problems.append(Problem("decrypt", f"{table}/{key.hex()} does not authenticate"))
-                continue
-            if table == "meta":
-                continue
-            count += 1
-            digest = (digest + sealer.state_term(table.encode(), key, envelope)) % 2**256
+                return
             if table == "archive":
                 archive_rows.append((key, plain))
             if table == "nodes":
                 try:
-                    docnos[codec.from_u64(key)] = codec.decode_node(plain)
+                    docno, node = codec.from_u64(key), codec.decode_node(plain)
                 except EngramError as exc:
                     problems.append(Problem("record", f"node {key.hex()}: {exc.message}"))
-        if table != "meta":
-            want_count, want_digest = state.digests.get(table, [0, 0])
-            if (count, digest) != (want_count, want_digest):
-                problems.append(Problem("digest", f"table {table}: {count} entries do not match the sealed "
-                                                  f"state ({want_count}); entries were removed, added or rolled back"))
+                    return
+                id_keys[docno] = engram._id_key(node.id)
+                if archive_info(node) is not None:
+                    archived[docno] = node
+                if docno >= state.next_docno:
+                    problems.append(Problem("state", f"record {docno} ({node.id[:60]!r}) is beyond the allocated "
+                                                     "docnos"))
+
+        mismatch = _digest_mismatch(table, _table_digests(txn, table, sealer, check),
+                                    state.digests.get(table, [0, 0]))
+        if mismatch:
+            problems.append(Problem("digest", mismatch))
     mapped: set[int] = set()
-    for key, value in txn.items("ids"):
+    for key, envelope in txn.raw_items("ids"):
         try:
-            docno = codec.from_u64(value)
+            docno = codec.from_u64(sealer.open(b"ids", key, envelope))
+        except DecryptionError:
+            continue  # reported above
         except CorruptFileError:
             problems.append(Problem("ids", f"id entry {key.hex()} is malformed"))
             continue
-        node = docnos.get(docno)
-        if node is None or engram._id_key(node.id) != key:
+        if id_keys.get(docno) != key:
             problems.append(Problem("ids", f"id entry {key.hex()} points at a missing or different record"))
         mapped.add(docno)
-    for docno, node in docnos.items():
-        if docno not in mapped:
-            problems.append(Problem("ids", f"record {docno} ({node.id!r}) has no id entry"))
-        if docno >= state.next_docno:
-            problems.append(Problem("state", f"record {docno} is beyond the allocated docnos"))
-    from .maintenance.archive import problems as archive_problems
-
-    problems += [Problem("archive", p) for p in archive_problems(docnos, archive_rows)]  # archive hook
+    for docno in sorted(id_keys.keys() - mapped):
+        problems.append(Problem("ids", f"record {docno} has no id entry"))
+    problems += [Problem("archive", p) for p in archive_problems(_Records(id_keys, archived), archive_rows)]
     try:
         problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
     except EngramError as exc:  # e.g. a record that does not decrypt (reported above): verify reports, never raises
@@ -1350,12 +1439,7 @@ def _rebuild_derived(engram: Engram, txn: Txn) -> None:
     state = txn.state
     sealer = engram._store.sealer
     for table in TABLES:
-        if table == "meta":
-            continue
-        count, digest = 0, 0
-        for key, envelope in txn.raw_items(table):
-            count += 1
-            digest = (digest + sealer.state_term(table.encode(), key, envelope)) % 2**256
-        state.digests[table] = [count, digest]
+        if table != "meta":
+            state.digests[table] = list(_table_digests(txn, table, sealer))
     if state.next_docno <= max((codec.from_u64(k) for k in txn.keys("nodes")), default=0):
         state.next_docno = max(codec.from_u64(k) for k in txn.keys("nodes")) + 1

@@ -12,6 +12,7 @@ __all__ = [
     "StoreError",
     "StorageFullError",
     "AlreadyOpenError",
+    "BusyError",
     "FileMissingError",
     "WriteConflictError",
     "ForkError",
@@ -73,6 +74,14 @@ class AlreadyOpenError(StoreError):
     """The file is already open in this process with incompatible options."""
 
     default_hint = "reuse the Engram handle you already have, or close it before opening the file again"
+
+
+class BusyError(StoreError):
+    """Another process (or thread) held the file longer than the timeout allowed: a write
+    transaction, a compaction or a restore. Nothing was written."""
+
+    default_hint = ("another process is writing to or compacting the file; retry later, or open it with a longer "
+                    "timeout (open(..., timeout=SECONDS), `engramdb --timeout SECONDS`; None waits as long as it takes)")
 
 
 class FileMissingError(StoreError, FileNotFoundError):

@@ -21,8 +21,10 @@ import errno
 import fcntl
 import os
 import resource
+import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
@@ -31,8 +33,8 @@ import lmdb
 from . import codec
 from .crypto import EPOCH_LIMIT, Sealer
 from .errors import (
-    AlreadyOpenError, ClosedError, CorruptFileError, EngramError, FileMissingError, ForeignFileError,
-    ForkError, ReadOnlyError, StorageFullError, StoreError, WriteConflictError,
+    AlreadyOpenError, BusyError, ClosedError, CorruptFileError, EngramError, FileMissingError, ForeignFileError,
+    ForkError, ReadOnlyError, StorageFullError, StoreError, ValidationError, WriteConflictError,
 )
 
 T = TypeVar("T")
@@ -95,75 +97,333 @@ class State:
             raise CorruptFileError("the store's state record is malformed") from None
 
 
-class _Env:
-    """One LMDB environment shared by every handle of a path in this process."""
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
 
-    def __init__(self, path: str, *, readonly: bool, create: bool, map_size: int | None, verify: bool) -> None:
+
+def _flock_until(fd: int, op: int, deadline: float | None, busy: str) -> None:
+    """``flock(fd, op)``, waiting until ``deadline`` (None: as long as it takes).
+
+    Raises:
+        BusyError: the lock was still held by someone else at the deadline.
+    """
+    if deadline is None:
+        fcntl.flock(fd, op)
+        return
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BusyError(busy) from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open on ``fd`` (not unlinked or replaced)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def open_sidecar(path: str, flags: int) -> int:
+    """Open a sidecar (``-maint``, ``-lock``, a temporary file) without following a symlink,
+    and check that it is a regular file owned by this user.
+
+    Raises:
+        StoreError: a symlink, another kind of file, or another user's file is in its place.
+        OSError: the file cannot be opened (missing, permissions, read-only medium).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a symbolic link; engramdb refuses to write through it",
+                             hint=f"remove the link (rm {path}); engramdb creates the file again") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise StoreError(f"{path} is not a regular file owned by you; engramdb refuses to use it",
+                         hint=f"remove it (rm {path}) if no engramdb process has the store open")
+    return fd
+
+
+def create_private(path: str) -> int:
+    """Create ``path`` new (O_EXCL), mode 0600 from the start, never through a symlink; a write fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode is already 0600 under any umask; this documents it
+    return fd
+
+
+def remove_if_abandoned(path: str, sidecars: tuple[str, ...] = ()) -> bool:
+    """Delete ``path`` (and ``path + suffix`` for each sidecar) when no process holds a lock on it.
+
+    Every engramdb writer of a temporary file (a compacting copy, a restore's new store,
+    ``dump -o``'s ``.partial``) holds a ``flock`` on it from its creation to its rename, so a
+    file nobody has locked is a leftover of a killed process. Returns True when removed.
+    """
+    try:
+        fd = open_sidecar(path, os.O_RDONLY)
+    except (OSError, StoreError):
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # in use: somebody's work in progress
+        if not _same_file(fd, path):
+            return False  # renamed into place (or removed) meanwhile
+        for suffix in sidecars:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + suffix)
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _meta_txnid(path: str) -> int:
+    """The last commit id in the file's meta pages (plain I/O; 0 when they cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.read(4096)
+            if len(first) < _META_TXNID + 8:
+                return 0
+            psize = struct.unpack_from("<I", first, _META_PSIZE)[0]
+            fh.seek(psize if psize in (4096, 8192, 16384, 32768, 65536) else 4096)
+            second = fh.read(_META_TXNID + 8)
+    except OSError:
+        return 0
+    pages = [page for page in (first, second) if len(page) >= _META_TXNID + 8]
+    return max(struct.unpack_from("<Q", page, _META_TXNID)[0] for page in pages)
+
+
+def file_fingerprint(path: str, fd: int) -> bytes:
+    """What a clean close records of the data file: device, inode, size, change and modification
+    times, and the last commit id. Any write to the file outside engramdb changes the ctime
+    (which no unprivileged process can set back), so a different fingerprint at the next open
+    means the file may have changed outside engramdb."""
+    st = os.fstat(fd)
+    fields = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, _meta_txnid(path))
+    return b"clean v2 " + b" ".join(b"%d" % f for f in fields) + b"\n"
+
+
+def replace_store(tmp: str, path: str) -> None:
+    """Rename the closed store ``tmp`` over ``path`` (restore --force), only while no process
+    has ``path`` open: the exclusive lock on the data file itself is taken first.
+
+    Raises:
+        AlreadyOpenError: a process has ``path`` open.
+    """
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AlreadyOpenError(f"{path} is open in another process; it cannot be replaced",
+                                       hint="close the other processes, then run the command again") from None
+            if not _same_file(fd, path):
+                raise AlreadyOpenError(f"{path} was replaced by another process meanwhile",
+                                       hint="run the command again")
+        os.replace(tmp, path)
+        _fsync_dir(path)
+        # The sidecars described the old file: LMDB rebuilds -lock at the next open; the
+        # clean-shutdown record is written for the new file.
+        with contextlib.suppress(OSError, StoreError):
+            maint = open_sidecar(path + "-maint", os.O_RDWR | os.O_CREAT)
+            try:
+                new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    record = file_fingerprint(path, new)
+                finally:
+                    os.close(new)
+                os.pwrite(maint, record, 0)
+                os.ftruncate(maint, len(record))
+            finally:
+                os.close(maint)
+    finally:
+        if fd is not None:
+            os.close(fd)  # openers that waited on the old file find it replaced and start again
+
+
+# Leftovers a killed process can leave beside NAME.engram, removed by the next opener (when
+# nobody holds a lock on them). LMDB's -lock and engramdb's -maint of a store go with it.
+STORE_SIDECARS = ("-lock", "-maint")
+COMPACT_SUFFIX = ".compact-tmp"
+RESTORE_SUFFIX = ".restore-tmp"
+DEFAULT_TIMEOUT = 30.0
+
+
+class _Env:
+    """One LMDB environment shared by every handle of a path in this process.
+
+    Locks (spec/file-format.md, "Files and locks"):
+
+    * ``lock_fd``, an fd of the data file itself: every opener holds a shared ``flock``;
+      compact and ``restore --force`` need it exclusively to replace the file. Locking the
+      data file (not a sidecar that can be deleted) ties the lock to the file's identity;
+      after every acquisition the path is checked to still name the locked file.
+    * ``maint_fd`` (``NAME.engram-maint``): the clean-shutdown record, and the writer lock
+      (an exclusive ``flock`` for the length of each write transaction, taken with a timeout
+      before LMDB's own writer mutex, which has none).
+    """
+
+    def __init__(self, path: str, *, readonly: bool, create: bool, map_size: int | None, verify: bool,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
         self.path = path
         self.readonly = readonly
+        self.timeout = timeout
         self.pid = os.getpid()
         self.refs = 0
         self.resize_lock = threading.Condition()
+        self.write_mutex = threading.Lock()
         self.active_readers = 0
         self.active_writers = 0
         self.unclean = False
+        self.changed = False
+        self.checked = False
         self.meta_problem: str | None = None
-        self.maint_fd = self._lock_maint(readonly)
+        self.maint_fd: int | None = None
+        self.maint_writable = False
+        self.lock_fd: int | None = None
+        deadline = _deadline(timeout)
         try:
-            if self.meta_problem and (verify or self.unclean):  # verify-then-trust; see meta_problem
+            created = self.created = self._lock_file(readonly, create, deadline)
+            if self.meta_problem and (verify or self.unclean or self.changed):  # verify-then-trust
                 raise CorruptFileError(f"{path}: {self.meta_problem}",
-                                       hint="restore from a dump or backup; an open without verify=True still "
-                                            "reads it, possibly one commit behind")
-            if os.path.exists(path) and (verify or self.unclean):
+                                       hint="restore from a dump or backup")
+            if not created and (verify or self.unclean or self.changed):
                 structural_verify(path)
+                self.checked = True
+            self._check_lock_sidecar(readonly)
             self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
             self._check_not_truncated()  # before any page beyond the meta pages is touched
-            self.dbs = self._open_dbs(create=not readonly)
+            self.dbs = self._open_dbs(create=not readonly, new_file=created)
         except BaseException:
-            self._unlock_maint(clean=False)
             if getattr(self, "env", None) is not None:
                 self.env.close()
+            self._unlock(clean=False)
             raise
 
-    # -- maintenance lock ------------------------------------------------------------
-    def _lock_maint(self, readonly: bool) -> int | None:
-        # A reader creates a missing lock file too: a reader without the shared lock would
-        # let `compact` replace the file under it (and read the copy through a stale -lock).
-        attempts = (os.O_RDONLY, os.O_RDWR | os.O_CREAT) if readonly else (os.O_RDWR | os.O_CREAT,)
-        for flags in attempts:
+    # -- locks -----------------------------------------------------------------------
+    def _lock_file(self, readonly: bool, create: bool, deadline: float | None) -> bool:
+        """Take the shared lock on the data file (creating it when asked); returns True when
+        this call created it. The first opener (alone with the file) also reads the
+        clean-shutdown record, checks the meta pages and removes abandoned temporary files."""
+        path = self.path
+        busy = f"{path} is being compacted or replaced by another process"
+        while True:
+            created = False
             try:
-                fd = os.open(self.path + "-maint", flags | os.O_CLOEXEC, 0o600)
-                break
-            except OSError:
-                continue
-        else:
-            return None  # read-only media: readers cannot block a compaction they could not see anyway
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # others have it open; they wrote the marker
-            return fd
-        # We are the only opener: a leftover "open" marker means the last session died.
-        self.unclean = os.pread(fd, 16, 0).startswith(b"open")
-        self.meta_problem = meta_problem(self.path)  # nobody can be committing right now
-        if not readonly:
-            os.pwrite(fd, b"open ", 0)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return fd
-
-    def _unlock_maint(self, *, clean: bool) -> None:
-        fd, self.maint_fd = self.maint_fd, None
-        if fd is None:
-            return
-        try:
-            if clean and not self.readonly:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if readonly or not create:
+                    raise FileMissingError(f"{path} does not exist") from None
+                try:
+                    fd = create_private(path)
+                    created = True
+                except FileExistsError:
+                    continue  # another process created it this instant: open theirs
+            try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.pwrite(fd, b"clean", 0)  # the last closer marks a clean shutdown
-                except OSError:
-                    pass
+                    alone = True
+                except BlockingIOError:
+                    _flock_until(fd, fcntl.LOCK_SH, deadline, busy)
+                    alone = False
+                if not _same_file(fd, path):  # replaced (compact, restore) or removed meanwhile
+                    os.close(fd)
+                    continue
+            except BaseException:
+                os.close(fd)
+                raise
+            self.lock_fd = fd
+            self._open_maint(readonly)
+            if alone:
+                self._first_opener(readonly, created)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # a downgrade: atomic, no one can slip in
+            return created
+
+    def _open_maint(self, readonly: bool) -> None:
+        # A reader creates a missing -maint too when it can (it records the clean shutdown).
+        attempts = (os.O_RDWR, os.O_RDONLY, os.O_RDWR | os.O_CREAT) if readonly else (os.O_RDWR | os.O_CREAT,)
+        for flags in attempts:
+            try:
+                self.maint_fd = open_sidecar(self.path + "-maint", flags)
+                self.maint_writable = bool(flags & os.O_RDWR)
+                return
+            except OSError:
+                continue
+        if not readonly:
+            raise StoreError(f"cannot create {self.path}-maint beside the store",
+                             hint="make the store's directory writable, or open the file read-only")
+
+    def _first_opener(self, readonly: bool, created: bool) -> None:
+        """Alone with the file: nobody can be committing, compacting or restoring it."""
+        record = b""
+        if self.maint_fd is not None:
+            record = os.pread(self.maint_fd, 256, 0)
+        self.unclean = record.startswith(b"open")
+        if not created:
+            self.changed = not self.unclean and record != file_fingerprint(self.path, self.lock_fd)
+            self.meta_problem = meta_problem(self.path)
+        # A compacting copy is only written under the exclusive lock: any copy is abandoned.
+        remove_if_abandoned(self.path + COMPACT_SUFFIX)
+        remove_if_abandoned(self.path + RESTORE_SUFFIX, STORE_SIDECARS)
+        if not readonly and self.maint_writable:
+            os.pwrite(self.maint_fd, b"open ", 0)
+
+    def _check_lock_sidecar(self, readonly: bool) -> None:
+        """LMDB opens ``-lock`` itself (following links): check what is there, or create it
+        ourselves, mode 0600 and never through a link, before LMDB does."""
+        lock = self.path + "-lock"
+        try:
+            fd = open_sidecar(lock, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT)
+        except OSError:
+            return  # missing on a read-only medium: LMDB reports what it needs
+        os.close(fd)
+
+    def _unlock(self, *, clean: bool) -> None:
+        """Release the locks; the last closer of a writable session records a clean shutdown."""
+        maint, self.maint_fd = self.maint_fd, None
+        lock, self.lock_fd = self.lock_fd, None
+        try:
+            if clean and lock is not None and maint is not None and self.maint_writable:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # others still have it open: the last of them records it
+                else:
+                    if not self.readonly or self.checked or os.pread(maint, 5, 0) == b"clean":
+                        record = file_fingerprint(self.path, lock)
+                        os.pwrite(maint, record, 0)
+                        os.ftruncate(maint, len(record))
+        except OSError:
+            pass
         finally:
-            os.close(fd)
+            for fd in (maint, lock):
+                if fd is not None:
+                    os.close(fd)
 
     def release_inherited(self) -> None:
         """In a forked child: drop the parent's environment so this process can open the file.
@@ -171,7 +431,7 @@ class _Env:
         py-lmdb refuses a second environment on the same file while the inherited one
         exists, so it must be closed; that is safe only when no transaction was open at
         fork time (aborting an inherited read transaction clears the parent's reader slot
-        in the shared lock file). The maintenance fd shares the parent's flock: only close it.
+        in the shared lock file). The inherited fds share the parent's flocks: only close them.
 
         Raises:
             ForkError: the process forked while a transaction of this file was open.
@@ -180,25 +440,62 @@ class _Env:
             raise ForkError("this process was forked while a transaction on the file was open; it cannot "
                             "open the file", hint="fork while no transaction is open, or use the 'spawn' start method")
         self.env.close()
-        fd, self.maint_fd = self.maint_fd, None
-        if fd is not None:
-            os.close(fd)
+        for name in ("maint_fd", "lock_fd"):
+            fd = getattr(self, name)
+            setattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
 
     def try_exclusive(self) -> bool:
-        if self.maint_fd is None:
+        if self.lock_fd is None:
             return False
         try:
-            fcntl.flock(self.maint_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except OSError:
             # A failed shared-to-exclusive upgrade drops the shared lock (flock(2)): take it
             # back, or another process's compact could replace the file under this handle.
-            fcntl.flock(self.maint_fd, fcntl.LOCK_SH)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
             return False
 
     def release_exclusive(self) -> None:
-        if self.maint_fd is not None:
-            fcntl.flock(self.maint_fd, fcntl.LOCK_SH)
+        if self.lock_fd is not None:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
+
+    def acquire_writer(self, timeout: float | None) -> None:
+        """The writer lock, within ``timeout`` seconds (LMDB's own mutex waits forever).
+
+        Raises:
+            BusyError: another thread or process kept writing past the timeout.
+        """
+        busy = f"{self.path}: another writer held the file for longer than the timeout ({timeout} s)"
+        deadline = _deadline(timeout)
+        if not self.write_mutex.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise BusyError(busy)
+        try:
+            if self.maint_fd is not None and self.maint_writable:
+                _flock_until(self.maint_fd, fcntl.LOCK_EX, deadline, busy)
+        except BaseException:
+            self.write_mutex.release()
+            raise
+
+    def release_writer(self) -> None:
+        try:
+            if self.maint_fd is not None and self.maint_writable:
+                fcntl.flock(self.maint_fd, fcntl.LOCK_UN)
+        finally:
+            self.write_mutex.release()
+
+    def check_identity(self) -> None:
+        """Refuse to commit into a file that is no longer the one at the path.
+
+        Raises:
+            StoreError: the data file was replaced or removed while this handle had it open.
+        """
+        if self.lock_fd is not None and not _same_file(self.lock_fd, self.path):
+            raise StoreError(f"{self.path} was replaced or removed while this handle had it open; "
+                             "the transaction was rolled back",
+                             hint="close this handle and open the file again")
 
     # -- environment -----------------------------------------------------------------
     @staticmethod
@@ -225,17 +522,34 @@ class _Env:
             raise CorruptFileError(f"{self.path} is truncated: its last pages are missing",
                                    hint="restore the file from a dump or backup")
 
-    def _open_dbs(self, *, create: bool) -> dict:
+    def _open_dbs(self, *, create: bool, new_file: bool, writer_held: bool = False) -> dict:
         try:
             with self.env.begin() as txn:
                 present = [txn.get(_DB_NAMES[name]) is not None for name in TABLES]
                 empty = txn.stat()["entries"] == 0
-            if not all(present) and not (create and empty and not any(present)):
-                # Never create our tables inside somebody else's LMDB file.
-                raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file")
-            return {name: self.env.open_db(_DB_NAMES[name], create=create) for name in TABLES}
+            if all(present):
+                return self._open_tables(create=False, writer_held=writer_held)
+            # Never create our tables inside somebody else's LMDB file: only in a file this open
+            # created, one where engramdb created some of its tables and was stopped, or one
+            # nobody ever committed to. An empty file with commits held somebody else's tables.
+            foreign = not any(present) and (not empty or not new_file and self.env.info()["last_txnid"] > 0)
+            if foreign or not create:
+                raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file",
+                                       hint="check the path; engramdb adds its tables only to its own files")
+            return self._open_tables(create=True, writer_held=writer_held)
         except lmdb.Error as exc:  # the main B-tree is damaged (an unverified open)
             raise _map_lmdb_error(exc, f"cannot open the tables of {self.path}") from None
+
+    def _open_tables(self, *, create: bool, writer_held: bool) -> dict:
+        if self.readonly or writer_held:
+            return {name: self.env.open_db(_DB_NAMES[name], create=False) for name in TABLES}
+        # py-lmdb opens a read-write environment's tables in a write transaction, which waits
+        # for LMDB's writer mutex without a timeout: take engramdb's writer lock first.
+        self.acquire_writer(self.timeout)
+        try:
+            return {name: self.env.open_db(_DB_NAMES[name], create=create) for name in TABLES}
+        finally:
+            self.release_writer()
 
     def grow(self, *, to_at_least: int = 0) -> None:
         """Double the map (or more), once no read transaction of this process is open."""
@@ -314,6 +628,12 @@ def _map_lmdb_error(exc: lmdb.Error, what: str, *, path: str | None = None) -> E
     return StoreError(f"{what}: {text}")
 
 
+def _os_error(exc: OSError, what: str) -> EngramError:
+    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return StorageFullError(f"{what}: the disk or file-size limit is full")
+    return StoreError(f"{what}: {exc.strerror or exc}")
+
+
 def sniff(path: str) -> None:
     """Refuse foreign and truncated files before LMDB maps them (a mapped hole is a SIGBUS).
 
@@ -337,6 +657,8 @@ def sniff(path: str) -> None:
                                     "deleted and created again with `engramdb init FILE`")
     if len(head) < 4096:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
+    if struct.unpack_from("<I", head, 16)[0] != _META_MAGIC:
+        raise ForeignFileError(f"{path} is not an engramdb file (not an LMDB data file)")
 
 
 _META_MAGIC = 0xBEEFC0DE
@@ -448,6 +770,8 @@ class Txn:
                     self._state.txnid = self._ltxn.id()
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
+                if self._log:
+                    self.store._env.check_identity()  # never commit into a file replaced under us
                 self._ltxn.commit()
                 self._ltxn = None
                 return
@@ -460,6 +784,9 @@ class Txn:
                 self._abort()
                 raise _map_lmdb_error(exc, "commit failed; the transaction was rolled back",
                                       path=self.store.path) from None
+            except BaseException:
+                self._abort()
+                raise
 
     def _regrow_and_replay(self) -> None:
         """MapFullError aborted the LMDB transaction: grow the map, re-begin, replay our raw writes.
@@ -487,6 +814,13 @@ class Txn:
     def _load_state(self) -> State:
         raw = self._ltxn.get(STATE_KEY, db=self.store._env.dbs["meta"])
         if raw is None:
+            # Only a new file has no state yet. Without it the counters would restart and the
+            # next write would reuse document numbers of stored memories.
+            if not self.store.repair and (self.count("meta") > len(HEADER_KEYS)
+                                          or any(self.count(t) for t in TABLES if t != "meta")):
+                raise CorruptFileError("the store's sealed state record is missing, but the file holds data",
+                                       hint="run `engramdb verify --fix FILE` to rebuild it from the records, or "
+                                            "restore from a dump or backup")
             return State()
         return State.from_bytes(self.store.sealer.open(b"meta", STATE_KEY, raw))
 
@@ -807,19 +1141,30 @@ class Store:
         self.readonly = readonly
         self.sealer: Sealer | None = None
         self.epoch_limit = EPOCH_LIMIT
+        self.timeout: float | None = DEFAULT_TIMEOUT
+        self.repair = False  # verify --fix: the sealed state may be missing or unbound
         self._local = threading.local()
         self._closed = False
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, readonly: bool = False, create: bool = True,
-             map_size: int | None = None, verify: bool = False) -> "Store":
+             map_size: int | None = None, verify: bool = False,
+             timeout: float | None = DEFAULT_TIMEOUT) -> "Store":
         """Open (or share) the environment of ``path``.
+
+        ``timeout`` bounds every wait of this handle for another process or thread: for a
+        compaction or restore to finish at open, and for the writer lock in each write
+        transaction (None: wait as long as it takes).
 
         Raises:
             FileMissingError: the file does not exist and ``create`` is false.
             ForeignFileError, CorruptFileError: not an engramdb/LMDB file, or damaged.
             AlreadyOpenError: the path is open in this process with a different read-only mode.
+            BusyError: the wait took longer than ``timeout``.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            raise ValidationError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
         path = os.path.realpath(os.fspath(path))
         with _registry_lock:
             env = _registry.get(path)
@@ -835,7 +1180,8 @@ class Store:
                 sniff(path)
                 sidecars = [p for p in (path + "-lock", path + "-maint") if not os.path.exists(p)]
                 try:
-                    env = _Env(path, readonly=readonly, create=create, map_size=map_size, verify=verify)
+                    env = _Env(path, readonly=readonly, create=create, map_size=map_size, verify=verify,
+                               timeout=timeout)
                 except BaseException:
                     for sidecar in sidecars:  # leave no litter beside a file we refused
                         with contextlib.suppress(OSError):
@@ -848,7 +1194,9 @@ class Store:
             elif verify:
                 structural_verify(path)
             env.refs += 1
-        return cls(env, readonly)
+        store = cls(env, readonly)
+        store.timeout = timeout
+        return store
 
     # -- guards ------------------------------------------------------------------------
     def _check(self) -> None:
@@ -860,6 +1208,11 @@ class Store:
     @property
     def path(self) -> str:
         return self._env.path
+
+    @property
+    def created(self) -> bool:
+        """True when the open that made this handle's environment created the file."""
+        return self._env.created
 
     @property
     def unclean_shutdown(self) -> bool:
@@ -920,11 +1273,17 @@ class Store:
         if current is not None:
             yield current
             return
-        self._env.headroom_check(reserve)
-        txn = Txn(self, write=True)
-        txn._begin()
+        env = self._env
+        env.acquire_writer(self.timeout)  # engramdb's writer lock, with a timeout; then LMDB's
+        try:
+            env.headroom_check(reserve)
+            txn = Txn(self, write=True)
+            txn._begin()
+        except BaseException:
+            env.release_writer()
+            raise
         self._local.txn = txn
-        self._env.active_writers += 1  # under LMDB's writer lock: one writer at a time
+        env.active_writers += 1  # under the writer locks: one writer at a time
         try:
             yield txn
             txn._commit()
@@ -935,8 +1294,9 @@ class Store:
             txn._abort()
             raise
         finally:
-            self._env.active_writers -= 1
+            env.active_writers -= 1
             self._local.txn = None
+            env.release_writer()
 
     def write(self, fn: Callable[[Txn], T], *, retries: int = 5, reserve: int = 0) -> T:
         """Run ``fn(txn)`` in one write transaction and commit; re-run it on a write conflict.
@@ -964,8 +1324,14 @@ class Store:
         """Replace the file by a compacting copy of itself: freed pages (and the ciphertext
         they held) leave the file.
 
+        The copy (``NAME.engram.compact-tmp``) is created new with mode 0600 and locked
+        while it is written; one left by a killed process is removed by the next opener.
+        Reads of other threads through this handle are waited for (up to the timeout).
+
         Raises:
-            AlreadyOpenError: another handle in this process, or another process, has the file open.
+            AlreadyOpenError: another handle in this process, another process, or another
+                thread's read that did not end within the timeout, has the file open.
+            BusyError: another thread's write did not end within the timeout.
             StorageFullError: not enough space for the copy (the original is untouched).
         """
         self._check()
@@ -976,44 +1342,66 @@ class Store:
             if env.refs != 1:
                 raise AlreadyOpenError("compact needs the only open handle of this file in this process",
                                        hint="close the other handles first")
-            if not env.try_exclusive():
-                raise AlreadyOpenError("another process has this file open; compact needs exclusive access",
-                                       hint="close the other processes using the file, then retry")
-            tmp = env.path + ".compact-tmp"
+            env.acquire_writer(self.timeout)  # no write of another thread runs meanwhile
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                try:
-                    env.env.copy(tmp, compact=True)
-                    fd = os.open(tmp, os.O_RDONLY)
+                with env.resize_lock:  # and no read begins: Store.read waits for this lock
+                    if not env.resize_lock.wait_for(lambda: env.active_readers == 0, timeout=self.timeout):
+                        raise AlreadyOpenError("other threads are reading through this handle; compact waited "
+                                               f"{self.timeout} s for their reads to end",
+                                               hint="retry once the other threads' reads are done")
+                    if not env.try_exclusive():
+                        raise AlreadyOpenError("another process has this file open; compact needs exclusive access",
+                                               hint="close the other processes using the file, then retry")
                     try:
-                        os.fsync(fd)
+                        self._replace_by_copy()
                     finally:
-                        os.close(fd)
-                    os.chmod(tmp, 0o600)
-                except lmdb.Error as exc:
-                    raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched",
-                                          path=tmp) from None
-                except OSError as exc:
-                    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                        raise StorageFullError("no space for the compacting copy; the original is untouched") from None
-                    raise StoreError(f"compacting copy failed: {exc.strerror}") from None
-                env.env.close()
-                os.replace(tmp, env.path)
-                dfd = os.open(os.path.dirname(env.path), os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-                env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
-                env._check_not_truncated()
-                env.dbs = env._open_dbs(create=False)
-                with self.transaction() as txn:  # the copy restarted LMDB's txnids: re-bind the state
-                    txn.state  # noqa: B018
+                        env.release_exclusive()
             finally:
+                env.release_writer()
+        with self.transaction() as txn:  # the copy restarted LMDB's txnids: re-bind the state
+            txn.state  # noqa: B018
+
+    def _replace_by_copy(self) -> None:
+        env = self._env
+        tmp = env.path + COMPACT_SUFFIX
+        remove_if_abandoned(tmp)
+        try:
+            fd = create_private(tmp)
+        except OSError as exc:
+            raise _os_error(exc, "cannot create the compacting copy; the original is untouched") from None
+        replaced = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # ours while it is written
+            try:
+                env.env.copyfd(fd, compact=True)
+                os.fsync(fd)
+            except lmdb.Error as exc:
+                raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched", path=tmp) from None
+            except OSError as exc:
+                raise _os_error(exc, "compacting copy failed; the original is untouched") from None
+            env.env.close()
+            try:
+                os.replace(tmp, env.path)
+                replaced = True
+            finally:
+                if not replaced:  # put the original back in service before reporting
+                    env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
+                    env.dbs = env._open_dbs(create=False, new_file=False, writer_held=True)
+            # The copy is now the data file, and its exclusive lock this handle's (downgraded to
+            # shared by release_exclusive). Closing the old fd releases the replaced file's lock:
+            # openers waiting on it find that the path names another file and start again.
+            old, env.lock_fd = env.lock_fd, fd
+            if old is not None:
+                os.close(old)
+            _fsync_dir(env.path)
+            env.env = _Env._open(env.path, readonly=False, create=False, map_size=None)
+            env._check_not_truncated()
+            env.dbs = env._open_dbs(create=False, new_file=False, writer_held=True)
+        finally:
+            if not replaced:
+                os.close(fd)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-                env.release_exclusive()
 
     def close(self) -> None:
         """Release this handle; the environment closes with its last handle."""
@@ -1028,4 +1416,4 @@ class Store:
             if env.refs == 0:
                 _registry.pop(env.path, None)
                 env.env.close()
-                env._unlock_maint(clean=True)
+                env._unlock(clean=True)

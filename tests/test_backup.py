@@ -223,14 +223,15 @@ def test_salvage_dump_skips_a_damaged_record_and_restores_the_rest(tmp_path):
         db.link("m2", "m3", "related", now=1.0)
         with db.transaction() as tx:
             tx.set_archived("m2", "the original of m2")
-    env = lmdb.open(str(path), subdir=False, max_dbs=32)
-    nodes = env.open_db(b"t1")
-    with env.begin(write=True, db=nodes) as txn:
-        key = (3).to_bytes(8, "big")  # m2's docno
-        value = bytearray(txn.get(key))
-        value[-1] ^= 0x01
-        txn.put(key, bytes(value))
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    nodes = env.open_db(b"t1", create=False)
+    with env.begin(db=nodes) as txn:
+        value = txn.get((3).to_bytes(8, "big"))  # m2's docno
     env.close()
+    data = bytearray(path.read_bytes())  # damaged in place, as a bad disk block would be
+    at = data.index(value) + len(value) - 1
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
     with engramdb.open(path, passphrase=PASSPHRASE) as db:
         with pytest.raises(engramdb.DecryptionError):
             db.dump(io.StringIO())

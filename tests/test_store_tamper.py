@@ -63,7 +63,11 @@ def write_header(path, header, *, recompute_sha=True, keys=(b"header", b"header.
 
 
 def reopen(path, **kwargs):
+    """Open past the commit-id binding: these tests change the file with raw LMDB commits,
+    which a normal open refuses (test_every_open_refuses_a_commit_made_outside_engramdb);
+    here they exercise what the later checks and the reads do with the damage."""
     kwargs.setdefault("passphrase", PASSPHRASE)
+    kwargs.setdefault("repair", True)
     return engram.open(path, **kwargs)
 
 
@@ -506,9 +510,19 @@ def test_verified_open_refuses_a_snapshot_that_is_not_the_last_engramdb_commit(c
     _put_raw(path, 6, b"stray", b"value")  # commits engramdb did not make
     _put_raw(path, 6, b"stray", None)
     with pytest.raises(CorruptFileError, match="outside engramdb"):
-        reopen(path, verify=True)
-    with reopen(path) as db:  # the lenient open still reads, and verify(fix=True) re-binds
+        reopen(path, verify=True, repair=False)
+    with reopen(path) as db:  # the repair open still reads, and verify(fix=True) re-binds
         assert db.get("id0") == nodes["id0"]
         assert [p.kind for p in db.verify(fix=True)] == ["state"]
-    with reopen(path, verify=True) as db:
+    with reopen(path, verify=True, repair=False) as db:
         assert db.verify() == []
+
+
+def test_every_open_refuses_a_commit_made_outside_engramdb(closed_file):
+    """Issue 16, finding 2: the state is bound to LMDB's commit id on every open, not only
+    with verify=True, so a file committed to with raw LMDB is not silently used."""
+    path, nodes = closed_file
+    _put_raw(path, 6, b"stray", b"value")
+    for kwargs in ({}, {"readonly": True}, {"verify": True}):
+        with pytest.raises(CorruptFileError, match="outside engramdb"):
+            reopen(path, repair=False, **kwargs)

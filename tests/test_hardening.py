@@ -1,0 +1,405 @@
+"""Issue 16: regression tests for what an independent attack on the file, its sidecars and
+its inputs found. Crash cases run in forked children (tests/conftest.py's fork server), so a
+signal death is a test failure instead of a dead pytest.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import lmdb
+import pytest
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb
+import engramdb.engram as engram
+from engramdb import codec
+from engramdb.errors import AlreadyOpenError, CorruptFileError, EngramError, StoreError
+
+PAGE = 4096
+P_LEAF = 0x02
+
+
+def build(path, n: int = 60) -> dict[str, str]:
+    """A closed file with small and overflow-sized records, updated and deleted ones; {id: record hex}."""
+    rnd = random.Random(16)
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"id-{i}", "content": f"memory number {i} about topic {i % 7}", "tags": ["t"]}
+                     for i in range(n)], now=1.0)
+        db.add_many([{"id": f"big-{i}", "metadata": {"blob": rnd.randbytes(rnd.randint(2000, 9000))}}
+                     for i in range(6)], now=1.0)
+        for i in range(0, n, 5):
+            db.update(f"id-{i}", importance=0.9)
+        db.delete("id-1")
+        return {node.id: codec.encode_node(node).hex() for node in db.scan()}
+
+
+def read_everything(emit, path: str, expected: dict, verify: bool = False) -> str:
+    """Open normally, scan, get every id, verify: 'OK', 'DETECTED ...' or 'WRONG n'."""
+    try:
+        db = engram.open(path, passphrase=PASSPHRASE, verify=verify)
+    except EngramError as exc:
+        return f"DETECTED open {type(exc).__name__}"
+    wrong = detected = 0
+    try:
+        try:
+            seen = {node.id: codec.encode_node(node).hex() for node in db.scan()}
+            wrong += sum(1 for i, rec in seen.items() if expected.get(i) != rec)
+        except EngramError:
+            detected += 1
+        for id_, record in expected.items():
+            try:
+                if codec.encode_node(db.get(id_)).hex() != record:
+                    wrong += 1
+            except EngramError:
+                detected += 1
+        problems = db.verify()
+    finally:
+        try:
+            db.close()
+        except EngramError:
+            pass
+    if wrong:
+        return f"WRONG {wrong}"
+    if detected or problems:
+        return f"DETECTED read {detected} verify {len(problems)}"
+    return "OK"
+
+
+def leaf_pages(data: bytes) -> list[int]:
+    """Numbers of the B-tree leaf pages (flags at offset 10 of the page header)."""
+    return [p for p in range(2, len(data) // PAGE)
+            if int.from_bytes(data[p * PAGE + 10:p * PAGE + 12], "little") == P_LEAF]
+
+
+def damage_node_offsets(emit, original: str, expected_path: str, workdir: str) -> None:
+    """Finding 1's reproduction: one 2-byte node offset of a leaf page pointed past the
+    page (SIGBUS in scan() and in verify() before the fix), for every leaf page."""
+    expected = json.load(open(expected_path))
+    data = open(original, "rb").read()
+    for page in leaf_pages(data):
+        target = os.path.join(workdir, f"leaf{page}.engram")
+        buf = bytearray(data)
+        buf[page * PAGE + 16:page * PAGE + 18] = (0xFFF0).to_bytes(2, "little")  # mp_ptrs[0]
+        open(target, "wb").write(bytes(buf))
+        emit(f"{page} {read_everything(emit, target, expected)}")
+
+
+CORRUPTIONS = ("header", "ptr", "bytes", "zero", "random-page")
+
+
+def corrupt(data: bytes, rnd: random.Random) -> tuple[bytes, str]:
+    """One damaged page: its header, a node offset, a few bytes, zeroed, or replaced by noise."""
+    page = rnd.randrange(2, len(data) // PAGE)
+    kind = rnd.choice(CORRUPTIONS)
+    buf = bytearray(data)
+    base = page * PAGE
+    if kind == "header":
+        at = base + rnd.randrange(16)
+        buf[at] = rnd.randrange(256)
+    elif kind == "ptr":
+        at = base + 16 + 2 * rnd.randrange(8)
+        buf[at:at + 2] = rnd.randrange(65536).to_bytes(2, "little")
+    elif kind == "bytes":
+        at = base + rnd.randrange(PAGE - 2)
+        buf[at:at + 2] = rnd.randbytes(2)
+    elif kind == "zero":
+        buf[base:base + PAGE] = bytes(PAGE)
+    else:
+        buf[base:base + PAGE] = rnd.randbytes(PAGE)
+    return bytes(buf), f"page {page} {kind}"
+
+
+def sweep(emit, original: str, expected_path: str, workdir: str, seed: int, start: int, count: int) -> None:
+    """Corruptions start..count-1 of ``seed``, each on a fresh copy, one line per corruption.
+    A signal death ends the child; the parent resumes after the corruption that killed it."""
+    expected = json.load(open(expected_path))
+    data = open(original, "rb").read()
+    rnd = random.Random(seed)
+    cases = [corrupt(data, rnd) for _ in range(count)]
+    for i in range(start, count):
+        damaged, what = cases[i]
+        target = os.path.join(workdir, f"c{i}.engram")
+        open(target, "wb").write(damaged)
+        emit(f"START {i}")
+        outcome = read_everything(emit, target, expected)
+        emit(f"DONE {i} {outcome} ({what})")
+        for suffix in ("", "-lock", "-maint"):
+            try:
+                os.unlink(target + suffix)
+            except FileNotFoundError:
+                pass
+
+
+def run_sweep(fork_server, tmp_path, count: int, seed: int) -> dict[str, int]:
+    original = tmp_path / "orig.engram"
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(build(original)))
+    work = tmp_path / "work"
+    work.mkdir()
+    outcomes: dict[str, int] = {}
+    crashes, wrong = [], []
+    start = 0
+    while start < count:
+        lines, code, signum = fork_server.call("sweep", str(original), str(expected_path), str(work), seed,
+                                               start, count)
+        done = [line for line in lines if line.startswith("DONE ")]
+        for line in done:
+            outcome = line.split()[2]
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            if outcome not in ("OK", "DETECTED"):
+                wrong.append(line)
+        started = [int(line.split()[1]) for line in lines if line.startswith("START ")]
+        if signum or code:
+            last = started[-1] if started else start
+            crashes.append((last, signum, code, lines[-2:]))
+            start = last + 1
+        else:
+            start = count
+    print(f"{count} single-page corruptions (seed {seed}), normal open: {outcomes}; crashes {crashes}")
+    assert crashes == [], crashes
+    assert wrong == [], wrong
+    return outcomes
+
+
+# --- finding 1: a damaged file cannot kill the process ----------------------------------------
+
+def test_damaged_node_offset_in_every_leaf_page_is_an_error_not_a_signal(fork_server, tmp_path):
+    original = tmp_path / "orig.engram"
+    expected_path = tmp_path / "expected.json"
+    expected_path.write_text(json.dumps(build(original)))
+    lines, code, signum = fork_server.call("damage_node_offsets", str(original), str(expected_path), str(tmp_path))
+    assert (code, signum) == (0, 0), lines[-3:]
+    assert len(lines) == len(leaf_pages(original.read_bytes())) > 3
+    outcomes = [line.split()[1] for line in lines]
+    assert set(outcomes) <= {"OK", "DETECTED"}, lines  # OK: a free page, outside the tree
+    assert outcomes.count("DETECTED") > 3, lines
+
+
+def verify_after_damage_under_the_map(emit, path: str) -> None:
+    """The file is damaged while this handle has it open: verify() reports the structural
+    problems and stops there instead of reading the damaged pages through the map."""
+    db = engram.open(path, passphrase=PASSPHRASE)
+    data = bytearray(open(path, "rb").read())
+    for page in leaf_pages(bytes(data)):
+        data[page * PAGE + 16:page * PAGE + 18] = (0xFFF0).to_bytes(2, "little")
+    with open(path, "r+b") as fh:
+        fh.write(bytes(data))
+    problems = db.verify()
+    emit(" ".join(sorted({p.kind for p in problems})))
+
+
+def test_verify_stops_after_the_structural_check_fails(fork_server, tmp_path):
+    path = tmp_path / "v.engram"
+    build(path)
+    lines, code, signum = fork_server.call("verify_after_damage_under_the_map", str(path))
+    assert (code, signum) == (0, 0), lines
+    assert lines == ["structure"]
+
+
+def test_single_page_corruption_sweep_normal_open(fork_server, tmp_path):
+    outcomes = run_sweep(fork_server, tmp_path, 320, seed=int(os.environ.get("ENGRAM_TEST_SEED", "16")))
+    assert outcomes.get("DETECTED", 0) > 100
+
+
+@pytest.mark.soak
+def test_single_page_corruption_sweep_soak(fork_server, tmp_path):
+    run_sweep(fork_server, tmp_path, 5000, seed=int(os.environ.get("ENGRAM_TEST_SEED", "17")))
+
+
+def test_a_file_changed_outside_engramdb_gets_the_structural_check(tmp_path, monkeypatch):
+    """The check runs when the file's fingerprint differs from the last clean close's record
+    (a copy, an edit, a replaced file), and not on the open after a clean close."""
+    from engramdb import store
+
+    path = tmp_path / "c.engram"
+    build(path, n=5)
+    calls = []
+    real = store.structural_verify
+    monkeypatch.setattr(store, "structural_verify", lambda p: (calls.append(p), real(p)))
+    engram.open(path, passphrase=PASSPHRASE).close()
+    assert calls == []  # the last close recorded this very file
+    os.utime(path)  # only times change: still "may have changed"
+    engram.open(path, passphrase=PASSPHRASE).close()
+    assert len(calls) == 1
+    engram.open(path, passphrase=PASSPHRASE).close()
+    assert len(calls) == 1  # the checked session's clean close recorded the file again
+    copy = tmp_path / "copy.engram"
+    shutil.copyfile(path, copy)
+    engram.open(copy, passphrase=PASSPHRASE, readonly=True).close()
+    assert len(calls) == 2
+
+
+# --- finding 2: the sealed state cannot be removed or rolled back silently ---------------------
+
+def _raw(path):
+    return lmdb.open(str(path), subdir=False, max_dbs=32)
+
+
+def _meta_state(path) -> bytes | None:
+    env = _raw(path)
+    with env.begin() as txn:
+        value = txn.get(b"state", db=env.open_db(b"t0", txn=txn, create=False))
+    env.close()
+    return value
+
+
+def _put_state(path, value: bytes | None) -> None:
+    env = _raw(path)
+    meta = env.open_db(b"t0")
+    with env.begin(write=True) as txn:
+        if value is None:
+            txn.delete(b"state", db=meta)
+        else:
+            txn.put(b"state", value, db=meta)
+    env.close()
+
+
+def test_a_deleted_state_is_refused_and_never_reuses_document_numbers(tmp_path):
+    path = tmp_path / "s.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"id-{i}", "content": f"memory {i}"} for i in range(3)], now=1.0)
+    _put_state(path, None)
+    for kwargs in ({}, {"verify": True}, {"readonly": True}):
+        with pytest.raises(CorruptFileError, match="state"):
+            engram.open(path, passphrase=PASSPHRASE, **kwargs)
+    with engram.open(path, passphrase=PASSPHRASE, repair=True) as db:
+        assert "state" in {p.kind for p in db.verify(fix=True)}
+    with engram.open(path, passphrase=PASSPHRASE, verify=True) as db:
+        db.add("a new memory", id="new")
+        assert db.get("id-0").content == "memory 0" and db.get("new").content == "a new memory"
+        assert db.verify() == []
+
+
+def test_an_older_state_put_back_is_refused_and_never_overwrites(tmp_path):
+    path = tmp_path / "r.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("first", id="a")
+    old_state = _meta_state(path)
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        db.add("second", id="b")
+    _put_state(path, old_state)
+    for kwargs in ({}, {"verify": True}):
+        with pytest.raises(CorruptFileError, match="outside engramdb"):
+            engram.open(path, passphrase=PASSPHRASE, **kwargs)
+    # Even past the binding (repair), an add under the stale counters refuses to overwrite "b".
+    with engram.open(path, passphrase=PASSPHRASE, repair=True) as db:
+        with pytest.raises(CorruptFileError, match="collide"):
+            db.add("third", id="c")
+        assert db.get("b").content == "second"
+        db.verify(fix=True)
+    with engram.open(path, passphrase=PASSPHRASE, verify=True) as db:
+        db.add("third", id="c")
+        assert [db.get(i).content for i in "abc"] == ["first", "second", "third"]
+
+
+def test_find_checks_that_the_record_is_the_one_asked_for(tmp_engram):
+    db = tmp_engram
+    db.add("alpha", id="a")
+    db.add("beta", id="b")
+    with db._store.transaction() as txn:  # the id map of "a" now points at "b"'s record
+        txn.put("ids", db._id_key("a"), txn.get("ids", db._id_key("b")))
+    with pytest.raises(CorruptFileError, match="another memory"):
+        db.get("a")
+    assert db.get("b").content == "beta"
+    db.verify(fix=True)
+    assert db.get("a").content == "alpha"
+
+
+# --- finding 3: a writer's file cannot be compacted or replaced under it -------------------------
+
+_WRITER = textwrap.dedent("""
+    import sys
+    import engramdb
+    db = engramdb.open(sys.argv[1], passphrase=sys.argv[2])
+    for line in sys.stdin:
+        n = int(line)
+        try:
+            db.add_many([{"id": f"m{n + i}", "content": f"memory {n + i}"} for i in range(100)])
+            print("ok", flush=True)
+        except engramdb.EngramError as exc:
+            print("error", type(exc).__name__, flush=True)
+    db.close()
+""")
+
+
+def _env() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, "ENGRAM_TEST_WEAK_KDF": "1", "PYTHONPATH": root}
+
+
+def _writer(path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _WRITER, str(path), PASSPHRASE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=_env())
+
+
+def _ask(proc: subprocess.Popen, n: int) -> str:
+    proc.stdin.write(f"{n}\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def test_deleting_maint_does_not_let_another_process_compact_under_a_writer(tmp_path):
+    path = tmp_path / "w.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    writer = _writer(path)
+    try:
+        assert _ask(writer, 0) == "ok"
+        os.unlink(str(path) + "-maint")
+        compactor = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import sys
+            import engramdb
+            with engramdb.open(sys.argv[1], passphrase=sys.argv[2]) as db:
+                try:
+                    db.compact()
+                    print("compacted")
+                except engramdb.AlreadyOpenError:
+                    print("refused")
+        """), str(path), PASSPHRASE], capture_output=True, text=True, env=_env(), timeout=120)
+        assert compactor.stdout.strip() == "refused", compactor.stderr
+        dump = io.StringIO()
+        with engram.open(tmp_path / "d.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as other:
+            other.add("from a dump")
+            other.dump(dump)
+        with pytest.raises(AlreadyOpenError):  # restore --force cannot replace it either
+            engramdb.restore(dump.getvalue(), path, force=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+        assert not os.path.exists(str(path) + ".restore-tmp")
+        assert _ask(writer, 100) == "ok"
+    finally:
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == 0
+    with engram.open(path, passphrase=PASSPHRASE, verify=True) as db:
+        assert len(db) == 200 and db.verify() == []
+
+
+def test_a_commit_into_a_replaced_file_fails(tmp_path):
+    path = tmp_path / "x.engram"
+    other = tmp_path / "other.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    with engram.open(other, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("the other file's memory", id="o")
+    writer = _writer(path)
+    try:
+        assert _ask(writer, 0) == "ok"
+        os.replace(other, path)  # replaced by a plain rename, outside engramdb's locks
+        assert _ask(writer, 100) == "error StoreError"
+    finally:
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == 0
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        assert db.ids() == ["o"]
+
+
+def test_a_store_error_for_a_replaced_file_has_a_hint(tmp_engram, tmp_path):
+    tmp_engram.add("x", id="x")
+    os.rename(tmp_engram.path, tmp_path / "moved.engram")
+    with pytest.raises(StoreError, match="replaced or removed") as info:
+        tmp_engram.add("y", id="y")
+    assert "open the file again" in info.value.hint
+    os.rename(tmp_path / "moved.engram", tmp_engram.path)
