@@ -245,15 +245,18 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
     except StopIteration:
         raise AAAKParseError("the dump is empty") from None
     tokenizer = header.settings.get("tokenizer")
-    ours = not os.path.lexists(tmp)
+    busy = AlreadyOpenError(f"another restore to {path} is in progress ({tmp} is in use)",
+                            hint="wait for it to finish, or choose another path")
+    if os.path.lexists(tmp):  # still there after removing it if abandoned: in use
+        raise busy
+    ours = True
     guard: int | None = None
     try:
         db = open_engram(tmp, create=True, tokenizer=tokenizer, **open_options)
-        if not db._store.created:
+        if not db._store.created:  # another restore created it this instant
             ours = False
             db.close()
-            raise AlreadyOpenError(f"another restore to {path} is in progress ({tmp} is in use)",
-                                   hint="wait for it to finish, or choose another path")
+            raise busy
         # Our shared lock on the new file, held from its creation to its rename: the next
         # opener of `path` removes a .restore-tmp only when nobody holds one.
         guard = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)

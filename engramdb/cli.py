@@ -6,6 +6,7 @@ error. Passphrases come from ENGRAM_PASSPHRASE, --passphrase-file or a prompt, n
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -19,9 +20,11 @@ from . import __version__
 from . import engram as engram_mod
 from .crypto import KDFParams
 from .errors import (
-    DecryptionError, EngramError, FileMissingError, ModeMismatchError, ValidationError, WrongPassphraseError,
+    AlreadyOpenError, DecryptionError, EngramError, FileMissingError, ModeMismatchError, ValidationError,
+    WrongPassphraseError,
 )
 from .records import TIERS
+from .store import DEFAULT_TIMEOUT, create_private, remove_if_abandoned
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
 KEY_FILE_ENV = "ENGRAM_KEY_FILE"
@@ -87,6 +90,10 @@ def _global_options() -> list[click.Option]:
                      help="The file is (or will be) unencrypted."),
         click.Option(["-q", "--quiet"], is_flag=True, default=None, callback=_record_option, expose_value=False,
                      help="No progress bars or notes on stderr (errors are still printed)."),
+        click.Option(["--timeout"], type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                     callback=_record_option, expose_value=False,
+                     help=f"How long to wait for another process writing to, compacting or replacing the file "
+                          f"(default {DEFAULT_TIMEOUT:g}; inf waits as long as it takes)."),
     ]
 
 
@@ -272,6 +279,12 @@ def _key_kwargs(ctx: click.Context, *, confirm: bool = False) -> dict[str, Any]:
     return {"passphrase": _passphrase(ctx, confirm=confirm)}
 
 
+def _timeout(ctx: click.Context) -> float | None:
+    """--timeout in seconds (default DEFAULT_TIMEOUT); `inf` waits as long as it takes."""
+    value = _settings(ctx).get("timeout")
+    return DEFAULT_TIMEOUT if value is None else None if value == float("inf") else value
+
+
 def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False,
           **kwargs: Any) -> engram_mod.Engram:
     """Open a store with the key source the command line names (--key-file, --plaintext, or a
@@ -287,6 +300,7 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
                                    hint="check the path (create the directory first for a new store)")
         raise FileMissingError(f"{path} does not exist",
                                hint=f"check the path, or create the store with `engramdb init {path}`")
+    kwargs.setdefault("timeout", _timeout(ctx))
     try:
         keys = _key_kwargs(ctx, confirm=create and not os.path.exists(path))
         return engram_mod.open(path, create=create, readonly=readonly, **keys, **kwargs)
@@ -348,9 +362,7 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
             yield out
         return
     tmp = path + PARTIAL_SUFFIX
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = _create_partial(tmp)
     try:
         with os.fdopen(fd, mode, **kwargs) as out:
             yield out
@@ -361,6 +373,23 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _create_partial(tmp: str) -> int:
+    """Create ``tmp`` new, mode 0600, locked (flock) until it is renamed into place, so that a
+    leftover of a killed run (unlocked) is removed and another run's file in progress is not."""
+    while True:
+        remove_if_abandoned(tmp)
+        try:
+            fd = create_private(tmp)
+        except FileExistsError:
+            raise AlreadyOpenError(f"{tmp} is being written by another engramdb command",
+                                   hint="wait for it to finish, or write to another path") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return fd
+        os.close(fd)  # removed as abandoned between its creation and our lock: start again
 
 
 def _node_line(node: Any) -> str:
@@ -547,7 +576,7 @@ def verify(ctx: click.Context, file: str, fix: bool, as_json: bool) -> None:
 
         engramdb verify notes.engram
     """
-    with _open(ctx, file, readonly=not fix) as db:
+    with _open(ctx, file, readonly=not fix, repair=True) as db:  # verify reports what an open refuses
         problems = db.verify(fix=fix)
     _emit([{"kind": p.kind, "detail": p.detail} for p in problems], as_json,
           lambda ps: "\n".join(f"{p['kind']}: {p['detail']}" for p in ps) if ps else "ok")

@@ -59,7 +59,11 @@ class KDFParams:
     p: int = 4
 
     FLOOR = (2, 19 * 1024, 1)
-    CAP = (20, 4 * 1024 * 1024, 16)
+    # A header needs no key to edit (its checksum is a plain SHA-256), so the cap bounds what
+    # a hostile file or dump can make one open cost: m <= 1 GiB, t <= 10, p <= 16, and
+    # t * m <= 2 GiB-passes (about 6 s and 1 GiB on a 2020s laptop core; spec/encryption.md).
+    CAP = (10, 1024 * 1024, 16)
+    CAP_WORK_KIB = 2 * 1024 * 1024
 
     @classmethod
     def default(cls) -> "KDFParams":
@@ -80,11 +84,12 @@ class KDFParams:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise WeakKDFError(f"argon2id parameter {name} must be a positive integer, got {value!r}")
         cap_t, cap_m, cap_p = self.CAP
-        if self.t > cap_t or self.m_kib > cap_m or self.p > cap_p:
+        if self.t > cap_t or self.m_kib > cap_m or self.p > cap_p or self.t * self.m_kib > self.CAP_WORK_KIB:
             raise WeakKDFError(
                 f"argon2id parameters t={self.t}, m={self.m_kib} KiB, p={self.p} exceed the cap "
-                f"(t<={cap_t}, m<={cap_m} KiB, p<={cap_p})",
-                hint="the file header may be hostile or corrupt; do not raise the cap",
+                f"(t<={cap_t}, m<={cap_m} KiB, p<={cap_p}, t*m<={self.CAP_WORK_KIB} KiB)",
+                hint="the file or dump header may be hostile or corrupt; the cap is fixed: choose t and m "
+                     "within it for a new file",
             )
         if self.m_kib < 8 * self.p:
             raise WeakKDFError("argon2id needs m_kib >= 8 * p")

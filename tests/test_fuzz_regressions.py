@@ -68,7 +68,7 @@ def test_the_oracles_can_fail(monkeypatch):
     with HEADER.cheap_kdf(), pytest.raises(AssertionError, match="above the cap"):
         argon2.low_level.hash_secret_raw(secret=b"x", salt=b"s" * 8, time_cost=5, memory_cost=8, parallelism=1,
                                          hash_len=32, type=argon2.low_level.Type.ID)
-    assert crypto.KDFParams.CAP == (20, 4 * 1024 * 1024, 16)  # cheap_kdf() restores the real cap
+    assert crypto.KDFParams.CAP == (10, 1024 * 1024, 16)  # cheap_kdf() restores the real cap
     tokenizer = TOKENIZE.TOKENIZERS[0]
     real_encode_many = tokenizer.encode_many
     monkeypatch.setattr(tokenizer, "encode_many", lambda texts: real_encode_many([t + " extra" for t in texts]))

@@ -403,3 +403,404 @@ def test_a_store_error_for_a_replaced_file_has_a_hint(tmp_engram, tmp_path):
         tmp_engram.add("y", id="y")
     assert "open the file again" in info.value.hint
     os.rename(tmp_path / "moved.engram", tmp_engram.path)
+
+
+# --- finding 4: a record rolled back in place -----------------------------------------------------
+
+def test_a_record_rolled_back_in_place_is_found_by_verify_and_a_verified_open(tmp_path):
+    """The documented guarantee (spec/encryption.md): a read does not check a record against
+    the state digest; verify() and open(verify=True) do."""
+    path = tmp_path / "p.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("a" * 200, id="x")
+    env = _raw(path)
+    with env.begin() as txn:
+        old = txn.get((1).to_bytes(8, "big"), db=env.open_db(b"t1", txn=txn, create=False))
+    env.close()
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        db.update("x", content="b" * 200)  # same length: the new envelope has the old one's size
+    env = _raw(path)
+    with env.begin() as txn:
+        new = txn.get((1).to_bytes(8, "big"), db=env.open_db(b"t1", txn=txn, create=False))
+    env.close()
+    assert len(old) == len(new)
+    data = path.read_bytes()
+    assert data.count(new) == 1
+    path.write_bytes(data.replace(new, old))  # patched in place: no commit, same commit id
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        assert db.get("x").content == "a" * 200  # a plain read does not see it (documented)
+        problems = db.verify()
+    assert [p.kind for p in problems if p.kind == "digest"] == ["digest"]
+    assert "digest differs" in " ".join(p.detail for p in problems)
+    with pytest.raises(CorruptFileError, match="digest differs"):
+        engram.open(path, passphrase=PASSPHRASE, verify=True)
+
+
+# --- finding 5: KDF caps ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t, m_kib", [(20, 4 * 1024 * 1024), (20, 1024 * 1024), (11, 64 * 1024),
+                                      (3, 1024 * 1024), (2, 1024 * 1024 + 1)])
+def test_kdf_parameters_beyond_the_cap_are_refused_before_running(t, m_kib):
+    from engramdb.crypto import KDFParams, derive_kek
+    from engramdb.errors import WeakKDFError
+
+    with pytest.raises(WeakKDFError, match="exceed the cap"):
+        derive_kek("pw", b"s" * 16, KDFParams(t=t, m_kib=m_kib, p=1))
+
+
+def test_kdf_cap_applies_to_file_and_dump_headers(tmp_path):
+    import struct
+
+    import msgpack
+
+    from engramdb.aaak import decrypt_dump, encrypt_dump
+    from engramdb.errors import WeakKDFError
+
+    path = tmp_path / "k.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    env = _raw(path)
+    meta = env.open_db(b"t0")
+    with env.begin(write=True) as txn:
+        header = msgpack.unpackb(txn.get(b"header", db=meta), raw=False)
+        header["slots"][0]["kdf"].update(t=20, m=1024 * 1024)
+        data = msgpack.packb(header, use_bin_type=True)
+        txn.put(b"header", data, db=meta)
+        txn.put(b"header.bak", data, db=meta)
+        import hashlib
+        txn.put(b"header.sha256", hashlib.sha256(data).digest(), db=meta)
+    env.close()
+    with pytest.raises(WeakKDFError):
+        engram.open(path, passphrase=PASSPHRASE)
+    out = io.BytesIO()
+    encrypt_dump("FILE:||||v3|dump\n", out, "pw", kdf=TEST_KDF)
+    sealed = bytearray(out.getvalue())
+    sealed[10:14] = struct.pack(">I", 20)  # t, as the encrypted dump header stores it
+    sealed[14:18] = struct.pack(">I", 1024 * 1024)
+    with pytest.raises(WeakKDFError):
+        decrypt_dump(io.BytesIO(bytes(sealed)), "pw")
+
+
+# --- findings 6 and 7: temporary files and sidecars ---------------------------------------------------
+
+_UMASK_RUN = textwrap.dedent("""
+    import io, os, stat, sys
+    os.umask(0)
+    import engramdb, engramdb.engram as engram
+    from engramdb import store
+    from click.testing import CliRunner
+    from engramdb.cli import cli
+    work = sys.argv[1]
+    seen = {}
+    real_replace = os.replace
+    def watching_replace(src, dst, *a, **k):  # every temporary file, as it is renamed into place
+        seen[os.path.basename(src)] = stat.S_IMODE(os.stat(src).st_mode)
+        return real_replace(src, dst, *a, **k)
+    os.replace = watching_replace
+    from engramdb.crypto import KDFParams
+    kdf = KDFParams.for_tests()
+    path = os.path.join(work, "u.engram")
+    with engram.open(path, passphrase="pw", kdf=kdf) as db:
+        db.add("x", id="x")
+        db.export_key(os.path.join(work, "u.key"))
+        dump = io.StringIO()
+        db.dump(dump)
+        db.compact()
+    engramdb.restore(dump.getvalue(), os.path.join(work, "r.engram"), passphrase="pw", kdf=kdf)
+    engramdb.restore(dump.getvalue(), os.path.join(work, "r.engram"), passphrase="pw", kdf=kdf, force=True)
+    env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+    result = CliRunner().invoke(cli, ["dump", path, "-o", os.path.join(work, "u.aaak")], env=env)
+    assert result.exit_code == 0, result.output
+    for name in sorted(os.listdir(work)):
+        seen[name] = stat.S_IMODE(os.stat(os.path.join(work, name)).st_mode)
+    print(" ".join(f"{name}={mode:o}" for name, mode in sorted(seen.items())))
+""")
+
+
+def test_every_file_and_temporary_file_is_created_0600_under_umask_000(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    out = subprocess.run([sys.executable, "-c", _UMASK_RUN, str(work)], capture_output=True, text=True,
+                         env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    modes = dict(item.split("=") for item in out.stdout.split())
+    for name in ("u.engram", "u.engram-lock", "u.engram-maint", "u.engram.compact-tmp", "u.key", "r.engram",
+                 "r.engram.restore-tmp", "u.aaak", "u.aaak.partial"):
+        assert modes.get(name) == "600", (name, modes)
+    assert set(modes.values()) == {"600"}, modes
+
+
+def compact_and_die(emit, path: str) -> None:
+    """Compact, and be killed (SIGKILL) while the copy is being written."""
+    import signal
+
+    db = engram.open(path, passphrase=PASSPHRASE)
+
+    def dying_copyfd(lmdb_env, fd, compact=True):
+        lmdb_env.copyfd(fd, compact=compact)  # the copy is written...
+        emit(f"mode {os.fstat(fd).st_mode & 0o777:o}")
+        os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
+
+    env = db._store._env
+    env.env = _CopyKiller(env.env, dying_copyfd)  # py-lmdb's Environment is a C type: wrap it
+    db.compact()
+
+
+class _CopyKiller:
+    def __init__(self, env, copyfd):
+        self._env = env
+        self._copyfd = copyfd
+
+    def copyfd(self, fd, compact=True):
+        return self._copyfd(self._env, fd, compact)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
+def test_a_compaction_killed_mid_copy_leaves_a_0600_copy_that_the_next_open_removes(fork_server, tmp_path):
+    path = tmp_path / "k.engram"
+    build(path, n=10)
+    lines, code, signum = fork_server.call("compact_and_die", str(path))
+    assert signum == 9 and lines == ["mode 600"], (lines, code, signum)
+    tmp = str(path) + ".compact-tmp"
+    assert os.path.exists(tmp) and os.stat(tmp).st_mode & 0o777 == 0o600
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        assert not os.path.exists(tmp)
+        assert len(db) == 15 and db.verify() == []
+
+
+@pytest.mark.parametrize("sidecar", ["-maint", "-lock"])
+def test_a_symlinked_sidecar_is_refused_and_its_target_untouched(tmp_path, sidecar):
+    path = tmp_path / "s.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious data" * 100)
+    os.unlink(str(path) + sidecar)
+    os.symlink(victim, str(path) + sidecar)
+    with pytest.raises(StoreError, match="symbolic link") as info:
+        engram.open(path, passphrase=PASSPHRASE)
+    assert "rm " in info.value.hint
+    assert victim.read_bytes() == b"precious data" * 100
+    assert os.path.islink(str(path) + sidecar)  # left for the user to look at
+
+
+def test_a_sidecar_that_is_not_a_regular_file_is_refused(tmp_path):
+    path = tmp_path / "d.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    os.unlink(str(path) + "-maint")
+    os.mkfifo(str(path) + "-maint")
+    with pytest.raises(StoreError, match="not a regular file"):
+        engram.open(path, passphrase=PASSPHRASE)
+
+
+# --- finding 9: compact and other threads' reads ----------------------------------------------------
+
+def test_compact_waits_for_reads_of_other_threads_on_the_same_handle(tmp_path):
+    import threading
+
+    path = tmp_path / "t.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=0.5) as db:
+        db.add_many([{"id": f"m{i}", "content": f"memory {i}"} for i in range(50)])
+        inside, release, errors = threading.Event(), threading.Event(), []
+
+        def reader():
+            try:
+                with db._store.read() as txn:
+                    inside.set()
+                    release.wait(10)
+                    txn.count("nodes")
+            except EngramError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        inside.wait(10)
+        with pytest.raises(AlreadyOpenError, match="other threads are reading"):
+            db.compact()  # waited 0.5 s for the read, then refused; the reader is unharmed
+        release.set()
+        thread.join()
+        assert errors == []
+
+        results: list = []
+        readers = [threading.Thread(target=lambda: results.append(len(db.scan(tags=None) and db.ids())))
+                   for _ in range(4)]
+        for r in readers:
+            r.start()
+        db.compact()  # reads that begin meanwhile wait for it
+        for r in readers:
+            r.join()
+        assert results == [50] * 4 and db.verify() == []
+
+
+# --- finding 10: somebody else's LMDB file --------------------------------------------------------
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_lmdb_file_of_another_program_with_empty_tables_is_refused(tmp_path, verify):
+    path = tmp_path / "other.engram"
+    env = lmdb.open(str(path), subdir=False, max_dbs=4)
+    table = env.open_db(b"theirs")
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"v", db=table)
+        txn.delete(b"k", db=table)
+        txn.drop(table, delete=True)  # their tables are gone; the file still has their commits
+    env.close()
+    before = path.read_bytes()
+    with pytest.raises(engramdb.ForeignFileError):
+        engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, verify=verify)
+    assert path.read_bytes() == before
+
+
+def test_an_lmdb_file_nobody_ever_committed_to_is_adopted(tmp_path):
+    path = tmp_path / "blank.engram"
+    lmdb.open(str(path), subdir=False).close()
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("fine")
+        assert len(db) == 1
+
+
+# --- finding 11: the digest message says what differs ---------------------------------------------
+
+def test_the_digest_message_says_whether_the_count_or_the_digest_differs(tmp_engram):
+    db = tmp_engram
+    db.add_many([{"id": f"m{i}", "content": f"memory {i}"} for i in range(5)])
+    with db._store.read() as txn:
+        state = txn.state
+    from engramdb.engram import _digest_mismatch
+
+    count, digest = state.digests["nodes"]
+    assert _digest_mismatch("nodes", (count, digest), [count, digest]) is None
+    assert "5 entries as the sealed state counts, but their digest differs" in \
+        _digest_mismatch("nodes", (count, digest + 1), [count, digest])
+    assert "4 entries, but the sealed state counts 5" in _digest_mismatch("nodes", (4, digest), [count, digest])
+
+
+# --- issue 12, item 12: timeouts and BusyError -------------------------------------------------
+
+_TXN_HOLDER = textwrap.dedent("""
+    import sys
+    import engramdb
+    db = engramdb.open(sys.argv[1], passphrase=sys.argv[2])
+    with db.transaction() as tx:
+        tx.add("held", id="held")
+        print("holding", flush=True)
+        sys.stdin.readline()
+    db.close()
+""")
+
+
+def test_a_held_write_transaction_gives_busy_error_after_the_timeout(tmp_path):
+    import time
+
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+    from engramdb.errors import BusyError
+
+    path = tmp_path / "b.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("first", id="first")
+    holder = subprocess.Popen([sys.executable, "-c", _TXN_HOLDER, str(path), PASSPHRASE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with engram.open(path, passphrase=PASSPHRASE, readonly=True, timeout=0) as reader:
+            assert reader.ids() == ["first"]  # reads never wait
+        start = time.monotonic()
+        with pytest.raises(BusyError) as info:
+            engram.open(path, passphrase=PASSPHRASE, timeout=0.3)
+        assert time.monotonic() - start >= 0.3
+        assert "timeout" in info.value.hint and isinstance(info.value, EngramError)
+        result = CliRunner().invoke(cli, ["--timeout", "0.2", "add", str(path), "text"],
+                                    env={"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1"})
+        assert result.exit_code != 0 and "timeout" in result.output, result.output
+    finally:
+        holder.communicate("\n", timeout=60)
+    with engram.open(path, passphrase=PASSPHRASE, timeout=0) as db:
+        assert sorted(db.ids()) == ["first", "held"]
+
+
+def test_a_write_through_an_open_handle_times_out_too(tmp_path):
+    from engramdb.errors import BusyError
+
+    path = tmp_path / "h.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=0.2) as db:
+        holder = subprocess.Popen([sys.executable, "-c", _TXN_HOLDER, str(path), PASSPHRASE],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            with pytest.raises(BusyError):
+                db.add("blocked", id="blocked")
+        finally:
+            holder.communicate("\n", timeout=60)
+        db.add("after", id="after")
+        assert sorted(db.ids()) == ["after", "held"]
+
+
+def test_timeout_must_be_a_non_negative_number(tmp_path):
+    from engramdb.errors import ValidationError
+
+    for bad in (-1, "5", True, float("nan")):
+        with pytest.raises(ValidationError):
+            engram.open(tmp_path / "t.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=bad)
+
+
+# --- issue 12, item 13: leftovers of killed commands ----------------------------------------------
+
+def test_a_killed_restore_leaves_files_the_next_open_removes(tmp_path):
+    target = tmp_path / "r.engram"
+    engram.open(target, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    tmp = str(target) + ".restore-tmp"
+    engram.open(tmp, passphrase=PASSPHRASE, kdf=TEST_KDF).close()  # as a killed restore leaves it
+    assert all(os.path.exists(tmp + s) for s in ("", "-lock", "-maint"))
+    with engram.open(target, passphrase=PASSPHRASE):
+        assert not any(os.path.exists(tmp + s) for s in ("", "-lock", "-maint"))
+
+
+def test_a_restore_in_progress_is_never_removed_by_another_opener(tmp_path):
+    target = tmp_path / "r.engram"
+    engram.open(target, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    tmp = str(target) + ".restore-tmp"
+    in_progress = engram.open(tmp, passphrase=PASSPHRASE, kdf=TEST_KDF)  # holds its lock, as restore does
+    try:
+        in_progress.add("being restored")
+        holder = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+            import sys, engramdb
+            engramdb.open(sys.argv[1], passphrase=sys.argv[2]).close()
+        """), str(target), PASSPHRASE], capture_output=True, text=True, env=_env(), timeout=60)
+        assert holder.returncode == 0, holder.stderr
+        assert os.path.exists(tmp)
+        dump = io.StringIO()
+        with engram.open(tmp_path / "d.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as other:
+            other.dump(dump)
+        with pytest.raises(AlreadyOpenError, match="in progress"):
+            engramdb.restore(dump.getvalue(), target, force=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+        assert len(in_progress) == 1
+    finally:
+        in_progress.close()
+
+
+def test_a_partial_dump_is_removed_by_the_next_dump_but_not_while_in_progress(tmp_path):
+    import fcntl
+
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = tmp_path / "p.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("a memory")
+    out = tmp_path / "out.aaak"
+    partial = str(out) + ".partial"
+    env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1"}
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o600)  # another dump's file in progress (locked)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        result = CliRunner().invoke(cli, ["dump", str(path), "-o", str(out)], env=env)
+        assert result.exit_code != 0 and "another engramdb command" in result.output
+        assert os.path.exists(partial) and not out.exists()
+    finally:
+        os.close(fd)
+    # unlocked now, as a killed dump leaves it (0 bytes): the next dump removes it and succeeds
+    result = CliRunner().invoke(cli, ["dump", str(path), "-o", str(out)], env=env)
+    assert result.exit_code == 0, result.output
+    assert out.read_text().startswith("FILE:||||v3|dump") and not os.path.exists(partial)
