@@ -1148,11 +1148,14 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
 @click.option("--id-prefix", default="", help="Prepended to every imported id.")
 @click.option("--create", is_flag=True, help="Create FILE if it does not exist (else a missing FILE is an error).")
 @click.option("--space", default="default", show_default=True, help="Embedding space for imported vectors.")
+@click.option("--skip-bad-embeddings", is_flag=True,
+              help="Import Terronex memories whose embedding is damaged (wrong dimensions, not finite numbers) "
+                   "without it, and count them, instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
-            id_prefix: str, create: bool, space: str, as_json: bool) -> None:
-    """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram v1 file.
+            id_prefix: str, create: bool, space: str, skip_bad_embeddings: bool, as_json: bool) -> None:
+    """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram 1.x/2.x file.
 
     Example:
 
@@ -1161,7 +1164,7 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
     import io
 
     from .backup import import_records
-    from .importers import iter_import
+    from .importers import ImportReport, iter_import
 
     if source_passphrase_file:
         source_pw = _read_secret_file(source_passphrase_file)
@@ -1169,12 +1172,20 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         source_pw = os.environ.get("ENGRAM_SOURCE_PASSPHRASE") or None
     with click.open_file(source, "rb") as fh:
         data = io.BytesIO(fh.read())  # detection needs a seekable source
+    report = ImportReport()
     items = iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
-                        id_prefix=id_prefix)
+                        id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings, report=report)
     with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
         nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
-    _emit({"file": file, "memories": nodes, "edges": edges}, as_json,
-          lambda d: f"imported {nodes} memories and {edges} edges into {file}")
+    bad = report.bad_embeddings
+    for nid, why in bad:
+        click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+
+    def text(_d: Any) -> str:
+        line = f"imported {nodes} memories and {edges} edges into {file}"
+        return line + (f"; {len(bad)} bad embedding(s) left out" if bad else "")
+
+    _emit({"file": file, "memories": nodes, "edges": edges, "bad_embeddings": len(bad)}, as_json, text)
 
 
 @cli.command()

@@ -8,8 +8,8 @@ Sources:
 * **AAAK v1/v2 text** (zettel-compress) and v3 result documents — :func:`iter_aaak`:
   one :class:`~engramdb.records.Node` per zettel, then one ``tunnel`` edge per tunnel.
 * **JSONL of Trace-Lite ``Memory`` objects** — :func:`iter_jsonl`: one node per line.
-* **Terronex ``.engram`` v1** (magic ``ENGRAM``, msgpack header, msgpack or AES-256-GCM
-  payload) — :func:`iter_terronex`: one node per memory node, then edges for links and
+* **Terronex ``.engram`` 1.x and 2.x** (magic ``ENGRAM``, msgpack header, msgpack or
+  AES-256-GCM payload) — :func:`iter_terronex`: one node per memory node, then edges for links and
   for the parent/child hierarchy. Read-only.
 
 :func:`export_jsonl` writes nodes as Trace-Lite ``Memory`` lines; it adds an
@@ -22,6 +22,7 @@ import io
 import json
 import math
 import struct
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple, TextIO, Union
 
@@ -41,6 +42,7 @@ from .records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Edge, Node, now_ts
 __all__ = [
     "ImportItem",
     "EntityTable",
+    "ImportReport",
     "detect_format",
     "iter_import",
     "iter_aaak",
@@ -112,7 +114,8 @@ def detect_format(head: bytes) -> str:
 
 def iter_import(
     source: BinaryIO, *, fmt: str | None = None, passphrase: str | bytes | None = None,
-    space: str = "default", now: float | None = None, id_prefix: str = "",
+    space: str = "default", now: float | None = None, id_prefix: str = "", skip_bad_embeddings: bool = False,
+    report: "ImportReport | None" = None,
 ) -> Iterator[ImportItem]:
     """Read any supported source; ``fmt`` is detected from the first bytes when omitted.
 
@@ -123,6 +126,7 @@ def iter_import(
         space: embedding space name for imported vectors.
         now: the clock for records that carry no timestamps.
         id_prefix: prepended to every imported id (to keep several imports apart).
+        skip_bad_embeddings, report: see :func:`iter_terronex`.
 
     Raises:
         ImportFormatError: unknown or malformed input (AAAK dumps are restored, not imported).
@@ -138,7 +142,8 @@ def iter_import(
     if fmt == "jsonl":
         return iter_jsonl(source, space=space, now=now, id_prefix=id_prefix)
     if fmt == "terronex":
-        return iter_terronex(source, passphrase=passphrase, space=space, id_prefix=id_prefix)
+        return iter_terronex(source, passphrase=passphrase, space=space, id_prefix=id_prefix,
+                             skip_bad_embeddings=skip_bad_embeddings, report=report)
     raise ImportFormatError(f"unknown import format {fmt!r}; use aaak, jsonl or terronex")
 
 
@@ -423,36 +428,71 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
     return repr(value)
 
 
-def _tx_embedding(value: Any) -> np.ndarray | None:
-    """Embeddings as msgpackr writes them: a bin of float32 bytes, a number list, or ext 0x74."""
+# The smallest normal float32. A model's embedding never holds subnormal values; bytes that
+# msgpackr's default packing took from the wrong place in memory usually do.
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_MAX_PLAUSIBLE = 1e6
+_MIN_NORM = 1e-6
+
+
+@dataclass
+class ImportReport:
+    """What an import left out: ``bad_embeddings`` holds ``(node id, reason)`` for every
+    Terronex embedding dropped under ``skip_bad_embeddings=True``."""
+
+    bad_embeddings: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _tx_embedding(value: Any) -> tuple[np.ndarray | None, str]:
+    """An embedding as msgpackr writes it, and how it was stored: ``"bin"`` (raw float32
+    bytes), ``"list"`` (numbers) or ``"ext"`` (msgpackr's typed-array extension 0x74).
+
+    Raises:
+        ValidationError: it cannot be read as floats at all (the caller reports it).
+    """
     import msgpack
 
     if value is None:
-        return None
+        return None, ""
     if isinstance(value, msgpack.ExtType):
         # msgpackr's typed-array extension: first byte = typed-array kind (7 Float32, 8 Float64).
         if value.code != 0x74 or not value.data or value.data[0] not in (7, 8):
             raise ValidationError(f"unsupported embedding encoding (msgpack ext {value.code})")
-        dtype = "<f4" if value.data[0] == 7 else "<f8"
-        value = np.frombuffer(value.data[1:], dtype=dtype) if (len(value.data) - 1) % np.dtype(dtype).itemsize == 0 \
-            else None
-        if value is None:
+        dtype = np.dtype("<f4" if value.data[0] == 7 else "<f8")
+        if (len(value.data) - 1) % dtype.itemsize:
             raise ValidationError("embedding bytes are not a whole number of floats")
         with np.errstate(over="ignore", invalid="ignore"):
-            return value.astype(np.float32)
+            return np.frombuffer(value.data[1:], dtype=dtype).astype(np.float32), "ext"
     if isinstance(value, (bytes, bytearray)):
         if len(value) % 4:
-            raise ValidationError("embedding bytes are not a whole number of float32 values")
-        return np.frombuffer(bytes(value), dtype="<f4")
+            raise ValidationError(f"{len(value)} embedding bytes are not a whole number of float32 values")
+        return np.frombuffer(bytes(value), dtype="<f4"), "bin"
     if isinstance(value, (dict, list)):  # a number list, or a Float32Array that went through JSON
-        with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: Node refuses them
-            return np.asarray(_vector(value, "embedding"), dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
+            return np.asarray(_vector(value, "embedding"), dtype=np.float32), "list"
     raise ValidationError(f"unsupported embedding type {type(value).__name__}")
+
+
+def _embedding_problem(vec: np.ndarray, how: str, dims: int | None) -> str | None:
+    """Why an embedding cannot be imported as it is, or None (spec/aaak.md section 7)."""
+    if dims is not None and vec.size != dims:
+        return f"{vec.size} values where the file declares {dims} dimensions"
+    if not np.isfinite(vec).all():
+        return "values that are not finite numbers"
+    if how == "bin":
+        # Raw float32 bytes: the path msgpackr's default settings take for a Float32Array, and
+        # the one that damages it. Accept them only when they look like an embedding.
+        mags = np.abs(vec.astype(np.float64))
+        if ((mags > 0) & (mags < _F32_TINY)).any() or (mags > _MAX_PLAUSIBLE).any() \
+                or float(np.sqrt((mags ** 2).sum())) < _MIN_NORM:
+            return ("float32 bytes that are not an embedding (subnormal, huge or all-zero values: a Float32Array "
+                    "that msgpackr's default settings damaged)")
+    return None
 
 
 _TX_LINK_KINDS = {"related": "related", "contradicts": "contradicts", "supersedes": "supersedes",
                   "elaborates": "derived_from", "summarizes": "derived_from", "references": "related",
-                  "causes": "related"}
+                  "causes": "related", "derived_from": "derived_from"}
 
 
 def _ms(value: Any, default: float) -> float:
@@ -461,7 +501,8 @@ def _ms(value: Any, default: float) -> float:
     return float(value) / 1000.0
 
 
-def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[str]]) -> Node:
+def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[str]],
+             embedding: np.ndarray | None) -> Node:
     if not isinstance(raw, dict):
         raise ValidationError("a node must be a map")
     nid = raw.get("id")
@@ -486,13 +527,15 @@ def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[
         "temporal": temporal, "quality": quality,
         "metadata": {k: v for k, v in meta.items() if k not in ("tags", "custom")},
     }
+    for key in ("position", "confidence"):  # format 2.x node fields
+        if key in raw:
+            terronex[key] = raw[key]
     if not isinstance(data, str):
         terronex["data"] = data  # binary content (image, audio) is kept, not dropped
         data = ""
     metadata: dict[str, Any] = {"terronex": _jsonable(terronex)}
     if meta.get("custom") is not None:
         metadata["custom"] = _jsonable(meta["custom"])
-    emb = _tx_embedding(raw.get("embedding"))
     tags = meta.get("tags") or []
     return Node(
         id=id_prefix + nid, content=data, entities=entity_names.get(nid, []),
@@ -502,34 +545,66 @@ def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[
         created_at=created, last_accessed=_ms(temporal.get("accessed"), created),
         tags=[t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
         source=meta.get("sourceFile") if isinstance(meta.get("sourceFile"), str) else "import:terronex",
-        metadata=metadata, embeddings={space: emb} if emb is not None and emb.size else {},
+        metadata=metadata, embeddings={space: embedding} if embedding is not None and embedding.size else {},
     )
+
+
+def _declared_dims(header: dict) -> int | None:
+    """The embedding dimensions a Terronex header declares: ``embedding.dimensions`` (2.x),
+    else ``schema.embeddingDims`` (1.x)."""
+    for section, key in (("embedding", "dimensions"), ("schema", "embeddingDims")):
+        part = header.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # msgpackr writes some integers as float64
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def iter_terronex(
     source: bytes | BinaryIO, *, passphrase: str | bytes | None = None, space: str = "default",
     id_prefix: str = "", verify_integrity: bool = True, max_bytes: int = _MAX_TERRONEX_BYTES,
+    skip_bad_embeddings: bool = False, report: ImportReport | None = None,
 ) -> Iterator[ImportItem]:
-    """Nodes of a Terronex ``.engram`` v1 file, then its links and hierarchy as edges.
+    """Nodes of a Terronex ``.engram`` file (format 1.x or 2.x), then its links and
+    hierarchy as edges.
 
-    Layout (read-only): ``ENGRAM`` | major (1) | minor | u32 LE header length | msgpack
-    header | payload, where the payload is msgpack ``{nodes, entities, links, deltas}``,
-    or AES-256-GCM ciphertext‖tag of it with a key from argon2id (t=3, m=64 MiB, p=1) or
-    PBKDF2-SHA256 (100,000 iterations) over the header's salt. The header's unkeyed
-    SHA-256 ``integrity`` of the stored payload is checked first.
+    Layout (read-only): ``ENGRAM`` | major (1 or 2) | minor | u32 LE header length |
+    msgpack header | payload, where the payload is msgpack ``{nodes, entities, links,
+    deltas}``, or AES-256-GCM ciphertext‖tag of it with a key from argon2id (t=3,
+    m=64 MiB, p=1) or PBKDF2-SHA256 (100,000 iterations) over the header's salt. The
+    header's unkeyed SHA-256 ``integrity`` of the stored payload is checked first. Format
+    2.x (the writer of ``@terronex/engram`` 2.x) has the same layout; its header adds
+    ``embedding`` (model, dimensions, provider), its nodes ``position`` and ``confidence``
+    (kept under ``metadata["terronex"]``), its links the types ``supports``,
+    ``derived_from`` and ``similar_to``.
 
     Mapping: ``content.data`` → content (binary data is kept in metadata), ``embedding``
     → the ``space`` vector, ``temporal.created/accessed`` (ms) → ``created_at`` /
     ``last_accessed``, ``decayTier`` → tier, ``quality.score`` → importance,
     ``metadata.tags`` → tags, ``metadata.sourceFile`` → source, entity mentions → the
     node's entities, the rest under ``metadata["terronex"]``. Links become edges
-    (``related``/``contradicts``/``supersedes``; ``elaborates``/``summarizes`` →
-    ``derived_from``; ``follows`` → ``precedes`` reversed; others ``related`` with the
-    type as label; ``bidirectional`` adds the reverse edge); ``parentId`` gives a
-    ``part_of`` edge from child to parent.
+    (``related``/``contradicts``/``supersedes``/``derived_from``; ``elaborates``/
+    ``summarizes`` → ``derived_from``; ``follows`` → ``precedes`` reversed; others
+    ``related`` with the type as label; ``bidirectional`` adds the reverse edge);
+    ``parentId`` gives a ``part_of`` edge from child to parent.
+
+    Embeddings are checked before anything is yielded: one that does not decode to the
+    declared dimensions (``embedding.dimensions`` or ``schema.embeddingDims``; else those
+    of the file's first good embedding), to finite numbers, or, when stored as raw float32
+    bytes, to values an embedding can hold (no subnormal or huge values, not all zero:
+    msgpackr's default settings damage a ``Float32Array`` that way) is reported with its
+    node id.
+
+    Args:
+        skip_bad_embeddings: import such nodes without their embedding instead of stopping;
+            ``report.bad_embeddings`` then lists them.
+        report: filled with what was left out.
 
     Raises:
-        ImportFormatError: not a Terronex v1 file, damaged, or an unreadable record.
+        ImportFormatError: not a Terronex 1.x/2.x file, damaged, an unreadable record, or
+            bad embeddings (unless ``skip_bad_embeddings``); the message names the nodes.
         ModeMismatchError: the file is encrypted and no passphrase was given.
         WrongPassphraseError: the passphrase does not decrypt the payload.
     """
@@ -543,9 +618,9 @@ def iter_terronex(
     if len(data) < 12:
         raise ImportFormatError("the Terronex file is truncated (header)")
     major, minor, header_len = data[6], data[7], struct.unpack_from("<I", data, 8)[0]
-    if major != 1:
-        raise ImportFormatError(f"Terronex format version {major}.{minor} is not supported (only v1)",
-                                hint="convert it to v1 with the Terronex tools, or export JSONL from it")
+    if major not in (1, 2):
+        raise ImportFormatError(f"Terronex format version {major}.{minor} is not supported (1.x and 2.x are)",
+                                hint="export JSONL from it with the Terronex tools and import that")
     if 12 + header_len > len(data):
         raise ImportFormatError("the Terronex file is truncated (header length beyond the end)")
     try:
@@ -585,7 +660,7 @@ def iter_terronex(
     for name in ("entities", "links"):
         if not isinstance(body.get(name) or [], list):
             raise ImportFormatError(f"the Terronex payload's {name} is not a list",
-                                    hint="the file is damaged or not a Terronex v1 file; use an undamaged copy")
+                                    hint="the file is damaged or not a Terronex file; use an undamaged copy")
     entity_names: dict[str, list[str]] = {}
     for ent in body.get("entities") or []:
         if not isinstance(ent, dict) or not isinstance(ent.get("name"), str):
@@ -596,16 +671,9 @@ def iter_terronex(
                 names = entity_names.setdefault(mention["nodeId"], [])
                 if ent["name"] not in names:
                     names.append(ent["name"])
-    parents: list[tuple[str, str, float]] = []
-    for index, raw in enumerate(body.get("nodes") or []):
-        try:
-            node = _tx_node(raw, space, id_prefix, entity_names)
-        except ValidationError as exc:
-            raise ImportFormatError(f"Terronex node #{index}: {exc.message}") from None
-        parent = raw.get("parentId")
-        if isinstance(parent, str) and parent:
-            parents.append((node.id, id_prefix + parent, node.created_at))
-        yield node
+    nodes, parents = _tx_nodes(body.get("nodes") or [], _declared_dims(header), space, id_prefix, entity_names,
+                               skip_bad_embeddings, report)
+    yield from nodes
     for child, parent, created in parents:
         yield Edge(child, parent, "part_of", created_at=created)
     for index, link in enumerate(body.get("links") or []):
@@ -613,6 +681,48 @@ def iter_terronex(
             yield from _tx_edges(link, id_prefix)
         except ValidationError as exc:
             raise ImportFormatError(f"Terronex link #{index}: {exc.message}") from None
+
+
+def _tx_nodes(raws: list, dims: int | None, space: str, id_prefix: str, entity_names: dict[str, list[str]],
+              skip_bad: bool, report: ImportReport | None) -> tuple[list[Node], list[tuple[str, str, float]]]:
+    """Every node, its embedding checked; bad embeddings stop the import or are left out."""
+    nodes: list[Node] = []
+    parents: list[tuple[str, str, float]] = []
+    bad: list[tuple[str, str]] = []
+    for index, raw in enumerate(raws):
+        nid = raw.get("id") if isinstance(raw, dict) else None
+        name = nid if isinstance(nid, str) and nid else f"#{index}"
+        embedding = None
+        if isinstance(raw, dict):
+            try:
+                embedding, how = _tx_embedding(raw.get("embedding"))
+                problem = None if embedding is None else _embedding_problem(embedding, how, dims)
+            except ValidationError as exc:
+                problem = exc.message
+            if problem is not None:
+                bad.append((name, problem))
+                embedding = None
+            elif embedding is not None and dims is None and embedding.size:
+                dims = embedding.size  # no declared dimensions: the first good embedding sets them
+        try:
+            node = _tx_node(raw, space, id_prefix, entity_names, embedding)
+        except ValidationError as exc:
+            raise ImportFormatError(f"Terronex node {name}: {exc.message}") from None
+        parent = raw.get("parentId")
+        if isinstance(parent, str) and parent:
+            parents.append((node.id, id_prefix + parent, node.created_at))
+        nodes.append(node)
+    if bad and not skip_bad:
+        listed = "; ".join(f"node {nid}: {why}" for nid, why in bad[:5])
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise ImportFormatError(
+            f"{len(bad)} embedding(s) cannot be imported as they are: {listed}{more}",
+            hint="nothing was imported; pass --skip-bad-embeddings (skip_bad_embeddings=True) to import these "
+                 "memories without their embeddings",
+        )
+    if report is not None:
+        report.bad_embeddings.extend(bad)
+    return nodes, parents
 
 
 def _tx_edges(link: Any, id_prefix: str) -> Iterator[Edge]:

@@ -93,8 +93,8 @@ def _seed_nodes() -> list:
 
 
 def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", major=1, minor=0,
-             cheap=None, integrity=True) -> bytes:
-    """A Terronex .engram v1 file, built as tests/test_importers.py::terronex_file does."""
+             cheap=None, integrity=True, header_extra=None) -> bytes:
+    """A Terronex .engram 1.x/2.x file, built as tests/test_importers.py::terronex_file does."""
     import msgpack
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -114,7 +114,7 @@ def _tx_file(nodes, links=(), entities=(), *, passphrase=None, kdf="pbkdf2", maj
     if integrity:
         security["integrity"] = hashlib.sha256(payload).digest()
     header = {"version": [major, minor], "created": 1_780_000_000_000, "security": security,
-              "metadata": {"source": "fuzz"}, "schema": {"embeddingDims": 3}}
+              "metadata": {"source": "fuzz"}, "schema": {"embeddingDims": 3}, **(header_extra or {})}
     hb = msgpack.packb(header, use_bin_type=True)
     return b"ENGRAM" + bytes([major, minor]) + struct.pack("<I", len(hb)) + hb + payload
 
@@ -198,6 +198,29 @@ def importer_seeds() -> list[bytes]:
     seeds.append(b"\x00" + _tx_file(nodes[:1], passphrase=target.PASSPHRASE, cheap=target))  # no passphrase
     seeds.append(b"\x00" + _tx_file([{"id": "x", "content": {"data": [[[[[[1]]]]]]}}],
                                      [{"sourceId": "a", "targetId": "b", "type": ["list"]}]))
+    # Terronex format 2.x: the header's embedding config, node position/confidence, the 2.x link
+    # types, minor versions, encryption, and embeddings that must be reported (wrong dimensions,
+    # NaN, float32 bytes msgpackr damaged); mode 1 imports them with skip_bad_embeddings=True
+    v2_header = {"embedding": {"model": "m", "dimensions": 3, "provider": "local"}}
+    v2_nodes = [dict(nodes[1], position={"x": 1.5, "y": -2, "z": 0.5, "pinned": True}, confidence=0.85),
+                dict(nodes[2], confidence=1)]
+    v2_links = [dict(links[0], type=kind) for kind in ("supports", "derived_from", "similar_to")]
+    for minor in (0, 1):
+        v2 = _tx_file(v2_nodes, v2_links, entities, major=2, minor=minor, header_extra=v2_header)
+        seeds.extend(bytes([mode]) + v2 for mode in (0, 1))
+    seeds.append(b"\x01" + _tx_file(v2_nodes, v2_links, major=2, header_extra=v2_header,
+                                     passphrase=target.PASSPHRASE, cheap=target))
+    seeds.append(b"\x01" + _tx_file(v2_nodes, v2_links, major=2, header_extra=v2_header,
+                                     passphrase=target.PASSPHRASE, kdf="argon2id", cheap=target))
+    bad = [_tx_node("dims", "x", embedding=[1.0, 2.0]), _tx_node("nan", "x", embedding=[float("nan"), 1.0, 0.0]),
+           _tx_node("damaged", "x", embedding=struct.pack("<3f", 1e-44, 7e31, 0.0)),
+           _tx_node("zero", "x", embedding=bytes(12)), _tx_node("ext", "x", embedding=msgpack.ExtType(0x74, b"\x09"))]
+    for mode in (0, 1):
+        seeds.append(bytes([mode]) + _tx_file(bad, major=2, header_extra=v2_header))
+        seeds.append(bytes([mode]) + _tx_file(bad[:3], major=2, header_extra={"embedding": {"dimensions": 2.0}}))
+    for name in ("v2_plain.engram", "v2_bad_embeddings.engram"):
+        seeds.append(b"\x00" + (ROOT / "tests" / "fixtures" / "terronex" / name).read_bytes())
+    seeds.append(b"\x00" + _tx_file(nodes[:1], major=3))  # an unknown major version
     # the findings of tests/test_fuzz_regressions.py, so the fuzzer keeps exercising them
     seeds.append(b"\x00" + _tx_file(nodes[:1], 5, 5))
     seeds.append(b"\x00" + _tx_file(nodes[:1], [], [{"name": "A", "mentions": 5}]))

@@ -128,7 +128,7 @@ def test_terronex_damaged_files_are_refused():
     flipped = bytearray(data)
     flipped[-3] ^= 0x40
     cases = [bytes(flipped), data[:5], data[:11], data[:40], b"NOTENGRAM" + data[9:],
-             terronex_file(TX_NODES, major=2), b"ENGRAM\x01\x00" + struct.pack("<I", 3) + b"\xc1\xc1\xc1",
+             terronex_file(TX_NODES, major=3), b"ENGRAM\x01\x00" + struct.pack("<I", 3) + b"\xc1\xc1\xc1",
              terronex_file([{"id": 5}]), terronex_file([tx_node("x", "y", embedding=b"\x00\x01\x02")])]
     for bad in cases:
         with pytest.raises(ImportFormatError):
