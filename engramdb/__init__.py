@@ -18,6 +18,7 @@ from .aaak import decode, encode, encode_tunnel_line, encode_zettel_line
 from .backup import restore
 from .compress import (
     CompressStream, compress, compress_many, estimate_tokens, inject_context, merge_results, normalize_weights,
+    recall_result,
     result_to_dict, result_to_json, top_zettels, wake_up,
 )
 from .engram import Engram, Problem, Transaction, import_key, open
@@ -44,6 +45,7 @@ __all__ = [
     "encode_tunnel_line",
     "compress",
     "compress_many",
+    "recall_result",
     "merge_results",
     "top_zettels",
     "normalize_weights",

@@ -1075,11 +1075,15 @@ def _decode_legacy(lines: list[str], version: int, strict: bool) -> CompressResu
             parts_list.append((lineno, parts))
         except _Err as err:
             col.report(lineno, err)
-    for _, p in parts_list:
-        # v2 rebuilds the index from codes it does not know (identity entries).
+    missing: dict[str, int] = {}
+    for lineno, p in parts_list:
         for tok, _ in p.entities:
-            if tok not in code_to_name:
-                code_to_name[tok] = tok
+            if tok not in code_to_name and tok not in missing:
+                missing[tok] = lineno
+    for tok, lineno in missing.items():
+        if v2:  # zettel-compress's v2 reader warns about it too (its strict mode throws)
+            col.report(lineno, _Err(f"entity code {tok!r} is missing from the E: index", 0))
+        code_to_name[tok] = tok  # the name falls back to the code, and the index keeps it (v1, v2)
     zettels = _build_zettels(parts_list, code_to_name, col)
     for code, name in code_to_name.items():
         name_to_code[name] = code

@@ -413,9 +413,11 @@ class Engram:
                       min_relevance=min_relevance, explain=explain, touch=touch, now=now)
 
     def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
-                       **kwargs: Any) -> "Context":
+                       source_text: str | None = None, **kwargs: Any) -> "Context":
         """Small-to-big: the source passages of the best memories, merged, within ``max_tokens``,
-        in document order (see :func:`engramdb.recall.recall_context`).
+        in document order (see :func:`engramdb.recall.recall_context`). ``source`` keeps only
+        memories of that source name; ``source_text`` is the text their offsets point into,
+        for memories whose source text the file does not hold (zettel-compress's ``source``).
 
         Raises:
             ValidationError: bad arguments.
@@ -423,7 +425,7 @@ class Engram:
         from .recall import recall_context
 
         return recall_context(self._store, self.indexes, query, top_k=top_k, max_tokens=max_tokens,
-                              source=source, **kwargs)
+                              source=source, source_text=source_text, **kwargs)
 
     def add_space(self, name: str, *, dims: int, model: str = "engramdb/hashed-tfidf-v1", normalize: bool = True,
                   auto: bool | None = None, embedder: Any = None) -> None:

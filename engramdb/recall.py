@@ -33,12 +33,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .codec import decode_node, encode_node
+from .compress.recall import resolved_in_range
 from .errors import ValidationError
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
-from .index.synonyms import Expander, QueryDate, parse_date, query_dates
+from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from .records import ALL_FLAGS, TIERS, Node, now_ts
 from .tokens import token_counter
 
@@ -57,7 +58,6 @@ RRF_K = 60
 # hotter memory that matched worse (a 0.97 warm factor used to; tests/test_recall.py).
 TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
-DATE_WEIGHT = 0.25
 HOP_WEIGHT = 0.6
 MIN_VECTOR_SCORE = 1e-5
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
@@ -208,19 +208,45 @@ def _str_set(value: Any, name: str, allowed: Sequence[str] | None = None) -> tup
     return tuple(sorted(set(items)))
 
 
+def _iso_bound(value: Any) -> str | None:
+    """A date bound as ISO text for comparing with a ``resolved_date``: a string as given (a
+    datetime string cut to its date), a date or datetime as its date, a timestamp as its UTC date."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        return text[:10] if len(text) > 10 else text
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(_dt.timezone.utc)
+        return value.date().isoformat()
+    if isinstance(value, _dt.date):
+        return value.isoformat()
+    return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).date().isoformat()
+
+
 class _Filter:
+    """``after``/``before`` compare a memory's ``resolved_date`` when it has one (as
+    zettel-compress does: ISO text at the bound's precision, both ends inclusive), else its
+    ``created_at`` (``after`` inclusive, ``before`` exclusive)."""
+
     def __init__(self, after, before, tiers, tags, flags) -> None:
         self.after = _ts(after, "after")
         self.before = _ts(before, "before")
+        self.after_iso = _iso_bound(after) if self.after is not None else None
+        self.before_iso = _iso_bound(before) if self.before is not None else None
         self.tiers = _str_set(tiers, "tiers", TIERS)
         self.tags = _str_set(tags, "tags")
         self.flags = _str_set(flags, "flags", ALL_FLAGS)
 
     def __call__(self, node: Node) -> bool:
-        if self.after is not None and node.created_at < self.after:
-            return False
-        if self.before is not None and node.created_at >= self.before:
-            return False
+        if self.after is not None or self.before is not None:
+            if node.resolved_date and parse_date(node.resolved_date) is not None:
+                if not resolved_in_range(node.resolved_date.strip(), self.after_iso, self.before_iso):
+                    return False
+            elif (self.after is not None and node.created_at < self.after) or \
+                    (self.before is not None and node.created_at >= self.before):
+                return False
         if self.tiers is not None and node.tier not in self.tiers:
             return False
         if self.tags is not None and not set(self.tags) & set(node.tags):
@@ -259,8 +285,11 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
         hops: spread each retriever's scores one edge/tunnel hop (personalised PageRank's
             first step), so memories linked to strong matches rise and join the results.
         expand_query: add synonyms of the query words (weight 0.4) and date proximity.
-        after, before: keep memories created at/after ``after`` and before ``before``
-            (timestamps, dates or datetimes).
+        after, before: date bounds (timestamps, dates, datetimes or ISO strings). A memory
+            with a ``resolved_date`` is kept when that date is within them as zettel-compress
+            compares dates (ISO text at the bound's precision, both ends inclusive: ``after=
+            "2023-05"`` keeps ``2023-05-01``); any other memory when it was created at/after
+            ``after`` and before ``before``.
         tiers, tags, flags: keep memories in one of these tiers / with one of these tags /
             one of these flags.
         min_relevance: keep only hits whose :attr:`Hit.relevance` is at least this (in
@@ -542,7 +571,8 @@ def default_source_loader(store: Any) -> Callable[[Any, str], str | None]:
 
 
 def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10, max_tokens: int = 2000,
-                   source: str | None = None, count_tokens: Callable[[str], int] | None = None,
+                   source: str | None = None, source_text: str | None = None,
+                   count_tokens: Callable[[str], int] | None = None,
                    source_loader: Callable[[Any, str], str | None] | None = None,
                    **recall_kwargs: Any) -> Context:
     """Small-to-big retrieval: rank memories, then return their source passages.
@@ -562,7 +592,11 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
         query: free text.
         top_k: how many hits to draw passages from.
         max_tokens: the hard token budget of :attr:`Context.text` (by ``count_tokens``).
-        source: only hits whose ``node.source`` equals this.
+        source: only hits whose ``node.source`` equals this (a name filter).
+        source_text: the text the hits' offsets point into, used instead of the file's stored
+            source texts (zettel-compress's ``source`` option: for memories imported from AAAK,
+            whose source text the file does not hold). With several documents in one file,
+            combine it with ``source=`` so only that document's memories are cut from it.
         count_tokens: text -> tokens (default :func:`engramdb.estimate_tokens`).
         source_loader: ``(txn, name) -> text`` (default: the ``sources`` table).
         **recall_kwargs: passed to :func:`recall` (filters, ``hops``...).
@@ -578,6 +612,8 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
         raise ValidationError("max_tokens must be a non-negative integer", hint=_ARGS_HINT)
     if source is not None and not isinstance(source, str):
         raise ValidationError("source must be a string", hint=_ARGS_HINT)
+    if source_text is not None and not isinstance(source_text, str):
+        raise ValidationError("source_text must be the source text (a str)", hint=_ARGS_HINT)
     count = token_counter(count_tokens)
     fetch = top_k if source is None else max(top_k * 4, MIN_CANDIDATES)
     hits = recall(store, indexes, query, top_k=fetch, **recall_kwargs)
@@ -590,12 +626,16 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
         for hit in hits:
             node = hit.node
             src_text = None
-            if node.source and node.source_start is not None and node.source_end is not None:
+            name = node.source
+            if source_text is not None and node.source_start is not None and node.source_end is not None:
+                name = name or "source_text"  # memories without a source name: the given text
+                layout.texts[name] = src_text = source_text
+            elif node.source and node.source_start is not None and node.source_end is not None:
                 if node.source not in layout.texts:
                     layout.texts[node.source] = loader(txn, node.source)
                 src_text = layout.texts[node.source]
-            if src_text is not None and node.source_start < node.source_end <= len(src_text):
-                key = node.source
+            if src_text is not None and 0 <= node.source_start < node.source_end <= len(src_text):
+                key = name
                 start, end = sentence_span(src_text, node.source_start, node.source_end)
             else:
                 key, start, end = f"\x00{hit.docno}", 0, len(node.content)

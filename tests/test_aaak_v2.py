@@ -153,3 +153,15 @@ def test_v2_round_trips_what_v2_carries_and_decodes_strictly(result):
     for key in ("date", "title"):
         assert back.meta.get(key) == result.meta.get(key)
     assert aaak.encode(back, version=2) == text
+
+
+def test_strict_v2_refuses_an_entity_code_missing_from_the_index_as_zettel_compress_does():
+    from engramdb.errors import AAAKParseError
+
+    doc = 'FILE:001|ALC|||v2\nE:ALC=Alice\n001:ALC+BOB||"q"|0.50||'
+    lenient = aaak.decode(doc)
+    assert lenient.zettels[0].entities == ["Alice", "BOB"]
+    assert lenient.meta["warnings"] == ["line 3: entity code 'BOB' is missing from the E: index"]
+    with pytest.raises(AAAKParseError, match="BOB"):
+        aaak.decode(doc, strict=True)
+    assert "warnings" not in aaak.decode('FILE:001|BOB|||\n001:BOB||"q"|0.50||').meta  # v1 has no index

@@ -10,7 +10,7 @@ def test_all_is_pinned():
         "restore", "aaak", "compress", "compress_many", "merge_results", "top_zettels", "normalize_weights",
         "inject_context", "wake_up", "estimate_tokens", "CompressStream", "result_to_dict", "result_to_json", "Hit", "Context", "Passage", "Tokenizer", "EmbeddingSpace",
         "Embedder", "HashedTfidfEmbedder", "LocalModelEmbedder", "HASHED_MODEL", "ForgetReceipt",
-        "encode", "decode", "encode_zettel_line", "encode_tunnel_line",
+        "encode", "decode", "encode_zettel_line", "encode_tunnel_line", "recall_result",
         "MaintenanceConfig", "MaintenanceReport",
     }
     assert core <= set(engramdb.__all__)

@@ -1,97 +1,165 @@
-"""A small in-memory recall over a compress result (used by ``CompressStream.recall``).
+"""Recall over a compress result, without a file: :func:`recall_result` (``engramdb.recall_result``).
 
-Okapi BM25 (k1 = 1.2, b = 0.75, Lucene's idf ``ln(1 + (N - df + 0.5) / (df + 0.5))``)
-over each zettel's quote, topics and entities, optionally blended 0.6/0.4 with a
-personalized PageRank over the tunnel graph seeded by the BM25 scores (20 iterations,
-damping 0.85), so a zettel tunnelled to a direct hit can surface. ``after``/``before``
-keep zettels whose ``resolved_date`` is in range (ISO prefixes compare as text). Ties
-break by position, so the order is deterministic. The engine's full recall lives in
-:mod:`engramdb.recall`; this one needs no file.
+It ranks zettels the way a store's recall ranks memories, on the same terms:
+
+* the store's tokenizer (NFKC, Lucene's English stopwords, Snowball stemming), so "token"
+  finds "tokens" and "rotating" finds "rotate";
+* the store's query expansion: question words dropped, synonym clusters added at weight 0.4
+  (:mod:`engramdb.index.synonyms`);
+* Lucene's BM25 (k1 = 1.2, b = 0.75, ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``), each
+  query term weighted, over each zettel's source passage (when the result carries
+  ``meta["source"]``, or ``source=`` is given, and the zettel has offsets) or quote, plus
+  its topics and entities, as zettel-compress indexes them;
+* the store's date bonus: a score is multiplied by ``1 + DATE_WEIGHT * proximity`` when the
+  query names a year or month near the zettel's ``resolved_date``.
+
+Then, as zettel-compress does, the scores (normalized to the best) are blended 0.6/0.4 with a
+personalized PageRank over the tunnel graph seeded by them (20 iterations, damping 0.85), so a
+zettel tunnelled to a direct hit can surface. ``after``/``before`` keep zettels whose
+``resolved_date`` is in range as zettel-compress defines it (ISO prefixes compared as text at
+the bound's length, both ends inclusive); a zettel without a resolved date has no date to
+compare (a compress result has no ``created_at``) and is left out when a bound is given. Ties
+break by position, so the order is deterministic.
 """
 from __future__ import annotations
 
 import math
-import re
+from functools import lru_cache
 from typing import Any
 
 from ..errors import ValidationError
+from ..index.synonyms import DATE_WEIGHT, Expander, parse_date, query_dates
+from ..index.tokenize import Tokenizer
 from ..records import CompressResult, Zettel
 
-__all__ = ["recall_result"]
+__all__ = ["recall_result", "check_recall_options", "resolved_in_range"]
 
-_WORD = re.compile(r"\w\w+")
-_STOP = frozenset(
-    "the a an and or but of in on at to for with is are was were be been it this that these those we you i "
-    "they he she about what did do does our your their his her have has had will would can could should how "
-    "when where".split()
-)
 _K1, _B = 1.2, 0.75
 _ALPHA = 0.85
 _ITERATIONS = 20
+_OPTIONS = ("top_k", "hops", "expand_query", "after", "before", "source", "tokenizer")
 
 
-def _tokens(text: str) -> list[str]:
-    return [t for t in _WORD.findall(text.lower()) if t not in _STOP]
+@lru_cache(maxsize=4)
+def _expander(tokenizer: Tokenizer) -> Expander:
+    return Expander(tokenizer)
 
 
-def _date_ok(z: Zettel, after: str | None, before: str | None) -> bool:
-    d = z.resolved_date
-    if d is None:
+@lru_cache(maxsize=1)
+def _default_tokenizer() -> Tokenizer:
+    return Tokenizer()
+
+
+def resolved_in_range(resolved: str, after: str | None, before: str | None) -> bool:
+    """zettel-compress's date filter: ``resolved`` (ISO text) against ISO prefixes, both
+    bounds inclusive at their own precision (``after="2023-05"`` keeps ``2023-05-01``)."""
+    if after is not None and resolved[: len(after)] < after:
         return False
-    if after is not None and d[: len(after)] < after:
-        return False
-    if before is not None and d[: len(before)] > before:
+    if before is not None and resolved[: len(before)] > before:
         return False
     return True
 
 
 def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: bool = True,
-                  after: str | None = None, before: str | None = None) -> list[Zettel]:
-    """The ``top_k`` zettels of ``result`` that best match ``query``.
+                  expand_query: bool = True, after: str | None = None, before: str | None = None,
+                  source: str | None = None, tokenizer: Tokenizer | None = None) -> list[Zettel]:
+    """The ``top_k`` zettels of ``result`` that best match ``query``, best first.
+
+    Args:
+        result: a :func:`engramdb.compress` result (or a decoded AAAK document).
+        query: free text.
+        top_k: how many zettels to return.
+        hops: blend in a personalized PageRank over the tunnels.
+        expand_query: add synonyms of the query words and the date bonus.
+        after, before: ISO dates (``YYYY``, ``YYYY-MM`` or ``YYYY-MM-DD``) bounding the zettels'
+            ``resolved_date`` (inclusive); zettels without one are left out when either is given.
+        source: the source text the zettels' offsets point into, when ``result.meta`` has no
+            ``"source"`` (for instance after decoding AAAK); zettel-compress's ``source`` option.
+        tokenizer: the tokenizer (default: a store's default tokenizer).
 
     Raises:
         ValidationError: a bad argument.
     """
+    if not isinstance(result, CompressResult):
+        raise ValidationError(f"recall_result takes a CompressResult, got {type(result).__name__}",
+                              hint="pass what engramdb.compress() or engramdb.decode() returned")
     if not isinstance(query, str):
         raise ValidationError(f"query must be a str, got {type(query).__name__}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValidationError("top_k must be a non-negative integer")
-    if not isinstance(hops, bool):
-        raise ValidationError("hops must be True or False")
+    if not isinstance(hops, bool) or not isinstance(expand_query, bool):
+        raise ValidationError("hops and expand_query must be True or False")
     for name, value in (("after", after), ("before", before)):
         if value is not None and not isinstance(value, str):
             raise ValidationError(f"{name} must be an ISO date string (YYYY, YYYY-MM or YYYY-MM-DD) or None")
-    zettels = [z for z in result.zettels if (after is None and before is None) or _date_ok(z, after, before)]
-    q = sorted(set(_tokens(query)))
-    if not zettels or not q or top_k == 0:
+    if source is not None and not isinstance(source, str):
+        raise ValidationError("source must be the source text (a str) or None")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise ValidationError("tokenizer must be an engramdb.Tokenizer")
+    tok = tokenizer or _default_tokenizer()
+    bounded = after is not None or before is not None
+    zettels = [z for z in result.zettels
+               if not bounded or (z.resolved_date is not None and resolved_in_range(z.resolved_date, after, before))]
+    if not zettels or top_k == 0:
         return []
-    docs = [_tokens(" ".join([z.quote, *z.topics, *z.entities])) for z in zettels]
+    expander = _expander(tok)
+    terms = expander.drop_question_words(tok(query))
+    if not terms:
+        return []
+    weights = expander.expand(terms) if expand_query else _counts(terms)
+    text = source if source is not None else result.meta.get("source") if isinstance(result.meta, dict) else None
+    docs = [tok(" ".join([_body(z, text), *z.topics, *z.entities])) for z in zettels]
+    scores = _bm25(docs, weights)
+    top = max(scores)
+    if top <= 0:
+        return []
+    final = [s / top for s in scores]
+    dates = query_dates(query) if expand_query else []
+    if dates:
+        final = [s * (1.0 + DATE_WEIGHT * _date_bonus(z, dates)) if s > 0 else 0.0 for s, z in zip(final, zettels)]
+    if hops and result.tunnels:
+        final = _blend_pagerank(zettels, result, final)
+    order = sorted((i for i in range(len(zettels)) if final[i] > 0), key=lambda i: (-final[i], i))
+    return [zettels[i] for i in order[:top_k]]
+
+
+def _counts(terms: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t in terms:
+        out[t] = out.get(t, 0.0) + 1.0
+    return out
+
+
+def _body(z: Zettel, text: Any) -> str:
+    if (isinstance(text, str) and z.source_start is not None and z.source_end is not None
+            and 0 <= z.source_start < z.source_end <= len(text)):
+        return text[z.source_start:z.source_end]
+    return z.quote
+
+
+def _date_bonus(z: Zettel, dates: list) -> float:
+    nd = parse_date(z.resolved_date)
+    return 0.0 if nd is None else max(q.proximity(nd) for q in dates)
+
+
+def _bm25(docs: list[list[str]], weights: dict[str, float]) -> list[float]:
     n = len(docs)
     avg = sum(len(d) for d in docs) / n or 1.0
     df: dict[str, int] = {}
     for d in docs:
         for t in set(d):
-            df[t] = df.get(t, 0) + 1
+            if t in weights:
+                df[t] = df.get(t, 0) + 1
+    idf = {t: math.log(1.0 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
     scores = []
     for d in docs:
         tf: dict[str, int] = {}
         for t in d:
-            tf[t] = tf.get(t, 0) + 1
-        s = 0.0
-        for t in q:
-            f = tf.get(t, 0)
-            if f:
-                idf = math.log(1.0 + (n - df[t] + 0.5) / (df[t] + 0.5))
-                s += idf * f * (_K1 + 1) / (f + _K1 * (1 - _B + _B * len(d) / avg))
-        scores.append(s)
-    top = max(scores)
-    if top <= 0:
-        return []
-    final = [s / top for s in scores]
-    if hops and result.tunnels:
-        final = _blend_pagerank(zettels, result, final)
-    order = sorted((i for i in range(n) if final[i] > 0), key=lambda i: (-final[i], i))
-    return [zettels[i] for i in order[:top_k]]
+            if t in idf:
+                tf[t] = tf.get(t, 0) + 1
+        norm = _K1 * (1 - _B + _B * len(d) / avg)
+        scores.append(sum(weights[t] * idf[t] * f * (_K1 + 1) / (f + norm) for t, f in sorted(tf.items())))
+    return scores
 
 
 def _blend_pagerank(zettels: list[Zettel], result: CompressResult, seed: list[float]) -> list[float]:
@@ -126,11 +194,11 @@ def check_recall_options(options: dict[str, Any]) -> dict[str, Any]:
     """Reject unknown recall options early.
 
     Raises:
-        ValidationError: an option other than top_k, hops, after, before.
+        ValidationError: an option :func:`recall_result` does not take.
     """
-    unknown = sorted(set(options) - {"top_k", "hops", "after", "before"})
+    unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ValidationError(
-            f"unknown recall option(s): {', '.join(unknown)}", hint="valid: top_k, hops, after, before"
+            f"unknown recall option(s): {', '.join(unknown)}", hint=f"valid: {', '.join(_OPTIONS)}"
         )
     return options

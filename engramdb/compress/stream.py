@@ -220,12 +220,14 @@ class CompressStream:
         return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index, meta=meta)
 
     def recall(self, query: str, **options: Any) -> list[Zettel]:
-        """Zettels of the current snapshot that match ``query``.
+        """Zettels of the current snapshot that match ``query``: :func:`engramdb.recall_result`
+        on :meth:`snapshot` (the store's stemming, synonyms and date bonus).
 
         Args:
             query: free text.
-            **options: ``top_k=5``, ``hops=True`` (tunnel expansion), ``after``,
-                ``before`` (ISO date bounds on ``resolved_date``).
+            **options: those of :func:`engramdb.recall_result`: ``top_k=5``, ``hops=True``
+                (tunnel expansion), ``expand_query=True``, ``after``, ``before`` (ISO date
+                bounds on ``resolved_date``), ``tokenizer``.
 
         Raises:
             ValidationError: a bad query or option.

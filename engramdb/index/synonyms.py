@@ -13,6 +13,7 @@ from typing import Sequence
 from .tokenize import Tokenizer
 
 __all__ = [
+    "DATE_WEIGHT",
     "EXPANSION_WEIGHT",
     "QUESTION_WORDS",
     "SYNONYM_CLUSTERS",
@@ -25,6 +26,9 @@ __all__ = [
 # A synonym counts this much of an original query term: it widens recall without
 # letting a common synonym outrank a document that matches the user's own words.
 EXPANSION_WEIGHT = 0.4
+# A memory's score is multiplied by 1 + DATE_WEIGHT * proximity (QueryDate.proximity) when the
+# query names a year or month near its resolved date; shared by a store's recall and recall_result.
+DATE_WEIGHT = 0.25
 
 # Each cluster is a set of interchangeable words or phrases. Kept small and precise:
 # a cluster is worth adding only when its members are used for the same fact.

@@ -1,0 +1,107 @@
+"""Recall on a compress result (engramdb.recall_result, CompressStream.recall), the date filters
+as zettel-compress defines them, and recall_context with the source text given."""
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+import engramdb
+from engramdb import CompressStream, compress, recall_result
+from engramdb.errors import ValidationError
+from engramdb.importers import iter_aaak
+from engramdb.backup import import_records
+from engramdb.records import CompressResult, EntityIndex, Tunnel, Zettel
+
+NOW = 1_700_000_000.0
+
+
+def test_the_seeds_compress_stream_example():
+    """zettel-compress's README: ``mem.recall('token decision')`` returns zettel 002."""
+    mem = CompressStream(half_life_turns=50, max_zettels=200)
+    mem.push("Alice: the login service keeps timing out")
+    mem.push("Bob: we decided to rotate tokens hourly")
+    hits = mem.recall("token decision")
+    assert [z.id for z in hits][:1] == ["002"]
+    assert hits[0].quote == "Bob: we decided to rotate tokens hourly"
+    with pytest.raises(ValidationError, match="unknown recall option"):
+        mem.recall("x", topk=3)
+
+
+def _result(*zettels, tunnels=()):
+    return CompressResult(list(zettels), list(tunnels), EntityIndex(), {})
+
+
+def test_stemming_and_synonyms_as_the_stores_recall():
+    r = _result(Zettel("1", quote="Alice relocated to Berlin last spring."),
+                Zettel("2", quote="The rotating credentials expired."),
+                Zettel("3", quote="Bob likes tea."))
+    assert [z.id for z in recall_result(r, "credential rotation")] == ["2"]  # Snowball stems
+    assert [z.id for z in recall_result(r, "where did alice move?")] == ["1"]  # move ~ relocate
+    assert recall_result(r, "where did she move?", expand_query=False) == []
+
+
+def test_the_date_bonus_ranks_the_nearer_memory_first():
+    r = _result(Zettel("1", quote="We visited the museum.", resolved_date="2021-02-01"),
+                Zettel("2", quote="We visited the museum.", resolved_date="2023-05-08"))
+    assert [z.id for z in recall_result(r, "museum visit")] == ["1", "2"]  # a tie: position
+    assert [z.id for z in recall_result(r, "museum visit in May 2023")] == ["2", "1"]
+
+
+def test_after_and_before_as_zettel_compress_defines_them():
+    r = _result(Zettel("1", quote="tea party", resolved_date="2023-04-30"),
+                Zettel("2", quote="tea party", resolved_date="2023-05-01"),
+                Zettel("3", quote="tea party", resolved_date="2023-06-15"),
+                Zettel("4", quote="tea party"))
+    ids = lambda **kw: sorted(z.id for z in recall_result(r, "tea", top_k=10, **kw))  # noqa: E731
+    assert ids() == ["1", "2", "3", "4"]
+    assert ids(after="2023-05") == ["2", "3"]  # prefix compare; no resolved date: left out
+    assert ids(before="2023-05") == ["1", "2"]  # inclusive at the bound's precision
+    assert ids(after="2023-05-01", before="2023-05-31") == ["2"]
+
+
+def test_hops_surface_a_tunnelled_zettel_and_source_text_is_indexed():
+    r = _result(Zettel("1", quote="The deploy failed."), Zettel("2", quote="Nothing relevant here."),
+                Zettel("3", quote="Unrelated words."), tunnels=[Tunnel("1", "2", "X")])
+    assert [z.id for z in recall_result(r, "deploy")] == ["1", "2"]
+    assert [z.id for z in recall_result(r, "deploy", hops=False)] == ["1"]
+    text = "zebra crossing. The deploy failed."
+    r2 = _result(Zettel("1", quote="The deploy failed.", source_start=0, source_end=len(text)))
+    assert recall_result(r2, "zebra") == []
+    assert [z.id for z in recall_result(r2, "zebra", source=text)] == ["1"]
+    with pytest.raises(ValidationError):
+        recall_result(r2, "x", after=datetime.date(2023, 1, 1))
+
+
+def test_recall_result_on_a_compress_result_is_deterministic():
+    text = "Alice decided to move to Berlin in May 2023. Bob stayed in Lisbon. " * 5
+    r = compress(text)
+    first = [z.id for z in recall_result(r, "where did alice move")]
+    assert first and first == [z.id for z in recall_result(compress(text), "where did alice move")]
+
+
+def test_store_recall_filters_on_the_resolved_date_else_created_at(make_db):
+    db = make_db()
+    db.add("tea in spring", id="dated", resolved_date="2023-05-08", now=NOW)  # created 2023-11-14
+    db.add("tea in autumn", id="undated", now=NOW)
+    ids = lambda **kw: sorted(h.id for h in db.recall("tea", top_k=10, **kw))  # noqa: E731
+    assert ids(after="2023-05", before="2023-05") == ["dated"]
+    assert ids(after="2023-11-01") == ["undated"]  # the dated memory's own date is in May
+    assert ids(before=datetime.date(2023, 6, 1)) == ["dated"]
+    assert ids(after=NOW - 1) == ["undated"]  # a timestamp bound: the resolved date's day is before it
+
+
+def test_recall_context_with_the_source_text(make_db):
+    text = "Intro line. We decided to rotate the tokens hourly because of the audit. Outro."
+    doc = (f'FILE:001||||v2\n001:||"We decided to rotate the tokens hourly"|0.90||DECISION|12-{len(text) - 8}')
+    db = make_db()
+    import_records(db, iter_aaak(doc, now=NOW))
+    without = db.recall_context("rotate tokens")
+    assert without.text == "We decided to rotate the tokens hourly"  # no source text in the file
+    ctx = db.recall_context("rotate tokens", source_text=text)
+    assert ctx.text == text[12:len(text) - 8]
+    assert [(p.source, p.start) for p in ctx.passages] == [("import:aaak", 12)]
+    assert db.recall_context("rotate tokens", source="elsewhere", source_text=text).text == ""
+    with pytest.raises(ValidationError):
+        db.recall_context("x", source_text=b"bytes")
+    assert engramdb.recall_result is recall_result
