@@ -130,7 +130,7 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         spaces = [{"name": name, "model": s.model, "dims": s.dims, "dtype": s.dtype, "normalized": s.normalize,
                    "auto": s.auto} for name, s in sorted(indexes.vectors.spaces(txn).items())]
         docnos, ids, edges, sources = _scan(engram, txn, salvage)
-        table = salvage.attempt("the entity table", lambda: _read_entities(txn))
+        table = salvage.attempt("the entity table", lambda: read_entities(txn))
         if table:
             sources[ENTITIES_META] = table
         nodes = _counting((codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos), progress)
@@ -142,7 +142,12 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
 # --- the entity table (imported AAAK `E:` lines) --------------------------------------
 
 
-def _read_entities(txn: Any) -> dict[str, str]:
+def read_entities(txn: Any) -> dict[str, str]:
+    """The entity table stored in the file (code -> name), read in ``txn``.
+
+    Raises:
+        CorruptFileError: the stored table is malformed.
+    """
     raw = txn.get("meta", ENTITIES_KEY)
     if raw is None:
         return {}
@@ -160,14 +165,14 @@ def entity_table(engram: Engram) -> dict[str, str]:
         CorruptFileError, DecryptionError: the file is damaged.
     """
     with engram._store.read() as txn:
-        return _read_entities(txn)
+        return read_entities(txn)
 
 
 def _merge_entities(txn: Any, incoming: dict[str, str]) -> None:
     """Add ``incoming`` codes to the stored table. A code already stored for another name
     keeps its name; the newcomer's name is then stored under the code with the smallest
     free number appended (``AL1`` -> ``AL11``), unless the name already has a code."""
-    table = _read_entities(txn)
+    table = read_entities(txn)
     names = set(table.values())
     for code in sorted(incoming):
         name = incoming[code]
@@ -495,7 +500,7 @@ def dump_v2(engram: Engram, fp: TextIO | BinaryIO) -> bool:
     with engram._store.read() as txn:
         docnos, _, edges, _ = _scan(engram, txn, _Salvage(None))
         nodes = [codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos]
-        table = _read_entities(txn)
+        table = read_entities(txn)
     result, renumbered = zettel_view(nodes, edges, table)
     _write_text(fp, aaak.encode(result, version=2))
     return renumbered

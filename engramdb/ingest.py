@@ -14,11 +14,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .agent.serialize import is_structured, parse_messages, render_message
 from .compress import compress
-from .compress.entities import build_entity_index
+from .backup import read_entities as stored_entities
+from .compress.entities import assign_codes
 from .engram import Engram
 from .errors import ValidationError
 from .index import iter_nodes
-from .records import CompressResult, Edge, Node, Tunnel, Zettel, now_ts
+from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
 
 __all__ = ["ingest", "stored_result", "messages_to_text"]
 
@@ -235,5 +236,15 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
             for _, edge, _ in engram.indexes.graph.outgoing(txn, docno):
                 if edge.kind == "tunnel" and edge.dst in kept:
                     tunnels.append(Tunnel(from_id=edge.src, to_id=edge.dst, label=edge.label))
-    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=build_entity_index(names),
+        table = stored_entities(txn)
+    # Names keep the codes of the imported entity table (so tunnel labels such as BN1+BN7 still
+    # resolve); other names get codes by compress's rule.
+    wanted = set(names)
+    index = EntityIndex({}, {})
+    for code, name in sorted(table.items()):
+        if name in wanted and name not in index.name_to_code:
+            index.code_to_name[code] = name
+            index.name_to_code[name] = code
+    assign_codes(index, names)
+    return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index,
                           meta={"input_length": 0, "chunk_count": len(zettels)})

@@ -222,7 +222,10 @@ def _iso_bound(value: Any) -> str | None:
         return value.date().isoformat()
     if isinstance(value, _dt.date):
         return value.isoformat()
-    return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).date().isoformat()
+    try:
+        return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).date().isoformat()
+    except (OverflowError, OSError, ValueError):  # beyond datetime's years: beyond every ISO date too
+        return "9999-12-31" if value > 0 else "0000"
 
 
 class _Filter:

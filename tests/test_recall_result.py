@@ -89,6 +89,7 @@ def test_store_recall_filters_on_the_resolved_date_else_created_at(make_db):
     assert ids(after="2023-11-01") == ["undated"]  # the dated memory's own date is in May
     assert ids(before=datetime.date(2023, 6, 1)) == ["dated"]
     assert ids(after=NOW - 1) == ["undated"]  # a timestamp bound: the resolved date's day is before it
+    assert ids(after=-1e300) == ["dated", "undated"] and ids(before=1e300) == ["dated", "undated"]
 
 
 def test_recall_context_with_the_source_text(make_db):

@@ -113,3 +113,13 @@ def test_zettel_view_orders_numeric_ids_by_number_and_takes_the_document_date():
     assert not renumbered
     assert [z.id for z in result.zettels] == ["999", "1000"] and result.meta["date"] == "2023-05-08"
     assert [(t.from_id, t.to_id) for t in result.tunnels] == [("1000", "999")]
+
+
+def test_inject_context_of_imported_memories_uses_the_imported_codes(make_db):
+    db = make_db()
+    doc = ("FILE:002|BN1|||v2\nE:BN1=Bennet;BN7=Bingley;ZZZ=Unused\n"
+           '001:BN1+BN7||"Mr. Bennet met Mr. Bingley."|0.90||\n002:BN7||"Bingley left."|0.40||\nT:001<->002|BN7')
+    import_records(db, iter_aaak(doc, now=NOW))
+    text = db.inject_context(max_token_budget=500, format="aaak")
+    assert "BN1=Bennet" in text and "BN7=Bingley" in text and "Unused" not in text
+    assert "001:BN1+BN7|" in text
