@@ -98,11 +98,12 @@ def test_recall_context_with_the_source_text(make_db):
     db = make_db()
     import_records(db, iter_aaak(doc, now=NOW))
     without = db.recall_context("rotate tokens")
-    assert without.text == "We decided to rotate the tokens hourly"  # no source text in the file
+    assert [p.text for p in without.passages] == ["We decided to rotate the tokens hourly"]  # no source text
     ctx = db.recall_context("rotate tokens", source_text=text)
-    assert ctx.text == text[12:len(text) - 8]
-    assert [(p.source, p.start) for p in ctx.passages] == [("import:aaak", 12)]
-    assert db.recall_context("rotate tokens", source="elsewhere", source_text=text).text == ""
+    assert [(p.source, p.start, p.end) for p in ctx.passages] == [("import:aaak", 12, len(text) - 7)]
+    assert ctx.passages[0].text == "We decided to rotate the tokens hourly because of the audit."  # whole sentence
+    assert ctx.passages[0].text in ctx.text
+    assert db.recall_context("rotate tokens", source="elsewhere", source_text=text).passages == ()
     with pytest.raises(ValidationError):
         db.recall_context("x", source_text=b"bytes")
     assert engramdb.recall_result is recall_result
