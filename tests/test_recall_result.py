@@ -58,6 +58,7 @@ def test_after_and_before_as_zettel_compress_defines_them():
     assert ids(after="2023-05") == ["2", "3"]  # prefix compare; no resolved date: left out
     assert ids(before="2023-05") == ["1", "2"]  # inclusive at the bound's precision
     assert ids(after="2023-05-01", before="2023-05-31") == ["2"]
+    assert ids(after=datetime.date(2023, 5, 1), before=datetime.datetime(2023, 5, 31, 12)) == ["2"]
 
 
 def test_hops_surface_a_tunnelled_zettel_and_source_text_is_indexed():
@@ -70,7 +71,7 @@ def test_hops_surface_a_tunnelled_zettel_and_source_text_is_indexed():
     assert recall_result(r2, "zebra") == []
     assert [z.id for z in recall_result(r2, "zebra", source=text)] == ["1"]
     with pytest.raises(ValidationError):
-        recall_result(r2, "x", after=datetime.date(2023, 1, 1))
+        recall_result(r2, "x", after=20230101)
 
 
 def test_recall_result_on_a_compress_result_is_deterministic():

@@ -23,6 +23,7 @@ break by position, so the order is deterministic.
 """
 from __future__ import annotations
 
+import datetime
 import math
 from functools import lru_cache
 from typing import Any
@@ -61,7 +62,8 @@ def resolved_in_range(resolved: str, after: str | None, before: str | None) -> b
 
 
 def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: bool = True,
-                  expand_query: bool = True, after: str | None = None, before: str | None = None,
+                  expand_query: bool = True, after: str | datetime.date | None = None,
+                  before: str | datetime.date | None = None,
                   source: str | None = None, tokenizer: Tokenizer | None = None) -> list[Zettel]:
     """The ``top_k`` zettels of ``result`` that best match ``query``, best first.
 
@@ -71,8 +73,9 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         top_k: how many zettels to return.
         hops: blend in a personalized PageRank over the tunnels.
         expand_query: add synonyms of the query words and the date bonus.
-        after, before: ISO dates (``YYYY``, ``YYYY-MM`` or ``YYYY-MM-DD``) bounding the zettels'
-            ``resolved_date`` (inclusive); zettels without one are left out when either is given.
+        after, before: ISO dates (``YYYY``, ``YYYY-MM`` or ``YYYY-MM-DD``, or a ``date``) bounding
+            the zettels' ``resolved_date`` (inclusive); zettels without one are left out when
+            either is given.
         source: the source text the zettels' offsets point into, when ``result.meta`` has no
             ``"source"`` (for instance after decoding AAAK); zettel-compress's ``source`` option.
         tokenizer: the tokenizer (default: a store's default tokenizer).
@@ -89,9 +92,14 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         raise ValidationError("top_k must be a non-negative integer")
     if not isinstance(hops, bool) or not isinstance(expand_query, bool):
         raise ValidationError("hops and expand_query must be True or False")
+    bounds = []
     for name, value in (("after", after), ("before", before)):
-        if value is not None and not isinstance(value, str):
-            raise ValidationError(f"{name} must be an ISO date string (YYYY, YYYY-MM or YYYY-MM-DD) or None")
+        if isinstance(value, (datetime.date, datetime.datetime)):
+            value = value.isoformat()[:10]
+        elif value is not None and not isinstance(value, str):
+            raise ValidationError(f"{name} must be an ISO date string (YYYY, YYYY-MM or YYYY-MM-DD), a date or None")
+        bounds.append(value)
+    after, before = bounds
     if source is not None and not isinstance(source, str):
         raise ValidationError("source must be the source text (a str) or None")
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
