@@ -1116,18 +1116,30 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
 @click.option("--top-k", "top_k", type=click.IntRange(min=0), default=10, show_default=True,
               help="How many memories to draw passages from.")
 @click.option("--source", help="Only passages from this source.")
+@click.option("--source-text", "source_text_file", type=click.Path(dir_okay=False, exists=True),
+              help="A UTF-8 file holding the text the memories' offsets point into (for memories imported "
+                   "from AAAK, whose source text the store does not hold).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: int, source: str | None,
-            as_json: bool) -> None:
+            source_text_file: str | None, as_json: bool) -> None:
     """Print the source passages of the memories that answer QUERY, within a token budget.
 
     Example:
 
         engramdb context notes.engram "Alice's move" --max-tokens 500
     """
+    source_text = None
+    if source_text_file is not None:
+        try:
+            with open(source_text_file, encoding="utf-8", newline="") as fh:
+                source_text = fh.read()
+        except UnicodeDecodeError as exc:
+            raise ValidationError(f"{source_text_file} is not UTF-8 text ({exc.reason})",
+                                  hint="give the source text as a UTF-8 file") from None
     with _open(ctx, file, readonly=True) as db:
-        result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source=source)
+        result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source=source,
+                                   source_text=source_text)
     data = {"tokens": result.tokens, "passages": [
         {"source": p.source, "start": p.start, "end": p.end, "date": p.date, "heading": p.heading,
          "ids": list(p.ids), "tokens": p.tokens, "text": p.text}

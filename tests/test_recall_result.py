@@ -108,3 +108,25 @@ def test_recall_context_with_the_source_text(make_db):
     with pytest.raises(ValidationError):
         db.recall_context("x", source_text=b"bytes")
     assert engramdb.recall_result is recall_result
+
+
+def test_cli_context_with_a_source_text_file(tmp_path):
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+    text = "Intro line. We decided to rotate the tokens hourly because of the audit. Outro."
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "doc.aaak").write_text(
+        f'FILE:001||||v2\n001:||"We decided to rotate the tokens hourly"|0.90||DECISION|12-{len(text) - 8}')
+    store = str(tmp_path / "s.engram")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["init", store, "--kdf", "t=1,m=8,p=1"], env=env).exit_code == 0
+    assert runner.invoke(cli, ["import", str(tmp_path / "doc.aaak"), store], env=env).exit_code == 0
+    out = runner.invoke(cli, ["context", store, "rotate tokens", "--source-text", str(tmp_path / "book.txt"),
+                              "--json"], env=env)
+    assert out.exit_code == 0, out.output
+    import json
+    assert [p["text"] for p in json.loads(out.stdout)["passages"]] == [
+        "We decided to rotate the tokens hourly because of the audit."]
