@@ -202,31 +202,6 @@ def _read_secret_file(path: str) -> str:
             from None
 
 
-def _read_key_file(path: str) -> bytes | str:
-    """The key in a --key-file: exactly 32 raw bytes, or a recovery key (``ERK1-...``) as text.
-
-    Raises:
-        ValidationError: the file cannot be read or holds neither.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise ValidationError(f"cannot read {path}: {exc.strerror}",
-                              hint="check the path and its permissions") from None
-    if len(data) == 32:
-        return data
-    try:
-        text = data.decode("utf-8").strip()
-        if len(engram_mod._parse_raw_key(text)) == 32:
-            return text
-    except (UnicodeDecodeError, ValidationError):
-        pass
-    raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
-                          hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
-                               "(ERK1-...), or the 32 raw key bytes")
-
-
 def _secret(what: str, file: str | None, env: str, file_option: str, *, confirm: bool) -> str:
     """A passphrase from a file, else an environment variable, else a terminal prompt; never argv."""
     if file:
@@ -273,7 +248,7 @@ def _key_kwargs(ctx: click.Context, *, confirm: bool = False) -> dict[str, Any]:
     """
     source = _key_source(ctx)
     if source == "key_file":
-        return {"key": _read_key_file(_settings(ctx).get("key_file"))}
+        return {"key": engram_mod.read_key_file(_settings(ctx).get("key_file"))}
     if source == "plaintext":
         return {"encrypted": False}
     return {"passphrase": _passphrase(ctx, confirm=confirm)}
@@ -1565,6 +1540,73 @@ def mcp(ctx: click.Context, file: str) -> None:
     mcp_server._sdk()  # a missing SDK is reported before the file is opened
     with _open(ctx, file) as db:
         mcp_server.serve(db)
+
+
+def _fleet_key_source(ctx: click.Context, key_files_beside: bool) -> Any:
+    """The fleet's key source: tasks get where the key is, not the key, where that is possible."""
+    from . import fleet
+
+    if key_files_beside:
+        return fleet.KeyFileBeside()
+    source = _key_source(ctx)
+    if source == "plaintext":
+        return fleet.Plaintext()
+    if source == "key_file":
+        return fleet.KeyFile(_settings(ctx).get("key_file"))
+    passphrase_file = _settings(ctx).get("passphrase_file")
+    if passphrase_file:
+        return fleet.Passphrase(_read_secret_file(passphrase_file))
+    if not os.environ.get(PASSPHRASE_ENV):
+        raise click.UsageError(f"the fleet reads the passphrase from ${PASSPHRASE_ENV} on the workers; set it, "
+                               "or pass --passphrase-file, --key-file, --key-files-beside or --plaintext")
+    return fleet.PassphraseEnv(PASSPHRASE_ENV)
+
+
+@cli.command(name="fleet")
+@click.argument("job", type=click.Choice(["maintain", "verify", "compact", "dump", "stats"]))
+@click.argument("pattern", metavar="GLOB")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Run on this Dask scheduler (tcp://host:8786); default: a local cluster of processes.")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the local cluster (default: cores).")
+@click.option("--out", metavar="FOLDER|URL", help="Where `dump` writes NAME.aaak (a folder or an fsspec URL).")
+@click.option("--now", "now_text", metavar="ISO", help="The maintenance clock, an ISO 8601 time (default: now).")
+@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Retries of a task whose file is busy or whose worker died.")
+@click.option("--key-files-beside", is_flag=True, help="Each store's key is in NAME.engram.key beside it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | None, workers: int | None,
+                  out: str | None, now_text: str | None, retries: int, key_files_beside: bool, as_json: bool) -> None:
+    """Run JOB over every store GLOB matches, one Dask task per file (needs `pip install 'engramdb[fleet]'`).
+
+    Each task opens, works on and closes its own file under the file's own locks. A bad
+    file (damaged, wrong key) fails its task only; a busy one is retried, then reported.
+    Exit status 1 when any file did not succeed. See spec/scale-out.md.
+
+    Example:
+
+        ENGRAM_PASSPHRASE=... engramdb fleet maintain 'tenants/*.engram'
+        engramdb fleet dump 'tenants/*.engram' --key-files-beside --out backups/ --json
+    """
+    from . import fleet
+    from .maintenance.lifecycle import parse_iso
+
+    key_source = _fleet_key_source(ctx, key_files_beside)
+    now = parse_iso(now_text) if now_text is not None else None
+    client = None
+    if scheduler:
+        distributed = fleet._distributed()
+        client = distributed.Client(scheduler)
+    try:
+        report = fleet.run(pattern, job, client=client, key_source=key_source, retries=retries,
+                           progress=not _quiet(ctx) and _show_progress(sys.stderr), out=out, now=now,
+                           workers=workers)
+    finally:
+        if client is not None:
+            client.close()
+    _emit(report.to_dict(), as_json, lambda d: report.table())
+    if not report.ok:
+        ctx.exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

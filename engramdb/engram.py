@@ -129,6 +129,31 @@ def _parse_raw_key(key: bytes | str) -> bytes:
     raise ValidationError("key must be 32 bytes or a recovery-key string")
 
 
+def read_key_file(path: str | os.PathLike[str]) -> bytes | str:
+    """The key in a --key-file: exactly 32 raw bytes, or a recovery key (``ERK1-...``) as text.
+
+    Raises:
+        ValidationError: the file cannot be read or holds neither.
+    """
+    try:
+        with builtins.open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ValidationError(f"cannot read {path}: {exc.strerror}",
+                              hint="check the path and its permissions") from None
+    if len(data) == 32:
+        return data
+    try:
+        text = data.decode("utf-8").strip()
+        if len(_parse_raw_key(text)) == 32:
+            return text
+    except (UnicodeDecodeError, ValidationError):
+        pass
+    raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
+                          hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
+                               "(ERK1-...), or the 32 raw key bytes")
+
+
 def _format_recovery_key(raw: bytes) -> str:
     text = base64.b32encode(raw).decode().rstrip("=")
     return RECOVERY_PREFIX + "-".join(text[i:i + 4] for i in range(0, len(text), 4))

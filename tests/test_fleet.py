@@ -1,0 +1,264 @@
+"""The fleet: one job over many files as Dask tasks, equal to running it file by file.
+
+Runs on a local Dask cluster of two worker processes (skips where Dask's distributed
+scheduler is not installed; CI installs it with the test extra).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+
+import pytest
+from conftest import NOW, TEST_KDF
+
+import engramdb
+from engramdb import fleet
+from engramdb.errors import ValidationError
+
+distributed = pytest.importorskip("distributed")
+cloudpickle = pytest.importorskip("cloudpickle")
+# The user-function jobs below travel to the workers by value (the workers cannot import a test module).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+DAY = 86_400.0
+FILES = 50
+
+
+def _memories(i: int) -> list[dict]:
+    """Old memories with near-duplicates, so a maintenance pass decays, dedupes and archives."""
+    topics = ["garden tomatoes", "railway timetable", "violin lessons", "tax return", "roof repair"]
+    items = []
+    for j in range(12):
+        topic = topics[(i + j) % len(topics)]
+        items.append({"id": f"m{j}", "content": f"user {i} notes about the {topic}, entry {j // 2}",
+                      "created_at": NOW - (40 + 37 * j) * DAY, "importance": 0.1 * (j % 4)})
+    return items
+
+
+def _secret(i: int) -> str | bytes:
+    return bytes([i + 1]) * 32 if i % 2 else f"passphrase-{i}"
+
+
+def _open_kwargs(secret: str | bytes) -> dict:
+    return {"key": secret} if isinstance(secret, bytes) else {"passphrase": secret}
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory):
+    """FILES small stores with mixed keys (passphrases and raw keys): {path: secret}."""
+    folder = tmp_path_factory.mktemp("fleet-originals")
+    keys = {}
+    for i in range(FILES):
+        path = str(folder / f"user{i:02d}.engram")
+        secret = _secret(i)
+        with engramdb.open(path, kdf=TEST_KDF, **_open_kwargs(secret)) as db:
+            db.add_many(_memories(i), now=NOW - 40 * DAY)
+        keys[path] = secret
+    return keys
+
+
+def _copy(keys: dict, folder) -> dict:
+    folder.mkdir()
+    copied = {}
+    for path, secret in keys.items():
+        target = str(folder / os.path.basename(path))
+        shutil.copyfile(path, target)
+        copied[target] = secret
+    return copied
+
+
+def _dump(path: str, secret: str | bytes) -> bytes:
+    out = io.BytesIO()
+    with engramdb.open(path, create=False, **_open_kwargs(secret)) as db:
+        db.dump(out)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    with distributed.Client(cluster) as dask_client:
+        yield dask_client
+    cluster.close()
+
+
+def test_maintain_verify_dump_equal_one_file_at_a_time(originals, client, tmp_path):
+    on_fleet = _copy(originals, tmp_path / "fleet")
+    one_by_one = _copy(originals, tmp_path / "loop")
+
+    report = fleet.run(list(on_fleet), "maintain", client=client, key_source=on_fleet.__getitem__,
+                       now=NOW, progress=False)
+    assert report.ok and report.totals == {"files": FILES, "ok": FILES, "problems": 0, "error": 0, "busy": 0}
+    assert [f.path for f in report.files] == list(on_fleet)  # in the order given
+    loop_reports = []
+    for path, secret in one_by_one.items():
+        with engramdb.open(path, create=False, **_open_kwargs(secret)) as db:
+            loop_reports.append(db.maintain(now=NOW).to_dict())
+    # the same work was done...
+    for fleet_file, loop_report in zip(report.files, loop_reports):
+        assert {k: fleet_file.result[k] for k in ("decayed", "deduplicated", "archived", "after_by_tier")} == \
+               {k: loop_report[k] for k in ("decayed", "deduplicated", "archived", "after_by_tier")}
+    assert sum(f.result["decayed"] for f in report.files) > 0
+    assert sum(f.result["deduplicated"] for f in report.files) > 0
+    # ...and left the same files
+    for (a, secret), b in zip(on_fleet.items(), one_by_one):
+        assert _dump(a, secret) == _dump(b, secret)
+
+    verified = fleet.run(list(on_fleet), "verify", client=client, key_source=on_fleet.__getitem__, progress=False)
+    assert verified.ok and all(f.result == {"problems": []} for f in verified.files)
+
+    out = tmp_path / "dumps"
+    dumped = fleet.run(list(on_fleet), "dump", client=client, key_source=on_fleet.__getitem__, out=str(out),
+                       progress=False)
+    assert dumped.ok
+    for path, secret in on_fleet.items():
+        name = os.path.basename(path)[:-len(".engram")] + ".aaak"
+        assert (out / name).read_bytes() == _dump(path, secret)
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(p)[:-len(".engram")] + ".aaak" for p in on_fleet)
+
+
+def test_a_damaged_file_and_a_wrong_key_fail_only_their_tasks(originals, client, tmp_path):
+    files = _copy(originals, tmp_path / "fleet")
+    paths = list(files)
+    damaged, wrong = paths[3], paths[10]
+    with open(damaged, "r+b") as fh:  # a foreign header over the file's first page
+        fh.write(b"this is not an engram file at all" * 100)
+    keys = dict(files)
+    keys[wrong] = "not-the-passphrase"
+    report = fleet.run(paths, "verify", client=client, key_source=keys.__getitem__, progress=False)
+    by_path = {f.path: f for f in report.files}
+    assert report.totals["ok"] == FILES - 2 and report.totals["error"] == 2 and not report.ok
+    assert by_path[wrong].error == "WrongPassphraseError" and by_path[wrong].hint
+    assert by_path[damaged].status == "error" and by_path[damaged].error.endswith("Error") and by_path[damaged].hint
+    table = report.table()
+    assert "48 ok" in table and "2 failed" in table and os.path.basename(damaged) in table
+    assert json.loads(report.to_json())["totals"]["error"] == 2
+
+
+def maintain_killed_once(db):
+    """A maintenance job whose worker is SIGKILLed in the middle of its first attempt."""
+    from engramdb.maintenance.lifecycle import MaintenanceConfig
+
+    marker = db.path + ".killed-once"
+
+    def progress(stage, done, total):
+        if done and not os.path.exists(marker):
+            with open(marker, "w") as fh:
+                fh.write(stage)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return db.maintain(MaintenanceConfig(batch_size=2), now=NOW, progress=progress).to_dict()
+
+
+def test_a_worker_killed_during_maintain_is_retried_and_converges(originals, client, tmp_path):
+    (path, secret), = list(_copy({p: s for p, s in originals.items() if "user04" in p}, tmp_path / "fleet").items())
+    (twin, _), = list(_copy({p: s for p, s in originals.items() if "user04" in p}, tmp_path / "twin").items())
+
+    report = fleet.run([path], maintain_killed_once, client=client, key_source=lambda p: secret, progress=False)
+    assert os.path.exists(path + ".killed-once")  # the first attempt really died
+    assert report.ok, report.table()
+    with engramdb.open(path, create=False, **_open_kwargs(secret)) as db:
+        assert db.verify() == []
+    from engramdb.maintenance.lifecycle import MaintenanceConfig
+
+    with engramdb.open(twin, create=False, **_open_kwargs(secret)) as db:
+        db.maintain(MaintenanceConfig(batch_size=2), now=NOW)
+    assert _dump(path, secret) == _dump(twin, secret)
+
+
+def test_a_busy_file_is_retried_then_reported_busy(originals, client, tmp_path):
+    files = _copy(dict(list(originals.items())[:3]), tmp_path / "fleet")
+    paths = list(files)
+    held = engramdb.open(paths[1], create=False, **_open_kwargs(files[paths[1]]))
+    try:  # compaction needs the file to itself; this handle keeps it busy
+        report = fleet.run(paths, "compact", client=client, key_source=files.__getitem__, retries=1,
+                           progress=False)
+    finally:
+        held.close()
+    assert [f.status for f in report.files] == ["ok", "busy", "ok"]
+    assert report.files[1].error == "BusyFileError" and report.files[1].hint
+    assert report.files[0].result["bytes_after"] <= report.files[0].result["bytes_before"]
+
+
+def test_dump_to_an_fsspec_url(originals, client, tmp_path):
+    files = _copy(dict(list(originals.items())[:2]), tmp_path / "fleet")
+    url = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir()
+    report = fleet.run(list(files), "dump", client=client, key_source=files.__getitem__, out=url, progress=False)
+    assert report.ok and all(f.result["dump"].startswith("file://") for f in report.files)
+    for path, secret in files.items():
+        name = os.path.basename(path)[:-len(".engram")] + ".aaak"
+        assert (tmp_path / "bucket" / name).read_bytes() == _dump(path, secret)
+
+
+def test_cli_runs_a_job_on_a_scheduler(originals, client, tmp_path):
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    for i in range(3):  # one passphrase for all
+        with engramdb.open(folder / f"t{i}.engram", passphrase="shared", kdf=TEST_KDF) as db:
+            db.add(f"memory {i}")
+    address = client.scheduler.address
+    secret = tmp_path / "passphrase"
+    secret.write_text("shared\n")
+    env = {"ENGRAM_TEST_WEAK_KDF": "1"}
+    glob_ = str(folder / "*.engram")
+    # the scheduler's workers were started without $ENGRAM_PASSPHRASE: say so, per file
+    no_env = CliRunner().invoke(cli, ["fleet", "stats", glob_, "--scheduler", address],
+                                env={**env, "ENGRAM_PASSPHRASE": "shared"}, catch_exceptions=False)
+    assert no_env.exit_code == 1 and "not set on the worker" in no_env.output
+    result = CliRunner().invoke(cli, ["fleet", "stats", glob_, "--scheduler", address, "--json",
+                                      "--passphrase-file", str(secret)], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["totals"]["ok"] == 3 and [f["result"]["memories"] for f in data["files"]] == [1, 1, 1]
+    secret.write_text("wrong\n")
+    bad = CliRunner().invoke(cli, ["fleet", "verify", glob_, "--scheduler", address, "--passphrase-file", str(secret)],
+                             env=env, catch_exceptions=False)
+    assert bad.exit_code == 1 and "3 failed" in bad.output and "WrongPassphraseError" in bad.output
+
+
+# --- no cluster needed ----------------------------------------------------------------------
+
+def test_key_sources_resolve_on_the_worker(tmp_path, monkeypatch):
+    path = str(tmp_path / "k.engram")
+    raw = bytes(range(32))
+    with engramdb.open(path, key=raw, kdf=TEST_KDF) as db:
+        db.add("hello", id="h")
+    with open(path + ".key", "wb") as fh:
+        fh.write(raw)
+    assert fleet.run_one(path, "stats", fleet.KeyFileBeside())["status"] == "ok"
+    assert fleet.run_one(path, "stats", fleet.KeyFiles({path: path + ".key"}))["status"] == "ok"
+    assert fleet.run_one(path, "stats", fleet.KeyFile(path + ".key"))["status"] == "ok"
+    unmapped = fleet.run_one(path, "stats", fleet.KeyFiles({}))
+    assert unmapped["status"] == "error" and "mapping" in unmapped["hint"]
+    monkeypatch.delenv("ENGRAM_PASSPHRASE", raising=False)
+    missing = fleet.run_one(path, "stats", fleet.PassphraseEnv())
+    assert missing["status"] == "error" and "ENGRAM_PASSPHRASE" in missing["message"]
+    assert "secret" not in repr(fleet.Passphrase("secret")) and "secret" not in str(fleet.Passphrase("secret"))
+    wrong_type = fleet.run_one(path, "stats", lambda p: 42)
+    assert wrong_type["status"] == "error" and "str" in wrong_type["hint"]
+
+
+def test_user_function_job_and_bad_arguments(tmp_path):
+    path = str(tmp_path / "u.engram")
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("hello", id="h")
+    row = fleet.run_one(path, lambda db: {"n": len(db)}, fleet.Passphrase("pw"))
+    assert row["status"] == "ok" and row["result"] == {"n": 1}
+    assert fleet.run_one(path, lambda db: 3, fleet.Passphrase("pw"))["status"] == "error"
+    with pytest.raises(ValidationError, match="unknown job"):
+        fleet.run([path], "defragment")
+    with pytest.raises(ValidationError, match="output folder"):
+        fleet.run([path], "dump")
+    with pytest.raises(ValidationError, match="no file matches"):
+        fleet.run(str(tmp_path / "nothing-*.engram"), "verify")
+    with pytest.raises(ValidationError, match="named twice"):
+        fleet.run([path, path], "verify")
