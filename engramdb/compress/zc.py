@@ -510,13 +510,13 @@ def extract_topics(text: str, stop_words: frozenset[str] = BASE_STOP_WORDS,
         cleaned = re.sub(r"\b(" + "|".join(sorted(names)) + r")\b", " ", cleaned, flags=re.I | _A)
     stream = js_split_ws(cleaned)
     n = len(stream)
-    clean = [_clean_token(t) for t in stream]
-    lows = [c.lower() for c in clean]
+    clean = list(map(_clean_token, stream))
+    lows = list(map(str.lower, clean))
     is_stop = [low in stop_words or len(low) < 3 for low in lows]
 
     stats: dict[str, _Stat] = {}
     for pos, (raw, low) in enumerate(zip(clean, lows)):
-        if len(raw) < 2 or is_stop[pos]:
+        if is_stop[pos]:  # includes every token under 2 characters
             continue
         st = stats.get(low)
         if st is None:
@@ -599,11 +599,11 @@ def _split_sentences(text: str) -> list[str]:
     return out or [js_trim(text)]
 
 
-def _text_rank(sentences: list[str]) -> list[float]:
-    n = len(sentences)
+def _text_rank(sets: list[set[str]]) -> list[float]:
+    """TextRank over the sentences' lowercase word sets."""
+    n = len(sets)
     if n == 1:
         return [1.0]
-    sets = [set(js_split_ws(s.lower())) for s in sentences]
     sim = [[0.0] * n for _ in range(n)]
     for i in range(n):
         si = sets[i]
@@ -653,17 +653,16 @@ def _u16_slice(s: str, n: int) -> str:
 def select_key_sentence(text: str) -> str:
     """The chunk's most representative sentence (TextRank blended with decision words)."""
     trimmed = js_trim(text)
-    if len(js_split_ws(trimmed)) < 5:
+    if len(_WS_RUN.split(trimmed, 4)) < 5:  # fewer than 5 words
         return _u16_slice(trimmed, 120)
     sentences = _split_sentences(trimmed)
-    if len(sentences) > 1:
-        centrality = _text_rank(sentences)
-    else:
-        centrality = [1.0]
+    # lowercasing never adds or removes whitespace: the same words, lowercase
+    lowered = [js_split_ws(s.lower()) for s in sentences]
+    centrality = _text_rank([set(w) for w in lowered])
     best, best_score = sentences[0], -math.inf
     last = len(sentences) - 1
     for i, s in enumerate(sentences):
-        words = js_split_ws(s)
+        words = lowered[i]
         count = len(words)
         decision = sum(1 for w in words if _az_lower(w) in DECISION_WORDS)
         density = decision / count if count else 0.0
@@ -675,7 +674,7 @@ def select_key_sentence(text: str) -> str:
             length_bonus = -0.1
         else:
             length_bonus = 0.0
-        unique = len({w.lower() for w in words}) / count if count else 0.0
+        unique = len(set(words)) / count if count else 0.0
         position = 0.1 if i == 0 or i == last else 0.0
         decision_score = density * 3.0 + decision * 0.4 + length_bonus + unique * 0.3 + position
         score = 0.5 * centrality[i] + 0.5 * decision_score
@@ -895,13 +894,18 @@ def _spec(d: tuple[int, int | None, int | None]) -> int:
 
 
 _FOUR_DIGITS = re.compile(r"\d{4}", _A)
+_PAREN_CUE = re.compile(r"\([^\n\r\u2028\u2029]*\d{4}")
 
 
 def _extract_absolutes(text: str) -> list[DateHit]:
     if _FOUR_DIGITS.search(text) is None:
         return []  # every absolute date has a four-digit year
     raw: list[DateHit] = []
+    # a "(... 8 May 2023 ...)" timestamp needs a "(" before a four-digit number on its line
+    paren = _PAREN_CUE.search(text) is not None
     for rx, order in ((_RE_PAREN, "dmy"), (_RE_DMY, "dmy"), (_RE_MDY, "mdy")):
+        if rx is _RE_PAREN and not paren:
+            continue
         for m in rx.finditer(text):
             if order == "dmy":
                 day, mname, year = int(m.group(1)), m.group(2).lower(), int(m.group(3))
@@ -1011,8 +1015,14 @@ _REL_AFTER = [
 ]
 
 
+# every relative expression above contains one of these (weekdays end in "day")
+_RELATIVE_CUES = ("day", "tonight", "tomorrow", "week", "month", "year")
+
+
 def _resolve_relative(text: str, anchor: tuple) -> tuple | None:
     t = text.lower()
+    if not any(cue in t for cue in _RELATIVE_CUES):
+        return None
     for rx, fn in _REL:
         m = rx.search(t)
         if m:

@@ -13,6 +13,9 @@ Workloads:
 * ``link_sets`` over 10,000 zettel-like token sets (Zipf-skewed entity and topic
   vocabularies, every 10th set a near-duplicate), the MinHash/LSH path.
 
+Each workload is timed with both compress methods: the default ``zettel-compress`` (the
+port of zettel-compress 1.0.0) and ``refined`` (``--method`` picks one).
+
 Throughput is in *estimated* tokens per millisecond: ``estimate_tokens(text)`` divided
 by the median wall time of ``compress(text)`` in milliseconds (the measure the
 zettel-compress benchmarks use). CPU time is printed too: on a shared machine it is the
@@ -100,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs per workload (median reported)")
     parser.add_argument("--out", type=Path, help="also append the report to this file")
+    parser.add_argument("--method", action="append", choices=("zettel-compress", "refined"),
+                        help="compress method(s) to time (default: both)")
     args = parser.parse_args(argv)
+    args.method = args.method or ["zettel-compress", "refined"]
 
     lines = [
         f"bench_compress  python {platform.python_version()}  {platform.machine()}  "
@@ -110,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     chat = locomo_chat()
     if chat:
         workloads.append((f"chat (LoCoMo conv-26, {estimate_tokens(chat)} tokens)", chat))
-    for name, text in workloads:
+    for (name, text), method in itertools.product(workloads, args.method):
         tokens = estimate_tokens(text)
-        wall, cpu, worst = measure(lambda: compress(text), args.runs)
-        result = compress(text)
+        wall, cpu, worst = measure(lambda: compress(text, method=method), args.runs)
+        result = compress(text, method=method)
         lines.append(
-            f"compress  {name}: {tokens} est. tokens, {len(result.zettels)} zettels, "
+            f"compress {method}  {name}: {tokens} est. tokens, {len(result.zettels)} zettels, "
             f"{len(result.tunnels)} tunnels | median {wall * 1000:.0f} ms wall "
             f"({tokens / (wall * 1000):.0f} tok/ms), {cpu * 1000:.0f} ms CPU "
             f"({tokens / (cpu * 1000):.0f} tok/ms), max {worst * 1000:.0f} ms"
