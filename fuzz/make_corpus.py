@@ -370,12 +370,36 @@ def transcript_seeds() -> list[bytes]:
     return seeds
 
 
+def compress_seeds() -> list[bytes]:
+    """Texts for fuzz_compress.py, each under every option mode that matters."""
+    texts = [
+        "(1:56 pm on 8 May, 2023) Caroline: Hey Mel! I decided to go to the LGBTQ support group.\n\n"
+        "(1:58 pm on 8 May, 2023) Melanie: Wow, Caroline! I love that you chose that. Next month?\n\n"
+        "(2:01 pm on 8 May, 2023) Caroline: Yes, and last Friday I went 3 days ago. She said it led to "
+        "a breakthrough.",
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+        "must be in want of a wife.\r\n\r\nMr. Bennet replied that he had not. \u201cBut it is,\u201d "
+        "returned she; \u201cfor Mrs. Long has just been here.\u201d",
+        "\ufeffTitle\u00a0\n\n\n  \u2028 \n\nIn 2019 and in May 2020, on 2023-02-30 and June 31 2021 (x 8th May, 1850 y)",
+        "\U0001f389" * 30 + "\n\n" + "Z\u00f6e met \u00c9mile in Z\u00fcrich; they will do it. " * 6,
+        "Alice: a\nBob: b\nAlice: c\nBob: d\nAlice: e\nBob: f\n\n" * 5,
+        "word " * 400,
+        "A. B. C. e.g. i.e. Dr. Smith vs. Jones etc. U.S. policy! Really? Yes.\n\nthe end",
+        "",
+        "   \n\n\t\n",
+    ]
+    seeds = [bytes([mode]) + text.encode("utf-8") for text in texts for mode in (0, 1, 2, 3, 7)]
+    seeds.append(b"\x00invalid \xff\xfe utf-8 \xc3")
+    return seeds
+
+
 def main_parsers() -> None:
     _write_seeds("importers", importer_seeds())
     _write_seeds("records", record_seeds())
     _write_seeds("header", header_seeds())
     _write_seeds("tokenize", tokenize_seeds())
     _write_seeds("transcript", transcript_seeds())
+    _write_seeds("compress", compress_seeds())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 One test per finding, with the input as a literal (or built in a line from a valid file)
 and a docstring saying where it was found and what went wrong; plus a replay of the seed
-corpora of fuzz/fuzz_importers.py, fuzz/fuzz_records.py, fuzz/fuzz_header.py and fuzz/fuzz_tokenize.py through
+corpora of fuzz/fuzz_importers.py, fuzz/fuzz_records.py, fuzz/fuzz_header.py, fuzz/fuzz_tokenize.py and fuzz/fuzz_compress.py through
 the same oracles (no atheris needed). See fuzz/README.md.
 """
 from __future__ import annotations
@@ -39,13 +39,14 @@ RECORDS = _target("fuzz_records")
 HEADER = _target("fuzz_header")
 TOKENIZE = _target("fuzz_tokenize")
 TRANSCRIPT = _target("fuzz_transcript")
+COMPRESS = _target("fuzz_compress")
 
 
 # --- the corpus replay ---------------------------------------------------------------
 
 @pytest.mark.parametrize("name, target, minimum", [
     ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40), ("tokenize", TOKENIZE, 30),
-    ("transcript", TRANSCRIPT, 25),
+    ("transcript", TRANSCRIPT, 25), ("compress", COMPRESS, 40),
 ])
 def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
     """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""
@@ -256,3 +257,20 @@ def test_the_transcript_oracle_can_fail(monkeypatch):
     monkeypatch.setattr(TRANSCRIPT, "serialize_conversation", broken)
     with pytest.raises(AssertionError):
         TRANSCRIPT.TestOneInput(b'[{"role": "user", "content": "hi"}]')
+
+
+def test_the_compress_oracle_can_fail(monkeypatch):
+    """fuzz_compress's oracle catches a zettel whose offsets do not index its chunk."""
+    real = COMPRESS.compress
+
+    def shifted(text, **options):
+        result = real(text, **options)
+        for z in result.zettels:
+            z.source_start -= 1
+        return result
+
+    seed = b"\x00" + "Alice met Bob in Paris. They decided to stay.\n\nThen they left.".encode()
+    COMPRESS.TestOneInput(seed)
+    monkeypatch.setattr(COMPRESS, "compress", shifted)
+    with pytest.raises(AssertionError):
+        COMPRESS.TestOneInput(seed)
