@@ -884,13 +884,19 @@ class Engram:
     # -- maintenance ----------------------------------------------------------------------
     def compact(self) -> None:
         """Rewrite the file without free pages (atomic rename). Deleted data leaves the file:
-        index segments are merged first, so deleted memories' postings and vector rows go too.
+        index segments are merged first, so deleted memories' postings and vector rows go too,
+        and the records are rewritten into full pages, so records that shrank (archived
+        memories) take less room.
 
         Raises:
             AlreadyOpenError: another handle or process has the file open.
         """
         if not self.readonly:
             self.merge_indexes(max_steps=1_000_000, force=True)
+            # records that shrank in place (archived, truncated) leave part-empty pages, and so
+            # do rows inserted one by one; the compacting copy keeps pages as they are: refill first
+            for table in ("nodes", "archive"):
+                self._store.write(lambda txn, t=table: txn.repack(t))
         self._store.compact()
         # The compacted copy restarts LMDB's transaction ids, and the index caches are
         # labelled with them: a later commit could reuse a cached label and serve stale postings.

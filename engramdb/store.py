@@ -1114,6 +1114,36 @@ class Txn:
         """Number of entries in a table (LMDB keeps this in the B-tree; O(1))."""
         return self._ltxn.stat(self.store._env.dbs[table])["entries"]
 
+    def repack(self, table: str) -> None:
+        """Rewrite ``table``'s entries (the same envelopes, in key order) into full pages.
+
+        LMDB's compacting copy keeps every page as it is, so pages whose values shrank
+        (archived memories' stubs, truncated text) stay part empty in the copy, and the
+        file does not get smaller. Emptied and refilled in key order (LMDB's append mode
+        fills each page before it starts the next), the table takes the fewest pages; the
+        old ones are freed, and the next compaction drops them. The envelopes, and so the
+        state digest, do not change. Holds the table's values in memory while it runs.
+        """
+        self._require_write()
+        db = self.store._env.dbs[table]
+        with self._ltxn.cursor(db=db) as cur:
+            items = [(bytes(key), bytes(value)) for key, value in cur]
+        if not items:
+            return
+        self._log.extend((table, key, None) for key, _ in items)  # what a replay after map growth redoes
+        try:
+            self._ltxn.drop(db, delete=False)
+        except lmdb.MapFullError:
+            self._regrow_and_replay()  # the replay deleted every entry
+        for start in range(0, len(items), 4096):
+            chunk = items[start:start + 4096]
+            self._log.append((table, None, chunk))  # replayed as one putmulti
+            try:
+                with self._ltxn.cursor(db=db) as cur:
+                    cur.putmulti(chunk, append=True)
+            except lmdb.MapFullError:
+                self._regrow_and_replay()  # the replay wrote this chunk too
+
     def table_bytes(self, table: str) -> int:
         """Bytes of the pages a table occupies (branch, leaf and overflow pages; O(1))."""
         st = self._ltxn.stat(self.store._env.dbs[table])

@@ -240,3 +240,34 @@ def test_dump_restore_round_trip_of_archived_memories(tmp_path_factory, items):
         got = {i: (_record(restored, i), codec.encode_node(restored.get(i, full=True))) for i in restored.ids()}
         assert got == want
         assert restored.verify() == []
+
+
+def test_compact_after_truncating_archives_makes_the_file_smaller(make_db, now):
+    """LMDB's compacting copy keeps pages as they are; compact refills the records' pages first."""
+    import os
+
+    db = make_db("s.engram", encrypted=False)
+    db.add_many([{"id": f"m{i:04}", "content": f"memory {i} " + "lorem ipsum dolor sit amet " * 60}
+                 for i in range(400)], now=now)
+    db.compact()
+    before = os.path.getsize(db.path)
+    with db._store.read() as txn:
+        nodes_before = txn.table_bytes("nodes")
+    with db.transaction() as tx:
+        for i in range(0, 400, 2):
+            tx.archive(f"m{i:04}", truncate=True)
+    db.compact()
+    assert os.path.getsize(db.path) < before
+    with db._store.read() as txn:  # half the records shrank to a preview: their pages were refilled
+        assert txn.table_bytes("nodes") < 0.75 * nodes_before
+
+
+def test_repack_keeps_every_envelope_and_the_digest(tmp_engram, now):
+    db = tmp_engram
+    db.add_many([{"id": f"m{i}", "content": f"text {i} " * (i % 50 + 1)} for i in range(300)], now=now)
+    with db._store.read() as txn:
+        before = list(txn.raw_items("nodes"))
+    db._store.write(lambda txn: txn.repack("nodes"))
+    with db._store.read() as txn:
+        assert list(txn.raw_items("nodes")) == before
+    assert db.verify() == []
