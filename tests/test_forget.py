@@ -134,3 +134,49 @@ def test_forget_needs_the_only_handle_to_compact(make_db, tmp_path):
     finally:
         other.close()
     assert "x" not in db
+
+
+def test_forget_removes_them_from_the_maintenance_state(make_db, now):
+    from engramdb.maintenance import run
+
+    db = make_db()
+    for i in range(30):
+        db.add(" ".join(WORDS[3 * i:3 * i + 3]), id=f"n{i:02}", now=now - 86400 * i)
+    db.maintain(now=now)
+    docnos = {}
+    with db._store.read() as txn:
+        for id_ in ("n03", "n07"):
+            docnos[id_] = codec.from_u64(txn.get("ids", db._id_key(id_)))
+    db.forget(ids=["n03", "n07"])
+    with db._store.read() as txn:
+        rows = run._unpack_rows(codec.unpack(txn.get("meta", run.STATE_KEY))["rows"])
+        assert len(rows["docno"]) == 28 and not set(docnos.values()) & set(rows["docno"].tolist())
+        assert list(txn.keys("meta", run.DIRTY_PREFIX)) == []
+    again = db.maintain(now=now)  # the state still describes the file: an incremental pass, nothing to do
+    assert not again.full and again.decayed == 0
+    assert db.verify() == []
+
+
+def test_forget_finishes_an_unfinished_maintenance_pass_first(make_db, now):
+    from engramdb.maintenance import run
+
+    db = make_db()
+    for i in range(10):
+        db.add(" ".join(WORDS[3 * i:3 * i + 3]), id=f"n{i}", now=now - 86400 * 40)
+    class Killed(Exception):
+        pass
+
+    def kill(phase, done, total):
+        if phase == "write":  # the plan is stored; no batch has run
+            raise Killed
+
+    with pytest.raises(Killed):
+        db.maintain(now=now, progress=kill)
+    with db._store.read() as txn:
+        assert txn.get("meta", run.PLAN_KEY) is not None
+        assert db.get("n2").tier == "hot"
+    db.forget(ids=["n1"])
+    with db._store.read() as txn:
+        assert txn.get("meta", run.PLAN_KEY) is None
+    assert db.get("n2").tier != "hot" and "n1" not in db
+    assert db.verify() == []

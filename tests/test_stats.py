@@ -30,14 +30,17 @@ def test_stats_counts_tiers_flags_tags_sources_and_tables(tmp_engram, now):
     assert db.stats()["index"]["vectors"]["h"]["rows"] == 4
 
 
-def test_stats_reports_what_the_maintenance_hook_returns(tmp_engram, monkeypatch):
-    from engramdb import maintenance
-
-    assert tmp_engram.stats()["last_maintenance"] is None
-    monkeypatch.setattr(maintenance, "read_last_pass", lambda txn: {"at": "2026-06-01T12:00:00Z", "decayed": 3},
-                        raising=False)
-    assert tmp_engram.stats()["last_maintenance"] == {"at": "2026-06-01T12:00:00Z", "decayed": 3}
-    assert stats_mod.last_maintenance(None) == {"at": "2026-06-01T12:00:00Z", "decayed": 3}
+def test_stats_reports_the_last_maintenance_pass(tmp_engram, now):
+    db = tmp_engram
+    assert db.stats()["last_maintenance"] is None
+    db.add("an old memory", id="old", now=now - 86400 * 40)
+    db.add("a new memory", id="new", now=now)
+    report = db.maintain(now=now)
+    last = db.stats()["last_maintenance"]
+    assert last["at"] == "2023-11-14T22:13:20.000Z" and last["decayed"] == report.decayed == 1
+    assert last["memories"] == 2
+    with db._store.read() as txn:
+        assert stats_mod.last_maintenance(txn) == last
 
 
 def test_pin_and_unpin(tmp_engram, now):

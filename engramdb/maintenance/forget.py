@@ -13,6 +13,9 @@ rewrites them. :func:`forget` does the whole job, in this order:
 3. merge every index segment and vector block that still holds them (``force=True``) and
    compact the file (a copy without free pages replaces it).
 
+The maintenance pass's incremental state drops their rows too, and a pass left unfinished
+(killed) is finished first, since its stored plan may name them.
+
 The receipt names the memories, the entries removed per table, and the summaries built
 from them (memories with a ``derived_from`` edge to one of them), which are kept: forget
 those too if their text must go.
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import codec
+from . import run
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
@@ -165,6 +169,23 @@ def _plan(engram: Any, txn: Any, docnos: list[int]) -> tuple[list[str], dict[str
     return [nodes[d].id for d in docnos], counts, summary_ids, source_keys
 
 
+def _scrub_maintenance_state(txn: Any, docnos: Sequence[int]) -> None:
+    """Drop the forgotten memories from the maintenance pass's incremental state (their rows:
+    tier, times, importance) and from its change log, as the next pass would have. The
+    state then describes the remaining memories exactly as before."""
+    raw = txn.get("meta", run.STATE_KEY)
+    if raw is not None:
+        state = codec.unpack(raw)
+        if isinstance(state, dict) and "rows" in state:
+            rows = run._unpack_rows(state["rows"])
+            keep = ~np.isin(rows["docno"], np.asarray(docnos, dtype=np.uint64))
+            if not keep.all():
+                state["rows"] = run._pack_rows(run._take(rows, keep))
+                txn.put("meta", run.STATE_KEY, codec.pack(state))
+    for docno in docnos:
+        txn.delete("meta", run.DIRTY_PREFIX + codec.u64(docno))
+
+
 def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None = None, embedding: Any = None,
            threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> ForgetReceipt:
     """Remove memories and everything derived from them from ``engram``'s file, then merge
@@ -203,6 +224,11 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         return ForgetReceipt(ids=tuple(forgotten), removed=counts if docnos else {}, summaries=tuple(summaries),
                              dry_run=dry_run, size_before=size_before, size_after=size_before)
 
+    with store.read() as txn:
+        pending = txn.get("meta", run.PLAN_KEY) is not None
+    if pending:  # a killed maintenance pass's plan may hold their ids or summaries: finish it first
+        engram.maintain()
+
     def remove(txn: Any) -> dict[str, int]:
         before = {table: txn.count(table) for table in INDEX_TABLES}
         with engram._batched(txn) as tx:
@@ -210,6 +236,7 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
                 tx.delete(id_)
         for key in source_keys:
             txn.delete("sources", key)
+        _scrub_maintenance_state(txn, docnos)
         return before
 
     index_before = store.write(remove)

@@ -7,29 +7,20 @@ maintenance pass. Takes an open ``Engram`` (duck-typed; this package never impor
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 from ..index import iter_nodes
 from ..records import ALL_FLAGS, TIERS
 from ..store import TABLES
+from .run import read_last_pass
 
 __all__ = ["last_maintenance", "stats"]
 
 
-def last_maintenance(txn: Any) -> Mapping[str, Any] | None:
-    """The record the last maintenance pass left (when it ran and what it did), or None.
-
-    Hook for the pass (issue 9, part A): ``engramdb.maintenance`` exports
-    ``read_last_pass(txn) -> Mapping | None``, which reads the state the pass keeps in the
-    file. Until a file has been maintained, there is nothing to report.
-    """
-    from .. import maintenance
-
-    reader = getattr(maintenance, "read_last_pass", None)
-    if reader is None:
-        return None
-    found = reader(txn)
+def last_maintenance(txn: Any) -> dict[str, Any] | None:
+    """When the last maintenance pass ran and what it did (its counts), or None when no pass
+    has run: the record the pass leaves (:func:`engramdb.maintenance.run.read_last_pass`)."""
+    found = read_last_pass(txn)
     return None if found is None else dict(found)
 
 
