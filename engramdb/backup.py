@@ -18,7 +18,7 @@ from .engram import Engram, Transaction, open as open_engram
 from .importers import EntityTable
 from .errors import (
     AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
-    ValidationError,
+    ValidationError, shown,
 )
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 from .store import STORE_SIDECARS, remove_if_abandoned, replace_store
@@ -423,7 +423,7 @@ def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) 
         for item in records:
             if isinstance(item, Node):
                 if item.id in new or stored(item.id):
-                    raise DuplicateIdError(f"a memory with id {item.id!r} exists", hint=hint)
+                    raise DuplicateIdError(f"a memory with id {shown(item.id)} exists", hint=hint)
                 new.add(item.id)
         for item in records:
             if isinstance(item, Edge):

@@ -20,10 +20,10 @@ from . import __version__
 from . import engram as engram_mod
 from .crypto import KDFParams
 from .errors import (
-    AlreadyOpenError, DecryptionError, EngramError, FileMissingError, ModeMismatchError, ValidationError,
-    WrongPassphraseError,
+    AlreadyOpenError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
+    ModeMismatchError, ValidationError, WrongPassphraseError,
 )
-from .records import TIERS
+from .records import ALL_FLAGS, EDGE_KINDS, TIERS
 from .store import DEFAULT_TIMEOUT, create_private, remove_if_abandoned
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
@@ -130,8 +130,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except EngramError as exc:
             click.echo(f"error: {exc.message}", err=True)
-            if exc.hint:
-                click.echo(f"hint: {exc.hint}", err=True)
+            hint = _cli_hint(exc, ctx.invoked_subcommand)
+            if hint:
+                click.echo(f"hint: {hint}", err=True)
             ctx.exit(1)
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C, or EOF at a prompt
             click.echo("error: interrupted; the transaction in progress was not committed", err=True)
@@ -145,6 +146,22 @@ class _Group(click.Group):
             click.echo(f"error: {exc.strerror or exc}{where}", err=True)
             click.echo("hint: check the path and its permissions", err=True)
             ctx.exit(1)
+
+
+# The library's default hints speak Python (db.update(...)); on the command line, say the
+# command instead (issue 12, bug 11). Only default hints are replaced: a specific one stays.
+_CLI_HINTS: dict[type[EngramError], str] = {
+    DuplicateIdError: "pick another --id, or change the memory with `engramdb update FILE ID`",
+    ValidationError: "check the values against `engramdb {command} --help`",
+    IndexMismatchError: "run `engramdb verify --fix FILE` to rebuild the indexes from the records",
+}
+
+
+def _cli_hint(exc: EngramError, command: str | None) -> str:
+    for cls in type(exc).__mro__:
+        if cls in _CLI_HINTS and exc.hint == getattr(cls, "default_hint", None):
+            return _CLI_HINTS[cls].replace("{command}", command or "COMMAND")
+    return exc.hint
 
 
 def _quiet(ctx: click.Context) -> bool:
@@ -365,6 +382,78 @@ def _create_partial(tmp: str) -> int:
             if os.path.samestat(os.fstat(fd), os.stat(tmp)):
                 return fd
         os.close(fd)  # removed as abandoned between its creation and our lock: start again
+def _check_time(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An --after/--before value the library's date parser accepts, or a usage error."""
+    from .filters import parse_time
+
+    try:
+        parse_time(value, param.name or "date")
+    except ValidationError:
+        raise click.BadParameter(f"{value!r} is not a date; use ISO 8601, e.g. 2023-05-01, 2023-05 or "
+                                 "2023-05-01T12:00:00") from None
+    return value
+
+
+_FILTER_NAMES = ("after", "before", "tiers", "tags", "any_tags", "flags", "any_flags", "source")
+
+
+def _filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The filter options of `list`, `recall` and `context`, with one meaning everywhere
+    (engramdb.filters); the command receives them as ``filters``, a dict of the given ones."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in _FILTER_NAMES}
+        filters = {k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items() if v not in (None, ())}
+        return func(*args, filters=filters, **kwargs)
+
+    options = [
+        click.option("--after", callback=_check_time, help="Only memories created at or after this ISO date/time."),
+        click.option("--before", callback=_check_time, help="Only memories created before this ISO date/time."),
+        click.option("--tier", "tiers", multiple=True, type=click.Choice(TIERS),
+                     help="Only memories in this tier (repeatable: any of them)."),
+        click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all of them)."),
+        click.option("--any-tag", "any_tags", multiple=True,
+                     help="Only memories with at least one of these tags (repeatable)."),
+        click.option("--flag", "flags", multiple=True, type=click.Choice(ALL_FLAGS),
+                     help="Only memories with this flag, e.g. DECISION (repeatable: all of them)."),
+        click.option("--any-flag", "any_flags", multiple=True, type=click.Choice(ALL_FLAGS),
+                     help="Only memories with at least one of these flags (repeatable)."),
+        click.option("--source", help="Only memories of this source."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _text_arg(text: str) -> str:
+    """TEXT, or stdin for "-" without the newline(s) that end it: `echo hi | engramdb add F -`
+    stores "hi", as the shell's $(...) would (issue 12, bug 8)."""
+    if text != "-":
+        return text
+    return sys.stdin.read().rstrip("\r\n")
+
+
+_TIME_FIELDS = ("created_at", "last_accessed", "valid_from", "valid_to")
+
+
+def _iso(ts: float) -> str:
+    """A Unix timestamp as ISO 8601 in UTC (``2023-11-14T22:13:20Z``; fractions when present)."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _readable(data: dict[str, Any]) -> dict[str, Any]:
+    """A node's (or hit's) dict with its timestamps as ISO 8601 (dumps keep the exact floats)."""
+    out = dict(data)
+    for key in _TIME_FIELDS:
+        if isinstance(out.get(key), (int, float)) and not isinstance(out[key], bool):
+            out[key] = _iso(out[key])
+    if isinstance(out.get("node"), dict):
+        out["node"] = _readable(out["node"])
+    return out
 
 
 def _node_line(node: Any) -> str:
@@ -451,14 +540,13 @@ def info(ctx: click.Context, file: str, as_json: bool) -> None:
 @click.pass_context
 def add(ctx: click.Context, file: str, text: str, id_: str | None, tags: tuple[str, ...],
         importance: float | None, tier: str | None, source: str | None, as_json: bool) -> None:
-    """Add one memory (TEXT, or - to read it from stdin) and print its id.
+    """Add one memory (TEXT, or - to read it from stdin, without its final newline) and print its id.
 
     Example:
 
         engramdb add notes.engram "Alice moved to Berlin in 2023" --tag people
     """
-    if text == "-":
-        text = sys.stdin.read()
+    text = _text_arg(text)
     if not text.strip():  # an empty memory can never be recalled
         raise ValidationError("nothing to add: the text is empty", hint="pass the memory's text, or - to read it "
                                                                        "from stdin")
@@ -485,7 +573,7 @@ def get(ctx: click.Context, file: str, id_: str, full: bool, as_json: bool) -> N
     """
     with _open(ctx, file, readonly=True) as db:
         node = db.get(id_, full=full)
-    _emit(_node_dict(node), as_json, lambda d: "\n".join(
+    _emit(_readable(_node_dict(node)), as_json, lambda d: "\n".join(
         f"{k:<14}{v}" for k, v in d.items() if v not in ((), [], {}, "", None)))
 
 
@@ -498,24 +586,22 @@ def _node_dict(node: Any) -> dict[str, Any]:
 
 @cli.command(name="list")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--tier", type=click.Choice(TIERS), help="Only this tier.")
-@click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match).")
+@_filter_options
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one memory a line.")
 @click.pass_context
-def list_(ctx: click.Context, file: str, tier: str | None, tags: tuple[str, ...], limit: int | None,
-          as_json: bool) -> None:
-    """List memories in insertion order.
+def list_(ctx: click.Context, file: str, filters: dict[str, Any], limit: int | None, as_json: bool) -> None:
+    """List memories in insertion order (timestamps in ISO 8601).
 
     Example:
 
-        engramdb list notes.engram --tag people --limit 20
+        engramdb list notes.engram --tag people --after 2024-01 --limit 20
     """
     with _open(ctx, file, readonly=True) as db:
-        for n, node in enumerate(db.scan(tier=tier, tags=tags)):
+        for n, node in enumerate(db.scan(**filters)):
             if limit is not None and n >= limit:
                 break
-            _emit(_node_dict(node), as_json, lambda _d: _node_line(node))
+            _emit(_readable(_node_dict(node)), as_json, lambda _d: _node_line(node))
 
 
 @cli.command()
@@ -535,6 +621,161 @@ def delete(ctx: click.Context, file: str, ids: tuple[str, ...], as_json: bool) -
             for id_ in ids:
                 tx.delete(id_)
     _emit({"deleted": list(ids)}, as_json, lambda d: f"deleted {len(d['deleted'])}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--content", help="New text (- to read it from stdin, without its final newline).")
+@click.option("--importance", type=click.FloatRange(0, 1), help="0..1; slows decay.")
+@click.option("--tier", type=click.Choice(TIERS), help="Move to this tier.")
+@click.option("--source", help="Where the memory came from.")
+@click.option("--metadata", "metadata_json", metavar="JSON", help="Replace the metadata by this JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print the updated memory as JSON.")
+@click.pass_context
+def update(ctx: click.Context, file: str, id_: str, content: str | None, importance: float | None,
+           tier: str | None, source: str | None, metadata_json: str | None, as_json: bool) -> None:
+    """Change fields of one memory (in one transaction), as db.update(ID, ...) does.
+
+    Tags have their own commands: `engramdb tag` and `engramdb untag`.
+
+    Example:
+
+        engramdb update notes.engram 3f2a... --importance 0.9 --tier hot
+    """
+    changes: dict[str, Any] = {k: v for k, v in (("importance", importance), ("tier", tier), ("source", source))
+                               if v is not None}
+    if content is not None:
+        changes["content"] = _text_arg(content)
+    if metadata_json is not None:
+        try:
+            changes["metadata"] = json.loads(metadata_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON ({exc.msg})", param_hint="--metadata") from None
+        if not isinstance(changes["metadata"], dict):
+            raise click.BadParameter("give a JSON object, e.g. '{\"project\": \"x\"}'", param_hint="--metadata")
+    if not changes:
+        raise click.UsageError("nothing to change: give --content, --importance, --tier, --source or --metadata")
+    with _open(ctx, file) as db:
+        node = db.update(id_, **changes)
+    _emit(_readable(node.to_dict()), as_json, lambda _d: f"updated {node.id}")
+
+
+def _retag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], add: bool, as_json: bool) -> None:
+    with _open(ctx, file) as db:
+        with db.transaction() as tx:
+            old = tx.get(id_).tags
+            new = tuple(dict.fromkeys(old + tags)) if add else tuple(t for t in old if t not in tags)
+            if new != old:
+                tx.update(id_, tags=new)
+    _emit({"id": id_, "tags": list(new)}, as_json, lambda d: f"{id_}: {', '.join(d['tags']) or '(no tags)'}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.argument("tags", metavar="TAG...", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def tag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], as_json: bool) -> None:
+    """Add tags to a memory (those it has stay; prints its tags).
+
+    Example:
+
+        engramdb tag notes.engram 3f2a... people berlin
+    """
+    _retag(ctx, file, id_, tags, True, as_json)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.argument("tags", metavar="TAG...", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def untag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], as_json: bool) -> None:
+    """Remove tags from a memory (tags it does not have are ignored; prints its tags).
+
+    Example:
+
+        engramdb untag notes.engram 3f2a... berlin
+    """
+    _retag(ctx, file, id_, tags, False, as_json)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("src", metavar="SRC")
+@click.argument("dst", metavar="DST")
+@click.option("--kind", type=click.Choice(EDGE_KINDS), default="related", show_default=True,
+              help="The edge's kind (supersedes ranks DST lower in recall).")
+@click.option("--weight", type=click.FloatRange(min=0), default=1.0, show_default=True, help="The edge's weight.")
+@click.option("--label", default="", help="A label for the edge.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def link(ctx: click.Context, file: str, src: str, dst: str, kind: str, weight: float, label: str,
+         as_json: bool) -> None:
+    """Add (or replace) a typed edge SRC -> DST, as db.link() does.
+
+    Example:
+
+        engramdb link notes.engram new-plan old-plan --kind supersedes
+    """
+    with _open(ctx, file) as db:
+        db.link(src, dst, kind, weight=weight, label=label)
+    _emit({"src": src, "dst": dst, "kind": kind, "linked": True}, as_json,
+          lambda _d: f"linked {src} -[{kind}]-> {dst}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("src", metavar="SRC")
+@click.argument("dst", metavar="DST")
+@click.option("--kind", type=click.Choice(EDGE_KINDS), default="related", show_default=True,
+              help="The kind of the edge to remove.")
+@click.option("--missing-ok", is_flag=True, help="No error when there is no such edge.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def unlink(ctx: click.Context, file: str, src: str, dst: str, kind: str, missing_ok: bool, as_json: bool) -> None:
+    """Remove the edge SRC -> DST of --kind, as db.unlink() does.
+
+    Example:
+
+        engramdb unlink notes.engram new-plan old-plan --kind supersedes
+    """
+    from .errors import NotFoundError
+
+    with _open(ctx, file) as db:
+        try:
+            found = db.unlink(src, dst, kind, missing_ok=missing_ok)
+        except NotFoundError as exc:
+            if src in db and dst in db:  # the edge is missing, not a memory
+                raise NotFoundError(exc.message, hint=f"list the edges with `engramdb edges {file} {src}`") from None
+            raise
+    _emit({"src": src, "dst": dst, "kind": kind, "removed": found}, as_json,
+          lambda _d: f"unlinked {src} -[{kind}]-> {dst}" if found else f"no {kind} edge from {src} to {dst}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("id_", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one edge a line.")
+@click.pass_context
+def edges(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
+    """List the edges leaving a memory (links and tunnels), as db.edges() does.
+
+    Example:
+
+        engramdb edges notes.engram new-plan
+    """
+    with _open(ctx, file, readonly=True) as db:
+        found = db.edges(id_)
+    for edge in found:
+        data = _readable({"src": edge.src, "dst": edge.dst, "kind": edge.kind, "weight": edge.weight,
+                          "label": edge.label, "created_at": edge.created_at, "valid_from": edge.valid_from,
+                          "valid_to": edge.valid_to})
+        _emit(data, as_json, lambda d: f"{d['src']} -[{d['kind']}]-> {d['dst']}  weight={d['weight']:g}"
+                                        + (f"  {d['label']}" if d["label"] else ""))
 
 
 @cli.command()
@@ -1050,14 +1291,13 @@ def wakeup(ctx: click.Context, file: str, top_pct: float, include_archived: bool
 @click.option("--top-k", "top_k", type=click.IntRange(min=0), default=5, show_default=True, help="How many hits.")
 @click.option("--explain", is_flag=True, help="Show each hit's score parts.")
 @click.option("--no-hops", is_flag=True, help="Do not add memories one tunnel/edge hop away.")
-@click.option("--tag", "tags", multiple=True, help="Only memories with one of these tags (repeatable).")
-@click.option("--tier", "tiers", multiple=True, type=click.Choice(TIERS), help="Only these tiers (repeatable).")
+@_filter_options
 @click.option("--min-relevance", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Only hits at least this relevant (0-1, comparable across queries).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one hit a line.")
 @click.pass_context
 def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool, no_hops: bool,
-           tags: tuple[str, ...], tiers: tuple[str, ...], min_relevance: float, as_json: bool) -> None:
+           filters: dict[str, Any], min_relevance: float, as_json: bool) -> None:
     """Find the memories that best answer QUERY (BM25, vectors, synonyms, one tunnel hop).
 
     Each line shows the hit's relevance (0-1, comparable across queries: use it to cut
@@ -1068,8 +1308,8 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
         engramdb recall notes.engram "where did Alice move?" --top-k 3 --explain
     """
     with _open(ctx, file, readonly=True) as db:
-        hits = db.recall(query, top_k=top_k, explain=explain, hops=not no_hops,
-                         tags=list(tags) or None, tiers=list(tiers) or None, min_relevance=min_relevance)
+        hits = db.recall(query, top_k=top_k, explain=explain, hops=not no_hops, min_relevance=min_relevance,
+                         **filters)
     if not hits and top_k and not as_json:  # say so on stderr; stdout stays empty for scripts
         floor = f" with relevance >= {min_relevance:.3f}" if min_relevance > 0 else ""
         click.echo(f"no memories match {query!r}{floor}", err=True)
@@ -1080,7 +1320,7 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
                 line += "\n     " + "  ".join(f"{k}={v:.3f}" for k, v in hit.parts.items())
             return line
 
-        _emit(hit.to_dict(), as_json, text)
+        _emit(_readable(hit.to_dict()), as_json, text)
 
 
 @cli.command()
@@ -1090,13 +1330,13 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
               help="Hard token budget of the context.")
 @click.option("--top-k", "top_k", type=click.IntRange(min=0), default=10, show_default=True,
               help="How many memories to draw passages from.")
-@click.option("--source", help="Only passages from this source.")
+@_filter_options
 @click.option("--source-text", "source_text_file", type=click.Path(dir_okay=False, exists=True),
               help="A UTF-8 file holding the text the memories' offsets point into (for memories imported "
                    "from AAAK, whose source text the store does not hold).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: int, source: str | None,
+def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: int, filters: dict[str, Any],
             source_text_file: str | None, as_json: bool) -> None:
     """Print the source passages of the memories that answer QUERY, within a token budget.
 
@@ -1113,8 +1353,7 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
             raise ValidationError(f"{source_text_file} is not UTF-8 text ({exc.reason})",
                                   hint="give the source text as a UTF-8 file") from None
     with _open(ctx, file, readonly=True) as db:
-        result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source=source,
-                                   source_text=source_text)
+        result = db.recall_context(query, top_k=top_k, max_tokens=max_tokens, source_text=source_text, **filters)
     data = {"tokens": result.tokens, "passages": [
         {"source": p.source, "start": p.start, "end": p.end, "date": p.date, "heading": p.heading,
          "ids": list(p.ids), "tokens": p.tokens, "text": p.text}

@@ -21,7 +21,7 @@ from . import codec, crypto
 from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, ForeignFileError,
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
-    WrongPassphraseError,
+    WrongPassphraseError, shown,
 )
 from .records import TIERS, Node, new_id, now_ts
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
@@ -273,6 +273,10 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
     if kdf is not None:
         kdf.check()
+    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(parent):  # said plainly, not as a store error pointing at verify (issue 12, bug 11)
+        raise FileMissingError(f"{os.fspath(path)}: the directory {parent} does not exist",
+                               hint="check the path; create the directory first for a new store")
     store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify, timeout=timeout)
     store.repair = bool(repair)
     try:
@@ -417,9 +421,9 @@ class Engram:
         return idx
 
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
-               after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, flags: Any = None,
-               min_relevance: float = 0.0, explain: bool = False, touch: bool = False,
-               now: float | None = None) -> list["Hit"]:
+               after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, any_tags: Any = None,
+               flags: Any = None, any_flags: Any = None, source: str | None = None, min_relevance: float = 0.0,
+               explain: bool = False, touch: bool = False, now: float | None = None) -> list["Hit"]:
         """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
 
         BM25 over the encrypted postings, plus vector search in every embedding space that
@@ -427,6 +431,8 @@ class Engram:
         penalised when superseded, and widened by one tunnel hop. Ties break by insertion
         order. Reads take no write lock unless ``touch=True``. Each hit carries a
         ``relevance`` in [0, 1], comparable across queries; ``min_relevance`` drops hits below it.
+        The filters (``after``, ``before``, ``tiers``, ``tags`` (all), ``any_tags``, ``flags``
+        (all), ``any_flags``, ``source``) mean the same as in :meth:`scan` (see :mod:`engramdb.filters`).
 
         Raises:
             ValidationError: bad arguments.
@@ -434,8 +440,9 @@ class Engram:
         from .recall import recall
 
         return recall(self._store, self.indexes, query, top_k=top_k, hops=hops, expand_query=expand_query,
-                      after=after, before=before, tiers=tiers, tags=tags, flags=flags,
-                      min_relevance=min_relevance, explain=explain, touch=touch, now=now)
+                      after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
+                      any_flags=any_flags, source=source, min_relevance=min_relevance, explain=explain,
+                      touch=touch, now=now)
 
     def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
                        source_text: str | None = None, **kwargs: Any) -> "Context":
@@ -496,6 +503,26 @@ class Engram:
         self._store.write(lambda txn: Transaction(self, txn).link(
             src, dst, kind, weight=weight, label=label, valid_from=valid_from, valid_to=valid_to, now=now))
 
+    def unlink(self, src: str, dst: str, kind: str = "related", *, missing_ok: bool = False) -> bool:
+        """Remove the edge ``src -> dst`` of ``kind``; returns False when there was none and ``missing_ok``.
+
+        Raises:
+            NotFoundError: either id is missing, or (unless ``missing_ok``) the edge is.
+            ValidationError: an unknown kind.
+        """
+        def drop(txn: Txn) -> bool:
+            tx = Transaction(self, txn)
+            a, b = tx._docno(src), tx._docno(dst)
+            if a is None or b is None:
+                raise NotFoundError(f"no memory with id {shown(src if a is None else dst)}")
+            found = self.indexes.graph.delete(txn, a, b, kind)
+            if not found and not missing_ok:
+                raise NotFoundError(f"no {kind} edge from {shown(src)} to {shown(dst)}",
+                                    hint="list the edges of a memory with db.edges(id)")
+            return found
+
+        return self._store.write(drop)
+
     def edges(self, id: str) -> list[Any]:
         """The edges leaving memory ``id``, in key order.
 
@@ -505,7 +532,7 @@ class Engram:
         with self._store.read() as txn:
             docno = Transaction(self, txn)._docno(id)
             if docno is None:
-                raise NotFoundError(f"no memory with id {id!r}")
+                raise NotFoundError(f"no memory with id {shown(id)}")
             return [edge for _, edge, _ in self.indexes.graph.outgoing(txn, docno)]
 
     def link_tunnels(self, *, now: float | None = None) -> int:
@@ -642,7 +669,7 @@ class Engram:
         if node is None:
             if default is not ...:
                 return default
-            raise NotFoundError(f"no memory with id {id!r}")
+            raise NotFoundError(f"no memory with id {shown(id)}")
         return node
 
     def archive(self, id: str, /, *, truncate: bool = False, now: float | None = None) -> int:
@@ -776,22 +803,32 @@ class Engram:
         """Every id, in insertion order."""
         return [node.id for node in self.scan()]
 
-    def scan(self, *, tier: str | Iterable[str] | None = None, tags: Iterable[str] | None = None,
-             after: float | None = None, before: float | None = None, batch: int = 512) -> Iterator[Node]:
-        """Memories in insertion order, filtered by tier, tags (all must be present) and created_at.
+    def scan(self, *, tiers: Any = None, tags: Any = None, any_tags: Any = None, flags: Any = None,
+             any_flags: Any = None, source: str | None = None, after: Any = None, before: Any = None,
+             batch: int = 512, tier: Any = None) -> Iterator[Node]:
+        """Memories in insertion order, filtered (see :mod:`engramdb.filters`): in one of
+        ``tiers``, with all ``tags`` / one of ``any_tags``, all ``flags`` / one of
+        ``any_flags``, of ``source``, created at/after ``after`` and before ``before``
+        (timestamps, dates, datetimes or ISO strings, as in :meth:`recall`).
+
+        ``tier=`` is the old name of ``tiers=`` and still accepted.
 
         Reads in short snapshots of ``batch`` records so a long scan never pins old pages.
 
         Raises:
-            ValidationError: an unknown tier, or ``tags`` given as one string.
+            ValidationError: an unknown tier or flag, a malformed date, or ``tags`` given as one string.
         """
-        tiers = {tier} if isinstance(tier, str) else (set(tier) if tier is not None else None)
-        unknown = sorted(tiers - set(TIERS)) if tiers is not None else []
-        if unknown:  # a typo would otherwise match nothing, silently
-            raise ValidationError(f"unknown tier {unknown[0]!r}; expected one of {', '.join(TIERS)}")
-        if isinstance(tags, str):  # a string is an iterable of one-letter tags
-            raise ValidationError("tags must be a list of strings, not a string", hint=f"write tags=[{tags!r}]")
-        want_tags = set(tags or ())
+        from .filters import Filter
+
+        if tier is not None:
+            if tiers is not None:
+                raise ValidationError("pass tiers= only (tier= is its old name)")
+            tiers = tier
+        keep = Filter(tiers=tiers, tags=tags, any_tags=any_tags, flags=flags, any_flags=any_flags, source=source,
+                      after=after, before=before)
+        return self._scan(keep, batch)
+
+    def _scan(self, keep: Any, batch: int) -> Iterator[Node]:
         start = b""
         while True:
             with self._store.read() as txn:
@@ -801,15 +838,8 @@ class Engram:
                     if len(chunk) >= batch:
                         break
             for _, node in chunk:
-                if tiers is not None and node.tier not in tiers:
-                    continue
-                if want_tags and not want_tags.issubset(node.tags):
-                    continue
-                if after is not None and node.created_at < after:
-                    continue
-                if before is not None and node.created_at >= before:
-                    continue
-                yield node
+                if keep(node):
+                    yield node
             if len(chunk) < batch:
                 return
             start = codec.u64(codec.from_u64(chunk[-1][0]) + 1)
@@ -1128,7 +1158,7 @@ class Transaction:
                     valid_from=valid_from, valid_to=valid_to)
         a, b = self._docno(src), self._docno(dst)
         if a is None or b is None:
-            raise NotFoundError(f"no memory with id {src if a is None else dst!r}")
+            raise NotFoundError(f"no memory with id {shown(src if a is None else dst)}")
         self._engram.indexes.graph.put(self._txn, a, b, edge)
 
     def find(self, id: str) -> Node | None:
@@ -1154,13 +1184,13 @@ class Transaction:
         """
         node = self.find(id)
         if node is None:
-            raise NotFoundError(f"no memory with id {id!r}")
+            raise NotFoundError(f"no memory with id {shown(id)}")
         return node
 
     def put_new(self, node: Node) -> str:
         id_key = self._engram._id_key(node.id)
         if self._txn.get("ids", id_key) is not None:
-            raise DuplicateIdError(f"a memory with id {node.id!r} exists")
+            raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
         docno = self._txn.allocate_docno()
         # inserts that never overwrite: a stored record under a new docno means the counters are behind
         self._txn.insert_many("nodes", [(codec.u64(docno), codec.encode_node(node))])
@@ -1182,7 +1212,7 @@ class Transaction:
             seen: set[bytes] = set()
             for node, id_key in zip(nodes, id_keys):
                 if id_key in seen or txn.contains("ids", id_key):
-                    raise DuplicateIdError(f"a memory with id {node.id!r} exists")
+                    raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
                 seen.add(id_key)
         docnos = txn.allocate_docnos(len(nodes))
         keys = list(map(codec.u64, docnos))
@@ -1204,7 +1234,7 @@ class Transaction:
             raise ValidationError("a memory's id cannot change", hint="add a new memory and delete the old one")
         docno = self._docno(id)
         if docno is None:
-            raise NotFoundError(f"no memory with id {id!r}")
+            raise NotFoundError(f"no memory with id {shown(id)}")
         old = self._load(docno)
         unknown = set(changes) - _NODE_FIELDS
         if unknown:
@@ -1225,7 +1255,7 @@ class Transaction:
         if raw is None:
             if missing_ok:
                 return False
-            raise NotFoundError(f"no memory with id {id!r}")
+            raise NotFoundError(f"no memory with id {shown(id)}")
         docno = codec.from_u64(raw)
         old = self._load(docno)
         self._txn.delete("nodes", codec.u64(docno))
@@ -1267,7 +1297,7 @@ class Transaction:
         """
         docno = self._docno(id)
         if docno is None:
-            raise NotFoundError(f"no memory with id {id!r}")
+            raise NotFoundError(f"no memory with id {shown(id)}")
         if not isinstance(original, str):
             raise ValidationError("an archived original must be a string")
         self._txn.put("archive", codec.u64(docno), codec.pack_archive(original))

@@ -129,13 +129,13 @@ class NotFoundError(EngramError, KeyError):
 class DuplicateIdError(EngramError):
     """A memory with that id already exists."""
 
-    default_hint = "use update() to change an existing memory, or pick another id"
+    default_hint = "pick another id, or change the existing memory with db.update(id, ...)"
 
 
 class ValidationError(EngramError, ValueError):
     """A record or argument does not satisfy the data model."""
 
-    default_hint = "see spec/file-format.md for the field rules"
+    default_hint = "check the value against the docstring of the call (help(engramdb.Node) for fields)"
 
 
 class CorruptFileError(EngramError):
@@ -189,7 +189,8 @@ class WeakKDFError(EngramError):
 class AAAKParseError(EngramError):
     """An AAAK text is malformed. ``line`` and ``column`` are 1-based (0 when unknown)."""
 
-    default_hint = "check the dump at the reported position; see spec/aaak.md for the grammar"
+    default_hint = ("check the dump at the reported line and column (what `dump` writes always parses, "
+                    "so look for a hand edit there)")
 
     def __init__(self, message: str, *, line: int = 0, column: int = 0, hint: str | None = None) -> None:
         self.line = line
@@ -207,7 +208,8 @@ class DumpIntegrityError(AAAKParseError):
 class IndexMismatchError(EngramError):
     """A derived index (postings, vectors, edges) disagrees with the records."""
 
-    default_hint = "run `engramdb verify --fix FILE` to rebuild the indexes from the records"
+    default_hint = ("rebuild the indexes from the records: db.verify(fix=True), or `engramdb verify --fix FILE` "
+                    "on the command line")
 
 
 class EmbeddingError(ValidationError):
@@ -221,3 +223,13 @@ class ImportFormatError(EngramError):
 
     default_hint = "supported sources: AAAK v1/v2 text, JSONL memories, Terronex .engram v1"
 
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: an id of 10 KB must
+    not be repeated whole in an error (issue 12, bug 14)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return f"{text[:limit - 3]}...{size}"

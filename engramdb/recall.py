@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
-import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -33,14 +32,14 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .codec import decode_node, encode_node
-from .compress.recall import resolved_in_range
 from .errors import ValidationError
+from .filters import Filter
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
-from .records import ALL_FLAGS, TIERS, Node, now_ts
+from .records import Node, now_ts
 from .tokens import token_counter
 
 __all__ = [
@@ -172,93 +171,6 @@ class Context:
 PASSAGE_SEPARATOR = "\n\n"
 
 
-def _ts(value: Any, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return value.timestamp()
-    if isinstance(value, _dt.date):
-        return _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc).timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        partial = {4: "%Y", 7: "%Y-%m"}.get(len(text))
-        try:
-            parsed = _dt.datetime.strptime(text, partial) if partial else _dt.datetime.fromisoformat(text)
-        except ValueError:
-            pass
-        else:
-            return _ts(parsed, name)
-    raise ValidationError(f"{name} must be a timestamp, a date, a datetime or an ISO date string, got {value!r}",
-                          hint="e.g. after='2023-05-01', after=datetime.date(2023, 5, 1) or a Unix timestamp")
-
-
-def _str_set(value: Any, name: str, allowed: Sequence[str] | None = None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    items = (value,) if isinstance(value, str) else tuple(value)
-    for item in items:
-        if not isinstance(item, str):
-            raise ValidationError(f"{name} must be strings", hint=_ARGS_HINT)
-        if allowed is not None and item not in allowed:
-            raise ValidationError(f"unknown {name[:-1]} {item!r}; expected one of {', '.join(allowed)}", hint=_ARGS_HINT)
-    return tuple(sorted(set(items)))
-
-
-def _iso_bound(value: Any) -> str | None:
-    """A date bound as ISO text for comparing with a ``resolved_date``: a string as given (a
-    datetime string cut to its date), a date or datetime as its date, a timestamp as its UTC date."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip()
-        return text[:10] if len(text) > 10 else text
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(_dt.timezone.utc)
-        return value.date().isoformat()
-    if isinstance(value, _dt.date):
-        return value.isoformat()
-    try:
-        return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).date().isoformat()
-    except (OverflowError, OSError, ValueError):  # beyond datetime's years: beyond every ISO date too
-        return "9999-12-31" if value > 0 else "0000"
-
-
-class _Filter:
-    """``after``/``before`` compare a memory's ``resolved_date`` when it has one (as
-    zettel-compress does: ISO text at the bound's precision, both ends inclusive), else its
-    ``created_at`` (``after`` inclusive, ``before`` exclusive)."""
-
-    def __init__(self, after, before, tiers, tags, flags) -> None:
-        self.after = _ts(after, "after")
-        self.before = _ts(before, "before")
-        self.after_iso = _iso_bound(after) if self.after is not None else None
-        self.before_iso = _iso_bound(before) if self.before is not None else None
-        self.tiers = _str_set(tiers, "tiers", TIERS)
-        self.tags = _str_set(tags, "tags")
-        self.flags = _str_set(flags, "flags", ALL_FLAGS)
-
-    def __call__(self, node: Node) -> bool:
-        if self.after is not None or self.before is not None:
-            if node.resolved_date and parse_date(node.resolved_date) is not None:
-                if not resolved_in_range(node.resolved_date.strip(), self.after_iso, self.before_iso):
-                    return False
-            elif (self.after is not None and node.created_at < self.after) or \
-                    (self.before is not None and node.created_at >= self.before):
-                return False
-        if self.tiers is not None and node.tier not in self.tiers:
-            return False
-        if self.tags is not None and not set(self.tags) & set(node.tags):
-            return False
-        if self.flags is not None and not set(self.flags) & set(node.flags):
-            return False
-        return True
-
-
 def _expander(indexes: Indexes) -> Expander:
     exp = getattr(indexes, "_recall_expander", None)
     if exp is None or exp.tokenizer is not indexes.tokenizer:
@@ -276,7 +188,8 @@ def _date_bonus(node: Node, dates: Sequence[QueryDate]) -> float:
 
 def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
            expand_query: bool = True, after: Any = None, before: Any = None, tiers: Any = None,
-           tags: Any = None, flags: Any = None, min_relevance: float = 0.0, explain: bool = False,
+           tags: Any = None, any_tags: Any = None, flags: Any = None, any_flags: Any = None,
+           source: str | None = None, min_relevance: float = 0.0, explain: bool = False,
            touch: bool = False, now: float | None = None) -> list[Hit]:
     """The memories that best answer ``query``.
 
@@ -288,13 +201,15 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
         hops: spread each retriever's scores one edge/tunnel hop (personalised PageRank's
             first step), so memories linked to strong matches rise and join the results.
         expand_query: add synonyms of the query words (weight 0.4) and date proximity.
-        after, before: date bounds (timestamps, dates, datetimes or ISO strings). A memory
-            with a ``resolved_date`` is kept when that date is within them as zettel-compress
-            compares dates (ISO text at the bound's precision, both ends inclusive: ``after=
-            "2023-05"`` keeps ``2023-05-01``); any other memory when it was created at/after
-            ``after`` and before ``before``.
-        tiers, tags, flags: keep memories in one of these tiers / with one of these tags /
-            one of these flags.
+        after, before, tiers, tags, any_tags, flags, any_flags, source: filters, with the
+            same meaning everywhere (:mod:`engramdb.filters`). ``after``/``before`` are date
+            bounds (timestamps, dates, datetimes or ISO strings): a memory with a
+            ``resolved_date`` is kept when that date is within them as zettel-compress
+            compares dates (ISO text at the bound's precision, both ends inclusive:
+            ``after="2023-05"`` keeps ``2023-05-01``), any other memory when it was created
+            at/after ``after`` and before ``before``. Kept: in one of ``tiers``; with all
+            ``tags`` / at least one of ``any_tags``; with all ``flags`` / one of
+            ``any_flags``; of this ``source``.
         min_relevance: keep only hits whose :attr:`Hit.relevance` is at least this (in
             [0, 1]); fewer than ``top_k`` hits, or none, may pass.
         explain: fill :attr:`Hit.parts` with the score's parts.
@@ -312,7 +227,8 @@ def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bo
         raise ValidationError("the query must be a string", hint=_ARGS_HINT)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValidationError("top_k must be a non-negative integer", hint=_ARGS_HINT)
-    keep = _Filter(after, before, tiers, tags, flags)
+    keep = Filter(after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
+                  any_flags=any_flags, source=source)
     if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
             or not 0.0 <= min_relevance <= 1.0):
         raise ValidationError(f"min_relevance must be a number in [0, 1], got {min_relevance!r}", hint=_ARGS_HINT)
@@ -364,7 +280,7 @@ def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:
 class _Run:
     """The state of one recall: its snapshot, node cache, filter and neighbour cache."""
 
-    def __init__(self, txn: Any, indexes: Indexes, keep: _Filter, hops: bool) -> None:
+    def __init__(self, txn: Any, indexes: Indexes, keep: Filter, hops: bool) -> None:
         self.txn = txn
         self.indexes = indexes
         self.keep = keep
@@ -374,7 +290,7 @@ class _Run:
         self._shared = shared if shared is not None else {}
         self.nodes: dict[int, Node | None] = {}
         self.has_edges = txn.count("edges") > 0
-        self.filtering = any(v is not None for v in (keep.after, keep.before, keep.tiers, keep.tags, keep.flags))
+        self.filtering = keep.active
 
     def node(self, docno: int) -> Node | None:
         """The live node of ``docno`` (None when deleted or filtered out)."""
@@ -618,11 +534,7 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
     if source_text is not None and not isinstance(source_text, str):
         raise ValidationError("source_text must be the source text (a str)", hint=_ARGS_HINT)
     count = token_counter(count_tokens)
-    fetch = top_k if source is None else max(top_k * 4, MIN_CANDIDATES)
-    hits = recall(store, indexes, query, top_k=fetch, **recall_kwargs)
-    if source is not None:
-        hits = [h for h in hits if h.node.source == source]
-    hits = hits[:top_k]
+    hits = recall(store, indexes, query, top_k=top_k, source=source, **recall_kwargs)
     loader = source_loader or default_source_loader(store)
     layout = _Layout(count)
     with store.read() as txn:

@@ -34,7 +34,7 @@ def test_lifecycle(run, tmp_path):
     got = json.loads(run("get", f, "a1", "--json").output)
     assert got["content"] == "Alice moved to Berlin" and got["tags"] == ["people"]
     listed = [json.loads(line) for line in run("list", f, "--json").output.splitlines()]
-    assert [n["id"] for n in listed] == ["a1", "a2"] and listed[1]["content"] == "from stdin\n"
+    assert [n["id"] for n in listed] == ["a1", "a2"] and listed[1]["content"] == "from stdin"  # the final newline of stdin is not content
     assert [json.loads(x)["id"] for x in run("list", f, "--json", "--tag", "people").output.splitlines()] == ["a1"]
     info = json.loads(run("info", f, "--json").output)
     assert info["memories"] == 2 and info["encrypted"] is True

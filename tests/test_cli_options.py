@@ -131,3 +131,79 @@ def test_new_commands_get_the_global_options():
     for name, command in cli.commands.items():
         opts = {o for p in command.params for o in getattr(p, "opts", ())}
         assert {"--passphrase-file", "--key-file", "--plaintext", "--quiet"} <= opts, name
+
+
+def test_update_tag_untag_link_unlink_edges(run, tmp_path):
+    """The command line does what the API does (issue 12, "Scores and the CLI")."""
+    f = str(tmp_path / "u.engram")
+    run("init", f, "--kdf", KDF)
+    run("add", f, "We chose JWT for auth", "--id", "jwt", "--tag", "auth")
+    run("add", f, "We chose sessions instead", "--id", "sess")
+    up = run("update", f, "jwt", "--importance", "0.9", "--tier", "warm", "--metadata", '{"by": "ana"}', "--json")
+    assert up.exit_code == 0, up.output
+    node = json.loads(up.output)
+    assert node["importance"] == 0.9 and node["tier"] == "warm" and node["metadata"] == {"by": "ana"}
+    assert run("update", f, "jwt", "--content", "-", input="We chose JWT\n").exit_code == 0
+    assert json.loads(run("get", f, "jwt", "--json").output)["content"] == "We chose JWT"
+    assert run("update", f, "jwt").exit_code == 2  # nothing to change
+    assert run("update", f, "jwt", "--metadata", "[1]").exit_code == 2
+    assert run("update", f, "nope", "--importance", "0.1").exit_code == 1
+    tagged = run("tag", f, "jwt", "decision", "auth", "--json")
+    assert json.loads(tagged.output) == {"id": "jwt", "tags": ["auth", "decision"]}
+    assert json.loads(run("untag", f, "jwt", "auth", "missing", "--json").output)["tags"] == ["decision"]
+    assert run("link", f, "sess", "jwt", "--kind", "supersedes").exit_code == 0
+    listed = [json.loads(line) for line in run("edges", f, "sess", "--json").output.splitlines()]
+    assert [(e["dst"], e["kind"]) for e in listed] == [("jwt", "supersedes")]
+    assert listed[0]["created_at"].endswith("Z")
+    assert run("unlink", f, "sess", "jwt", "--kind", "supersedes").exit_code == 0
+    assert run("edges", f, "sess").output == ""
+    again = run("unlink", f, "sess", "jwt", "--kind", "supersedes")
+    assert again.exit_code == 1 and "engramdb edges" in again.output
+    assert run("unlink", f, "sess", "jwt", "--kind", "supersedes", "--missing-ok").exit_code == 0
+    assert run("link", f, "sess", "ghost").exit_code == 1
+
+
+def test_filters_on_list_recall_and_context(run, tmp_path):
+    f = str(tmp_path / "flt.engram")
+    run("init", f, "--kdf", KDF)
+    run("add", f, "Alice plays tennis on Mondays", "--id", "ab", "--tag", "a", "--tag", "b", "--source", "s1")
+    run("add", f, "Alice plays chess on Mondays", "--id", "a", "--tag", "a", "--tier", "cold")
+
+    def ids(*args):
+        result = run(*args, "--json")
+        assert result.exit_code == 0, result.output
+        return [json.loads(line).get("id") for line in result.output.splitlines()]
+
+    assert ids("list", f, "--tag", "a", "--tag", "b") == ["ab"]  # all of them
+    assert ids("recall", f, "Alice Mondays", "--tag", "a", "--tag", "b") == ["ab"]  # the same meaning
+    assert ids("list", f, "--any-tag", "b", "--any-tag", "a") == ["ab", "a"]
+    assert sorted(ids("recall", f, "Alice Mondays", "--any-tag", "a")) == ["a", "ab"]
+    assert ids("recall", f, "Alice Mondays", "--tier", "cold") == ["a"]
+    assert ids("recall", f, "Alice Mondays", "--source", "s1") == ["ab"]
+    assert ids("recall", f, "Alice Mondays", "--after", "2999-01-01") == []
+    assert sorted(ids("recall", f, "Alice Mondays", "--before", "2999")) == ["a", "ab"]
+    assert ids("recall", f, "Alice Mondays", "--flag", "DECISION") == []
+    assert run("recall", f, "x", "--flag", "NOPE").exit_code == 2
+    assert run("list", f, "--after", "last week").exit_code == 2
+    ctx = json.loads(run("context", f, "Alice Mondays", "--tag", "b", "--json").output)
+    assert [p["ids"] for p in ctx["passages"]] == [["ab"]]
+
+
+def test_timestamps_print_as_iso_8601(run, tmp_path):
+    f = str(tmp_path / "t.engram")
+    run("init", f, "--kdf", KDF)
+    run("add", f, "stamped", "--id", "s")
+    got = json.loads(run("get", f, "s", "--json").output)
+    listed = json.loads(run("list", f, "--json").output)
+    import datetime
+
+    for data in (got, listed):
+        for key in ("created_at", "last_accessed"):
+            assert data[key].endswith("Z")
+            datetime.datetime.fromisoformat(data[key].replace("Z", "+00:00"))
+    assert "created_at    " + got["created_at"] in run("get", f, "s").output
+    # the dump keeps the exact encoding
+    assert run("dump", f, "-o", str(tmp_path / "d.aaak")).exit_code == 0
+    node_line = next(line for line in (tmp_path / "d.aaak").read_text().splitlines() if line.startswith("@n s|"))
+    exact = float(node_line.split("|")[3])  # the dump's created_at: the float itself
+    assert cli_mod._iso(exact) == got["created_at"] and "Z" not in node_line

@@ -42,7 +42,7 @@ def test_errors_are_engram_errors_with_hints(make_db):
     db.add("x", id="same")
     with pytest.raises(DuplicateIdError) as info:
         db.add("y", id="same")
-    assert info.value.hint and "update()" in str(info.value)
+    assert info.value.hint and "db.update(" in str(info.value)
     with pytest.raises(ValidationError):
         db.add("x", tier="lukewarm")
     with pytest.raises(ValidationError):

@@ -21,6 +21,8 @@ RANKS = {
     "index.*": 4, "index": 4,
     "aaak": 5, "importers": 5,
     "compress.*": 6, "compress": 6,
+    # one meaning for every filter over memories (scan, recall); dates compare as compress does
+    "filters": 6,
     "recall": 7,
     "maintenance.*": 8, "maintenance": 8,
     # the agent layer works on an Engram through its public API (duck-typed, no import of it)

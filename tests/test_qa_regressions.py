@@ -538,7 +538,7 @@ def test_restore_given_a_path_says_to_open_it(tmp_path):
 
 def test_open_and_scan_reject_bad_arguments_clearly(tmp_path):
     """`engramdb.open(None)` raised TypeError; `db.scan(tier="hto")` and `db.scan(tags="people")`
-    silently matched nothing."""
+    silently matched nothing (now an error, and the tag "people")."""
     import engramdb
     from engramdb.errors import ValidationError
 
@@ -548,8 +548,8 @@ def test_open_and_scan_reject_bad_arguments_clearly(tmp_path):
         db.add("x", id="x", tags=["people"])
         with pytest.raises(ValidationError, match="unknown tier"):
             list(db.scan(tier="hto"))
-        with pytest.raises(ValidationError, match="not a string"):
-            list(db.scan(tags="people"))
+        # one string is one tag (as in recall), never a set of letters (issue 12, bug 15)
+        assert [n.id for n in db.scan(tags="people")] == ["x"]
         assert [n.id for n in db.scan(tier="hot", tags=["people"])] == ["x"]
 
 
