@@ -216,8 +216,9 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
     """Rebuild a store at ``path`` from an AAAK v3 dump; returns the number of memories.
 
     The new file is written beside ``path`` (``path + ".restore-tmp"``) in batches of
-    1,000 memories, its postings rebuilt, the dump's trailer (count and SHA-256) checked
-    and the new file verified; only then is it renamed over ``path``. Anything that fails
+    1,000 memories, its postings rebuilt, the dump's trailer (count and SHA-256) checked,
+    the new file verified and compacted (no free pages, index segments merged); only then
+    is it renamed over ``path``. Anything that fails
     leaves ``path`` as it was.
 
     Args:
@@ -225,8 +226,9 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
             first with :func:`engramdb.aaak.decrypt_dump`.
         path: where the store goes.
         force: replace an existing file at ``path``.
-        allow_edited: accept a dump whose SHA-256 no longer matches (a deliberate hand
-            edit); the grammar and the record count are still enforced.
+        allow_edited: accept a hand-edited dump (see :func:`engramdb.aaak.read_dump`: a
+            trailer whose SHA-256 or count no longer matches, a missing final LF; each with
+            a ``UserWarning``); the grammar is still enforced.
         progress: called with the number of memories written after each batch.
         open_options: for the new file: ``passphrase``, ``key``, ``encrypted``, ``kdf``.
 
@@ -272,6 +274,9 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
             if problems:
                 raise EngramError(f"the restored store does not verify: {problems[0]}",
                                   hint="report this as a bug, with the dump if you can share it")
+            # batched loading leaves free pages and many index segments: a restored store
+            # was 2.3x the size of its compacted self (11.5 MB vs 5.0 MB, issue 12 bug 5)
+            db.compact()
         finally:
             db.close()
         _fsync_path(tmp)

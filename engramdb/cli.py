@@ -310,6 +310,23 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
         raise WrongPassphraseError(exc.message, hint=hint) from None
 
 
+STORE_SIDECARS = ("", "-lock", "-maint")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: str, create: bool) -> Iterator[None]:
+    """A command that creates a store and then fails leaves nothing behind (issue 12, bug 9)."""
+    existed = os.path.exists(path)
+    try:
+        yield
+    except BaseException:
+        if create and not existed:
+            for suffix in STORE_SIDECARS:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + suffix)
+        raise
+
+
 def _parse_kdf(text: str | None) -> KDFParams | None:
     if not text:
         return None
@@ -499,7 +516,8 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
         raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
     kdf = _parse_kdf(kdf_text)
     keys = _key_kwargs(ctx, confirm=True)
-    with engram_mod.open(file, create=True, **keys, **({"kdf": kdf} if "passphrase" in keys else {})) as db:
+    with _removed_on_failure(file, True), \
+            engram_mod.open(file, create=True, **keys, **({"kdf": kdf} if "passphrase" in keys else {})) as db:
         click.echo(f"created {file} ({'encrypted' if db.encrypted else 'PLAINTEXT'})")
         if recovery_key:
             click.echo(f"recovery key (store it safely; it is shown once): {db.add_recovery_key()}")
@@ -1051,6 +1069,34 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
                    err=True)
 
 
+def _dump_node_count(path: str) -> int | None:
+    """How many memories (``@n`` lines) a plaintext dump file holds: the total of the restore
+    bar (one quick pass over the file). None for stdin or an encrypted dump."""
+    from .aaak import is_encrypted_dump
+
+    if path == "-" or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as fh:
+        if is_encrypted_dump(fh.read(16)):
+            return None
+        fh.seek(0)
+        return sum(1 for line in fh if line.startswith(b"@n "))
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr(ctx: click.Context) -> Iterator[None]:
+    """The library's UserWarnings (e.g. what --allow-edited let through) as `warning:` lines."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                click.echo(f"warning: {w.message}", err=True)
+
+
 def _read_dump_source(source: str, dump_passphrase_file: str | None):
     """A text stream of the dump at ``source`` ("-" for stdin), decrypting when needed."""
     from .aaak import decrypt_dump, is_encrypted_dump
@@ -1071,7 +1117,10 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None):
 @click.argument("dump_file", metavar="DUMP", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Replace FILE if it exists.")
-@click.option("--allow-edited", is_flag=True, help="Accept a hand-edited dump (the grammar is still enforced).")
+@click.option("--allow-edited", is_flag=True,
+              help="Accept a hand-edited dump: a trailer whose SHA-256 or record count no longer matches, and a "
+                   "missing final newline, each with a warning. The grammar, record order and the trailer line "
+                   "itself are still enforced.")
 @click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost for the new file.")
 @click.option("--dump-passphrase-file", type=click.Path(dir_okay=False), help="The passphrase of an encrypted dump.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -1093,7 +1142,8 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
     if "passphrase" in options:
         options["kdf"] = _parse_kdf(kdf_text)
     source = _read_dump_source(dump_file, dump_passphrase_file)
-    with _progress(ctx, desc="restoring", unit=" memories") as bar:
+    with _progress(ctx, desc="restoring", unit=" memories", total=_dump_node_count(dump_file)) as bar, \
+            _warnings_to_stderr(ctx):
         def progress(n: int) -> None:
             bar.update(n - bar.n)
 
@@ -1166,14 +1216,24 @@ def _chat_messages(path: str, raw: str) -> list:
     return messages
 
 
-def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
-    """(text or messages, default source name) of one ingest input."""
+def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[str | list, str]:
+    """(text or messages, default source name) of one ingest input.
+
+    A byte-order mark at the start (Project Gutenberg texts have one) is not text: it is
+    dropped (issue 12, bug 10).
+    """
+    import codecs
+
     try:
-        with click.open_file(path, "r", encoding="utf-8") as fh:
-            raw = fh.read()
+        codec = codecs.lookup(encoding).name
+    except LookupError:
+        raise click.BadParameter(f"unknown encoding {encoding!r}", param_hint="--encoding") from None
+    try:
+        with click.open_file(path, "rb") as fh:
+            raw = fh.read().decode("utf-8-sig" if codec == "utf-8" else codec).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
-        raise ValidationError(f"{path} is not UTF-8 text (byte {exc.start} cannot be decoded)",
-                              hint="convert it first, e.g. `iconv -f latin1 -t utf-8 IN > OUT`") from None
+        raise ValidationError(f"{path} is not {encoding} text (byte {exc.start} cannot be decoded)",
+                              hint="name its encoding, e.g. --encoding latin-1 (or cp1252)") from None
     name = "stdin" if path == "-" else os.path.basename(path)
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".json": "chat", ".md": "markdown", ".markdown": "markdown"}.get(
@@ -1210,13 +1270,16 @@ def _read_ingest_input(path: str, fmt: str) -> tuple[str | list, str]:
               help="Date of the input (YYYY-MM-DD), for dates relative to it.")
 @click.option("--tag", "tags", multiple=True, help="Tag every memory (repeatable).")
 @click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True, help="Characters per chunk.")
+@click.option("--encoding", default="utf-8", show_default=True,
+              help="Text encoding of the inputs, e.g. latin-1 or cp1252 (a leading byte-order mark is dropped).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")
 @click.pass_context
 def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, title: str | None, date: str | None,
-           tags: tuple[str, ...], chunk_size: int, as_json: bool) -> None:
+           tags: tuple[str, ...], chunk_size: int, encoding: str, as_json: bool) -> None:
     """Compress documents or conversations into memories (zettels) and store them.
 
-    Ingesting the same text again stores nothing new.
+    Ingesting the same text again stores nothing new. Every input is read and checked
+    before the store is touched: an input that cannot be read changes nothing.
 
     Example:
 
@@ -1225,17 +1288,20 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
     options: dict[str, Any] = {"chunk_size": chunk_size}
     if date:
         options["date"] = date
+    if title:
+        options["title"] = title
     result: dict[str, list[str]] = {}
     added: dict[str, int] = {}
-    with _open(ctx, file) as db, _progress(ctx, desc="ingesting", unit=" files", total=len(inputs)) as bar:
-        for path in inputs:
-            source, name = _read_ingest_input(path, fmt)
-            if title:
-                options["title"] = title
+    read = [(path, *_read_ingest_input(path, fmt, encoding)) for path in inputs]
+    sizes = [len(source.encode("utf-8", "surrogatepass")) if isinstance(source, str)
+             else len(json.dumps(source, default=str)) for _, source, _ in read]
+    with _open(ctx, file) as db, _progress(ctx, desc="ingesting", unit="B", unit_scale=True,
+                                           total=sum(sizes)) as bar:
+        for (path, source, name), size in zip(read, sizes):
             before = len(db)
             result[path] = db.ingest(source, source_name=title or name, tags=list(tags), **options)
             added[path] = len(db) - before  # text ingested before is stored once: say how much is new
-            bar.update(1)
+            bar.update(size)
     _emit(result, as_json, lambda d: "\n".join(f"{path}: {len(ids)} memories ({added[path]} new)"
                                                for path, ids in d.items()))
 
@@ -1398,10 +1464,14 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         source_pw = os.environ.get("ENGRAM_SOURCE_PASSPHRASE") or None
     with click.open_file(source, "rb") as fh:
         data = io.BytesIO(fh.read())  # detection needs a seekable source
+    from .records import Node
+
     report = ImportReport()
-    items = iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
-                        id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings, report=report)
-    with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
+    items = list(iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
+                             id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings, report=report))
+    total = sum(isinstance(item, Node) for item in items)
+    with _removed_on_failure(file, create), _open(ctx, file, create=create) as db, \
+            _progress(ctx, desc="importing", unit=" memories", total=total) as bar:
         nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
     bad = report.bad_embeddings
     for nid, why in bad:
@@ -1433,8 +1503,14 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
     from .importers import export_jsonl
 
     _refuse_same_file(output, file, "the export")
-    with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out:
-        export_jsonl(db.scan(), out, space=space)
+    with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out, \
+            _progress(ctx, desc="exporting", unit=" memories", total=len(db)) as bar:
+        def counted() -> Iterator[Any]:
+            for node in db.scan():
+                yield node
+                bar.update(1)
+
+        export_jsonl(counted(), out, space=space)
 
 
 # -- lifecycle: archive, pin, forget, stats (engramdb/maintenance/) -----------------------

@@ -153,7 +153,7 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
         ValidationError: bad input or options.
     """
     if isinstance(source, str):
-        text = source
+        text = source.removeprefix("\ufeff")  # a byte-order mark is not text (issue 12, bug 10)
     elif isinstance(source, (Mapping, bytes, bytearray)) or not isinstance(source, Iterable):
         # a lone message dict would be iterated as its keys ("speaker", "text") and stored
         raise ValidationError(f"ingest takes text or a list of messages, not {type(source).__name__}",
