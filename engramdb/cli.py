@@ -258,16 +258,24 @@ def _key_source(ctx: click.Context) -> str:
     return "passphrase"
 
 
-def _key_kwargs(ctx: click.Context, *, confirm: bool = False) -> dict[str, Any]:
+# A key source named for one file only (diff's --a-key-file ...): (kind, value), kind one
+# of "key_file", "plaintext", "passphrase_file".
+KeyOverride = tuple[str, Any]
+
+
+def _key_kwargs(ctx: click.Context, *, confirm: bool = False, override: KeyOverride | None = None) -> dict[str, Any]:
     """The key arguments of ``engramdb.open`` (or ``restore``) for this invocation.
 
-    ``confirm``: a new file, so a typed passphrase is asked twice.
+    ``confirm``: a new file, so a typed passphrase is asked twice. ``override``: a key
+    source for this one file, instead of the global options.
     """
-    source = _key_source(ctx)
+    source, value = override if override is not None else (_key_source(ctx), None)
     if source == "key_file":
-        return {"key": engram_mod.read_key_file(_settings(ctx).get("key_file"))}
+        return {"key": engram_mod.read_key_file(value or _settings(ctx).get("key_file"))}
     if source == "plaintext":
         return {"encrypted": False}
+    if source == "passphrase_file":
+        return {"passphrase": _read_secret_file(value)}
     return {"passphrase": _passphrase(ctx, confirm=confirm)}
 
 
@@ -278,13 +286,16 @@ def _timeout(ctx: click.Context) -> float | None:
 
 
 def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False,
-          **kwargs: Any) -> engram_mod.Engram:
+          override: KeyOverride | None = None, **kwargs: Any) -> engram_mod.Engram:
     """Open a store with the key source the command line names (--key-file, --plaintext, or a
     passphrase). Only `init` (and `restore`, `import --create`) may create one: a mistyped
     path is an error, not a new empty store. The library's hints speak of keyword
     arguments, so say which option to use.
     """
-    source = _key_source(ctx)
+    shared = _shell_handle(path)
+    if shared is not None:  # inside `engramdb shell`: the file is open and unlocked already
+        return shared
+    source = override[0] if override is not None else _key_source(ctx)
     if not create and not os.path.exists(path):
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
@@ -294,7 +305,7 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
                                hint=f"check the path, or create the store with `engramdb init {path}`")
     kwargs.setdefault("timeout", _timeout(ctx))
     try:
-        keys = _key_kwargs(ctx, confirm=create and not os.path.exists(path))
+        keys = _key_kwargs(ctx, confirm=create and not os.path.exists(path), override=override)
         return engram_mod.open(path, create=create, readonly=readonly, **keys, **kwargs)
     except ModeMismatchError as exc:
         hint = ("it is encrypted: leave out --plaintext (and $ENGRAM_PLAINTEXT) and give its passphrase or "
@@ -591,13 +602,14 @@ def get(ctx: click.Context, file: str, id_: str, full: bool, as_json: bool) -> N
     """
     with _open(ctx, file, readonly=True) as db:
         node = db.get(id_, full=full)
-    _emit(_readable(_node_dict(node)), as_json, lambda d: "\n".join(
+    _emit(_node_dict(node), as_json, lambda d: "\n".join(
         f"{k:<14}{v}" for k, v in d.items() if v not in ((), [], {}, "", None)))
 
 
 def _node_dict(node: Any) -> dict[str, Any]:
-    """A node's fields, plus ``archived`` (whether it is an archived memory's stub)."""
-    data = node.to_dict()
+    """A node's fields for printing (timestamps in ISO 8601), plus ``archived`` (whether it
+    is an archived memory's stub)."""
+    data = _readable(node.to_dict())
     data["archived"] = node.archived
     return data
 
@@ -619,7 +631,7 @@ def list_(ctx: click.Context, file: str, filters: dict[str, Any], limit: int | N
         for n, node in enumerate(db.scan(**filters)):
             if limit is not None and n >= limit:
                 break
-            _emit(_readable(_node_dict(node)), as_json, lambda _d: _node_line(node))
+            _emit(_node_dict(node), as_json, lambda _d: _node_line(node))
 
 
 @cli.command()
@@ -676,7 +688,7 @@ def update(ctx: click.Context, file: str, id_: str, content: str | None, importa
         raise click.UsageError("nothing to change: give --content, --importance, --tier, --source or --metadata")
     with _open(ctx, file) as db:
         node = db.update(id_, **changes)
-    _emit(_readable(node.to_dict()), as_json, lambda _d: f"updated {node.id}")
+    _emit(_node_dict(node), as_json, lambda _d: f"updated {node.id}")
 
 
 def _retag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], add: bool, as_json: bool) -> None:
@@ -1159,29 +1171,73 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
     _emit({"file": file, "memories": count}, as_json, lambda d: f"restored {count} memories into {file}")
 
 
+def _side_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--a-*/--b-* key sources of `diff`, one set per side."""
+    for side in ("b", "a"):
+        for option in (
+            click.option(f"--{side}-plaintext", is_flag=True, help=f"{side.upper()} is a plaintext store."),
+            click.option(f"--{side}-key-file", type=click.Path(dir_okay=False),
+                         help=f"The raw key or recovery key of store {side.upper()}."),
+            click.option(f"--{side}-passphrase-file", type=click.Path(dir_okay=False),
+                         help=f"The passphrase of {side.upper()} (a store, or an encrypted dump)."),
+        ):
+            func = option(func)
+    return func
+
+
+def _side_override(options: dict[str, Any], side: str) -> KeyOverride | None:
+    given = [(kind, options[f"{side}_{kind}"]) for kind in ("key_file", "plaintext", "passphrase_file")
+             if options[f"{side}_{kind}"]]
+    if len(given) > 1:
+        raise click.UsageError(f"--{side}-key-file, --{side}-plaintext and --{side}-passphrase-file name different "
+                               "keys; give one")
+    return given[0] if given else None
+
+
+def _canonical_lines(ctx: click.Context, path: str, override: KeyOverride | None) -> list[str]:
+    """The canonical dump of ``path`` (a store, or a dump file, plain or encrypted) as lines,
+    without the trailer (its count and SHA-256 differ whenever anything does)."""
+    import io
+
+    from .aaak import DUMP_HEADER, is_encrypted_dump
+
+    with open(path, "rb") as fh:
+        head = fh.read(len(DUMP_HEADER))
+    if is_encrypted_dump(head[:16]) or head == DUMP_HEADER.encode("ascii"):
+        pw_file = override[1] if override is not None and override[0] == "passphrase_file" else None
+        source = _read_dump_source(path, pw_file)
+        try:
+            raw = source.read()
+        finally:
+            source.close()
+        text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    else:
+        buf = io.StringIO()
+        with _open(ctx, path, readonly=True, override=override) as db:
+            db.dump(buf)
+        text = buf.getvalue()
+    return [line for line in text.splitlines(keepends=True) if not line.startswith("@end ")]
+
+
 @cli.command()
 @click.argument("a", type=click.Path(dir_okay=False, exists=True))
 @click.argument("b", type=click.Path(dir_okay=False, exists=True))
+@_side_options
 @click.pass_context
-def diff(ctx: click.Context, a: str, b: str) -> None:
-    """A unified diff of two stores' canonical dumps (both unlock with the same passphrase).
+def diff(ctx: click.Context, a: str, b: str, **side_options: Any) -> None:
+    """A unified diff of the contents of A and B, each a store or a dump (plain or encrypted).
 
-    Exit code 0 when they hold the same content, 1 when they differ.
+    Both sides use the global key options unless --a-* or --b-* name one for that side; an
+    encrypted dump takes --a/--b-passphrase-file, else $ENGRAM_DUMP_PASSPHRASE. Exit code
+    0 when they hold the same content, 1 when they differ.
 
     Example:
 
-        engramdb diff yesterday.engram notes.engram
+        engramdb diff yesterday.aaak notes.engram --a-passphrase-file old.txt
     """
     import difflib
-    import io
 
-    texts = []
-    for path in (a, b):
-        buf = io.StringIO()
-        with _open(ctx, path, readonly=True) as db:
-            db.dump(buf)
-        # the trailer (count, sha256) always differs when anything does; leave it out
-        texts.append([line for line in buf.getvalue().splitlines(keepends=True) if not line.startswith("@end ")])
+    texts = [_canonical_lines(ctx, path, _side_override(side_options, side)) for path, side in ((a, "a"), (b, "b"))]
     changed = False
     for line in difflib.unified_diff(texts[0], texts[1], fromfile=a, tofile=b):
         changed = True
@@ -1232,7 +1288,8 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
         with click.open_file(path, "rb") as fh:
             raw = fh.read().decode("utf-8-sig" if codec == "utf-8" else codec).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
-        raise ValidationError(f"{path} is not {encoding} text (byte {exc.start} cannot be decoded)",
+        shown_name = "UTF-8" if codec == "utf-8" else encoding
+        raise ValidationError(f"{path} is not {shown_name} text (byte {exc.start} cannot be decoded)",
                               hint="name its encoding, e.g. --encoding latin-1 (or cp1252)") from None
     name = "stdin" if path == "-" else os.path.basename(path)
     if fmt == "auto":
@@ -1922,6 +1979,124 @@ def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | N
     _emit(report.to_dict(), as_json, lambda d: report.table())
     if not report.ok:
         ctx.exit(1)
+# -- engramdb shell --------------------------------------------------------------------------
+# The shell opens the file once (one key derivation) and runs each line as the command of
+# that name, through the same click commands; their `_open` of the same path gets the open
+# handle (wrapped so that a command's `with` does not close it).
+_SHELL: dict[str, Any] = {}
+
+
+class _SharedHandle:
+    """An open Engram that a command's ``with`` block does not close."""
+
+    def __init__(self, db: engram_mod.Engram) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def __len__(self) -> int:
+        return len(self._db)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._db
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._db)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _shell_handle(path: str) -> Any:
+    db = _SHELL.get("db")
+    if db is not None and os.path.realpath(path) == _SHELL["path"]:
+        return _SharedHandle(db)
+    return None
+
+
+SHELL_COMMANDS = ("recall", "context", "add", "get", "list", "update", "tag", "untag", "link", "unlink", "edges",
+                  "delete", "stats", "info", "inject", "wakeup")
+
+
+def _shell_line(file: str, line: str) -> int:
+    """Run one shell line; returns its exit code (errors are printed, never raised)."""
+    import shlex
+
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    if not words:
+        return 0
+    name, rest = words[0], words[1:]
+    if name in ("help", "?"):
+        known = [c for c in SHELL_COMMANDS if c in cli.commands]
+        click.echo("commands (FILE is implied): " + ", ".join(known) + "; `COMMAND --help`; exit or Ctrl-D")
+        return 0
+    if name not in SHELL_COMMANDS or name not in cli.commands:
+        click.echo(f"error: {name!r} is not a shell command; type help", err=True)
+        return 2
+    args = [name, "--help"] if rest[:1] in (["--help"], ["-h"]) else [name, file, *rest]
+    try:
+        result = cli.main(args=args, prog_name="engramdb", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("error: interrupted", err=True)
+        return 1
+    return int(result) if isinstance(result, int) else 0
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_context
+def shell(ctx: click.Context, file: str) -> None:
+    """Unlock FILE once, then run commands at a prompt (recall, add, get, list, stats, ...).
+
+    Each line is a command without the file name, e.g. `recall "where did Alice move?"
+    --top-k 3`; `help` lists them; `exit`, `quit` or Ctrl-D ends. The line history (arrow
+    keys) lives in memory only: it is never written to disk, since lines hold memories.
+    Lines can also come from stdin (`engramdb shell F < commands.txt`); the exit code is
+    then that of the last failing line (0 if none failed).
+
+    Example:
+
+        engramdb shell notes.engram
+    """
+    interactive = sys.stdin.isatty()
+    if interactive:
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (input() gets line editing and history)
+    worst = 0
+    with _open(ctx, file) as db:
+        _SHELL.update(db=db, path=os.path.realpath(file))
+        try:
+            if interactive:
+                _note(ctx, f"{file} unlocked; type help for the commands, exit to leave")
+            while True:
+                try:
+                    line = input("engramdb> " if interactive else "")
+                except EOFError:
+                    break
+                except KeyboardInterrupt:  # Ctrl-C drops the line, as in other shells
+                    click.echo("", err=True)
+                    continue
+                if line.strip() in ("exit", "quit"):
+                    break
+                code = _shell_line(file, line)
+                worst = code or worst
+        finally:
+            _SHELL.clear()
+    if worst:
+        ctx.exit(worst)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -207,3 +207,74 @@ def test_timestamps_print_as_iso_8601(run, tmp_path):
     node_line = next(line for line in (tmp_path / "d.aaak").read_text().splitlines() if line.startswith("@n s|"))
     exact = float(node_line.split("|")[3])  # the dump's created_at: the float itself
     assert cli_mod._iso(exact) == got["created_at"] and "Z" not in node_line
+
+
+def test_shell_unlocks_once_and_runs_commands_from_stdin(run, tmp_path, monkeypatch):
+    f = str(tmp_path / "sh.engram")
+    run("init", f, "--kdf", KDF)
+    derivations = []
+    real_open = cli_mod.engram_mod.open
+
+    def counting_open(*args, **kwargs):
+        derivations.append(args[0])
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(cli_mod.engram_mod, "open", counting_open)
+    script = "\n".join([
+        'add "Alice moved to Berlin in 2023" --id a --tag people',
+        'add "Bob prefers tea" --id b',
+        "get a --json",
+        "list --tag people --json",
+        'recall "where does alice live" --top-k 1 --json',
+        "help",
+        "bogus",
+        "get missing",
+        "tag b drinks",
+        "exit",
+        "get b",  # after exit: not run
+    ]) + "\n"
+    result = run("shell", f, input=script)
+    assert derivations == [f]  # one open, one key derivation, for every command
+    lines = result.stdout.splitlines()
+    assert lines[0] == "a" and lines[1] == "b"
+    assert json.loads(lines[2])["content"] == "Alice moved to Berlin in 2023"
+    assert json.loads(lines[3])["id"] == "a"
+    assert json.loads(lines[4])["id"] == "a"
+    assert "commands (FILE is implied)" in result.stdout and "recall" in result.stdout
+    assert "'bogus' is not a shell command" in result.stderr
+    assert "no memory with id 'missing'" in result.stderr
+    assert "b: drinks" in result.stdout and "Bob prefers tea" not in result.stdout
+    assert result.exit_code == 1  # the last failing line ("get missing") sets the exit code
+    clean = run("shell", f, input="get a\n")
+    assert clean.exit_code == 0 and "Alice" in clean.stdout
+    assert run("shell", str(tmp_path / "missing.engram"), input="get a\n").exit_code == 1
+
+
+def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_path):
+    a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
+    pa, pb = tmp_path / "pa", tmp_path / "pb"
+    pa.write_text("alpha")
+    pb.write_text("beta")
+    run("init", a, "--kdf", KDF, "--passphrase-file", str(pa))
+    run("add", a, "shared memory", "--id", "m1", "--passphrase-file", str(pa))
+    run("dump", a, "-o", str(tmp_path / "a.aaak"), "--passphrase-file", str(pa))
+    assert run("restore", str(tmp_path / "a.aaak"), b, "--kdf", KDF, "--passphrase-file", str(pb)).exit_code == 0
+    same = run("diff", a, b, "--a-passphrase-file", str(pa), "--b-passphrase-file", str(pb))
+    assert same.exit_code == 0, same.output
+    run("add", b, "only in b", "--id", "m2", "--passphrase-file", str(pb))
+    # a dump on the left, a store on the right
+    changed = run("diff", str(tmp_path / "a.aaak"), b, "--b-passphrase-file", str(pb))
+    assert changed.exit_code == 1 and "+@c m2|only in b" in changed.stdout
+    # an encrypted dump on the right, with its own passphrase
+    enc = str(tmp_path / "b.enc")
+    assert run("dump", b, "-o", enc, "--encrypt", "--passphrase-file", str(pb),
+               env={"ENGRAM_DUMP_PASSPHRASE": "sealed"}).exit_code == 0
+    dumps = run("diff", b, enc, "--a-passphrase-file", str(pb), env={"ENGRAM_DUMP_PASSPHRASE": "sealed"})
+    assert dumps.exit_code == 0, dumps.output
+    pd = tmp_path / "pd"
+    pd.write_text("sealed")
+    assert run("diff", str(tmp_path / "a.aaak"), enc, "--b-passphrase-file", str(pd)).exit_code == 1
+    wrong = run("diff", a, b, "--b-passphrase-file", str(pb))  # A with the global passphrase "pw": wrong
+    assert wrong.exit_code == 1 and "error:" in wrong.stderr
+    both = run("diff", a, b, "--a-plaintext", "--a-key-file", str(pa))
+    assert both.exit_code == 2
