@@ -264,10 +264,6 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
             ours = False
             db.close()
             raise busy
-        # Our shared lock on the new file, held from its creation to its rename: the next
-        # opener of `path` removes a .restore-tmp only when nobody holds one.
-        guard = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        fcntl.flock(guard, fcntl.LOCK_SH)
         try:
             count = _load(db, header, items, progress)
             problems = db.verify()
@@ -277,6 +273,12 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
             # batched loading leaves free pages and many index segments: a restored store
             # was 2.3x the size of its compacted self (11.5 MB vs 5.0 MB, issue 12 bug 5)
             db.compact()
+            # Our shared lock on the new file, held until its rename: the next opener of `path`
+            # removes a .restore-tmp only when nobody holds one. Until here the open handle's
+            # own lock on the file does that (compact replaces the file, so it could not be
+            # taken earlier: compact needs the file to itself, and would leave it on the old one).
+            guard = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            fcntl.flock(guard, fcntl.LOCK_SH)
         finally:
             db.close()
         _fsync_path(tmp)

@@ -1979,6 +1979,8 @@ def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | N
     _emit(report.to_dict(), as_json, lambda d: report.table())
     if not report.ok:
         ctx.exit(1)
+
+
 # -- engramdb shell --------------------------------------------------------------------------
 # The shell opens the file once (one key derivation) and runs each line as the command of
 # that name, through the same click commands; their `_open` of the same path gets the open
