@@ -250,3 +250,24 @@ class IncrementalEqualsFull(RuleBasedStateMachine):
 
 TestIncrementalEqualsFull = IncrementalEqualsFull.TestCase
 TestIncrementalEqualsFull.settings = settings(max_examples=12, stateful_step_count=14, deadline=None)
+
+
+def test_dump_restore_after_a_pass_keeps_archived_records_archived(make_db, tmp_path):
+    import io
+
+    import engramdb
+
+    db = make_db(encrypted=False)
+    fill(db, 60, seed=8)
+    report = db.maintain(now=NOW, summarizer=summarize)
+    assert report.archived > 0
+    before = snapshot(db)
+    buf = io.StringIO()
+    db.dump(buf)
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "r.engram", encrypted=False)
+    with engram_mod.open(tmp_path / "r.engram", encrypted=False) as restored:
+        assert snapshot(restored) == before  # stubs, full originals and derived_from edges
+        assert sum(n.archived for n in restored.scan()) == sum(n.archived for n in db.scan()) > 0
+        again = restored.maintain(now=NOW, summarizer=summarize)  # no state in a restored file: a full pass
+        assert again.full and not again.changed and snapshot(restored) == before
+        assert restored.verify() == []

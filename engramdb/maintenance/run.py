@@ -211,6 +211,18 @@ class _Space:
         return _exact(self.raw[i], self.raw[j])
 
 
+def _above(space: _Space, sims: np.ndarray, rows: np.ndarray, cols: np.ndarray, threshold: float,
+           strict: bool) -> np.ndarray:
+    """Which of the pairs (``rows[k]``, ``cols[k]``) with float32 cosine ``sims[k]`` are
+    above ``threshold`` (``>`` when ``strict``, else ``>=``); a product within
+    :data:`SIM_BAND` of the threshold is decided on the exact cosine."""
+    keep = (sims > threshold) if strict else (sims >= threshold)
+    for k in np.nonzero(np.abs(sims - threshold) <= SIM_BAND)[0]:
+        exact = space.exact(int(rows[k]), int(cols[k]))
+        keep[k] = exact > threshold if strict else exact >= threshold
+    return keep
+
+
 def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: float, strict: bool,
            *, triangle: bool, progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(row, col) vector-row pairs with cosine above ``threshold`` (``>`` when ``strict``, else
@@ -233,12 +245,7 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
             keep = gr != gc
             if triangle:
                 keep &= gc > gr
-            near = keep & (np.abs(s - threshold) <= SIM_BAND)
-            for k in np.nonzero(near)[0]:
-                exact = space.exact(int(gr[k]), int(gc[k]))
-                keep[k] = exact > threshold if strict else exact >= threshold
-            far = keep & ~near
-            keep[far] = (s[far] > threshold) if strict else (s[far] >= threshold)
+            keep &= _above(space, s, gr, gc, threshold, strict)
             out_r.append(gr[keep])
             out_c.append(gc[keep])
         if progress:
@@ -375,13 +382,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             s = np.einsum("ij,ij->i", space.unit[pr], space.unit[pc])
             for (thr, strict, out_r, out_c) in ((config.dedupe_threshold, True, dd_r, dd_c),
                                                  (config.cluster_threshold, False, cl_r, cl_c)):
-                keep = (s > thr - SIM_BAND)
-                near = keep & (np.abs(s - thr) <= SIM_BAND)
-                for k in np.nonzero(near)[0]:
-                    e = space.exact(int(pr[k]), int(pc[k]))
-                    keep[k] = e > thr if strict else e >= thr
-                far = keep & ~near
-                keep[far] = (s[far] > thr) if strict else (s[far] >= thr)
+                keep = _above(space, s, pr, pc, thr, strict)
                 out_r.append(row_of_v[pr[keep]])
                 out_c.append(row_of_v[pc[keep]])
         dd = (np.concatenate(dd_r), np.concatenate(dd_c)) if dd_r else (np.zeros(0, np.int64),) * 2
@@ -559,7 +560,7 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     return dropped
 
 
-def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any]) -> None:
+def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], op_docnos: set[int]) -> None:
     if tx.find(s["id"]) is not None:
         return
     now = plan["now"]
@@ -573,8 +574,7 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any]) -
         key = DIRTY_PREFIX + codec.u64(docno)
         # unchanged since the snapshot: its token is the snapshot's, or none once this plan's
         # own operation on it was applied (which takes it out of the change log)
-        expected = None if docno in plan.setdefault("op_docnos", {e[0] for e in plan["ops"]}) \
-            else plan["tokens"].get(docno)
+        expected = None if docno in op_docnos else plan["tokens"].get(docno)
         if tx.txn.get("meta", key) == expected:
             archive_ops.archive(tx, src, truncate=False, now=now)
             tx.txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
@@ -589,6 +589,7 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
     report: MaintenanceReport = plan["report"]
     steps: list[tuple[str, Any]] = [("op", e) for e in plan["ops"]] + [("summary", s) for s in plan["summaries"]]
     total = len(steps)
+    op_docnos = {e[0] for e in plan["ops"]}
     while True:
         with target.transaction() as tx:
             prog = tx.txn.get("meta", PROGRESS_KEY)
@@ -605,7 +606,7 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
                 if kind == "op":
                     dropped += _apply_op(tx, plan, item)
                 else:
-                    _apply_summary(tx, plan, item)
+                    _apply_summary(tx, plan, item, op_docnos)
             report.bytes_dropped += dropped
             done = min(done + batch_size, total)
             tx.txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], done, report.bytes_dropped]))
