@@ -190,14 +190,21 @@ def _exact(a: np.ndarray, b: np.ndarray) -> float:
 class _Space:
     """The comparable vectors: unit rows of the space's live vectors, in docno order."""
 
-    def __init__(self, docnos: np.ndarray, matrix: np.ndarray) -> None:
-        order = np.argsort(docnos, kind="stable")
-        self.docnos = docnos[order].astype(np.uint64)
-        raw = np.ascontiguousarray(matrix[order], dtype=np.float32)
-        norms = np.sqrt(np.einsum("ij,ij->i", raw, raw, dtype=np.float64)).astype(np.float32)
+    def __init__(self, docnos: np.ndarray, matrix: np.ndarray, *, normalized: bool = False) -> None:
+        docnos = docnos.astype(np.uint64)
+        if len(docnos) > 1 and not bool(np.all(docnos[1:] > docnos[:-1])):
+            order = np.argsort(docnos, kind="stable")
+            docnos, matrix = docnos[order], matrix[order]
+        self.docnos = docnos
+        raw = np.ascontiguousarray(matrix, dtype=np.float32)
         self.raw = raw
-        self.unit = raw / np.where(norms > 0, norms, 1)[:, None]
-        self.unit[norms == 0] = 0
+        self.unit: np.ndarray
+        if normalized:  # a normalize space stores unit rows (and zero rows are never stored)
+            self.unit = raw
+        else:
+            norms = np.sqrt(np.einsum("ij,ij->i", raw, raw, dtype=np.float64)).astype(np.float32)
+            self.unit = raw / np.where(norms > 0, norms, 1)[:, None]
+            self.unit[norms == 0] = 0
 
     def rows_of(self, docnos: np.ndarray) -> np.ndarray:
         """Row index of each docno, -1 where it has no vector."""
@@ -328,7 +335,8 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             vdocs, vmat = _builtin_vectors(target, txn, rows["docno"])
         else:
             vdocs, vmat = target.indexes.vectors._matrix(txn, space_name)
-        space = _Space(np.asarray(vdocs), np.asarray(vmat))
+        normalized = create or bool(target.indexes.vectors.spaces(txn)[space_name].normalize)
+        space = _Space(np.asarray(vdocs), np.asarray(vmat), normalized=normalized)
         node_cache: dict[int, Node] = dict(records)
 
         def node(docno: int) -> Node:
