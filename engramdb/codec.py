@@ -167,8 +167,9 @@ def encode_nodes(nodes: "list[Node]") -> list[bytes]:
     return out
 
 
-def decode_node(data: bytes) -> Node:
-    """Record bytes -> Node.
+def decode_node(data: bytes, *, vectors: bool = True) -> Node:
+    """Record bytes -> Node (``vectors=False``: without its embeddings, which are most of
+    the decoding work of a record that has any; the maintenance pass reads records so).
 
     Raises:
         CorruptFileError: unknown codec or schema, bad shape, or fields that fail validation.
@@ -193,7 +194,8 @@ def decode_node(data: bytes) -> Node:
             "weight": weight, "flags": flags, "emotions": emotions, "source_start": ss, "source_end": se,
             "resolved_date": rd, "tier": tier, "importance": importance, "created_at": created,
             "last_accessed": accessed, "access_count": count, "pinned": pinned, "tags": tags, "source": source,
-            "metadata": metadata, "embeddings": {space: _vector_from(vec) for space, vec in embeddings.items()},
+            "metadata": metadata,
+            "embeddings": {space: _vector_from(vec) for space, vec in embeddings.items()} if vectors else {},
         })
     except (ValidationError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"a node record holds invalid fields: {exc}") from None

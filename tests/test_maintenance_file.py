@@ -271,3 +271,13 @@ def test_dump_restore_after_a_pass_keeps_archived_records_archived(make_db, tmp_
         again = restored.maintain(now=NOW, summarizer=summarize)  # no state in a restored file: a full pass
         assert again.full and not again.changed and snapshot(restored) == before
         assert restored.verify() == []
+
+
+def test_decode_without_vectors_is_the_node_without_embeddings():
+    from engramdb import codec
+    from engramdb.records import Node
+
+    node = Node(id="x", content="hello " * 500, tags=("a",), embeddings={"e": (1.0, 0.5, 0.25)}, tier="warm")
+    raw = codec.encode_node(node)
+    assert codec.decode_node(raw, vectors=False) == node.replace(embeddings={})
+    assert codec.decode_node(raw) == node

@@ -286,7 +286,7 @@ def _builtin_vectors(target: Target, txn: Any, docnos: np.ndarray) -> tuple[np.n
     from ..index.vectors import HashedTfidfEmbedder
 
     embed = HashedTfidfEmbedder(BUILTIN_DIMS, target.indexes.tokenizer)
-    texts = [node_text(codec.decode_node(txn.get("nodes", codec.u64(int(d))))) for d in docnos]
+    texts = [node_text(codec.decode_node(txn.get("nodes", codec.u64(int(d))), vectors=False)) for d in docnos]
     mat = embed(texts) if texts else np.zeros((0, BUILTIN_DIMS), np.float32)
     keep = np.any(mat != 0, axis=1)
     return docnos[keep], mat[keep]
@@ -312,7 +312,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         tokens = _dirty(txn)
         next_docno = txn.state.next_docno
         if full:
-            records: list[tuple[int, Node]] = [(codec.from_u64(k), codec.decode_node(v))
+            records: list[tuple[int, Node]] = [(codec.from_u64(k), codec.decode_node(v, vectors=False))
                                                for k, v in txn.items("nodes")]
             rows = _rows_from(records)
             dirty = rows["docno"].copy()
@@ -320,12 +320,12 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             assert state is not None
             old = _unpack_rows(state["rows"])
             start = int(state["next_docno"])
-            found = {codec.from_u64(k): codec.decode_node(v) for k, v in txn.items("nodes", start=codec.u64(start))}
+            found = {codec.from_u64(k): codec.decode_node(v, vectors=False) for k, v in txn.items("nodes", start=codec.u64(start))}
             changed = sorted(set(tokens) | set(found))
             for d in tokens:
                 raw = None if d in found else txn.get("nodes", codec.u64(d))
                 if raw is not None:
-                    found[d] = codec.decode_node(raw)
+                    found[d] = codec.decode_node(raw, vectors=False)
             records = sorted(found.items())
             keep = ~np.isin(old["docno"], np.asarray(changed, dtype=np.uint64))
             rows = _concat(_take(old, keep), _rows_from(records))
@@ -342,7 +342,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         def node(docno: int) -> Node:
             got = node_cache.get(docno)
             if got is None:
-                got = node_cache[docno] = codec.decode_node(txn.get("nodes", codec.u64(docno)))
+                got = node_cache[docno] = codec.decode_node(txn.get("nodes", codec.u64(docno)), vectors=False)
             return got
 
         n = len(rows["docno"])
@@ -553,8 +553,8 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     docno, id_, token, op = entry
     txn = tx.txn
     key = DIRTY_PREFIX + codec.u64(docno)
-    if txn.get("meta", key) != token or tx.find(id_) is None:
-        return 0  # changed (or gone) after the snapshot: the next pass sees it
+    if txn.get("meta", key) != token:
+        return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
     if op.get("delete"):
         tx.delete(id_)
     else:
