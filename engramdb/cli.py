@@ -25,6 +25,7 @@ from .errors import (
 )
 from .records import ALL_FLAGS, EDGE_KINDS, TIERS
 from .store import DEFAULT_TIMEOUT, create_private, remove_if_abandoned
+from .tokens import estimate_tokens
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
 KEY_FILE_ENV = "ENGRAM_KEY_FILE"
@@ -1367,7 +1368,9 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--max-zettels", type=click.IntRange(min=1), default=10, show_default=True, help="At most this many.")
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Hard token budget of the output.")
-@click.option("--format", "fmt", type=click.Choice(["aaak", "json", "markdown"]), default="aaak", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json", "aaak"]), default="markdown", show_default=True,
+              help="markdown: one line per memory, names spelled out, who said it and when; "
+                   "aaak: entity codes, denser.")
 @click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True)
 @click.option("--source", help="Only memories of this source.")
 @click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable).")
@@ -1378,14 +1381,30 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
            source: str | None, tags: tuple[str, ...], include_archived: bool, as_json: bool) -> None:
     """Print the stored memories that matter most, as context for a model, within a token budget.
 
+    When memories qualify but not even one fits --max-tokens, nothing is printed and the
+    command fails (exit 1) saying how many tokens the most important memory needs. When no memory
+    qualifies (an empty store, or filters that match nothing), it says so on stderr and
+    prints nothing (exit 0), as `recall` does when nothing matches.
+
     Example:
 
-        engramdb inject notes.engram --max-tokens 500 --format markdown
+        engramdb inject notes.engram --max-tokens 500
     """
+    options: dict[str, Any] = dict(format=fmt, selection=selection, source=source, tags=tags or None,
+                                   include_archived=include_archived)
+    first = ""
     with _open(ctx, file, readonly=True) as db:
-        text = db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, format=fmt,
-                                 selection=selection, source=source, tags=tags or None,
-                                 include_archived=include_archived)
+        text = db.inject_context(max_zettels=max_zettels, max_token_budget=max_tokens, **options)
+        if not text:
+            first = db.inject_context(max_zettels=1, **options)
+    if not text:
+        if not first:
+            click.echo("no memories to inject" + (" (none match --source/--tag)" if source or tags else ""),
+                       err=True)
+            return
+        raise ValidationError(f"nothing fits in --max-tokens {max_tokens}: the most important memory alone needs "
+                              f"{estimate_tokens(first)} tokens (--format {fmt})",
+                              hint=f"raise --max-tokens to at least {estimate_tokens(first)}")
     _emit({"text": text}, as_json, lambda d: d["text"])
 
 

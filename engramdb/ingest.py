@@ -19,6 +19,7 @@ from .compress.entities import assign_codes
 from .engram import Engram
 from .errors import ValidationError
 from .index import iter_nodes
+from .recall import default_source_loader
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
 
 __all__ = ["ingest", "stored_result", "messages_to_text"]
@@ -214,6 +215,10 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
     zettels: list[Zettel] = []
     names: list[str] = []
     tunnels: list[Tunnel] = []
+    # each memory's source text, so inject_context and wake_up can say who said a quote and when
+    load = default_source_loader(engram._store)
+    sources: dict[str, str | None] = {}
+    source_texts: dict[str, str] = {}
     with engram._store.read() as txn:
         kept: set[str] = set()
         for docno, node in iter_nodes(txn):
@@ -230,6 +235,12 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
                                   emotions=list(node.emotions), flags=list(node.flags),
                                   source_start=node.source_start, source_end=node.source_end,
                                   resolved_date=node.resolved_date))
+            if node.source and node.source_start is not None:
+                if node.source not in sources:
+                    sources[node.source] = load(txn, node.source)
+                text = sources[node.source]
+                if text is not None and node.source_end is not None and node.source_end <= len(text):
+                    source_texts[node.id] = text
         for docno, node in iter_nodes(txn):
             if node.id not in kept:
                 continue
@@ -247,4 +258,4 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
             index.name_to_code[name] = code
     assign_codes(index, names)
     return CompressResult(zettels=zettels, tunnels=tunnels, entity_index=index,
-                          meta={"input_length": 0, "chunk_count": len(zettels)})
+                          meta={"input_length": 0, "chunk_count": len(zettels), "source_texts": source_texts})

@@ -47,12 +47,12 @@ def _locomo_text(n: int) -> str:
 
 def test_aaak_context_has_no_trailer_and_fits_a_small_budget():
     r = compress(TWO_FACTS)
-    out = inject_context(r, max_token_budget=60)
+    out = inject_context(r, max_token_budget=60, format="aaak")
     assert "@end" not in out
     assert "Alice decided to move to Berlin." in out  # the memory itself, not just the frame
     assert out.splitlines()[0].startswith("FILE:")
     assert estimate_tokens(out) <= 60
-    assert "@end" not in inject_context(r)
+    assert "@end" not in inject_context(r, format="aaak")
 
 
 @pytest.mark.parametrize("fmt", ["aaak", "json", "markdown"])

@@ -22,18 +22,31 @@ would eat the budget.
 The output lists the chosen zettels in document order; only the tunnels between them
 and the entity entries they use are emitted. Source offsets are left out (they index a
 text the prompt does not carry).
+
+The default format is markdown, the one a model reads best: one bullet per zettel, with
+names spelled out (never entity codes or AAAK escapes), who said the quote and on which
+day (from the chat's speaker prefix and date header lines in the source text), its flags,
+the other people involved and its first topics::
+
+    - 2023-05-25 · decision · Caroline: “I'm thrilled to make a family for kids who need one.” (mentions Melanie; topics: adoption, support, adoption agencies)
+
+``format="json"`` carries the same (plus ``speaker`` and ``said_on``); ``format="aaak"``
+is AAAK with entity codes, for those who ask for it.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
+import re
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ValidationError
 from ..tokens import estimate_tokens, token_counter
 from ..records import ALL_FLAGS, CompressResult, EntityIndex, Tunnel, Zettel
 
-__all__ = ["estimate_tokens", "inject_context", "wake_up"]
+__all__ = ["Said", "estimate_tokens", "inject_context", "wake_up"]
 
 SIGNAL_BONUS_FLAGS = frozenset({"DECISION", "ORIGIN", "CORE"})
 MMR_LAMBDA = 0.7
@@ -141,14 +154,125 @@ def _index_for(zettels: Sequence[Zettel], full: EntityIndex) -> EntityIndex:
     return out
 
 
-def _markdown_line(z: Zettel) -> str:
-    parts = []
-    if z.resolved_date:
-        parts.append(z.resolved_date)
-    if z.flags:
-        parts.append(", ".join(z.flags))
-    head = f"**[{z.id}]** *({' · '.join(parts)})* " if parts else f"**[{z.id}]** "
-    return head + z.quote
+# A chat line's speaker ("Caroline: ...") and a chat date header line ("[2023-05-08]"), as
+# engramdb.ingest.messages_to_text writes them.
+_SPEAKER = re.compile(r"([^\W\d_][\w.'\- ]{0,40}?):[ \t]+(?=\S)")
+_LINE_SPEAKER = re.compile(r"^([^\W\d_][\w.'\- ]{0,40}?):[ \t]+(?=\S)", re.M)
+_QUOTE_DATE = re.compile(r"\[(\d{4}-\d{2}-\d{2})[^\]]*\]\s*")
+_DATE_HEADER = re.compile(r"^\[(\d{4}-\d{2}-\d{2})[^\]\n]*\][ \t]*$", re.M)
+
+
+@dataclass(frozen=True)
+class Said:
+    """Who said a zettel's quote, and when (what a model needs to read it right).
+
+    Attributes:
+        quote: the quote without its speaker prefix.
+        speaker: the speaker, when the quote is a chat line or inside one (None otherwise).
+        on: the day it was said: the chat's last date header before it, else the zettel's
+            ``resolved_date``.
+        about: the zettel's ``resolved_date`` when it differs from ``on`` (the day the quote
+            is about, e.g. "last year"), else None.
+    """
+
+    quote: str
+    speaker: str | None
+    on: str | None
+    about: str | None
+
+
+class _Attribution:
+    """Finds who said each zettel's quote and when, in the text it came from: the result's
+    ``meta["source"]`` (compress keeps it) or ``meta["source_texts"][zettel id]`` (stored
+    memories). A ``Name:`` prefix counts as a speaker when the name is one of the result's
+    entities or starts at least two lines of the text (a transcript), so "Note: ..." in
+    prose does not."""
+
+    def __init__(self, result: CompressResult) -> None:
+        self.result = result
+        self.names = set(result.entity_index.name_to_code)
+        self._speakers: dict[int, set[str]] = {}
+        self._dates: dict[int, tuple[list[int], list[str]]] = {}
+
+    def _text(self, z: Zettel) -> str | None:
+        texts = self.result.meta.get("source_texts")
+        text = texts.get(z.id) if isinstance(texts, dict) else None
+        if text is None:
+            text = self.result.meta.get("source")
+        return text if isinstance(text, str) else None
+
+    def _is_speaker(self, name: str, z: Zettel, text: str | None) -> bool:
+        if name in z.entities or name in self.names:
+            return True
+        if text is None:
+            return False
+        known = self._speakers.get(id(text))
+        if known is None:
+            counts: dict[str, int] = {}
+            for m in _LINE_SPEAKER.finditer(text):
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+            known = self._speakers[id(text)] = {n for n, c in counts.items() if c >= 2}
+        return name in known
+
+    def _date_before(self, text: str, at: int) -> str | None:
+        table = self._dates.get(id(text))
+        if table is None:
+            found = [(m.start(), m.group(1)) for m in _DATE_HEADER.finditer(text)]
+            table = self._dates[id(text)] = ([p for p, _ in found], [d for _, d in found])
+        k = bisect.bisect_right(table[0], at)
+        return table[1][k - 1] if k else None
+
+    def __call__(self, z: Zettel) -> Said:
+        text = self._text(z)
+        quote = " ".join(z.quote.split())
+        speaker = None
+        header = _QUOTE_DATE.match(quote)  # a quote that starts at a date header line
+        if header is not None:
+            quote = quote[header.end():]
+        m = _SPEAKER.match(quote)
+        if m is not None and self._is_speaker(m.group(1), z, text):
+            speaker, quote = m.group(1), quote[m.end():]
+        on = None
+        if text is not None:
+            lo = z.source_start if z.source_start is not None else 0
+            hi = z.source_end if z.source_end is not None else len(text)
+            at = text.find(z.quote.strip(), lo, hi) if z.quote.strip() else -1
+            if at < 0 and quote:
+                at = text.find(quote, lo, hi)
+            if at < 0:
+                at = lo
+            if speaker is None:
+                line = text.rfind("\n", 0, at) + 1
+                m = _SPEAKER.match(text, line)
+                if m is not None and m.end() <= at + 1 and self._is_speaker(m.group(1), z, text):
+                    speaker = m.group(1)
+            on = self._date_before(text, at)
+        if header is not None and on is None:
+            on = header.group(1)
+        about = z.resolved_date if z.resolved_date and z.resolved_date != on else None
+        return Said(quote=quote, speaker=speaker, on=on or z.resolved_date, about=about if on else None)
+
+
+def _quoted(text: str) -> str:
+    return f"\u201c{text}\u201d" if text else ""
+
+
+def _markdown_line(z: Zettel, said: Said) -> str:
+    """One bullet: date, flags, speaker, the quote, then the other people and the topics."""
+    head = []
+    if said.on:
+        head.append(said.on + (f" (about {said.about})" if said.about else ""))
+    head.extend(f.lower() for f in z.flags)
+    quote = _quoted(said.quote) or ", ".join(z.topics[:3]) or f"memory {z.id}"
+    body = f"{said.speaker}: {quote}" if said.speaker else quote
+    line = "- " + " \u00b7 ".join([*head, body])
+    extra = []
+    others = [e for e in z.entities if e != said.speaker]
+    if others:
+        extra.append("mentions " + ", ".join(others))
+    if z.topics and said.quote:
+        extra.append("topics: " + ", ".join(z.topics[:3]))
+    return line + (f" ({'; '.join(extra)})" if extra else "")
 
 
 class _Renderer:
@@ -156,6 +280,8 @@ class _Renderer:
         self.result = result
         self.fmt = fmt
         self.meta = {k: result.meta[k] for k in ("date", "title") if isinstance(result.meta.get(k), str)}
+        self.said = _Attribution(result)
+        self._said: dict[int, Said] = {}
         if fmt == "aaak":
             from ..aaak import encode  # lazy: aaak is only needed for this format
 
@@ -169,15 +295,17 @@ class _Renderer:
         tunnels = [
             Tunnel(t.from_id, t.to_id, t.label) for t in self.result.tunnels if t.from_id in ids and t.to_id in ids
         ]
-        views = [_view(z) for z in ordered]
         if self.fmt == "markdown":
-            return "\n\n".join(_markdown_line(z) for z in views)
+            return "\n".join(self.line(z) for z in ordered)
+        views = [_view(z) for z in ordered]
         if self.fmt == "json":
+            said = [self.attribution(z) for z in ordered]
             doc = {
                 "zettels": [
                     {"id": z.id, "entities": z.entities, "topics": z.topics, "quote": z.quote, "weight": z.weight,
-                     "emotions": z.emotions, "flags": z.flags, "resolved_date": z.resolved_date}
-                    for z in views
+                     "emotions": z.emotions, "flags": z.flags, "resolved_date": z.resolved_date,
+                     "speaker": w.speaker, "said_on": w.on}
+                    for z, w in zip(views, said)
                 ],
                 "tunnels": [{"from_id": t.from_id, "to_id": t.to_id, "label": t.label} for t in tunnels],
             }
@@ -188,9 +316,18 @@ class _Renderer:
         # encode() always ends with the "@end <count> <sha256>" line: drop that last line
         return doc[: doc.rindex("\n", 0, len(doc) - 1) + 1]
 
+    def attribution(self, z: Zettel) -> Said:
+        said = self._said.get(id(z))
+        if said is None:
+            said = self._said[id(z)] = self.said(z)
+        return said
+
+    def line(self, z: Zettel) -> str:
+        return _markdown_line(z, self.attribution(z))
+
     def lower_bound_text(self, z: Zettel) -> str:
         # text every rendering that includes z contains, for skipping hopeless candidates
-        return _markdown_line(z) if self.fmt == "markdown" else z.quote
+        return self.line(z) if self.fmt == "markdown" else z.quote
 
 
 def _fit(
@@ -217,7 +354,7 @@ def inject_context(
     guarantee_flags: Iterable[str] | None = None,
     min_weight: float | None = None,
     flags: Iterable[str] | None = None,
-    format: str = "aaak",
+    format: str = "markdown",
     max_token_budget: int | None = None,
     count_tokens: Callable[[str], int] | None = None,
 ) -> str:
@@ -230,7 +367,9 @@ def inject_context(
         guarantee_flags: flags that must be represented if any zettel has them.
         min_weight: drop zettels lighter than this.
         flags: keep only zettels with at least one of these flags.
-        format: ``"aaak"``, ``"json"`` or ``"markdown"``.
+        format: ``"markdown"`` (the default: one bullet per memory, names spelled out,
+            who said it and when), ``"json"`` (the same, structured) or ``"aaak"`` (AAAK with
+            entity codes: denser, but a model reads it less well).
         max_token_budget: hard ceiling on the tokens of the returned text.
         count_tokens: the token counter for the budget (default :func:`estimate_tokens`).
 
@@ -281,18 +420,26 @@ def inject_context(
     return _fit(renderer, ordered, max_token_budget, count, pos)
 
 
-def _sentence(z: Zettel) -> str:
-    text = z.quote.strip() or ", ".join(z.topics) or ", ".join(z.entities) or f"Zettel {z.id}"
+def _sentence(z: Zettel, said: Said) -> str:
     prefix = next((_PREFIX[f] for f in ("ORIGIN", "CORE", "GENESIS", "DECISION", "PIVOT") if f in z.flags), "")
-    if text[-1] not in ".!?\"'\u201d\u2019)":
-        text += "."
-    return prefix + text
+    if said.quote:
+        what = _quoted(said.quote)
+    else:
+        what = ", ".join(z.topics) or ", ".join(z.entities) or f"Zettel {z.id}"
+        if what[-1] not in ".!?\"'\u201d\u2019)":
+            what += "."
+    when = f"On {said.on}" if said.on else ""
+    if said.speaker:
+        return f"{prefix}{when}{', ' if when else ''}{said.speaker} said: {what}"
+    return f"{prefix}{when}{': ' if when else ''}{what}"
 
 
 def wake_up(result: CompressResult, top_pct: float = 0.15) -> str:
     """A short narrative of the key moments: the top ``top_pct`` of zettels by weight
     plus every ORIGIN, CORE and GENESIS zettel, the heaviest 5 of those, told in
-    document order. Never empty when the result has zettels.
+    document order, one line each, keeping who said each quote and when
+    (``Decision: On 2023-05-25, Caroline said: “I'm thrilled to ...”``; see :class:`Said`).
+    Never empty when the result has zettels.
 
     Raises:
         ValidationError: ``result`` is not a CompressResult or ``top_pct`` is not in (0, 1].
@@ -308,4 +455,5 @@ def wake_up(result: CompressResult, top_pct: float = 0.15) -> str:
     picked = set(by_weight[:take])
     picked.update(i for i, z in enumerate(zettels) if any(f in z.flags for f in WAKE_UP_FLAGS))
     top = sorted(picked, key=lambda i: (-zettels[i].weight, i))[:WAKE_UP_CAP]
-    return " ".join(_sentence(zettels[i]) for i in sorted(top))
+    said = _Attribution(result)
+    return "\n".join(_sentence(zettels[i], said(zettels[i])) for i in sorted(top))
