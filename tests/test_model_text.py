@@ -11,6 +11,7 @@ import engramdb
 from engramdb.cli import cli
 from engramdb.compress import compress, inject_context, wake_up
 from engramdb.ingest import messages_to_text
+from engramdb.records import CompressResult, Zettel
 
 from conftest import NOW, PASSPHRASE
 
@@ -30,31 +31,55 @@ def _result():
     return compress(messages_to_text(CHAT), chunk_size=120, chunk_overlap=0)
 
 
+def _adopt(text: str, said: str) -> str:
+    """The line that tells Caroline's decision; it must carry the day she said it."""
+    line = next(line for line in text.splitlines() if "adopt kids" in line)
+    before = line.split(f"Caroline{said} \u201cI decided to adopt kids.")[0]
+    assert "2023-05-25" in before, line
+    return line
+
+
 def test_inject_defaults_to_markdown_with_names_speakers_and_dates():
     r = _result()
     out = inject_context(r)
     assert out == inject_context(r, format="markdown")
     lines = out.splitlines()
     assert lines and all(line.startswith("- 2023-05-") for line in lines)
-    assert any("Caroline: \u201c" in line for line in lines) and any("Melanie: \u201c" in line for line in lines)
+    assert "decision" in _adopt(out, ":")
+    assert "Melanie: \u201cPainting's a fun way" in out or "Melanie: \u201cWow" in out
     codes = set(r.entity_index.code_to_name)
     words = set(out.replace("(", " ").replace(")", " ").replace(",", " ").replace(";", " ").split())
     assert not codes & words and "\\_" not in out and "|" not in out  # no entity codes, no AAAK escapes
-    adopt = next(line for line in lines if "adopt" in line)
-    assert adopt.startswith("- 2023-05-25 \u00b7 decision \u00b7 Caroline: \u201c")
     aaak = inject_context(r, format="aaak")  # still there on request
     assert aaak.startswith("FILE:") and "E:" in aaak
     doc = json.loads(inject_context(r, format="json"))
-    assert {(z["speaker"], z["said_on"]) for z in doc["zettels"]} <= {
-        ("Caroline", "2023-05-08"), ("Melanie", "2023-05-08"), ("Caroline", "2023-05-25"), ("Melanie", "2023-05-25")}
+    said = [(u["speaker"], u["on"]) for z in doc["zettels"] for u in z["said"]]
+    assert ("Caroline", "2023-05-25") in said
+    assert set(said) <= {("Caroline", "2023-05-08"), ("Melanie", "2023-05-08"), ("Caroline", "2023-05-25"),
+                         ("Melanie", "2023-05-25")}
+    assert all((z["speaker"], z["said_on"]) == (z["said"][0]["speaker"], z["said"][0]["on"]) for z in doc["zettels"])
 
 
 def test_wake_up_keeps_who_said_it_and_when():
     text = wake_up(_result(), top_pct=1.0)
     lines = text.splitlines()
     assert lines and all(" said: \u201c" in line and "On 2023-05-" in line for line in lines), text
-    decision = next(line for line in lines if "adopt" in line)
-    assert decision.startswith("Decision: On 2023-05-25, Caroline said: \u201c")
+    assert _adopt(text, " said:").startswith("Decision: On 2023-05-")
+
+
+def test_a_quote_over_several_chat_lines_keeps_each_speaker():
+    r = CompressResult(zettels=[Zettel(id="001", quote="Painting is fun.\n[2023-05-25]\nCaroline: I decided to adopt.",
+                                       entities=["Caroline", "Melanie"], flags=["DECISION"], source_start=0,
+                                       source_end=80, resolved_date="2023-05-08")],
+                       meta={"source": "[2023-05-08]\nMelanie: Painting is fun.\n[2023-05-25]\n"
+                                       "Caroline: I decided to adopt.\n"})
+    assert inject_context(r) == ("- 2023-05-08 \u00b7 decision \u00b7 Melanie: \u201cPainting is fun.\u201d; "
+                                 "on 2023-05-25, Caroline: \u201cI decided to adopt.\u201d")
+    assert wake_up(r) == ("Decision: On 2023-05-08, Melanie said: \u201cPainting is fun.\u201d; "
+                          "on 2023-05-25, Caroline said: \u201cI decided to adopt.\u201d")
+    # a quote about another time says so
+    r.zettels[0].resolved_date = "2022"
+    assert inject_context(r).startswith("- 2023-05-08 (about 2022) \u00b7 decision")
 
 
 def test_prose_without_speakers_is_not_attributed():
@@ -67,9 +92,8 @@ def test_prose_without_speakers_is_not_attributed():
 def test_stored_memories_keep_speaker_and_date(make_db):
     db = make_db()
     db.ingest(CHAT, title="chat", now=NOW, chunk_size=120, chunk_overlap=0)
-    out = db.inject_context()
-    assert any(line.startswith("- 2023-05-25 \u00b7 decision \u00b7 Caroline: ") for line in out.splitlines()), out
-    assert "Decision: On 2023-05-25, Caroline said:" in db.wake_up(top_pct=1.0)
+    assert "decision" in _adopt(db.inject_context(), ":")
+    assert _adopt(db.wake_up(top_pct=1.0), " said:").startswith("Decision: On 2023-05-")
 
 
 @pytest.fixture

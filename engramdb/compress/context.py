@@ -46,7 +46,7 @@ from ..errors import ValidationError
 from ..tokens import estimate_tokens, token_counter
 from ..records import ALL_FLAGS, CompressResult, EntityIndex, Tunnel, Zettel
 
-__all__ = ["Said", "estimate_tokens", "inject_context", "wake_up"]
+__all__ = ["Said", "Utterance", "estimate_tokens", "inject_context", "wake_up"]
 
 SIGNAL_BONUS_FLAGS = frozenset({"DECISION", "ORIGIN", "CORE"})
 MMR_LAMBDA = 0.7
@@ -163,22 +163,45 @@ _DATE_HEADER = re.compile(r"^\[(\d{4}-\d{2}-\d{2})[^\]\n]*\][ \t]*$", re.M)
 
 
 @dataclass(frozen=True)
+class Utterance:
+    """One speaker's words within a quote."""
+
+    text: str
+    speaker: str | None
+    on: str | None
+
+
+@dataclass(frozen=True)
 class Said:
     """Who said a zettel's quote, and when (what a model needs to read it right).
 
+    A quote may run over several chat lines; each line is an :class:`Utterance` with its own
+    speaker and day.
+
     Attributes:
-        quote: the quote without its speaker prefix.
-        speaker: the speaker, when the quote is a chat line or inside one (None otherwise).
-        on: the day it was said: the chat's last date header before it, else the zettel's
-            ``resolved_date``.
-        about: the zettel's ``resolved_date`` when it differs from ``on`` (the day the quote
-            is about, e.g. "last year"), else None.
+        parts: the quote's utterances, in order (consecutive lines of one speaker on one day
+            are one utterance).
+        about: the zettel's ``resolved_date`` when it differs from the day the quote was
+            said (the quote speaks of another time, "last year"), else None.
     """
 
-    quote: str
-    speaker: str | None
-    on: str | None
-    about: str | None
+    parts: tuple[Utterance, ...]
+    about: str | None = None
+
+    @property
+    def quote(self) -> str:
+        """The quote's words, without speaker prefixes or date headers."""
+        return " ".join(u.text for u in self.parts)
+
+    @property
+    def speaker(self) -> str | None:
+        """Who said the quote's first words (None when unknown)."""
+        return self.parts[0].speaker if self.parts else None
+
+    @property
+    def on(self) -> str | None:
+        """The day the quote's first words were said (None when unknown)."""
+        return self.parts[0].on if self.parts else None
 
 
 class _Attribution:
@@ -186,7 +209,7 @@ class _Attribution:
     ``meta["source"]`` (compress keeps it) or ``meta["source_texts"][zettel id]`` (stored
     memories). A ``Name:`` prefix counts as a speaker when the name is one of the result's
     entities or starts at least two lines of the text (a transcript), so "Note: ..." in
-    prose does not."""
+    prose does not. The day is the last ``[YYYY-MM-DD]`` header line before the words."""
 
     def __init__(self, result: CompressResult) -> None:
         self.result = result
@@ -224,53 +247,74 @@ class _Attribution:
 
     def __call__(self, z: Zettel) -> Said:
         text = self._text(z)
-        quote = " ".join(z.quote.split())
-        speaker = None
-        header = _QUOTE_DATE.match(quote)  # a quote that starts at a date header line
-        if header is not None:
-            quote = quote[header.end():]
-        m = _SPEAKER.match(quote)
-        if m is not None and self._is_speaker(m.group(1), z, text):
-            speaker, quote = m.group(1), quote[m.end():]
-        on = None
-        if text is not None:
+        speaker: str | None = None
+        on: str | None = None
+        if text is not None:  # who was speaking, and on which day, where the quote starts
             lo = z.source_start if z.source_start is not None else 0
             hi = z.source_end if z.source_end is not None else len(text)
-            at = text.find(z.quote.strip(), lo, hi) if z.quote.strip() else -1
-            if at < 0 and quote:
-                at = text.find(quote, lo, hi)
+            head = next((ln.strip() for ln in z.quote.splitlines() if ln.strip()), "")  # its first line
+            at = text.find(head, lo, hi) if head else -1
             if at < 0:
                 at = lo
-            if speaker is None:
-                line = text.rfind("\n", 0, at) + 1
-                m = _SPEAKER.match(text, line)
-                if m is not None and m.end() <= at + 1 and self._is_speaker(m.group(1), z, text):
-                    speaker = m.group(1)
+            line = text.rfind("\n", 0, at) + 1
+            m = _SPEAKER.match(text, line)
+            if m is not None and m.end() <= at + 1 and self._is_speaker(m.group(1), z, text):
+                speaker = m.group(1)
             on = self._date_before(text, at)
-        if header is not None and on is None:
-            on = header.group(1)
-        about = z.resolved_date if z.resolved_date and z.resolved_date != on else None
-        return Said(quote=quote, speaker=speaker, on=on or z.resolved_date, about=about if on else None)
+        said_on = on
+        parts: list[Utterance] = []
+        for raw in z.quote.splitlines():
+            words = " ".join(raw.split())
+            header = _QUOTE_DATE.fullmatch(words) or _QUOTE_DATE.match(words)
+            if header is not None:
+                on = header.group(1)
+                words = words[header.end():]
+            m = _SPEAKER.match(words)
+            if m is not None and self._is_speaker(m.group(1), z, text):
+                speaker, words = m.group(1), words[m.end():]
+            if not words:
+                continue
+            if parts and parts[-1].speaker == speaker and parts[-1].on == on:
+                parts[-1] = Utterance(f"{parts[-1].text} {words}", speaker, on)
+            else:
+                parts.append(Utterance(words, speaker, on))
+        first_on = parts[0].on if parts else said_on
+        if parts and first_on is None and z.resolved_date:
+            parts[0] = Utterance(parts[0].text, parts[0].speaker, z.resolved_date)
+        about = z.resolved_date if first_on and z.resolved_date and z.resolved_date != first_on else None
+        return Said(parts=tuple(parts), about=about)
 
 
 def _quoted(text: str) -> str:
     return f"\u201c{text}\u201d" if text else ""
 
 
+def _utterances(said: Said, verb: str) -> str:
+    """``Speaker<verb> “words”``, then each later utterance with its own day when it changes."""
+    out = []
+    day = said.on
+    for k, u in enumerate(said.parts):
+        when = f"on {u.on}, " if k and u.on and u.on != day else ""
+        day = u.on or day
+        who = f"{u.speaker}{verb} " if u.speaker else ""
+        out.append(f"{when}{who}{_quoted(u.text)}")
+    return "; ".join(out)
+
+
 def _markdown_line(z: Zettel, said: Said) -> str:
-    """One bullet: date, flags, speaker, the quote, then the other people and the topics."""
+    """One bullet: date, flags, who said what, then the other people and the topics."""
     head = []
     if said.on:
         head.append(said.on + (f" (about {said.about})" if said.about else ""))
     head.extend(f.lower() for f in z.flags)
-    quote = _quoted(said.quote) or ", ".join(z.topics[:3]) or f"memory {z.id}"
-    body = f"{said.speaker}: {quote}" if said.speaker else quote
+    body = _utterances(said, ":") or ", ".join(z.topics[:3]) or f"memory {z.id}"
     line = "- " + " \u00b7 ".join([*head, body])
     extra = []
-    others = [e for e in z.entities if e != said.speaker]
+    speakers = {u.speaker for u in said.parts}
+    others = [e for e in z.entities if e not in speakers]
     if others:
         extra.append("mentions " + ", ".join(others))
-    if z.topics and said.quote:
+    if z.topics and said.parts:
         extra.append("topics: " + ", ".join(z.topics[:3]))
     return line + (f" ({'; '.join(extra)})" if extra else "")
 
@@ -304,7 +348,8 @@ class _Renderer:
                 "zettels": [
                     {"id": z.id, "entities": z.entities, "topics": z.topics, "quote": z.quote, "weight": z.weight,
                      "emotions": z.emotions, "flags": z.flags, "resolved_date": z.resolved_date,
-                     "speaker": w.speaker, "said_on": w.on}
+                     "speaker": w.speaker, "said_on": w.on,
+                     "said": [{"speaker": u.speaker, "on": u.on, "text": u.text} for u in w.parts]}
                     for z, w in zip(views, said)
                 ],
                 "tunnels": [{"from_id": t.from_id, "to_id": t.to_id, "label": t.label} for t in tunnels],
@@ -422,16 +467,15 @@ def inject_context(
 
 def _sentence(z: Zettel, said: Said) -> str:
     prefix = next((_PREFIX[f] for f in ("ORIGIN", "CORE", "GENESIS", "DECISION", "PIVOT") if f in z.flags), "")
-    if said.quote:
-        what = _quoted(said.quote)
-    else:
+    when = f"On {said.on}" if said.on else ""
+    if not said.parts:
         what = ", ".join(z.topics) or ", ".join(z.entities) or f"Zettel {z.id}"
         if what[-1] not in ".!?\"'\u201d\u2019)":
             what += "."
-    when = f"On {said.on}" if said.on else ""
-    if said.speaker:
-        return f"{prefix}{when}{', ' if when else ''}{said.speaker} said: {what}"
-    return f"{prefix}{when}{': ' if when else ''}{what}"
+        return f"{prefix}{when}{': ' if when else ''}{what}"
+    what = _utterances(said, " said:")
+    sep = ", " if said.speaker else ": "
+    return f"{prefix}{when}{sep if when else ''}{what}"
 
 
 def wake_up(result: CompressResult, top_pct: float = 0.15) -> str:
