@@ -214,6 +214,11 @@ def _meta_txnid(path: str) -> int:
     return max(struct.unpack_from("<Q", page, _META_TXNID)[0] for page in pages)
 
 
+def _stat_key(fd: int) -> tuple[int, ...]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def file_fingerprint(path: str, fd: int) -> bytes:
     """What a clean close records of the data file: device, inode, size, change and modification
     times, and the last commit id. Any write to the file outside engramdb changes the ctime
@@ -306,6 +311,10 @@ class _Env:
         self.maint_fd: int | None = None
         self.maint_writable = False
         self.lock_fd: int | None = None
+        # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
+        # after each of its commits): a clean close records the file as clean only if it still
+        # is that, so a change made by anyone else while the file was open is checked next time.
+        self.expected: tuple[int, ...] | None = None
         deadline = _deadline(timeout)
         try:
             created = self.created = self._lock_file(readonly, create, deadline)
@@ -319,6 +328,8 @@ class _Env:
             self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
             self._check_not_truncated()  # before any page beyond the meta pages is touched
             self.dbs = self._open_dbs(create=not readonly, new_file=created)
+            if self.expected is not None:  # LMDB initialised a new file and created its tables
+                self.expected = _stat_key(self.lock_fd)
         except BaseException:
             if getattr(self, "env", None) is not None:
                 self.env.close()
@@ -361,6 +372,7 @@ class _Env:
             self._open_maint(readonly)
             if alone:
                 self._first_opener(readonly, created)
+                self.expected = _stat_key(fd)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # a downgrade: atomic, no one can slip in
             return created
 
@@ -414,10 +426,12 @@ class _Env:
                 except BlockingIOError:
                     pass  # others still have it open: the last of them records it
                 else:
-                    if not self.readonly or self.checked or os.pread(maint, 5, 0) == b"clean":
-                        record = file_fingerprint(self.path, lock)
-                        os.pwrite(maint, record, 0)
-                        os.ftruncate(maint, len(record))
+                    # Clean only if the file is still what this process last saw: otherwise
+                    # someone else changed it meanwhile, and the next open checks it.
+                    unchanged = self.expected is not None and self.expected == _stat_key(lock)
+                    record = file_fingerprint(self.path, lock) if unchanged else b"changed\n"
+                    os.pwrite(maint, record, 0)
+                    os.ftruncate(maint, len(record))
         except OSError:
             pass
         finally:
@@ -485,6 +499,15 @@ class _Env:
                 fcntl.flock(self.maint_fd, fcntl.LOCK_UN)
         finally:
             self.write_mutex.release()
+
+    def unchanged(self) -> bool:
+        """Whether the data file is still what this process last saw (see ``expected``)."""
+        return self.lock_fd is not None and self.expected is not None and self.expected == _stat_key(self.lock_fd)
+
+    def note_commit(self, unchanged_before: bool) -> None:
+        """After a commit of this process: the file as it now is, if it was as expected just
+        before; once someone else changed it, this session vouches for it no more."""
+        self.expected = _stat_key(self.lock_fd) if unchanged_before and self.lock_fd is not None else None
 
     def check_identity(self) -> None:
         """Refuse to commit into a file that is no longer the one at the path.
@@ -770,10 +793,14 @@ class Txn:
                     self._state.txnid = self._ltxn.id()
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
+                unchanged = False
                 if self._log:
                     self.store._env.check_identity()  # never commit into a file replaced under us
+                    unchanged = self.store._env.unchanged()
                 self._ltxn.commit()
                 self._ltxn = None
+                if self._log:
+                    self.store._env.note_commit(unchanged)
                 return
             except lmdb.MapFullError:
                 if self._state is not None:

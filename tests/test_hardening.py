@@ -234,6 +234,12 @@ def test_a_file_changed_outside_engramdb_gets_the_structural_check(tmp_path, mon
     shutil.copyfile(path, copy)
     engram.open(copy, passphrase=PASSPHRASE, readonly=True).close()
     assert len(calls) == 2
+    with engram.open(path, passphrase=PASSPHRASE) as db:  # changed by someone else while open:
+        db.add("a commit of this process", id="mine")
+        os.utime(path)
+    assert len(calls) == 2
+    engram.open(path, passphrase=PASSPHRASE).close()  # the close did not vouch for it: checked
+    assert len(calls) == 3
 
 
 # --- finding 2: the sealed state cannot be removed or rolled back silently ---------------------
