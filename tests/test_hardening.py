@@ -810,3 +810,24 @@ def test_a_partial_dump_is_removed_by_the_next_dump_but_not_while_in_progress(tm
     result = CliRunner().invoke(cli, ["dump", str(path), "-o", str(out)], env=env)
     assert result.exit_code == 0, result.output
     assert out.read_text().startswith("FILE:||||v3|dump") and not os.path.exists(partial)
+
+
+def test_the_cli_verify_reports_and_fixes_what_an_open_refuses(tmp_path):
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = tmp_path / "v.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("kept", id="k")
+    _put_state(path, _meta_state(path))  # a commit made outside engramdb
+    env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1"}
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["get", str(path), "k"], env=env)
+    assert refused.exit_code == 1 and "verify --fix" in refused.output
+    report = runner.invoke(cli, ["verify", str(path)], env=env)
+    assert report.exit_code == 1 and "state: " in report.output
+    assert runner.invoke(cli, ["verify", "--fix", str(path)], env=env).exit_code == 0
+    assert runner.invoke(cli, ["verify", str(path)], env=env).output.strip() == "ok"
+    with engram.open(path, passphrase=PASSPHRASE, verify=True) as db:
+        assert db.get("k").content == "kept"
