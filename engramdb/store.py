@@ -142,7 +142,8 @@ def open_sidecar(path: str, flags: int) -> int:
         OSError: the file cannot be opened (missing, permissions, read-only medium).
     """
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # O_NONBLOCK: a FIFO planted in its place must not hang the open (no effect on a regular file)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StoreError(f"{path} is a symbolic link; engramdb refuses to write through it",

@@ -597,6 +597,13 @@ def test_a_sidecar_that_is_not_a_regular_file_is_refused(tmp_path):
     os.mkfifo(str(path) + "-maint")
     with pytest.raises(StoreError, match="not a regular file"):
         engram.open(path, passphrase=PASSPHRASE)
+    with pytest.raises(StoreError, match="not a regular file"):
+        engram.open(path, passphrase=PASSPHRASE, readonly=True)  # opened without O_RDWR: must not hang
+    os.unlink(str(path) + "-maint")
+    os.mkfifo(str(path) + ".compact-tmp")  # a leftover the first opener looks at
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        assert len(db) == 0
+    assert os.path.exists(str(path) + ".compact-tmp")  # not ours to remove
 
 
 # --- finding 9: compact and other threads' reads ----------------------------------------------------
