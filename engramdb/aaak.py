@@ -24,7 +24,8 @@ import struct
 import warnings
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, NamedTuple, TextIO, Union
+from typing import Any, BinaryIO, NamedTuple, TextIO
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -142,7 +143,7 @@ def _esc(value: str, delims: str = "|") -> str:
     pattern, table = _escaper(delims)
     if not pattern.search(value):
         return value
-    return pattern.sub(lambda m: table.get(m.group()) or "\\u%04X" % ord(m.group()), value)
+    return pattern.sub(lambda m: table.get(m.group()) or f"\\u{ord(m.group()):04X}", value)
 
 
 def _unesc(raw: str, col: int = 0) -> str:
@@ -292,7 +293,7 @@ def _to_tagged(value: Any, depth: int) -> Any:
 def _dumps(tagged: Any) -> str:
     text = json.dumps(tagged, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if _TJSON_FIX_RE.search(text):
-        text = _TJSON_FIX_RE.sub(lambda m: "\\u%04x" % ord(m.group()), text)
+        text = _TJSON_FIX_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text
 
 
@@ -488,7 +489,7 @@ def _entity_token(name: str, index: EntityIndex | None) -> str:
 def _zettel_id_text(zid: str) -> str:
     text = _esc(zid, "|:")
     if zid in ("E", "T", "FILE") or zid.startswith("@"):
-        text = "\\u%04X" % ord(zid[0]) + text[1:]
+        text = f"\\u{ord(zid[0]):04X}" + text[1:]
     return text
 
 
@@ -1017,7 +1018,7 @@ class _Collector:
 
 
 def _build_zettels(parsed: list[tuple[int, _ZettelParts]], code_to_name: Mapping[str, str],
-                   col: "_Collector") -> list[Zettel]:
+                   col: _Collector) -> list[Zettel]:
     """Zettels from parsed lines; unknown emotion or flag tokens are reported and dropped."""
     zettels = []
     for lineno, p in parsed:
@@ -1277,7 +1278,7 @@ class DumpSummary:
     sha256: str
 
 
-DumpItem = Union[DumpHeader, Node, Edge, ArchiveRow, ProcedureRow]
+DumpItem = DumpHeader | Node | Edge | ArchiveRow | ProcedureRow
 
 
 def _opt_sort(value: float | None) -> tuple[int, float, str]:
@@ -1913,7 +1914,7 @@ def is_encrypted_dump(head: bytes) -> bool:
     return bytes(head[: len(ENCRYPTED_MAGIC)]) == ENCRYPTED_MAGIC
 
 
-def _dump_keys(passphrase: str | bytes, salt: bytes, params: "_crypto.KDFParams") -> tuple[bytes, bytes]:
+def _dump_keys(passphrase: str | bytes, salt: bytes, params: _crypto.KDFParams) -> tuple[bytes, bytes]:
     kek = _crypto.derive_kek(passphrase, salt, params)
     return _crypto.hkdf(kek, b"engramdb/v1/aaak-enc/key"), _crypto.hkdf(kek, b"engramdb/v1/aaak-enc/mac")
 
@@ -1925,7 +1926,7 @@ def _nonce(prefix: bytes, counter: int, last: bool) -> bytes:
 class _EncryptingRaw(io.RawIOBase):
     """A write-only raw stream: plaintext in, STREAM-sealed chunks out to ``out``."""
 
-    def __init__(self, out: BinaryIO, passphrase: str | bytes, params: "_crypto.KDFParams") -> None:
+    def __init__(self, out: BinaryIO, passphrase: str | bytes, params: _crypto.KDFParams) -> None:
         super().__init__()
         salt = os.urandom(16)
         self._prefix = os.urandom(7)
@@ -1974,7 +1975,7 @@ class _EncryptingRaw(io.RawIOBase):
         super().close()
 
 
-def _kdf_params(kdf: Any) -> "_crypto.KDFParams":
+def _kdf_params(kdf: Any) -> _crypto.KDFParams:
     if kdf is None:
         return _crypto.KDFParams.default()
     if isinstance(kdf, _crypto.KDFParams):
@@ -2140,7 +2141,7 @@ def decrypt_dump(in_fp: BinaryIO | bytes, passphrase: str | bytes) -> TextIO:
                                hint="a plaintext dump is read with read_dump(); check the path")
     if len(header) < _ENC_HEADER_LEN:
         raise DecryptionError("the encrypted dump header is truncated", hint=_DUMP_DAMAGED_HINT)
-    magic, version, kdf_id, t, m_kib, p, salt, prefix = _ENC_FIXED.unpack(header[: _ENC_FIXED.size])
+    _magic, version, kdf_id, t, m_kib, p, salt, prefix = _ENC_FIXED.unpack(header[: _ENC_FIXED.size])
     if version != _ENC_VERSION:
         raise FormatVersionError(f"encrypted dump container version {version} is not supported")
     if kdf_id != _KDF_ARGON2ID:

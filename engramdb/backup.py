@@ -11,7 +11,8 @@ import contextlib
 import fcntl
 import io
 import os
-from typing import Any, BinaryIO, Callable, Iterator, TextIO
+from typing import Any, BinaryIO, TextIO, TypeVar
+from collections.abc import Callable, Iterator
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
@@ -23,7 +24,8 @@ from .errors import (
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 from .store import STORE_SIDECARS, remove_if_abandoned, replace_store
 
-__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table", "SOURCE_META_PREFIX", "ENTITIES_META"]
+__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table",
+           "SOURCE_META_PREFIX", "ENTITIES_META"]
 
 # Source texts (what recall_context cuts passages from) travel as @meta lines.
 SOURCE_META_PREFIX = "source:"
@@ -33,6 +35,8 @@ ENTITIES_KEY = b"zettel.entities"
 RESTORE_BATCH = 1000
 TEMP_SUFFIX = ".restore-tmp"
 
+_T = TypeVar("_T")
+
 
 class _Salvage:
     """Reads that either raise on a damaged value or, when salvaging, report it and go on."""
@@ -40,11 +44,12 @@ class _Salvage:
     def __init__(self, on_damaged: Callable[[str], None] | None) -> None:
         self.on_damaged = on_damaged
 
-    def attempt(self, what: str, fn: Callable[[], Any]) -> Any:
+    def attempt(self, what: str, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """``fn(*args)``; under salvage, a damaged record is reported and skipped (None)."""
         if self.on_damaged is None:
-            return fn()
+            return fn(*args)
         try:
-            return fn()
+            return fn(*args)
         except (DecryptionError, CorruptFileError) as exc:
             self.on_damaged(f"{what}: {exc.message}")
             return None
@@ -57,7 +62,7 @@ def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[
     graph = engram.indexes.graph
     for key in list(txn.keys("nodes")):
         docno = codec.from_u64(key)
-        node = salvage.attempt(f"memory #{docno}", lambda: codec.decode_node(txn.get("nodes", key)))
+        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(txn.get("nodes", k)), key)
         if node is not None:
             order.append((node.id, docno))
             if node.source:
@@ -65,12 +70,12 @@ def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[
     ids = {docno: id_ for id_, docno in order}
     edges: list[Edge] = []
     for docno in ids:
-        out = salvage.attempt(f"edges of memory #{docno}", lambda: graph.outgoing(txn, docno)) or ()
+        out = salvage.attempt(f"edges of memory #{docno}", graph.outgoing, txn, docno) or ()
         edges.extend(edge for dst, edge, _ in out if dst in ids)
     sources = {}
     for name in sorted(names):
         blind = engram._store.blind(b"source", name.encode("utf-8", "surrogatepass"))
-        raw = salvage.attempt(f"source text {name!r}", lambda: txn.get("sources", blind))
+        raw = salvage.attempt(f"source text {name!r}", txn.get, "sources", blind)
         if raw is not None:
             sources[SOURCE_META_PREFIX + name] = raw.decode("utf-8", "surrogatepass")
     order.sort()
@@ -82,7 +87,7 @@ def _archive_rows(txn: Any, ids: dict[int, str], salvage: _Salvage) -> list[tupl
     for key in list(txn.keys("archive")):
         docno = codec.from_u64(key)
         original = salvage.attempt(f"archived original of memory #{docno}",
-                                   lambda: codec.unpack_archive(txn.get("archive", key)))
+                                   lambda k: codec.unpack_archive(txn.get("archive", k)), key)
         if original is not None and docno in ids:
             rows.append((ids[docno], original))
     return sorted(rows)
@@ -91,7 +96,7 @@ def _archive_rows(txn: Any, ids: dict[int, str], salvage: _Salvage) -> list[tupl
 def _procedures(txn: Any, salvage: _Salvage) -> list[Any]:
     rows = []
     for key in list(txn.keys("procedures")):
-        row = salvage.attempt("a procedure row", lambda: codec.unpack(txn.get("procedures", key), any_keys=True))
+        row = salvage.attempt("a procedure row", lambda k: codec.unpack(txn.get("procedures", k), any_keys=True), key)
         if row is not None:
             rows.append(row)
     return rows

@@ -12,7 +12,8 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -632,7 +633,7 @@ def list_(ctx: click.Context, file: str, filters: dict[str, Any], limit: int | N
         for n, node in enumerate(db.scan(**filters)):
             if limit is not None and n >= limit:
                 break
-            _emit(_node_dict(node), as_json, lambda _d: _node_line(node))
+            _emit(_node_dict(node), as_json, lambda _d, node=node: _node_line(node))
 
 
 @cli.command()
@@ -647,10 +648,9 @@ def delete(ctx: click.Context, file: str, ids: tuple[str, ...], as_json: bool) -
 
         engramdb delete notes.engram 3f2a...
     """
-    with _open(ctx, file) as db:
-        with db.transaction() as tx:
-            for id_ in ids:
-                tx.delete(id_)
+    with _open(ctx, file) as db, db.transaction() as tx:
+        for id_ in ids:
+            tx.delete(id_)
     _emit({"deleted": list(ids)}, as_json, lambda d: f"deleted {len(d['deleted'])}")
 
 
@@ -693,12 +693,11 @@ def update(ctx: click.Context, file: str, id_: str, content: str | None, importa
 
 
 def _retag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], add: bool, as_json: bool) -> None:
-    with _open(ctx, file) as db:
-        with db.transaction() as tx:
-            old = tx.get(id_).tags
-            new = tuple(dict.fromkeys(old + tags)) if add else tuple(t for t in old if t not in tags)
-            if new != old:
-                tx.update(id_, tags=new)
+    with _open(ctx, file) as db, db.transaction() as tx:
+        old = tx.get(id_).tags
+        new = tuple(dict.fromkeys(old + tags)) if add else tuple(t for t in old if t not in tags)
+        if new != old:
+            tx.update(id_, tags=new)
     _emit({"id": id_, "tags": list(new)}, as_json, lambda d: f"{id_}: {', '.join(d['tags']) or '(no tags)'}")
 
 

@@ -142,7 +142,7 @@ def encode_node(node: Node) -> bytes:
     return encode_nodes([node])[0]
 
 
-def encode_nodes(nodes: "list[Node]") -> list[bytes]:
+def encode_nodes(nodes: list[Node]) -> list[bytes]:
     """:func:`encode_node` of each node (one call for a batch).
 
     Raises:

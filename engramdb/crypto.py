@@ -19,7 +19,7 @@ import struct
 import unicodedata
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Iterable
+from collections.abc import Iterable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -66,11 +66,11 @@ class KDFParams:
     CAP_WORK_KIB = 2 * 1024 * 1024
 
     @classmethod
-    def default(cls) -> "KDFParams":
+    def default(cls) -> KDFParams:
         return cls()
 
     @classmethod
-    def for_tests(cls) -> "KDFParams":
+    def for_tests(cls) -> KDFParams:
         """The cheapest profile: only accepted with ENGRAM_TEST_WEAK_KDF=1. Never use it for real data."""
         return cls(t=1, m_kib=8, p=1)
 
@@ -105,7 +105,7 @@ class KDFParams:
         return {"alg": KDF_ID, "v": 19, "t": self.t, "m": self.m_kib, "p": self.p}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "KDFParams":
+    def from_dict(cls, data: dict) -> KDFParams:
         if not isinstance(data, dict) or data.get("alg") != KDF_ID or data.get("v") != 19:
             raise WeakKDFError(f"unsupported KDF {data!r}; this version reads argon2id v19 only")
         return cls(t=data.get("t"), m_kib=data.get("m"), p=data.get("p"))
@@ -209,7 +209,7 @@ class HmacSha256:
         outer.update(inner.digest())
         return outer.digest()
 
-    def digests(self, msgs: "Iterable[bytes]") -> list[bytes]:
+    def digests(self, msgs: Iterable[bytes]) -> list[bytes]:
         """:meth:`digest` of each message (one Python call for a batch)."""
         out = []
         inner_copy, outer_copy = self._inner.copy, self._outer.copy
@@ -260,7 +260,7 @@ class Sealer:
             return bytes((PLAIN_VERSION,)) + plaintext
         return self._seal_with_nonce(table, key, plaintext, epoch, os.urandom(NONCE_BYTES))
 
-    def seal_many(self, table: bytes, items: "list[tuple[bytes, bytes]]", epoch: int) -> list[bytes]:
+    def seal_many(self, table: bytes, items: list[tuple[bytes, bytes]], epoch: int) -> list[bytes]:
         """:meth:`seal` for many ``(key, plaintext)`` pairs of one table: their envelopes, in order.
 
         One ``os.urandom`` call draws every nonce (each is still 96 fresh random bits, used once).
@@ -319,7 +319,7 @@ class Sealer:
         """HMAC-SHA256(blind key, purpose NUL value)[:16]: a stable, unreadable index key."""
         return self._blind_hmac.digest(purpose + b"\x00" + value)[:16]
 
-    def blind_many(self, purpose: bytes, values: "Iterable[bytes]") -> list[bytes]:
+    def blind_many(self, purpose: bytes, values: Iterable[bytes]) -> list[bytes]:
         """:meth:`blind` of each value."""
         head = purpose + b"\x00"
         return [mac[:16] for mac in self._blind_hmac.digests([head + value for value in values])]
@@ -328,7 +328,7 @@ class Sealer:
         """This entry's term of the additive per-table state digest (reliability rule 38)."""
         return int.from_bytes(self._state_hmac.digest(table + b"\x00" + key + hashlib.sha256(envelope).digest()), "big")
 
-    def state_terms(self, table: bytes, pairs: "list[tuple[bytes, bytes]]") -> int:
+    def state_terms(self, table: bytes, pairs: list[tuple[bytes, bytes]]) -> int:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table (not reduced)."""
         sha, prefix = hashlib.sha256, table + b"\x00"
         macs = self._state_hmac.digests([prefix + key + sha(envelope).digest() for key, envelope in pairs])

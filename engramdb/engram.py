@@ -15,7 +15,8 @@ import os
 import threading
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from . import codec, crypto
 from .errors import (
@@ -23,7 +24,7 @@ from .errors import (
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
     WrongPassphraseError, shown,
 )
-from .records import TIERS, Node, new_id, now_ts
+from .records import Node, new_id, now_ts
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
@@ -231,7 +232,7 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
          tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
-         repair: bool = False) -> "Engram":
+         repair: bool = False) -> Engram:
     """Open (or create) a .engram file.
 
     Args:
@@ -319,7 +320,7 @@ class Engram:
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def _unlock(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> "Engram":
+    def _unlock(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> Engram:
         with store.read() as txn:
             fresh = txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
                 and txn.count("nodes") == 0 and txn.count("meta") == 0
@@ -351,7 +352,7 @@ class Engram:
         return engram
 
     @classmethod
-    def _initialize(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> "Engram":
+    def _initialize(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> Engram:
         from . import __version__
 
         header: dict[str, Any] = {
@@ -380,7 +381,7 @@ class Engram:
         return cls(store, header)
 
     # -- context management -----------------------------------------------------------
-    def __enter__(self) -> "Engram":
+    def __enter__(self) -> Engram:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -404,7 +405,7 @@ class Engram:
 
     # -- search (index hook: engramdb/index, engramdb/recall.py) ------------------------
     @property
-    def indexes(self) -> "Indexes":
+    def indexes(self) -> Indexes:
         """The derived indexes (BM25, vectors, graph) of this handle, created on first use.
 
         Raises:
@@ -423,7 +424,7 @@ class Engram:
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
                after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, any_tags: Any = None,
                flags: Any = None, any_flags: Any = None, source: str | None = None, min_relevance: float = 0.0,
-               explain: bool = False, touch: bool = False, now: float | None = None) -> list["Hit"]:
+               explain: bool = False, touch: bool = False, now: float | None = None) -> list[Hit]:
         """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
 
         BM25 over the encrypted postings, plus vector search in every embedding space that
@@ -445,7 +446,7 @@ class Engram:
                       touch=touch, now=now)
 
     def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
-                       source_text: str | None = None, **kwargs: Any) -> "Context":
+                       source_text: str | None = None, **kwargs: Any) -> Context:
         """Small-to-big: the source passages of the best memories, merged, within ``max_tokens``,
         in document order (see :func:`engramdb.recall.recall_context`). ``source`` keeps only
         memories of that source name; ``source_text`` is the text their offsets point into,
@@ -564,7 +565,7 @@ class Engram:
                 item = item.replace(**fields)
             return item
         # dict first: an isinstance check against typing.Mapping costs microseconds per memory
-        data = dict(item) if isinstance(item, dict) or isinstance(item, Mapping) else {"content": item}
+        data = dict(item) if isinstance(item, (dict, Mapping)) else {"content": item}
         data.update(fields)
         if not _NODE_FIELDS.issuperset(data):
             unknown = set(data) - _NODE_FIELDS
@@ -630,7 +631,7 @@ class Engram:
             return self._store.write(put_all, reserve=reserve)
 
     @contextlib.contextmanager
-    def _batched(self, txn: Txn) -> Iterator["Transaction"]:
+    def _batched(self, txn: Txn) -> Iterator[Transaction]:
         """Record operations whose index changes go into one batch, flushed at the end:
         one write transaction makes at most one BM25 segment and one vector block."""
         tx = Transaction(self, txn)
@@ -711,7 +712,7 @@ class Engram:
         return self.update(id, pinned=False)
 
     def forget(self, *, ids: Iterable[str] | None = None, query: str | None = None, embedding: Any = None,
-               threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> "ForgetReceipt":
+               threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> ForgetReceipt:
         """Remove memories so that nothing of them is left in the file, and return a receipt.
 
         Chooses the memories by ``ids`` and/or by similarity (at least ``threshold``) of
@@ -732,8 +733,8 @@ class Engram:
         return forget(self, ids=list(ids) if ids is not None and not isinstance(ids, str) else ids, query=query,
                       embedding=embedding, threshold=threshold, dry_run=dry_run, space=space)
 
-    def maintain(self, config: "MaintenanceConfig | None" = None, summarizer: Any = None, *,
-                 now: float | None = None, plan: bool = False, progress: Any = None) -> "MaintenanceReport":
+    def maintain(self, config: MaintenanceConfig | None = None, summarizer: Any = None, *,
+                 now: float | None = None, plan: bool = False, progress: Any = None) -> MaintenanceReport:
         """One maintenance pass: decay, dedupe, clusters with summaries (only with a
         ``summarizer``, a callable from a list of texts to one text), archive. See
         spec/maintenance.md.
@@ -774,7 +775,7 @@ class Engram:
         return self._store.write(lambda txn: Transaction(self, txn).delete(id, missing_ok=missing_ok))
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator["Transaction"]:
+    def transaction(self) -> Iterator[Transaction]:
         """A block of operations that commits atomically, or not at all on an exception::
 
             with db.transaction() as tx:

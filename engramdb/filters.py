@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .compress.recall import resolved_in_range
 from .errors import ValidationError

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from . import engram, errors
 from .errors import AlreadyOpenError, ConfigMismatchError, EngramError, ValidationError, WriteConflictError
@@ -111,7 +111,8 @@ class Plaintext:
 
 # A callable source maps a store path to its secret on the worker: a str is a passphrase,
 # bytes a raw 32-byte key (a recovery key goes through KeyFileBeside/KeyFiles).
-KeySource = Union[Passphrase, PassphraseEnv, KeyFile, KeyFileBeside, KeyFiles, Plaintext, Callable[[str], Union[str, bytes]]]
+KeySource = (Passphrase | PassphraseEnv | KeyFile | KeyFileBeside | KeyFiles | Plaintext
+             | Callable[[str], str | bytes])
 
 
 def _open_kwargs(source: Any, path: str) -> dict[str, Any]:

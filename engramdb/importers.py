@@ -24,7 +24,8 @@ import math
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, Iterable, Iterator, NamedTuple, TextIO, Union
+from typing import Any, BinaryIO, NamedTuple, TextIO
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class EntityTable(NamedTuple):
     code_to_name: dict[str, str]
 
 
-ImportItem = Union[Node, Edge, EntityTable]
+ImportItem = Node | Edge | EntityTable
 
 TERRONEX_MAGIC = b"ENGRAM"
 # Terronex writes these fixed KDF parameters (src/io.ts); they are not stored in the file.
@@ -115,7 +116,7 @@ def detect_format(head: bytes) -> str:
 def iter_import(
     source: BinaryIO, *, fmt: str | None = None, passphrase: str | bytes | None = None,
     space: str = "default", now: float | None = None, id_prefix: str = "", skip_bad_embeddings: bool = False,
-    report: "ImportReport | None" = None,
+    report: ImportReport | None = None,
 ) -> Iterator[ImportItem]:
     """Read any supported source; ``fmt`` is detected from the first bytes when omitted.
 
@@ -632,10 +633,10 @@ def iter_terronex(
     security = header["security"]
     payload = data[12 + header_len:]
     integrity = security.get("integrity")
-    if verify_integrity and isinstance(integrity, (bytes, bytearray)) and len(integrity) == 32:
-        if hashlib.sha256(payload).digest() != bytes(integrity):
-            raise ImportFormatError("Terronex integrity check failed: the file is damaged",
-                                    hint="use an undamaged copy, or pass verify_integrity=False to try anyway")
+    if (verify_integrity and isinstance(integrity, (bytes, bytearray)) and len(integrity) == 32
+            and hashlib.sha256(payload).digest() != bytes(integrity)):
+        raise ImportFormatError("Terronex integrity check failed: the file is damaged",
+                                hint="use an undamaged copy, or pass verify_integrity=False to try anyway")
     if security.get("encrypted"):
         if passphrase is None:
             raise ModeMismatchError("this Terronex file is encrypted", hint="pass its passphrase")

@@ -10,7 +10,8 @@ import datetime
 import hashlib
 import math
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from .agent.serialize import is_structured, parse_messages, render_message
 from .compress import compress
@@ -221,7 +222,7 @@ def stored_result(engram: Engram, *, source: str | None = None, tags: Iterable[s
     source_texts: dict[str, str] = {}
     with engram._store.read() as txn:
         kept: set[str] = set()
-        for docno, node in iter_nodes(txn):
+        for _docno, node in iter_nodes(txn):
             if source is not None and node.source != source:
                 continue
             if want_tags and not want_tags.issubset(node.tags):

@@ -27,7 +27,8 @@ import datetime as _dt
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 

@@ -26,7 +26,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import lmdb
 
@@ -84,7 +85,7 @@ class State:
                            self.txnid])
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "State":
+    def from_bytes(cls, data: bytes) -> State:
         fields = codec.unpack(data)
         try:
             version, seq, next_docno, epoch, sealed, digests, *rest = fields
@@ -556,7 +557,7 @@ class _Env:
             # Never create our tables inside somebody else's LMDB file: only in a file this open
             # created, one where engramdb created some of its tables and was stopped, or one
             # nobody ever committed to. An empty file with commits held somebody else's tables.
-            foreign = not any(present) and (not empty or not new_file and self.env.info()["last_txnid"] > 0)
+            foreign = not any(present) and (not empty or (not new_file and self.env.info()["last_txnid"] > 0))
             if foreign or not create:
                 raise ForeignFileError(f"{self.path} is an LMDB file, but not an engramdb file",
                                        hint="check the path; engramdb adds its tables only to its own files")
@@ -756,7 +757,7 @@ class Txn:
     digests and counters in the sealed state record up to date.
     """
 
-    def __init__(self, store: "Store", write: bool) -> None:
+    def __init__(self, store: Store, write: bool) -> None:
         self.store = store
         self.write = write
         self._ltxn: lmdb.Transaction | None = None
@@ -1207,7 +1208,7 @@ class Store:
     @classmethod
     def open(cls, path: str | os.PathLike, *, readonly: bool = False, create: bool = True,
              map_size: int | None = None, verify: bool = False,
-             timeout: float | None = DEFAULT_TIMEOUT) -> "Store":
+             timeout: float | None = DEFAULT_TIMEOUT) -> Store:
         """Open (or share) the environment of ``path``.
 
         ``timeout`` bounds every wait of this handle for another process or thread: for a

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 

@@ -34,7 +34,7 @@ else:  # imported by tests/test_fuzz_regressions.py to replay the corpus without
     from engramdb.ingest import messages_to_text
 
 
-def TestOneInput(data: bytes) -> None:  # noqa: N802 (atheris' name)
+def TestOneInput(data: bytes) -> None:
     try:
         document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

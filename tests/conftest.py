@@ -9,12 +9,12 @@ import os
 
 os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
 
-import pytest  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+from hypothesis import strategies as st
 
-import engramdb.engram as engram_mod  # noqa: E402
-from engramdb.crypto import KDFParams  # noqa: E402
-from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node  # noqa: E402
+import engramdb.engram as engram_mod
+from engramdb.crypto import KDFParams
+from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node
 
 PASSPHRASE = "correct horse battery staple"
 NOW = 1_700_000_000.0

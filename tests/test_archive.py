@@ -102,9 +102,8 @@ def test_missing_id_and_bad_chars(tmp_engram):
     with pytest.raises(engramdb.NotFoundError):
         tmp_engram.unarchive("nope")
     tmp_engram.add("x", id="x")
-    with tmp_engram.transaction() as tx:
-        with pytest.raises(engramdb.ValidationError):
-            archive.archive(tx, "x", chars=0)
+    with tmp_engram.transaction() as tx, pytest.raises(engramdb.ValidationError):
+        archive.archive(tx, "x", chars=0)
 
 
 def test_preview_matches_trace_lite_truncation():

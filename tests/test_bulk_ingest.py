@@ -113,9 +113,9 @@ def test_add_many_refuses_duplicates_before_writing(tmp_engram):
                   [{"id": "y", "content": "a"}, {"id": first[0], "content": "b"}]):
         with pytest.raises(DuplicateIdError), tmp_engram.transaction():
             tmp_engram.add_many(batch, now=NOW)
-        with tmp_engram.transaction():  # a caught error inside a transaction leaves nothing behind
-            with pytest.raises(DuplicateIdError):
-                tmp_engram.add_many(batch, now=NOW)
+        # a caught error inside a transaction leaves nothing behind
+        with tmp_engram.transaction(), pytest.raises(DuplicateIdError):
+            tmp_engram.add_many(batch, now=NOW)
         assert tmp_engram.ids() == first
     ids = tmp_engram.add_many([{"id": f"n{i}", "content": f"note {i}"} for i in range(50)], now=NOW)
     assert ids == [f"n{i}" for i in range(50)]

@@ -26,6 +26,7 @@ from engramdb.compress import zc
 from engramdb.compress.normalize import chunk_text, normalize_text
 from engramdb.errors import EngramError, ValidationError
 from engramdb.records import CompressResult, Zettel
+import itertools
 
 # engramdb's own pipeline (compress(method="refined"), spec/compress.md sections 2-8):
 # the tests that use it check behaviours zettel-compress 1.0.0 (the default) does not have
@@ -187,7 +188,7 @@ def test_offsets_property(parts, size):
 def test_chunk_overlap_snaps_to_word_start():
     text = "\n\n".join(f"Paragraph {i} has several words in it to fill the chunk nicely." for i in range(30))
     chunks = chunk_text(text, 200, 50)
-    for prev, cur in zip(chunks, chunks[1:]):
+    for prev, cur in itertools.pairwise(chunks):
         assert cur.start < prev.end  # they overlap
         assert cur.start == 0 or text[cur.start - 1].isspace()  # never mid-word
 

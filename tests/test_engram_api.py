@@ -73,11 +73,10 @@ def test_transaction_commits_or_rolls_back(make_db):
         tx.add("second", id="2")
         assert tx.get("1").content == "first"  # reads see the transaction's own writes
     assert len(db) == 2
-    with pytest.raises(RuntimeError):
-        with db.transaction() as tx:
-            tx.delete("1")
-            tx.update("2", tier="cold")
-            raise RuntimeError("abort")
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        tx.delete("1")
+        tx.update("2", tier="cold")
+        raise RuntimeError("abort")
     assert "1" in db and db.get("2").tier == "hot"
 
 

@@ -6,6 +6,7 @@ import random
 import pytest
 
 import engramdb
+from pathlib import Path
 from engramdb import codec
 from engramdb.store import TABLES
 
@@ -38,7 +39,7 @@ def test_forget_by_id_removes_every_trace_of_the_words_from_a_plaintext_file(mak
     db = make_db("plain.engram", encrypted=False)
     doomed, keep = _populate(db, now)
     db.compact()
-    before = open(db.path, "rb").read()
+    before = Path(db.path).read_bytes()
     assert sum(w.encode() in before for w in WORDS) == 100  # the check below can fail
     receipt = db.forget(ids=doomed)
     assert receipt.ids == tuple(doomed) and not receipt.dry_run
@@ -46,7 +47,7 @@ def test_forget_by_id_removes_every_trace_of_the_words_from_a_plaintext_file(mak
     assert receipt.removed["nodes"] == 20 and receipt.removed["ids"] == 20 and receipt.removed["archive"] == 1
     assert receipt.removed["edges"] == 6  # three edges, forward and reverse keys
     assert receipt.removed["vectors"] >= 0 and receipt.size_after <= receipt.size_before
-    data = open(db.path, "rb").read()
+    data = Path(db.path).read_bytes()
     assert [w for w in WORDS if w.encode() in data] == []
     assert len(db) == 60 and db.verify() == []
     for word in WORDS:  # no BM25 match is left; vector search may still return kept memories
@@ -67,7 +68,7 @@ def test_forget_leaves_none_of_the_old_ciphertexts_in_an_encrypted_file(make_db,
     assert len(theirs) == 41
     receipt = db.forget(ids=doomed)
     assert len(receipt.ids) == 20
-    data = open(db.path, "rb").read()
+    data = Path(db.path).read_bytes()
     assert [i for i, v in enumerate(theirs) if v in data] == []
     with db._store.read() as txn:
         new = {table: dict(txn.raw_items(table)) for table in TABLES}

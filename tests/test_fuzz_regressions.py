@@ -269,7 +269,7 @@ def test_the_compress_oracle_can_fail(monkeypatch):
             z.source_start -= 1
         return result
 
-    seed = b"\x00" + "Alice met Bob in Paris. They decided to stay.\n\nThen they left.".encode()
+    seed = b"\x00" + b"Alice met Bob in Paris. They decided to stay.\n\nThen they left."
     COMPRESS.TestOneInput(seed)
     monkeypatch.setattr(COMPRESS, "compress", shifted)
     with pytest.raises(AssertionError):

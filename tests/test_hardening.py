@@ -15,6 +15,7 @@ import textwrap
 
 import lmdb
 import pytest
+from pathlib import Path
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb
@@ -81,13 +82,13 @@ def leaf_pages(data: bytes) -> list[int]:
 def damage_node_offsets(emit, original: str, expected_path: str, workdir: str) -> None:
     """Finding 1's reproduction: one 2-byte node offset of a leaf page pointed past the
     page (SIGBUS in scan() and in verify() before the fix), for every leaf page."""
-    expected = json.load(open(expected_path))
-    data = open(original, "rb").read()
+    expected = json.loads(Path(expected_path).read_text())
+    data = Path(original).read_bytes()
     for page in leaf_pages(data):
         target = os.path.join(workdir, f"leaf{page}.engram")
         buf = bytearray(data)
         buf[page * PAGE + 16:page * PAGE + 18] = (0xFFF0).to_bytes(2, "little")  # mp_ptrs[0]
-        open(target, "wb").write(bytes(buf))
+        Path(target).write_bytes(bytes(buf))
         emit(f"{page} {read_everything(emit, target, expected)}")
 
 
@@ -119,14 +120,14 @@ def corrupt(data: bytes, rnd: random.Random) -> tuple[bytes, str]:
 def sweep(emit, original: str, expected_path: str, workdir: str, seed: int, start: int, count: int) -> None:
     """Corruptions start..count-1 of ``seed``, each on a fresh copy, one line per corruption.
     A signal death ends the child; the parent resumes after the corruption that killed it."""
-    expected = json.load(open(expected_path))
-    data = open(original, "rb").read()
+    expected = json.loads(Path(expected_path).read_text())
+    data = Path(original).read_bytes()
     rnd = random.Random(seed)
     cases = [corrupt(data, rnd) for _ in range(count)]
     for i in range(start, count):
         damaged, what = cases[i]
         target = os.path.join(workdir, f"c{i}.engram")
-        open(target, "wb").write(damaged)
+        Path(target).write_bytes(damaged)
         emit(f"START {i}")
         outcome = read_everything(emit, target, expected)
         emit(f"DONE {i} {outcome} ({what})")
@@ -186,7 +187,7 @@ def verify_after_damage_under_the_map(emit, path: str) -> None:
     """The file is damaged while this handle has it open: verify() reports the structural
     problems and stops there instead of reading the damaged pages through the map."""
     db = engram.open(path, passphrase=PASSPHRASE)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     for page in leaf_pages(bytes(data)):
         data[page * PAGE + 16:page * PAGE + 18] = (0xFFF0).to_bytes(2, "little")
     with open(path, "r+b") as fh:

@@ -157,7 +157,7 @@ def test_trace_lite_jsonl():
     assert (m1.tags, m1.importance, m1.tier, m1.access_count, m1.source) == (("prefs",), 0.9, "hot", 3, "chat")
     assert m1.metadata == {"speaker": "Alice", "n": [1, 2]}
     assert m2.embeddings == {} and m2.created_at == 1_781_258_400.0 and m2.tier == "archive"
-    assert list(iter_jsonl(io.BytesIO(TRACE_LITE.encode()), now=NOW))[0].id == "m1"
+    assert next(iter(iter_jsonl(io.BytesIO(TRACE_LITE.encode()), now=NOW))).id == "m1"
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -228,7 +228,7 @@ def test_export_jsonl_is_trace_lite_shaped():
     assert obj["embedding"] == [0.5, 1.0]
     assert (obj["tier"], obj["accessCount"], obj["importance"]) == ("warm", 2, 0.7)
     foreign = {k: v for k, v in obj.items() if k != "engramdb"}  # as a Trace-Lite app would write it back
-    again = list(iter_jsonl(json.dumps(foreign), space="minilm", now=NOW))[0]
+    again = next(iter(iter_jsonl(json.dumps(foreign), space="minilm", now=NOW)))
     assert (again.content, again.created_at, again.embeddings) == ("hi", 1_781_258_400.25, node.embeddings)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -84,7 +85,7 @@ def test_ingest_leaves_no_plaintext_in_the_file(make_db):
     db.ingest(DOC, now=NOW)
     path = db.path
     db.close()
-    raw = open(path, "rb").read()
+    raw = Path(path).read_bytes()
     for word in ("Atlas", "PostgreSQL", "Johnson", "credentials", "ledger"):
         assert word.encode() not in raw and word.lower().encode() not in raw
 

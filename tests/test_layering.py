@@ -89,7 +89,7 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
                 candidate = f"{base}.{alias.name}" if base else alias.name
                 if not base and alias.name in ROOT_CONSTANTS:
                     continue
-                if rank(candidate) is not None and (PACKAGE / (candidate.replace(".", "/") + ".py")).exists() \
+                if (rank(candidate) is not None and (PACKAGE / (candidate.replace(".", "/") + ".py")).exists()) \
                         or (PACKAGE / candidate.replace(".", "/") / "__init__.py").exists():
                     found.append((node.lineno, candidate))
                 else:

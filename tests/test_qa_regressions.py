@@ -8,6 +8,7 @@ import sys
 
 import lmdb
 import pytest
+from pathlib import Path
 from click.testing import CliRunner
 
 import engramdb.engram as engram_mod
@@ -672,8 +673,7 @@ def test_killed_dump_leaves_no_hidden_plaintext_and_a_rerun_cleans_up(run, tmp_p
 def test_readme_json_claim_matches_the_commands():
     """README said every command that prints data takes --json; several did not. Every
     command that prints something now takes it, apart from the ones README names."""
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
-                  encoding="utf-8").read()
+    readme = Path(__file__).resolve().parents[1].joinpath("README.md").read_text(encoding="utf-8")
     exempt = {"dump", "export", "diff", "mcp", "shell"}  # mcp: stdout carries the Model Context Protocol; shell runs other commands
     assert all(f"`{name}`" in readme for name in exempt)
     silent = {"init", "rekey", "export-key", "import-key"}  # they print a status line, not data

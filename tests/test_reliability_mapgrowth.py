@@ -62,7 +62,7 @@ def grow_writer(emit, path: str) -> None:
     rnd = random.Random(3)
     for start in range(0, 4000, 500):  # 16 MiB: far past the other process's 1 MiB map
         db.add_many(blobs(rnd, start, 500), now=1.0)
-    emit("map %d" % db._store.env_info()["map_size"])
+    emit(f"map {db._store.env_info()['map_size']}")
     db.close()
 
 

@@ -81,11 +81,10 @@ def test_api_basics(tmp_engram, now):
 def test_transaction_rolls_back_on_error(tmp_engram):
     db = tmp_engram
     db.add("keep", id="keep")
-    with pytest.raises(RuntimeError):
-        with db.transaction() as tx:
-            tx.add("lost", id="lost")
-            tx.update("keep", content="changed")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        tx.add("lost", id="lost")
+        tx.update("keep", content="changed")
+        raise RuntimeError("boom")
     assert "lost" not in db and db.get("keep").content == "keep"
 
 

@@ -320,27 +320,25 @@ def test_ciphertext_moved_to_another_table(closed_file):
     # The same key bytes in another table (edges, t6): it must not open there either.
     _put_raw(path, 6, key, envelope)
     with reopen(path) as db:
-        with db._store.read() as txn:
-            with pytest.raises(DecryptionError):
-                txn.get("edges", key)
+        with db._store.read() as txn, pytest.raises(DecryptionError):
+            txn.get("edges", key)
         assert "decrypt" in {p.kind for p in db.verify()}
     _put_raw(path, 6, key, None)
     # An id-map envelope (t2) moved into the nodes table under a node's key.
     env = raw(path)
     ids_db = raw_table(env, 2)
     with env.begin() as txn:
-        id_key, id_env = next(iter(txn.cursor(db=ids_db)))
+        _id_key, id_env = next(iter(txn.cursor(db=ids_db)))
     env.close()
     _put_raw(path, 1, key, id_env)
-    with reopen(path) as db:
-        with pytest.raises(DecryptionError):
-            list(db.scan())
+    with reopen(path) as db, pytest.raises(DecryptionError):
+        list(db.scan())
     _put_raw(path, 1, key, envelope)
     assert_intact(path, nodes)
 
 
 def test_verify_detects_a_deleted_record(closed_file):
-    path, nodes = closed_file
+    path, _nodes = closed_file
     key = sorted(_node_envelopes(path))[0]
     _put_raw(path, 1, key, None)
     with reopen(path) as db:
@@ -349,7 +347,7 @@ def test_verify_detects_a_deleted_record(closed_file):
 
 
 def test_verify_detects_a_rolled_back_record(closed_file):
-    path, nodes = closed_file
+    path, _nodes = closed_file
     before = _node_envelopes(path)
     with reopen(path) as db:
         db.update("id0", content="changed")
@@ -494,7 +492,7 @@ def test_key_file_errors_are_engram_errors(tmp_path, closed_file):
 
 
 def test_verify_reports_a_commit_made_outside_engramdb(closed_file):
-    path, nodes = closed_file
+    path, _nodes = closed_file
     with reopen(path) as db:
         assert db.verify() == []
     _put_raw(path, 6, b"stray", b"value")
@@ -521,7 +519,7 @@ def test_verified_open_refuses_a_snapshot_that_is_not_the_last_engramdb_commit(c
 def test_every_open_refuses_a_commit_made_outside_engramdb(closed_file):
     """Issue 16, finding 2: the state is bound to LMDB's commit id on every open, not only
     with verify=True, so a file committed to with raw LMDB is not silently used."""
-    path, nodes = closed_file
+    path, _nodes = closed_file
     _put_raw(path, 6, b"stray", b"value")
     for kwargs in ({}, {"readonly": True}, {"verify": True}):
         with pytest.raises(CorruptFileError, match="outside engramdb"):

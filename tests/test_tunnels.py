@@ -90,7 +90,7 @@ def test_greedy_prefers_best_scores_and_breaks_ties_by_index():
 def test_custom_score_and_ids():
     sets = [frozenset("ab"), frozenset("bc"), frozenset("xy")]
     links = link_sets(sets, threshold=0.9, score=lambda i, j: 1.0)
-    assert [(l.i, l.j) for l in links] == [(0, 1)]  # candidates still need a shared token
+    assert [(link.i, link.j) for link in links] == [(0, 1)]  # candidates still need a shared token
     out = link_ids([("a", {"x", "y"}), ("b", {"x", "y"}), ("c", {"z"})])
     assert out == [("a", "b", 1.0)]
     with pytest.raises(ValidationError):
@@ -136,13 +136,13 @@ def test_lsh_path_finds_near_duplicates():
     sets = zettel_like_sets(2000, planted=planted)
     assert len(sets) > LSH_MIN_ITEMS
     links = link_sets(sets, top_k=50)  # a generous cap: this measures candidate recall
-    linked = {(l.i, l.j) for l in links}
+    linked = {(link.i, link.j) for link in links}
     strong = [p for p in planted if jaccard(sets[p[0]], sets[p[1]]) >= 0.6]
     assert len(strong) > 100
     found = sum(1 for p in strong if p in linked)
     assert found / len(strong) >= 0.95
-    for l in links:
-        assert l.score == jaccard(sets[l.i], sets[l.j]) and l.score >= 0.3
+    for link in links:
+        assert link.score == jaccard(sets[link.i], sets[link.j]) and link.score >= 0.3
 
 
 def test_lsh_candidates_are_a_sorted_unique_subset():
@@ -195,14 +195,14 @@ def test_lsh_path_with_no_collisions_or_one_giant_bucket():
     assert candidate_pairs(disjoint) == []
     same = [frozenset({"a", "b", "c"})] * (LSH_MIN_ITEMS + 100)
     links = link_sets(same, top_k=2)
-    assert links and all(l.score == 1.0 for l in links)
+    assert links and all(link.score == 1.0 for link in links)
     degree: dict[int, int] = {}
-    for l in links:
-        degree[l.i] = degree.get(l.i, 0) + 1
-        degree[l.j] = degree.get(l.j, 0) + 1
+    for link in links:
+        degree[link.i] = degree.get(link.i, 0) + 1
+        degree[link.j] = degree.get(link.j, 0) + 1
     assert max(degree.values()) <= 2
     with_empty = [frozenset()] * 300 + [frozenset({"x", "y"})] * 300
-    assert all(l.i >= 300 for l in link_sets(with_empty))
+    assert all(link.i >= 300 for link in link_sets(with_empty))
 
 
 @pytest.mark.parametrize(

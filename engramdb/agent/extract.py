@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 from .serialize import SerializedConversation
 from .text import scrub

@@ -10,7 +10,8 @@ Works on an ``Engram`` through its public API (duck-typed). Semantics: spec/agen
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import DuplicateIdError, ValidationError
 from ..records import now_ts

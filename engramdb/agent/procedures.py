@@ -18,12 +18,14 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ValidationError
 from ..records import now_ts
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub
+import itertools
 
 __all__ = [
     "RELATIONS", "NODE_KINDS", "OUTCOMES", "ProcedureNode", "ProcedureEdge", "Trajectory", "Proposal",
@@ -91,7 +93,7 @@ class Trajectory:
     @property
     def transitions(self) -> set[tuple[str, str]]:
         path = (START, *self.tools, END)
-        return set(zip(path, path[1:]))
+        return set(itertools.pairwise(path))
 
     def row(self) -> dict[str, Any]:
         return {"row": "trajectory", "id": self.id, "seq": self.seq, "tools": list(self.tools),
@@ -127,7 +129,7 @@ class Proposal:
                 "condition": self.condition}
 
     @classmethod
-    def parse(cls, data: Any, n: int) -> "Proposal":
+    def parse(cls, data: Any, n: int) -> Proposal:
         """A proposal from a proposer's mapping.
 
         Raises:
@@ -310,7 +312,7 @@ class ProceduralGraph:
         """The edges one trajectory shows: ``leads_to`` for each transition; ``fallback_for``
         when a tool replaced one that failed; ``verifies`` when a test-like tool followed another."""
         path = (START, *tools, END)
-        observed = {(a, b, "leads_to") for a, b in zip(path, path[1:])}
+        observed = {(a, b, "leads_to") for a, b in itertools.pairwise(path)}
         failed = set(errors)
         for i in range(len(tools) - 1):
             a, b = tools[i], tools[i + 1]

@@ -32,7 +32,7 @@ the other people involved and its first topics::
 
 ``format="json"`` carries the same (plus ``speaker`` and ``said_on``); ``format="aaak"``
 is AAAK with entity codes, for those who ask for it.
-"""
+"""  # noqa: E501  (the example line above is output, quoted whole)
 from __future__ import annotations
 
 import bisect
@@ -40,7 +40,8 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import ValidationError
 from ..tokens import estimate_tokens, token_counter

@@ -25,7 +25,7 @@ import datetime as _dt
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Collection
+from collections.abc import Collection
 
 __all__ = ["DateIndex", "PartialDate", "find_headers", "parse_date", "to_iso"]
 
@@ -251,7 +251,7 @@ class DateIndex:
         self._hdr_pos = [h[0] for h in self.headers]
 
     @classmethod
-    def scan(cls, text: str, option: str | None = None) -> "DateIndex":
+    def scan(cls, text: str, option: str | None = None) -> DateIndex:
         """Scan ``text`` once; ``option`` is the ``date`` option (unparseable -> ignored)."""
         return cls(
             text=text,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations, count
 from string import ascii_uppercase
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..records import EntityIndex
 from .normalize import tokenize
@@ -203,7 +203,7 @@ class EntityEvidence:
         return self._forms
 
     @classmethod
-    def scan(cls, text: str) -> "EntityEvidence":
+    def scan(cls, text: str) -> EntityEvidence:
         """Collect evidence over the whole normalized ``text``."""
         pairs = _CAP_CONTEXT.findall(text)
         candidates = Counter(a or b for a, b in pairs)

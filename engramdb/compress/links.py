@@ -12,7 +12,7 @@ linked by entities alone is not lost among differing topics.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

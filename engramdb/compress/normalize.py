@@ -10,7 +10,7 @@ import re
 import unicodedata
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["TextChunk", "chunk_text", "is_chat", "normalize_text", "tokenize"]
 

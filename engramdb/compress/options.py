@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from ..errors import ValidationError
 from .dates import parse_date

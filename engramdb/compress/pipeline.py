@@ -14,7 +14,8 @@ The pipeline (spec/compress.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ..errors import ValidationError
 from ..records import CompressResult, EntityIndex, Zettel

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from operator import mul
-from typing import Collection
+from collections.abc import Collection
 
 from .entities import UPPER_CLASS
 

@@ -56,9 +56,7 @@ def resolved_in_range(resolved: str, after: str | None, before: str | None) -> b
     bounds inclusive at their own precision (``after="2023-05"`` keeps ``2023-05-01``)."""
     if after is not None and resolved[: len(after)] < after:
         return False
-    if before is not None and resolved[: len(before)] > before:
-        return False
-    return True
+    return not (before is not None and resolved[:len(before)] > before)
 
 
 def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: bool = True,

@@ -28,7 +28,7 @@ import re
 from functools import lru_cache
 from itertools import compress, islice
 from operator import and_
-from typing import Collection
+from collections.abc import Collection
 
 from .normalize import tokenize
 

@@ -15,7 +15,7 @@ the same on every machine (a platform ``libm`` may differ in the last bit).
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..errors import ValidationError
 from ..records import Tunnel, Zettel

@@ -39,7 +39,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..records import EntityIndex, Tunnel, Zettel
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import msgpack
 
@@ -132,7 +133,7 @@ class Indexes:
         return self._read_cache
 
     @classmethod
-    def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> "Indexes":
+    def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> Indexes:
         """The indexes of a file, with the tokenizer recorded in its meta.
 
         A file that records no tokenizer yet (new, or never written) gets ``tokenizer``
@@ -164,7 +165,7 @@ class Indexes:
             raise ConfigMismatchError("another process recorded a different tokenizer for this file",
                                       hint="open the file again")
 
-    def batch(self, txn: Any) -> "IndexBatch":
+    def batch(self, txn: Any) -> IndexBatch:
         """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
         one :meth:`apply` call (one segment however many memories the transaction adds)."""
         return IndexBatch(self, txn)

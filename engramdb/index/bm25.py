@@ -30,7 +30,8 @@ import math
 import struct
 import threading
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import zstandard
@@ -309,7 +310,7 @@ class TermDocs:
             raise ValidationError("tokenized documents: docnos, lengths and terms do not match")
 
     @classmethod
-    def from_pairs(cls, docs: Sequence[tuple[int, Sequence[str]]]) -> "TermDocs":
+    def from_pairs(cls, docs: Sequence[tuple[int, Sequence[str]]]) -> TermDocs:
         """From ``(docno, terms)`` pairs."""
         # a defaultdict numbering new terms on first sight: a C-level lookup per token
         vocab: dict[str, int] = defaultdict(itertools.count().__next__)
@@ -328,7 +329,7 @@ class TermDocs:
         return int(self.docnos.size)
 
 
-def _term_docs(docs: "TermDocs | Sequence[tuple[int, Sequence[str]]]") -> TermDocs:
+def _term_docs(docs: TermDocs | Sequence[tuple[int, Sequence[str]]]) -> TermDocs:
     return docs if isinstance(docs, TermDocs) else TermDocs.from_pairs(docs)
 
 
@@ -434,7 +435,7 @@ class _Dir:
         self.terms: dict[Any, tuple[np.ndarray, ...]] = {}
 
     @classmethod
-    def decode(cls, data: bytes | None) -> "_Dir":
+    def decode(cls, data: bytes | None) -> _Dir:
         if data is None:
             return cls()
         raw = _unpack(data)
@@ -654,10 +655,7 @@ class SegmentedBM25:
 
     def _weighted(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> list[_Term]:
         """The query's terms that match something, in sorted order (the summation order)."""
-        if isinstance(query_terms, Mapping):
-            weights = dict(query_terms)
-        else:
-            weights = dict(Counter(query_terms))
+        weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
         parts = []
         for term in sorted(weights):  # a fixed order keeps float sums identical everywhere

@@ -13,7 +13,8 @@ are recomputed by a rebuild, while user edges are kept.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from .tokenize import Tokenizer
 
@@ -120,7 +120,7 @@ class QueryDate:
     year: int
     month: int | None = None
 
-    def proximity(self, other: "QueryDate") -> float:
+    def proximity(self, other: QueryDate) -> float:
         """1.0 for the same period, falling linearly to 0 at a year's distance."""
         if self.month is not None and other.month is not None:
             months = abs((self.year * 12 + self.month) - (other.year * 12 + other.month))

@@ -19,7 +19,8 @@ import operator
 import re
 import string
 import unicodedata
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -270,7 +271,7 @@ class Tokenizer:
         }
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> "Tokenizer":
+    def from_settings(cls, settings: Mapping[str, Any]) -> Tokenizer:
         """Rebuild the tokenizer a file was created with, or build one from options.
 
         Missing keys take the defaults, so ``{"stemmer": None}`` is a valid request; keys

@@ -29,7 +29,8 @@ import hashlib
 import zlib
 from itertools import chain
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -20,7 +20,8 @@ import struct
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -246,7 +247,7 @@ class _VDir:
         self.dead_before = np.zeros(0, np.uint32)
 
     @classmethod
-    def decode(cls, data: bytes | None) -> "_VDir":
+    def decode(cls, data: bytes | None) -> _VDir:
         d = cls()
         if data is None:
             return d

@@ -62,7 +62,7 @@ def build_store() -> dict:
             emotions=rng.sample(ALL_EMOTIONS, rng.randint(0, 2)),
             source_start=i * 100 if i % 2 else None,
             source_end=i * 100 + 99 if i % 2 else None,
-            resolved_date="2026-06-1%d" % i if i % 4 == 1 else None,
+            resolved_date=f"2026-06-1{i}" if i % 4 == 1 else None,
             tier=TIERS[i % len(TIERS)],
             importance=round(rng.random(), 3),
             created_at=1_780_000_000.0 + i * 3600.5,

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads.append((f"chat (LoCoMo conv-26, {estimate_tokens(chat)} tokens)", chat))
     for (name, text), method in itertools.product(workloads, args.method):
         tokens = estimate_tokens(text)
-        wall, cpu, worst = measure(lambda: compress(text, method=method), args.runs)
+        wall, cpu, worst = measure(lambda text=text, method=method: compress(text, method=method), args.runs)
         result = compress(text, method=method)
         lines.append(
             f"compress {method}  {name}: {tokens} est. tokens, {len(result.zettels)} zettels, "

@@ -64,10 +64,11 @@ def main() -> None:
     jsonl = ""
     for run in range(args.runs):
         buf = io.StringIO()
-        dump_times.append(timed(lambda: db.dump(buf)))
+        dump_times.append(timed(lambda buf=buf: db.dump(buf)))
         text = buf.getvalue()
         target = os.path.join(work, f"restored-{run}.engram")
-        restore_times.append(timed(lambda: engramdb.restore(io.StringIO(text), target, passphrase="bench", kdf=kdf)))
+        restore_times.append(timed(
+            lambda text=text, target=target: engramdb.restore(io.StringIO(text), target, passphrase="bench", kdf=kdf)))
 
         def export_jsonl() -> None:
             nonlocal jsonl
@@ -75,7 +76,7 @@ def main() -> None:
 
         jsonl_out.append(timed(export_jsonl))
 
-        def import_jsonl() -> None:
+        def import_jsonl(run: int = run) -> None:
             items = [json.loads(line) for line in jsonl.splitlines()]
             with engramdb.open(os.path.join(work, f"jsonl-{run}.engram"), passphrase="bench", kdf=kdf) as other:
                 other.add_space("e", dims=args.dims, model="bench-random", normalize=False)

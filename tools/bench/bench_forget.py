@@ -31,8 +31,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import engramdb  # noqa: E402
-from engramdb.crypto import KDFParams  # noqa: E402
+import engramdb
+from engramdb.crypto import KDFParams
 
 WORDS = ("alpha beta gamma delta river mountain garden office meeting budget launch design review "
          "customer contract invoice travel flight hotel dinner family school doctor music book film "

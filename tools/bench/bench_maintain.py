@@ -41,7 +41,9 @@ from engramdb.maintenance.lifecycle import MaintenanceConfig, Memory, consolidat
 
 NOW = 1_780_000_000.0
 DAY = 86400.0
-WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
+         "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
+         "xray", "yankee", "zulu"]
 PASSPHRASE = "bench passphrase"
 
 

@@ -26,9 +26,9 @@ import time
 
 os.environ.setdefault("ENGRAM_TEST_WEAK_KDF", "1")  # the engine's cost, not the KDF's
 
-import engramdb.engram as engram  # noqa: E402
-from engramdb.crypto import KDFParams  # noqa: E402
-from engramdb.store import structural_problems  # noqa: E402
+import engramdb.engram as engram
+from engramdb.crypto import KDFParams
+from engramdb.store import structural_problems
 
 PW = "bench"
 

@@ -32,10 +32,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import engramdb.engram as engram_mod  # noqa: E402
-from engramdb.index.vectors import EmbeddingSpace, VectorIndex  # noqa: E402
-from engramdb.crypto import Sealer  # noqa: E402
-from engramdb.store import Store  # noqa: E402
+import engramdb.engram as engram_mod
+from engramdb.index.vectors import EmbeddingSpace, VectorIndex
+from engramdb.crypto import Sealer
+from engramdb.store import Store
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.join(HERE, "..", "..", "..", "shared", "data", "gutenberg")

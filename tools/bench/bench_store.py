@@ -130,7 +130,7 @@ def open_first_read(work: str, runs: int) -> tuple[float, float, float]:
             db.add_many([f"memory {i}" for i in range(1000)], now=1.0)
             first = db.ids()[0]
 
-        def open_and_read() -> None:
+        def open_and_read(path: str = path, first: str = first) -> None:
             with engram.open(path, passphrase="bench") as db:
                 db.get(first)
 

@@ -21,12 +21,13 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import engramdb.engram as engram_mod  # noqa: E402
-from engramdb.records import Edge  # noqa: E402
+import engramdb.engram as engram_mod
+from engramdb.records import Edge
+import itertools
 
 _TMP = tempfile.mkdtemp(prefix="engram-locomo-")
 atexit.register(shutil.rmtree, _TMP, True)
@@ -61,7 +62,7 @@ def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool 
     } for t in turns])
     if link_neighbours:
         with db.transaction() as tx:
-            for a, b in zip(turns, turns[1:]):
+            for a, b in itertools.pairwise(turns):
                 if a["session"] == b["session"]:
                     db.indexes.graph.put(tx._txn, tx._docno(a["dia_id"]), tx._docno(b["dia_id"]),
                                          Edge(src=a["dia_id"], dst=b["dia_id"], kind="related",

@@ -41,9 +41,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engramdb.compress import compress, inject_context, wake_up
-from engramdb.compress.options import CompressOptions
-from engramdb.records import CompressResult
+from engramdb.compress import compress, inject_context, wake_up  # noqa: E402  (after the sys.path line above)
+from engramdb.compress.options import CompressOptions  # noqa: E402  (after the sys.path line above)
+from engramdb.records import CompressResult  # noqa: E402  (after the sys.path line above)
 
 DATA = ROOT.parent / "shared" / "data"
 ORACLE = DATA / "zettel-compress"

@@ -24,7 +24,8 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import engramdb
 from engramdb.agent import MemoryHooks

@@ -33,7 +33,7 @@ def main(path: str) -> None:
             best = db.recall(question, top_k=1)[0]
             print(f"recall {question!r} -> {best.id}: {best.node.content}")
         problems = db.verify()
-        print(f"verify: {'ok' if not problems else problems}")
+        print(f"verify: {problems if problems else 'ok'}")
     with open(path, "rb") as fh:
         raw = fh.read()
     leaked = [word for word in ("Alice", "Berlin", "JWT", "sample-00") if word.encode() in raw]
