@@ -550,9 +550,10 @@ def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10,
                 if node.source not in layout.texts:
                     layout.texts[node.source] = loader(txn, node.source)
                 src_text = layout.texts[node.source]
-            if src_text is not None and 0 <= node.source_start < node.source_end <= len(src_text):
+            s0, e0 = node.source_start, node.source_end
+            if src_text is not None and s0 is not None and e0 is not None and 0 <= s0 < e0 <= len(src_text):
                 key = name
-                start, end = sentence_span(src_text, node.source_start, node.source_end)
+                start, end = sentence_span(src_text, s0, e0)
             else:
                 key, start, end = f"\x00{hit.docno}", 0, len(node.content)
                 layout.texts[key] = node.content
@@ -660,7 +661,8 @@ class _Layout:
         self.cut = {key: suffix} if suffix else {}
 
     def _date(self, ids: Sequence[str]) -> str | None:
-        dates = sorted({_node_date(self.nodes[i]) for i in ids if i in self.nodes} - {None})
+        found = (_node_date(self.nodes[i]) for i in ids if i in self.nodes)
+        dates = sorted({d for d in found if d is not None})
         if not dates:
             return None
         return dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
@@ -717,7 +719,7 @@ def _merge_span(spans: list[list[Any]], start: int, end: int, hit_id: str, text:
     """``spans`` (sorted, disjoint) plus [start, end), merging overlapping ones and those that
     only whitespace of ``text`` separates (adjacent sentences make one passage)."""
     out: list[list[Any]] = []
-    cur = [start, end, [hit_id]]
+    cur: list[Any] = [start, end, [hit_id]]
     for s, e, ids in spans:
         if (e < cur[0] and text[e:cur[0]].strip()) or (s > cur[1] and text[cur[1]:s].strip()):
             out.append([s, e, list(ids)])
