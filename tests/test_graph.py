@@ -135,6 +135,39 @@ def test_engram_link_and_edges(make_db):
     assert db.edges("a") == []  # edges of a deleted memory go with it
 
 
+def test_transaction_link_batches_edges_in_one_commit(make_db):
+    """Transaction.link is the public batched path (the LoCoMo adapter links every
+    neighbouring turn with it): edges added with memories in the same block, visible via
+    db.edges, verify clean, and all undone when the block raises."""
+    db = make_db()
+    with db.transaction() as tx:
+        for i in range(5):
+            tx.add(f"turn {i}", id=f"t{i}")
+        for i in range(4):
+            tx.link(f"t{i}", f"t{i + 1}", "related", weight=0.5, label="next", now=7.0)
+        tx.link("t4", "t0", "supersedes", now=7.0)
+    assert [(e.src, e.dst, e.kind, e.weight, e.label, e.created_at) for e in db.edges("t1")] == [
+        ("t1", "t2", "related", 0.5, "next", 7.0)]
+    assert [(e.dst, e.kind) for e in db.edges("t4")] == [("t0", "supersedes")]
+    assert db.verify() == []
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        tx.add("late", id="t5")
+        tx.link("t4", "t5", "related", now=7.0)
+        tx.link("t0", "t2", "related", now=7.0)
+        raise RuntimeError("abort")
+    assert "t5" not in db
+    assert [e.dst for e in db.edges("t0")] == ["t1"]  # the rolled-back edge is gone
+    assert [e.kind for e in db.edges("t4")] == ["supersedes"]
+    assert db.verify() == []
+    with db.transaction() as tx:
+        with pytest.raises(NotFoundError):
+            tx.link("t0", "missing")
+        with pytest.raises(ValidationError):
+            tx.link("t0", "t0")
+        with pytest.raises(ValidationError):
+            tx.link("t0", "t1", "friendship")
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 6).flatmap(lambda n: st.tuples(
     st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=n, max_size=n), min_size=n, max_size=n),

@@ -26,7 +26,6 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import engramdb.engram as engram_mod
-from engramdb.records import Edge
 import itertools
 
 _TMP = tempfile.mkdtemp(prefix="engram-locomo-")
@@ -64,9 +63,7 @@ def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool 
         with db.transaction() as tx:
             for a, b in itertools.pairwise(turns):
                 if a["session"] == b["session"]:
-                    db.indexes.graph.put(tx._txn, tx._docno(a["dia_id"]), tx._docno(b["dia_id"]),
-                                         Edge(src=a["dia_id"], dst=b["dia_id"], kind="related",
-                                                         weight=NEIGHBOUR_WEIGHT))
+                    tx.link(a["dia_id"], b["dia_id"], "related", weight=NEIGHBOUR_WEIGHT, now=0.0)
     return db
 
 
