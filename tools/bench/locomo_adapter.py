@@ -44,21 +44,34 @@ def _iso(date_time: str) -> str | None:
     return dt.date(int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1))).isoformat()
 
 
-def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool = False) -> engram_mod.Engram:
-    """One conversation as an encrypted store (temporary; removed at exit). ``space=True``
-    adds the built-in hashed embedding space, so recall also runs its vector retriever."""
+def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool | str = False) -> engram_mod.Engram:
+    """One conversation as an encrypted store (temporary; removed at exit).
+
+    ``space`` adds an embedding space, so recall also runs its vector retriever: ``True`` or
+    ``"hashed"`` the built-in hashed TF-IDF space; any other non-empty string is a local
+    sentence-transformers model directory (``LocalModelEmbedder``, the ``embed`` extra)
+    that embeds every turn and every question in a space named ``model``."""
     path = os.path.join(_TMP, f"{turns[0]['sample_id']}-{len(os.listdir(_TMP))}.engram")
     db = engram_mod.open(path, key=os.urandom(32))
-    if space:
+    vectors = None
+    if space is True or space == "hashed":
         db.add_space("hashed", dims=256)
+    elif space:
+        from engramdb.index.vectors import LocalModelEmbedder
+
+        embedder = LocalModelEmbedder(str(space))
+        vectors = embedder([t["doc"] for t in turns])
+        db.add_space("model", dims=int(vectors.shape[1]), model=os.path.basename(str(space).rstrip("/")),
+                     embedder=embedder)
     db.add_many([{
+        **({"embeddings": {"model": tuple(float(x) for x in vectors[i])}} if vectors is not None else {}),
         "id": t["dia_id"],
         "content": t["doc"],
         "resolved_date": _iso(t["date_time"]),
         "tags": [f"session-{t['session']}"],
         "created_at": float(t["turn_index"]),
         "last_accessed": float(t["turn_index"]),
-    } for t in turns])
+    } for i, t in enumerate(turns)])
     if link_neighbours:
         with db.transaction() as tx:
             for a, b in itertools.pairwise(turns):
@@ -67,9 +80,14 @@ def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool 
     return db
 
 
-def make_retriever(turns: list[dict], *, hops: bool = True, link_neighbours: bool = True) -> Callable[[str, int], list[str]]:
-    """Index one conversation; return ``search(question, k) -> [dia_id, ...]``."""
-    db = build_store(turns, link_neighbours=link_neighbours)
+def make_retriever(turns: list[dict], *, hops: bool = True, link_neighbours: bool = True,
+                   space: str | None = None) -> Callable[[str, int], list[str]]:
+    """Index one conversation; return ``search(question, k) -> [dia_id, ...]``.
+
+    ``space`` (default: the ``ENGRAM_LOCOMO_SPACE`` environment variable; empty = none) as
+    in :func:`build_store`, so the same harness scores BM25-only and fused."""
+    db = build_store(turns, link_neighbours=link_neighbours,
+                     space=os.environ.get("ENGRAM_LOCOMO_SPACE", "") if space is None else space)
     order = [t["dia_id"] for t in turns]
 
     def search(question: str, k: int) -> list[str]:
