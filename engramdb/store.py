@@ -399,12 +399,13 @@ class _Env:
             record = os.pread(self.maint_fd, 256, 0)
         self.unclean = record.startswith(b"open")
         if not created:
+            assert self.lock_fd is not None  # taken before the first opener runs
             self.changed = not self.unclean and record != file_fingerprint(self.path, self.lock_fd)
             self.meta_problem = meta_problem(self.path)
         # A compacting copy is only written under the exclusive lock: any copy is abandoned.
         remove_if_abandoned(self.path + COMPACT_SUFFIX)
         remove_if_abandoned(self.path + RESTORE_SUFFIX, STORE_SIDECARS)
-        if not readonly and self.maint_writable:
+        if not readonly and self.maint_writable and self.maint_fd is not None:
             os.pwrite(self.maint_fd, b"open ", 0)
 
     def _check_lock_sidecar(self, readonly: bool) -> None:
@@ -760,10 +761,18 @@ class Txn:
     def __init__(self, store: Store, write: bool) -> None:
         self.store = store
         self.write = write
-        self._ltxn: lmdb.Transaction | None = None
+        self._ltxn: lmdb.Transaction[bytes] | None = None
         self._state: State | None = None
-        self._log: list[tuple[str, bytes, bytes | None]] = []
+        # what a replay after map growth redoes: a put (envelope), a delete (None) or a putmulti batch
+        self._log: list[tuple[str, bytes, bytes | None] | tuple[str, None, list[tuple[bytes, bytes]]]] = []
         self._begin_seq: int | None = None
+
+    @property
+    def _lt(self) -> lmdb.Transaction[bytes]:
+        """The LMDB transaction; only between begin and commit/abort."""
+        if self._ltxn is None:
+            raise StoreError("this transaction has ended", hint="use the transaction inside its `with` block")
+        return self._ltxn
 
     # -- lifecycle (used by Store) -----------------------------------------------------
     def _begin(self) -> None:
@@ -792,14 +801,14 @@ class Txn:
                     self.state  # every commit that changes the file rewrites the state  # noqa: B018
                 if self._state is not None:
                     self._state.seq += 1
-                    self._state.txnid = self._ltxn.id()
+                    self._state.txnid = self._lt.id()
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
                 unchanged = False
                 if self._log:
                     self.store._env.check_identity()  # never commit into a file replaced under us
                     unchanged = self.store._env.unchanged()
-                self._ltxn.commit()
+                self._lt.commit()
                 self._ltxn = None
                 if self._log:
                     self.store._env.note_commit(unchanged)
@@ -829,19 +838,19 @@ class Txn:
         state = self._load_state() if self._begin_seq is not None else None
         if state is not None and state.seq != self._begin_seq:
             raise WriteConflictError("another writer committed while the map was growing")
-        for table, key, envelope in self._log:
-            db = self.store._env.dbs[table]
-            if key is None:  # an insert_many batch: envelope holds its (key, envelope) pairs
-                with self._ltxn.cursor(db=db) as cur:
-                    cur.putmulti(envelope)
-            elif envelope is None:
-                self._ltxn.delete(key, db=db)
+        for op in self._log:
+            db = self.store._env.dbs[op[0]]
+            if op[1] is None:  # an insert_many batch: the third item holds its (key, envelope) pairs
+                with self._lt.cursor(db=db) as cur:
+                    cur.putmulti(op[2])
+            elif op[2] is None:
+                self._lt.delete(op[1], db=db)
             else:
-                self._ltxn.put(key, envelope, db=db)
+                self._lt.put(op[1], op[2], db=db)
 
     # -- state -------------------------------------------------------------------------
     def _load_state(self) -> State:
-        raw = self._ltxn.get(STATE_KEY, db=self.store._env.dbs["meta"])
+        raw = self._lt.get(STATE_KEY, db=self.store._env.dbs["meta"])
         if raw is None:
             # Only a new file has no state yet. Without it the counters would restart and the
             # next write would reuse document numbers of stored memories.
@@ -861,7 +870,7 @@ class Txn:
         another (older) root. For verify: raising at open would also lock out repair.
         """
         state = self.state
-        committed = self._ltxn.id() - (1 if self.write else 0)
+        committed = self._lt.id() - (1 if self.write else 0)
         # A compacting copy restarts LMDB's txnids at 1; compact() re-binds the state at once.
         if state.txnid and committed != 1 and state.txnid != committed:
             return (f"the sealed state was written by commit {state.txnid}, but the file shows commit "
@@ -920,7 +929,7 @@ class Txn:
             self._log.append((table, key, envelope))
             while True:
                 try:
-                    self._ltxn.put(key, envelope, db=self.store._env.dbs[table])
+                    self._lt.put(key, envelope, db=self.store._env.dbs[table])
                     return True
                 except lmdb.MapFullError:
                     self._log.pop()
@@ -932,7 +941,7 @@ class Txn:
         if envelope is not None:
             self._put_envelopes(table, [(key, envelope)], digest=digest)
             return True
-        return self._delete_envelope(table, key, self._ltxn.get(key, db=self.store._env.dbs[table]), digest=digest)
+        return self._delete_envelope(table, key, self._lt.get(key, db=self.store._env.dbs[table]), digest=digest)
 
     def _delete_envelope(self, table: str, key: bytes, old: bytes | None, *, digest: bool = True) -> bool:
         """Delete (table, key) whose stored envelope is ``old`` (None: absent, nothing to do)."""
@@ -944,7 +953,7 @@ class Txn:
         self._log.append((table, key, None))
         while True:
             try:
-                return self._ltxn.delete(key, db=db)
+                return self._lt.delete(key, db=db)
             except lmdb.MapFullError:
                 self._log.pop()
                 self._regrow_and_replay()
@@ -962,7 +971,7 @@ class Txn:
         done = 0
         try:
             while done < len(pairs):
-                ltxn = self._ltxn  # a new LMDB transaction after a map growth
+                ltxn = self._lt  # a new LMDB transaction after a map growth
                 put, get = ltxn.put, ltxn.get
                 try:
                     for key, envelope in pairs[done:] if done else pairs:
@@ -970,7 +979,8 @@ class Txn:
                         if digest and not put(key, envelope, db=db, overwrite=False):
                             old = get(key, db=db)
                             put(key, envelope, db=db)
-                            replaced.append((key, old))
+                            if old is not None:  # it is: the put above found the key taken
+                                replaced.append((key, old))
                         elif not digest:
                             put(key, envelope, db=db)
                         done += 1
@@ -1005,7 +1015,7 @@ class Txn:
     @property
     def snapshot_id(self) -> int:
         """LMDB's id of the committed state this transaction reads (for labelling caches)."""
-        return int(self._ltxn.id())
+        return int(self._lt.id())
 
     # -- the table API -------------------------------------------------------------------
     def get(self, table: str, key: bytes) -> bytes | None:
@@ -1014,7 +1024,7 @@ class Txn:
         Raises:
             DecryptionError: the stored value does not authenticate.
         """
-        raw = self._ltxn.get(key, db=self.store._env.dbs[table])
+        raw = self._lt.get(key, db=self.store._env.dbs[table])
         if raw is None:
             return None
         return self.store.sealer.open(table.encode(), key, raw)
@@ -1056,7 +1066,7 @@ class Txn:
             pairs = list(zip([key for key, _ in chunk], self._seal_many(table, chunk)))
             while True:
                 try:
-                    with self._ltxn.cursor(db=db) as cur:
+                    with self._lt.cursor(db=db) as cur:
                         _, added = cur.putmulti(pairs, overwrite=False)
                     break
                 except lmdb.MapFullError:
@@ -1071,7 +1081,7 @@ class Txn:
 
     def contains(self, table: str, key: bytes) -> bool:
         """Whether (table, key) exists (no decryption)."""
-        return self._ltxn.get(key, db=self.store._env.dbs[table]) is not None
+        return self._lt.get(key, db=self.store._env.dbs[table]) is not None
 
     def delete(self, table: str, key: bytes) -> bool:
         """Remove (table, key); True when it existed."""
@@ -1086,7 +1096,7 @@ class Txn:
         """
         self._require_write()
         db = self.store._env.dbs[table]
-        get, open_, tname = self._ltxn.get, self.store.sealer.open, table.encode()
+        get, open_, tname = self._lt.get, self.store.sealer.open, table.encode()
         raws = [get(key, db=db) for key in keys]
         plaintexts = [None if raw is None else open_(tname, key, raw) for key, raw in zip(keys, raws)]
         removed = list({key: raw for key, raw in zip(keys, raws) if raw is not None}.items())  # a repeat once
@@ -1103,7 +1113,7 @@ class Txn:
             DecryptionError: the stored value does not authenticate (nothing is removed).
         """
         self._require_write()
-        raw = self._ltxn.get(key, db=self.store._env.dbs[table])
+        raw = self._lt.get(key, db=self.store._env.dbs[table])
         if raw is None:
             return None
         plaintext = self.store.sealer.open(table.encode(), key, raw)
@@ -1114,7 +1124,7 @@ class Txn:
         """(key, plaintext) pairs in key order, restricted to ``prefix``, from ``start`` on."""
         sealer = self.store.sealer
         tname = table.encode()
-        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+        with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
             if not cur.set_range(start if start is not None and start > prefix else prefix):
                 return
             for key, raw in cur:
@@ -1126,7 +1136,7 @@ class Txn:
 
     def keys(self, table: str, prefix: bytes = b"") -> Iterator[bytes]:
         """Keys in order (no decryption)."""
-        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+        with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
             if not cur.set_range(prefix):
                 return
             for key in cur.iternext(keys=True, values=False):
@@ -1136,12 +1146,12 @@ class Txn:
 
     def raw_items(self, table: str) -> Iterator[tuple[bytes, bytes]]:
         """(key, envelope) pairs as stored, for verify."""
-        with self._ltxn.cursor(db=self.store._env.dbs[table]) as cur:
+        with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
             yield from cur
 
     def count(self, table: str) -> int:
         """Number of entries in a table (LMDB keeps this in the B-tree; O(1))."""
-        return self._ltxn.stat(self.store._env.dbs[table])["entries"]
+        return self._lt.stat(self.store._env.dbs[table])["entries"]
 
     def repack(self, table: str) -> None:
         """Rewrite ``table``'s entries (the same envelopes, in key order) into full pages.
@@ -1155,32 +1165,32 @@ class Txn:
         """
         self._require_write()
         db = self.store._env.dbs[table]
-        with self._ltxn.cursor(db=db) as cur:
+        with self._lt.cursor(db=db) as cur:
             items = [(bytes(key), bytes(value)) for key, value in cur]
         if not items:
             return
         self._log.extend((table, key, None) for key, _ in items)  # what a replay after map growth redoes
         try:
-            self._ltxn.drop(db, delete=False)
+            self._lt.drop(db, delete=False)
         except lmdb.MapFullError:
             self._regrow_and_replay()  # the replay deleted every entry
         for start in range(0, len(items), 4096):
             chunk = items[start:start + 4096]
             self._log.append((table, None, chunk))  # replayed as one putmulti
             try:
-                with self._ltxn.cursor(db=db) as cur:
+                with self._lt.cursor(db=db) as cur:
                     cur.putmulti(chunk, append=True)
             except lmdb.MapFullError:
                 self._regrow_and_replay()  # the replay wrote this chunk too
 
     def table_bytes(self, table: str) -> int:
         """Bytes of the pages a table occupies (branch, leaf and overflow pages; O(1))."""
-        st = self._ltxn.stat(self.store._env.dbs[table])
+        st = self._lt.stat(self.store._env.dbs[table])
         return st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
 
     # -- plaintext header (read before the key is known) --------------------------------
     def get_header(self, key: bytes) -> bytes | None:
-        return self._ltxn.get(key, db=self.store._env.dbs["meta"])
+        return self._lt.get(key, db=self.store._env.dbs["meta"])
 
     def put_header(self, key: bytes, value: bytes) -> None:
         self._require_write()
@@ -1198,12 +1208,23 @@ class Store:
     def __init__(self, env: _Env, readonly: bool) -> None:
         self._env = env
         self.readonly = readonly
-        self.sealer: Sealer | None = None
+        self._sealer: Sealer | None = None
         self.epoch_limit = EPOCH_LIMIT
         self.timeout: float | None = DEFAULT_TIMEOUT
         self.repair = False  # verify --fix: the sealed state may be missing or unbound
         self._local = threading.local()
         self._closed = False
+
+    @property
+    def sealer(self) -> Sealer:
+        """The record sealer, attached once the header is unlocked."""
+        if self._sealer is None:
+            raise StoreError("the store is not unlocked yet", hint="open the file through engramdb.open()")
+        return self._sealer
+
+    @sealer.setter
+    def sealer(self, sealer: Sealer) -> None:
+        self._sealer = sealer
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, readonly: bool = False, create: bool = True,
