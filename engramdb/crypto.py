@@ -18,7 +18,7 @@ import os
 import struct
 import unicodedata
 from dataclasses import dataclass
-from itertools import repeat
+from typing import Any, cast
 from collections.abc import Iterable
 
 from cryptography.exceptions import InvalidTag
@@ -101,14 +101,15 @@ class KDFParams:
                 f"(t>={floor_t}, m>={floor_m} KiB, p>={floor_p})"
             )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"alg": KDF_ID, "v": 19, "t": self.t, "m": self.m_kib, "p": self.p}
 
     @classmethod
-    def from_dict(cls, data: dict) -> KDFParams:
+    def from_dict(cls, data: dict[str, Any]) -> KDFParams:
         if not isinstance(data, dict) or data.get("alg") != KDF_ID or data.get("v") != 19:
             raise WeakKDFError(f"unsupported KDF {data!r}; this version reads argon2id v19 only")
-        return cls(t=data.get("t"), m_kib=data.get("m"), p=data.get("p"))
+        # the types are checked by __post_init__, which names a missing or non-integer value
+        return cls(t=cast(int, data.get("t")), m_kib=cast(int, data.get("m")), p=cast(int, data.get("p")))
 
 
 def normalize_passphrase(passphrase: str | bytes) -> bytes:
@@ -332,4 +333,4 @@ class Sealer:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table (not reduced)."""
         sha, prefix = hashlib.sha256, table + b"\x00"
         macs = self._state_hmac.digests([prefix + key + sha(envelope).digest() for key, envelope in pairs])
-        return sum(map(int.from_bytes, macs, repeat("big")))
+        return sum(int.from_bytes(mac, "big") for mac in macs)

@@ -15,8 +15,8 @@ import os
 import threading
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import codec, crypto
 from .errors import (
@@ -28,12 +28,14 @@ from .records import Node, new_id, now_ts
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
-    from .index import Indexes
+    from .index import IndexBatch, Indexes
     from .maintenance.forget import ForgetReceipt
     from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport
     from .recall import Context, Hit
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
+
+_D = TypeVar("_D")
 
 FORMAT_NAME = "engramdb"
 FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer minor opens
@@ -43,7 +45,7 @@ _first = operator.itemgetter(0)
 _content_of = operator.attrgetter("content")
 
 
-def _direct(item: dict) -> bool:
+def _direct(item: dict[str, Any]) -> bool:
     """Whether Engram._build would pass ``item`` to Node.from_fields unchanged: it gives the
     id and both timestamps, and only node fields (from_fields copies the values)."""
     return "id" in item and "created_at" in item and "last_accessed" in item and _NODE_FIELDS.issuperset(item)
@@ -69,13 +71,16 @@ def _slot_aad(header: Mapping[str, Any], slot: Mapping[str, Any]) -> bytes:
 
 
 def _make_slot(header: Mapping[str, Any], dek: bytes, *, passphrase: str | bytes | None = None,
-               raw_key: bytes | None = None, kdf: crypto.KDFParams | None = None, label: str = "") -> dict:
+               raw_key: bytes | None = None, kdf: crypto.KDFParams | None = None, label: str = "") -> dict[str, Any]:
     salt = os.urandom(16)
+    slot: dict[str, Any]
     if passphrase is not None:
         params = kdf or crypto.KDFParams.default()
         slot = {"kind": "passphrase", "label": label, "kdf": params.to_dict(), "salt": salt}
         kek = crypto.derive_kek(passphrase, salt, params)
     else:
+        if raw_key is None:
+            raise ValidationError("a key slot needs a passphrase or a raw key")
         slot = {"kind": "key", "label": label, "kdf": None, "salt": salt}
         kek = crypto.kek_from_raw_key(raw_key, salt)
     slot["nonce"], slot["wrapped"] = crypto.wrap_key(kek, dek, _slot_aad(header, slot))
@@ -99,10 +104,12 @@ def _unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_ke
         if not isinstance(salt, bytes) or not 8 <= len(salt) <= 1024:  # argon2 needs >= 8 bytes
             raise CorruptFileError("a key slot in the header has a malformed salt")
         try:
-            if kind == "passphrase":
+            if passphrase is not None:
                 kek = crypto.derive_kek(passphrase, slot["salt"], crypto.KDFParams.from_dict(slot["kdf"]))
-            else:
+            elif raw_key is not None:
                 kek = crypto.kek_from_raw_key(raw_key, slot["salt"])
+            else:
+                raise ValidationError("give a passphrase or a raw key")
             dek = crypto.unwrap_key(kek, slot["nonce"], slot["wrapped"], _slot_aad(header, slot))
         except (KeyError, TypeError):
             raise CorruptFileError("a key slot in the header is malformed") from None
@@ -160,7 +167,7 @@ def _format_recovery_key(raw: bytes) -> str:
     return RECOVERY_PREFIX + "-".join(text[i:i + 4] for i in range(0, len(text), 4))
 
 
-def _read_header(txn: Txn, path: str) -> tuple[dict, bytes, bool]:
+def _read_header(txn: Txn, path: str) -> tuple[dict[str, Any], bytes, bool]:
     """(header, its bytes, needs_repair). Prefers the primary copy; falls back to the backup."""
     primary, backup, digest = (txn.get_header(k) for k in HEADER_KEYS)
     if primary is None and backup is None:
@@ -228,7 +235,7 @@ _gc_was_enabled = True
 
 # --- the facade ----------------------------------------------------------------------
 
-def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key: bytes | str | None = None,
+def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None, key: bytes | str | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
          tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
@@ -265,7 +272,7 @@ def open(path: str | os.PathLike, *, passphrase: str | bytes | None = None, key:
         BusyError: another process kept the file busy past ``timeout``.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ValidationError(f"path must be a file path (str or os.PathLike), got {path!r}",
+        raise ValidationError(f"path must be a file path (str or os.PathLike[str]), got {path!r}",
                               hint='pass the path of the .engram file, e.g. open("notes.engram", passphrase=...)')
     if passphrase is not None and key is not None:
         raise ValidationError("pass either passphrase or key, not both")
@@ -313,14 +320,15 @@ class Engram:
     file again in the child.
     """
 
-    def __init__(self, store: Store, header: dict) -> None:
+    def __init__(self, store: Store, header: dict[str, Any]) -> None:
         self._store = store
         self._header = header
         self._tokenizer_settings: dict[str, Any] | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def _unlock(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> Engram:
+    def _unlock(cls, store: Store, *, passphrase: str | bytes | None, raw_key: bytes | None, encrypted: bool,
+                kdf: crypto.KDFParams | None) -> Engram:
         with store.read() as txn:
             fresh = txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
                 and txn.count("nodes") == 0 and txn.count("meta") == 0
@@ -352,7 +360,8 @@ class Engram:
         return engram
 
     @classmethod
-    def _initialize(cls, store: Store, *, passphrase, raw_key, encrypted: bool, kdf) -> Engram:
+    def _initialize(cls, store: Store, *, passphrase: str | bytes | None, raw_key: bytes | None, encrypted: bool,
+                    kdf: crypto.KDFParams | None) -> Engram:
         from . import __version__
 
         header: dict[str, Any] = {
@@ -565,7 +574,7 @@ class Engram:
                 item = item.replace(**fields)
             return item
         # dict first: an isinstance check against typing.Mapping costs microseconds per memory
-        data = dict(item) if isinstance(item, (dict, Mapping)) else {"content": item}
+        data: dict[str, Any] = dict(item) if isinstance(item, (dict, Mapping)) else {"content": item}
         data.update(fields)
         if not _NODE_FIELDS.issuperset(data):
             unknown = set(data) - _NODE_FIELDS
@@ -583,15 +592,16 @@ class Engram:
         """``[_build(item, {}, now) for item in items]``. A dict that gives the id and both
         timestamps and only node fields (a bulk load's records) goes to Node.from_fields as
         is; a batch of such dicts with the same keys, to Node.from_fields_many."""
-        items = items if isinstance(items, list) else list(items)
-        if items and set(map(type, items)) == {dict} and _direct(items[0]):
-            keys = items[0].keys()
-            if all(map(keys.__eq__, map(dict.keys, items))):
-                return Node.from_fields_many(items)
-        nodes = []
+        seq = items if isinstance(items, list) else list(items)
+        if seq and set(map(type, seq)) == {dict}:
+            dicts = cast("list[dict[str, Any]]", seq)  # every item is a dict, checked just above
+            keys = dicts[0].keys()
+            if _direct(dicts[0]) and all(map(keys.__eq__, map(dict.keys, dicts))):
+                return Node.from_fields_many(dicts)
+        nodes: list[Node] = []
         append, build = nodes.append, cls._build
-        for item in items:
-            append(Node.from_fields(item) if item.__class__ is dict and _direct(item) else build(item, {}, now))
+        for item in seq:
+            append(Node.from_fields(item) if type(item) is dict and _direct(item) else build(item, {}, now))
         return nodes
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
@@ -635,9 +645,9 @@ class Engram:
         """Record operations whose index changes go into one batch, flushed at the end:
         one write transaction makes at most one BM25 segment and one vector block."""
         tx = Transaction(self, txn)
-        tx._index_batch = self.indexes.batch(txn)  # index hook
+        tx._index_batch = batch = self.indexes.batch(txn)  # index hook
         yield tx
-        tx._index_batch.flush()
+        batch.flush()
 
     def procedure_rows(self) -> list[dict[str, Any]]:
         """The rows of the procedural graph (spec/agent.md); write them with
@@ -650,7 +660,11 @@ class Engram:
         with self._store.read() as txn:
             return Transaction(self, txn).archived(id)
 
-    def get(self, id: str, default: Any = ..., /, *, full: bool = False) -> Node:
+    @overload
+    def get(self, id: str, /, *, full: bool = False) -> Node: ...
+    @overload
+    def get(self, id: str, default: _D, /, *, full: bool = False) -> Node | _D: ...
+    def get(self, id: str, default: Any = ..., /, *, full: bool = False) -> Any:
         """The memory with this id.
 
         An archived memory comes back as its stub: ``node.archived`` is True and its
@@ -876,7 +890,7 @@ class Engram:
         self._header = header
         return _format_recovery_key(raw)
 
-    def export_key(self, path: str | os.PathLike) -> None:
+    def export_key(self, path: str | os.PathLike[str]) -> None:
         """Write the header (salt, KDF parameters, wrapped data keys; no secrets) to ``path``.
 
         Keep it apart from the data: if the file's header is ever damaged,
@@ -910,7 +924,10 @@ class Engram:
             raise ReadOnlyError("the file is open read-only")
 
     def _dek(self) -> bytes:
-        return self._store.sealer._dek  # the facade is the sealer's only other user
+        dek = self._store.sealer._dek  # the facade is the sealer's only other user
+        if dek is None:
+            raise ModeMismatchError("this file is plaintext; it has no keys")
+        return dek
 
     # -- maintenance ----------------------------------------------------------------------
     def compact(self) -> None:
@@ -927,7 +944,7 @@ class Engram:
             # records that shrank in place (archived, truncated) leave part-empty pages, and so
             # do rows inserted one by one; the compacting copy keeps pages as they are: refill first
             for table in ("nodes", "archive"):
-                self._store.write(lambda txn, t=table: txn.repack(t))
+                self._store.write(operator.methodcaller("repack", table))
         self._store.compact()
         # The compacted copy restarts LMDB's transaction ids, and the index caches are
         # labelled with them: a later commit could reuse a cached label and serve stale postings.
@@ -1074,7 +1091,7 @@ class Engram:
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
 
 
-def import_key(path: str | os.PathLike, keyfile: str | os.PathLike, *, passphrase: str | bytes | None = None,
+def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                key: bytes | str | None = None) -> None:
     """Put an exported header back into a file whose header is damaged.
 
@@ -1119,19 +1136,20 @@ class Transaction:
     def __init__(self, engram: Engram, txn: Txn) -> None:
         self._engram = engram
         self._txn = txn
+        self._index_batch: IndexBatch | None = None  # set by Engram._batched (add_many)
 
     @property
     def txn(self) -> Txn:
         """The store transaction underneath (for the maintenance pass)."""
         return self._txn
 
-    def _index(self, *, added: list = (), removed: list = ()) -> None:
+    def _index(self, *, added: Sequence[tuple[int, Node]] = (), removed: Sequence[tuple[int, Node]] = ()) -> None:
         if removed:  # maintenance hook: the change log an incremental pass starts from
             from .maintenance.run import log_changes
 
             log_changes(self._txn, [docno for docno, _ in removed])
         # Index changes go to the batch when one is open (add_many), else straight in.
-        batch = getattr(self, "_index_batch", None)
+        batch = self._index_batch
         if batch is None:
             self._engram.indexes.apply(self._txn, list(added), list(removed))
             return
@@ -1346,7 +1364,8 @@ def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
             return [canon(v) for v in value]
         return value
 
-    return canon(row)
+    canonical: dict[str, Any] = canon(row)
+    return canonical
 
 
 def _procedure_key(packed: bytes) -> bytes:

@@ -85,12 +85,12 @@ def _finite(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{name} must be a number, got {type(value).__name__}")
     try:
-        value = float(value)
+        number = float(value)
     except OverflowError:  # an int beyond float range, e.g. 10**400
         raise ValidationError(f"{name} is too large to be a number ({str(value)[:20]}...)") from None
-    if not math.isfinite(value):
-        raise ValidationError(f"{name} must be finite, got {value}")
-    return value
+    if not math.isfinite(number):
+        raise ValidationError(f"{name} must be finite, got {number}")
+    return number
 
 
 def _opt_int(name: str, value: Any) -> int | None:
@@ -251,7 +251,7 @@ class Node:
         """
         if not rows or not _columns_pass(rows):
             return [cls.from_fields(row) for row in rows]
-        nodes = []
+        nodes: list[Node] = []
         new, append = cls.__new__, nodes.append
         for row in rows:
             node = new(cls)
@@ -282,7 +282,7 @@ _FIELD_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in 
 # Each has a shortcut for the common value (a short id, an empty tuple, a finite float, an
 # empty mapping) that gives exactly what the full check would.
 
-def _check_id(d: dict) -> None:
+def _check_id(d: dict[str, Any]) -> None:
     id_ = d["id"]
     if not isinstance(id_, str) or not id_:
         raise ValidationError("id must be a non-empty string")
@@ -292,19 +292,19 @@ def _check_id(d: dict) -> None:
 
 
 def _check_string(name: str) -> Any:
-    def check(d: dict) -> None:
+    def check(d: dict[str, Any]) -> None:
         if not isinstance(d[name], str):
             raise ValidationError(f"{name} must be a string")
     return check
 
 
-def _check_content_size(d: dict) -> None:
+def _check_content_size(d: dict[str, Any]) -> None:
     if len(d["content"]) > MAX_CONTENT_BYTES:
         raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
 
 
 def _check_str_list(name: str) -> Any:
-    def check(d: dict) -> None:
+    def check(d: dict[str, Any]) -> None:
         value = d[name]
         if value.__class__ is not tuple or value:
             d[name] = _str_list(name, value)
@@ -314,7 +314,7 @@ def _check_str_list(name: str) -> Any:
 def _check_known(name: str, known: tuple[str, ...], unknown: Any) -> Any:
     """A check of a string-list field whose items must be in ``known`` (``unknown(item)``
     gives the error message)."""
-    def check(d: dict) -> None:
+    def check(d: dict[str, Any]) -> None:
         value = d[name]
         if value.__class__ is not tuple or value:
             items = d[name] = _str_list(name, value)
@@ -329,48 +329,48 @@ _check_emotions = _check_known("emotions", ALL_EMOTIONS, lambda e: f"unknown emo
 
 
 def _check_finite(name: str) -> Any:
-    def check(d: dict) -> None:
+    def check(d: dict[str, Any]) -> None:
         value = d[name]
         if value.__class__ is not float or value - value != 0.0:  # x - x is 0.0 for exactly the finite floats
             d[name] = _finite(name, value)
     return check
 
 
-def _check_importance_range(d: dict) -> None:
+def _check_importance_range(d: dict[str, Any]) -> None:
     if not 0.0 <= d["importance"] <= 1.0:  # decay divides by (1 + 2 * importance)
         raise ValidationError(f"importance must be between 0 and 1, got {d['importance']}",
                               hint="0 is the least important, 1 the most; the default is 0.5")
 
 
 def _check_opt_int(name: str) -> Any:
-    def check(d: dict) -> None:
+    def check(d: dict[str, Any]) -> None:
         if d[name] is not None:
             d[name] = _opt_int(name, d[name])
     return check
 
 
-def _check_resolved_date(d: dict) -> None:
+def _check_resolved_date(d: dict[str, Any]) -> None:
     if d["resolved_date"] is not None and not isinstance(d["resolved_date"], str):
         raise ValidationError("resolved_date must be an ISO date string or None")
 
 
-def _check_tier(d: dict) -> None:
+def _check_tier(d: dict[str, Any]) -> None:
     if d["tier"] not in TIERS:
         raise ValidationError(f"tier must be one of {', '.join(TIERS)}, got {d['tier']!r}")
 
 
-def _check_access_count(d: dict) -> None:
+def _check_access_count(d: dict[str, Any]) -> None:
     count = d["access_count"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValidationError("access_count must be a non-negative integer")
 
 
-def _check_pinned(d: dict) -> None:
+def _check_pinned(d: dict[str, Any]) -> None:
     if not isinstance(d["pinned"], bool):
         raise ValidationError("pinned must be a bool")
 
 
-def _check_metadata(d: dict) -> None:
+def _check_metadata(d: dict[str, Any]) -> None:
     metadata = d["metadata"]
     if metadata.__class__ is dict and not metadata:
         d["metadata"] = {}  # a copy, as _normalize_metadata makes
@@ -380,7 +380,7 @@ def _check_metadata(d: dict) -> None:
         d["metadata"] = _normalize_metadata(metadata)
 
 
-def _check_embeddings(d: dict) -> None:
+def _check_embeddings(d: dict[str, Any]) -> None:
     embeddings = d["embeddings"]
     if embeddings.__class__ is dict and not embeddings:
         d["embeddings"] = {}
@@ -432,7 +432,7 @@ def _field_check(name: str) -> Any:
 
     first, second = checks  # content and importance have two
 
-    def check_both(d: dict) -> None:
+    def check_both(d: dict[str, Any]) -> None:
         first(d)
         second(d)
     return check_both
@@ -449,10 +449,10 @@ _POST_INIT_CHECKS = tuple((name, check, _DEFAULT_OBJECTS[name]) for name, check 
 def _column_checks() -> dict[str, Any]:
     """Per field, a check of a whole column that implies every value passes the field's
     own check unchanged (exact types only: a subclass or a conversion goes row by row)."""
-    def texts(values: list) -> bool:
+    def texts(values: list[Any]) -> bool:
         return set(map(type, values)) == {str}
 
-    def finite(values: list) -> bool:
+    def finite(values: list[Any]) -> bool:
         return set(map(type, values)) == {float} and all(map(math.isfinite, values))
 
     return {
@@ -477,7 +477,7 @@ def _columns_pass(rows: Sequence[Mapping[str, Any]]) -> bool:
     if set(map(type, rows)) != {dict} or "id" not in first or not all(name in _COLUMN_CHECKS for name in first):
         return False
     keys = first.keys()
-    if not all(map(keys.__eq__, map(dict.keys, rows))):
+    if not all(keys == row.keys() for row in rows):
         return False
     return all(_COLUMN_CHECKS[name](list(map(operator.itemgetter(name), rows))) for name in first)
 
