@@ -88,6 +88,14 @@ DUMP_HEADER = "FILE:||||v3|dump"
 MAX_LINE_CHARS = 100 * 1024 * 1024
 MAX_RECORDS = 10**9
 _MAX_PRELUDE = 4096
+# Limits on hostile input (spec/aaak.md): a dump's @space lines cost nothing to write but
+# each automatic space gives every memory a vector, so a 10.7 KB dump declaring 20 automatic
+# spaces of 65,536 dims made a 524.5 MB store (issue 16, finding 8). The reader refuses more.
+MAX_DUMP_SPACES = 64
+MAX_DUMP_DIMS = 65_536  # the store's own limit (index.vectors.MAX_DIMS)
+MAX_AUTO_DIMS = 16_384  # all automatic spaces together
+_LIMIT_HINT = ("a dump written by engramdb stays within these limits (spec/aaak.md, 'Limits on hostile input'); "
+               "this one was made or edited elsewhere: do not restore it")
 _MAX_TJSON_DEPTH = 64
 
 _TRAILER_RE = re.compile(r"@end (0|[1-9][0-9]{0,17}) ([0-9a-f]{64})")
@@ -103,14 +111,16 @@ _OFFSETS_RE = re.compile(r"(-?[0-9]*)-(-?[0-9]*)")
 class _Err(Exception):
     """A grammar error inside one line; ``col`` is a 0-based offset into the line."""
 
-    def __init__(self, msg: str, col: int = 0) -> None:
+    def __init__(self, msg: str, col: int = 0, hint: str | None = None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.col = col
+        self.hint = hint
 
 
-def _parse_error(msg: str, lineno: int, col: int = 0, cls: type[AAAKParseError] = AAAKParseError) -> AAAKParseError:
-    return cls(msg, line=lineno, column=col + 1)
+def _parse_error(msg: str, lineno: int, col: int = 0, cls: type[AAAKParseError] = AAAKParseError,
+                 hint: str | None = None) -> AAAKParseError:
+    return cls(msg, line=lineno, column=col + 1, hint=hint)
 
 
 # --- escaping (spec section 2) ---------------------------------------------------
@@ -1428,8 +1438,13 @@ def write_dump(
             raise ValidationError(f"more than {_MAX_PRELUDE} {kind} keys")
         for key in mapping:
             _check_str(f"{kind} key", key)
-    if len(space_map) > _MAX_PRELUDE:
-        raise ValidationError(f"more than {_MAX_PRELUDE} embedding spaces")
+    if len(space_map) > MAX_DUMP_SPACES:
+        raise ValidationError(f"more than {MAX_DUMP_SPACES} embedding spaces: the dump could not be restored",
+                              hint="remove spaces you do not use (spec/aaak.md, 'Limits on hostile input')")
+    if sum(s["dims"] for s in space_map.values() if s.get("auto") is True) > MAX_AUTO_DIMS:
+        raise ValidationError(f"the automatic embedding spaces have more than {MAX_AUTO_DIMS} dims in total: "
+                              "the dump could not be restored",
+                              hint="remove automatic spaces you do not use (spec/aaak.md, 'Limits on hostile input')")
     edge_list = list(edges)
     for edge in edge_list:
         if not isinstance(edge, Edge):
@@ -1526,8 +1541,9 @@ class _DumpReader:
         self.counts = {"nodes": 0, "edges": 0, "archive": 0, "procedures": 0}
         self.digest = ""
 
-    def error(self, msg: str, col: int = 0, cls: type[AAAKParseError] = AAAKParseError) -> AAAKParseError:
-        return _parse_error(msg, self.lineno, col, cls)
+    def error(self, msg: str, col: int = 0, cls: type[AAAKParseError] = AAAKParseError,
+              hint: str | None = None) -> AAAKParseError:
+        return _parse_error(msg, self.lineno, col, cls, hint)
 
     def next_line(self) -> str | None:
         """The next line without its LF, or None at a clean end of input."""
@@ -1588,6 +1604,7 @@ class _DumpReader:
         header_sent = False
         stage = 0
         prelude_size = 0
+        auto_dims = 0
         last_key: Any = None
         pending: dict[str, Any] | None = None
         while True:
@@ -1651,9 +1668,13 @@ class _DumpReader:
                     last_key = key
                     target[key] = _tjson_loads(v_raw, v_off)
                 elif tag == "@space":
-                    if len(spaces) >= _MAX_PRELUDE:
-                        raise _Err(f"more than {_MAX_PRELUDE} spaces", 0)
+                    if len(spaces) >= MAX_DUMP_SPACES:
+                        raise _Err(f"more than {MAX_DUMP_SPACES} embedding spaces", 0, _LIMIT_HINT)
                     space = self.parse_space(line)
+                    auto_dims += space["dims"] if space.get("auto") is True else 0
+                    if auto_dims > MAX_AUTO_DIMS:
+                        raise _Err(f"the automatic embedding spaces have more than {MAX_AUTO_DIMS} dims in total "
+                                   "(every memory would get a vector that size in each)", 0, _LIMIT_HINT)
                     if last_key is not None and space["name"] <= last_key:
                         raise _Err("@space lines must be sorted by name and unique", 7)
                     last_key = space["name"]
@@ -1698,7 +1719,7 @@ class _DumpReader:
                     self.counts["procedures"] += 1
                     yield ProcedureRow(value)
             except _Err as err:
-                raise self.error(err.msg, err.col) from None
+                raise self.error(err.msg, err.col, hint=err.hint) from None
 
     def parse_space(self, line: str) -> dict[str, Any]:
         parts = _split(line, "|", 7)
@@ -1711,8 +1732,8 @@ class _DumpReader:
             "name": name, "model": _unesc(*parts[1]), "dims": _parse_int(*parts[2], unsigned=True),
             "dtype": _unesc(*parts[3]),
         }
-        if space["dims"] < 1:
-            raise _Err("dims must be positive", parts[2][1])
+        if not 0 < space["dims"] <= MAX_DUMP_DIMS:
+            raise _Err(f"dims must be in 1..{MAX_DUMP_DIMS}", parts[2][1], _LIMIT_HINT)
         if parts[4][0] not in ("0", "1"):
             raise _Err("normalized must be 0 or 1", parts[4][1])
         space["normalized"] = parts[4][0] == "1"
