@@ -625,7 +625,9 @@ def iter_terronex(
     if 12 + header_len > len(data):
         raise ImportFormatError("the Terronex file is truncated (header length beyond the end)")
     try:
-        header = msgpack.unpackb(data[12:12 + header_len], raw=False, strict_map_key=False)
+        header = _tx_unpack(data[12:12 + header_len])
+    except _TooBig as exc:
+        raise ImportFormatError(f"the Terronex header {exc}", hint=_BOMB_HINT) from None
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise ImportFormatError(f"the Terronex header is not valid msgpack: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("security"), dict):
@@ -653,7 +655,9 @@ def iter_terronex(
         except ValueError as exc:
             raise ImportFormatError(f"the Terronex payload cannot be decrypted: {exc}") from None
     try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        body = _tx_unpack(payload)
+    except _TooBig as exc:
+        raise ImportFormatError(f"the Terronex payload {exc}", hint=_BOMB_HINT) from None
     except Exception as exc:
         raise ImportFormatError(f"the Terronex payload is not valid msgpack: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("nodes", []), list):
@@ -682,6 +686,45 @@ def iter_terronex(
             yield from _tx_edges(link, id_prefix)
         except ValidationError as exc:
             raise ImportFormatError(f"Terronex link #{index}: {exc.message}") from None
+
+
+_BOMB_HINT = ("a Terronex file written by Terronex stays far within these limits (spec/file-format.md, "
+              "'Limits on hostile input'); this one was made to expand: do not import it")
+
+
+class _TooBig(Exception):
+    """A msgpack document holds more containers or longer ones than its size honestly needs."""
+
+
+def _tx_unpack(data: bytes) -> Any:
+    """Msgpack decoding bounded by the input's size (issue 16 finding 8: a 50 MB msgpack bomb took 3.5 GB).
+
+    Each byte of msgpack can become a 56-64 byte Python list or dict (``0x80`` is an empty
+    map), so besides the per-container caps (a string, bin or ext at most the input's
+    length; an array at most one element per 2 bytes; a map one entry per 4 bytes), the
+    number of arrays and maps is capped at one per 16 input bytes (plus 64): a real
+    Terronex node is a map of several fields with text, far more than 16 bytes per container.
+    """
+    import msgpack
+
+    size = len(data)
+    budget = [size // 16 + 64]
+
+    def count(value: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooBig(f"holds more than {size // 16 + 64} arrays and maps for its {size} bytes")
+        return value
+
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True,
+                               max_str_len=size, max_bin_len=size, max_ext_len=size,
+                               max_array_len=size // 2 + 16, max_map_len=size // 4 + 16,
+                               list_hook=count, object_hook=count)
+    except ValueError as exc:
+        if "exceeds max" in str(exc):  # msgpack's message for a container beyond the caps
+            raise _TooBig(f"declares a container too large for its {size} bytes ({exc})") from None
+        raise
 
 
 def _tx_nodes(raws: list, dims: int | None, space: str, id_prefix: str, entity_names: dict[str, list[str]],

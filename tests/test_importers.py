@@ -284,3 +284,37 @@ def test_detect_format_and_dispatch():
     assert sum(isinstance(x, Node) for x in iter_import(v2, now=NOW)) == 2
     with pytest.raises(ImportFormatError, match="dump"):
         iter_import(io.BytesIO(b"FILE:||||v3|dump\n"))
+
+
+def _with_payload(payload: bytes) -> bytes:
+    """A plain Terronex 1.x file whose payload is ``payload`` (integrity hash matching)."""
+    header = msgpack.packb({"version": [1, 0], "security": {"encrypted": False, "kdf": "none",
+                                                            "integrity": hashlib.sha256(payload).digest()}})
+    return b"ENGRAM\x01\x00" + struct.pack("<I", len(header)) + header + payload
+
+
+@pytest.mark.parametrize("bomb", [
+    # issue 16 finding 8: a 50 MB file of empty maps (1 byte each, 64 in Python) took 3.5 GB
+    b"\x81\xa5nodes\xdd" + struct.pack(">I", 200_000) + b"\x80" * 200_000,
+    b"\x81\xa5nodes\xdd" + struct.pack(">I", 200_000) + b"\x90" * 200_000,  # empty arrays
+    b"\x81\xa5nodes\xdd" + struct.pack(">I", 200_000) + b"\xc0" * 200_000,  # more elements than 2 bytes each
+    b"\x81\xa5nodes\xdd" + struct.pack(">I", 2**31) + b"\xc0" * 64,  # a length beyond the input
+    b"\x81\xa5nodes\xdd" + struct.pack(">I", 70_000) + b"\x81\xa0\x80" * 70_000,  # [{"": {}}, ...]: 2 per 3 bytes
+])
+def test_terronex_msgpack_bomb_is_refused(bomb):
+    with pytest.raises(ImportFormatError, match="too large|more than") as info:
+        list(iter_terronex(_with_payload(bomb)))
+    assert "Limits on hostile input" in info.value.hint
+
+
+def test_terronex_header_bomb_is_refused():
+    header = b"\xdd" + struct.pack(">I", 50_000) + b"\x80" * 50_000
+    data = b"ENGRAM\x01\x00" + struct.pack("<I", len(header)) + header
+    with pytest.raises(ImportFormatError, match="header .*too large") as info:
+        list(iter_terronex(data))
+    assert "Limits on hostile input" in info.value.hint
+
+
+def test_terronex_many_honest_nodes_fit_the_limits():
+    nodes = [{"id": f"n{i}", "content": "", "embedding": None} for i in range(2_000)]
+    assert len([x for x in iter_terronex(terronex_file(nodes)) if isinstance(x, Node)]) == 2_000
