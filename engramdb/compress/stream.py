@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import ValidationError
 from ..index.tunnels import jaccard
 from ..records import ALL_EMOTIONS, ALL_FLAGS, CompressResult, EntityIndex, Zettel
+from .dates import PartialDate
 from .entities import assign_codes
 from .links import build_tunnels, dedupe_tokens
 from .options import parse_options
@@ -95,7 +96,7 @@ class CompressStream:
         self._serial = 0
         self._input_length = 0
         self._recent: list[str] = []
-        self._session = None
+        self._session: PartialDate | None = None
         self._gender: dict[str, str] = {}
 
     @property

@@ -39,7 +39,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from itertools import accumulate
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ..records import EntityIndex, Tunnel, Zettel
 
@@ -96,14 +97,14 @@ def js_round2(x: float) -> float:
 _MEMO_MAX = 200_000
 
 
-class _Memo(dict):  # type: ignore[type-arg]
+class _Memo(dict[str, Any]):
     """A bounded memo of a pure function of one string."""
 
-    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, fn: Callable[[str], Any]) -> None:
         super().__init__()
         self.fn = fn
 
-    def __missing__(self, key: str):  # type: ignore[no-untyped-def]
+    def __missing__(self, key: str) -> Any:
         if len(self) > _MEMO_MAX:
             self.clear()
         value = self[key] = self.fn(key)
@@ -528,7 +529,7 @@ def extract_topics(text: str, stop_words: frozenset[str] = BASE_STOP_WORDS,
         return []
     uni = {low: st.score(n) for low, st in stats.items()}
 
-    phrases: dict[str, list] = {}  # type: ignore[type-arg]  # display -> [tokens, score, freq]
+    phrases: dict[str, list[Any]] = {}  # display -> [tokens, score, freq]
     # a phrase is 2 or 3 adjacent content words (not stop words, 4+ letters without
     # hyphens), at least two of them different
     ok = [not is_stop[k] and len(clean[k].replace("-", "")) >= 4 for k in range(n)]

@@ -141,7 +141,7 @@ def query_dates(query: str) -> list[QueryDate]:
         if m == "may" and not re.search(r"\bmay\s*,?\s*(1[89]|2[01])\d\d\b", query, re.I):
             continue
         months.append(MONTHS.index(m) + 1 if m in MONTHS else _MONTH_ABBR[m[:4] if m == "sept" else m[:3]])
-    out = set()
+    out: set[QueryDate] = set()
     for y in years:
         if months:
             out.update(QueryDate(y, m) for m in months)

@@ -19,7 +19,7 @@ import operator
 import re
 import string
 import unicodedata
-from typing import Any
+from typing import Any, Literal, cast
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+_NormalForm = Literal["NFC", "NFD", "NFKC", "NFKD"]
 _FAST_PATTERN = r"\w\w+"
 SETTINGS_VERSION = 1
 
@@ -247,7 +248,7 @@ class Tokenizer:
             raise ValidationError("stemmer must be a Snowball language name or None")
         self.stopwords_name = stopwords
         self.stemmer_name = stemmer
-        self.normalize = normalize
+        self.normalize = cast("_NormalForm | None", normalize)  # one of the four forms, checked above
         self._stop = frozenset(STOPWORD_SETS[stopwords])
         self._stop_keys = _stop_table(self._stop)
         # Same matches as TOKEN_PATTERN (maximal runs of two or more word characters: a

@@ -515,13 +515,15 @@ def link_sets(
     if score is None and len(items) > lsh_min:
         return _link_lsh(items, threshold, top_k, seed, margin)
     pairs = _candidates(items, lsh_min, seed, margin)
+    scored: Iterable[tuple[int, int, float]]
     if score is None:
-        scored = []
+        exact: list[tuple[int, int, float]] = []
         for i, j in pairs:  # jaccard() inlined: this loop runs once per candidate
             a, b = items[i], items[j]
             inter = len(a & b)
             if inter:
-                scored.append((i, j, inter / (len(a) + len(b) - inter)))
+                exact.append((i, j, inter / (len(a) + len(b) - inter)))
+        scored = exact
     else:
         scored = ((i, j, float(score(i, j))) for i, j in pairs)
     return select_links(scored, len(items), threshold=threshold, top_k=top_k)

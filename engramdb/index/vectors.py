@@ -430,6 +430,9 @@ class VectorIndex:
             if not todo:
                 continue
             emb = self.embedder(space)
+            if emb is None:  # auto spaces use the hashed model, whose embedder is built in
+                raise EmbeddingError(f"no embedder for the embedding space {name!r}",
+                                     hint="register one with set_embedder() before adding memories")
             mat = np.asarray(emb([texts[i] for i, _ in todo]), dtype=np.float32)
             entry = rows.setdefault(name, ([], []))
             for (_, docno), vec in zip(todo, mat):
