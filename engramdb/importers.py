@@ -609,7 +609,6 @@ def iter_terronex(
         ModeMismatchError: the file is encrypted and no passphrase was given.
         WrongPassphraseError: the passphrase does not decrypt the payload.
     """
-    import msgpack
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
