@@ -358,9 +358,9 @@ class _Renderer:
             return json.dumps(doc, indent=2, ensure_ascii=False)
         sub = CompressResult(zettels=views, tunnels=tunnels, entity_index=_index_for(views, self.result.entity_index),
                              meta=dict(self.meta))
-        doc = self.encode(sub)
+        text = self.encode(sub)
         # encode() always ends with the "@end <count> <sha256>" line: drop that last line
-        return doc[: doc.rindex("\n", 0, len(doc) - 1) + 1]
+        return text[: text.rindex("\n", 0, len(text) - 1) + 1]
 
     def attribution(self, z: Zettel) -> Said:
         said = self._said.get(id(z))

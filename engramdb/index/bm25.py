@@ -30,7 +30,7 @@ import math
 import struct
 import threading
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -601,8 +601,8 @@ class SegmentedBM25:
     def _postings(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A term's live (docnos, tfs, lengths) over all segments, in docno order."""
         cached = d.terms.get(blind) if not txn.write else None
-        if cached is not None:
-            return cached
+        if cached is not None:  # under the bare term: its (docnos, tfs, lengths)
+            return cast("tuple[np.ndarray, np.ndarray, np.ndarray]", cached)
         parts = []
         for segno in sorted(d.segs):
             blk = self._block(txn, blind, segno)
@@ -634,8 +634,8 @@ class SegmentedBM25:
         """
         key = (b"s", blind)
         cached = d.terms.get(key) if not txn.write else None
-        if cached is not None:
-            return cached
+        if cached is not None:  # under (b"s", term): its (docnos, scores)
+            return cast("tuple[np.ndarray, np.ndarray]", cached)
         docnos, tfs, dls = self._postings(txn, d, blind)
         if docnos.size and d.total_len > 0:
             contrib = float(lucene_idf(d.n_docs, docnos.size)) * lucene_tf_part(tfs, dls, d.total_len / d.n_docs)
