@@ -18,7 +18,7 @@ from .compress import compress
 from .backup import read_entities as stored_entities
 from .compress.entities import assign_codes
 from .engram import Engram
-from .errors import ValidationError
+from .errors import StoreError, ValidationError
 from .index import iter_nodes
 from .recall import default_source_loader
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
@@ -135,8 +135,8 @@ def _node_from_zettel(z: Zettel, source_text: str, source_name: str, id_prefix: 
         else z.quote
     return Node(
         id=id_prefix + z.id, content=content,
-        entities=z.entities, topics=z.topics, quote=z.quote,
-        weight=z.weight, flags=z.flags, emotions=z.emotions, source_start=z.source_start, source_end=z.source_end,
+        entities=tuple(z.entities), topics=tuple(z.topics), quote=z.quote,
+        weight=z.weight, flags=tuple(z.flags), emotions=tuple(z.emotions), source_start=z.source_start, source_end=z.source_end,
         resolved_date=z.resolved_date, source=source_name, created_at=stamp, last_accessed=stamp, **fields,
     )
 
@@ -183,6 +183,8 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
         txn.put("sources", engram._store.blind(b"source", stored_name.encode("utf-8", "surrogatepass")), encoded)
         for src, dst, label in tunnels:
             a, b = tx._docno(src), tx._docno(dst)
+            if a is None or b is None:  # both ends were stored just above, in this transaction
+                raise StoreError(f"a tunnel end ({src!r} or {dst!r}) is missing from the transaction")
             engram.indexes.graph.put(txn, a, b, Edge(src=src, dst=dst, kind="tunnel", label=label, created_at=stamp),
                                      derived=True)
         return [node.id for node in nodes]
