@@ -457,6 +457,18 @@ def _filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+@contextlib.contextmanager
+def _whole_file_progress(ctx: click.Context, path: str, desc: str) -> Iterator[None]:
+    """A bar over the file's bytes for a library call that reports no progress (LMDB's
+    compacting copy, verify): the total shows what is being worked through; it completes
+    when the call returns."""
+    size = os.stat(path).st_size if os.path.exists(path) else None
+    with _progress(ctx, desc=desc, unit="B", unit_scale=True, total=size) as bar:
+        yield
+        if size:
+            bar.update(size)
+
+
 def _text_arg(text: str) -> str:
     """TEXT, or stdin for "-" without the newline(s) that end it: `echo hi | engramdb add F -`
     stores "hi", as the shell's $(...) would (issue 12, bug 8)."""
@@ -822,7 +834,9 @@ def verify(ctx: click.Context, file: str, fix: bool, as_json: bool) -> None:
 
         engramdb verify notes.engram
     """
-    with _open(ctx, file, readonly=not fix, repair=True) as db:  # verify reports what an open refuses
+    # verify reports what an open refuses; the bar is by the file's bytes, done at the end
+    # (the checks report no progress of their own)
+    with _open(ctx, file, readonly=not fix, repair=True) as db, _whole_file_progress(ctx, file, "verifying"):
         problems = db.verify(fix=fix)
     _emit([{"kind": p.kind, "detail": p.detail} for p in problems], as_json,
           lambda ps: "\n".join(f"{p['kind']}: {p['detail']}" for p in ps) if ps else "ok")
@@ -842,7 +856,7 @@ def compact(ctx: click.Context, file: str, as_json: bool) -> None:
         engramdb compact notes.engram
     """
     before = os.stat(file).st_size if os.path.exists(file) else 0
-    with _open(ctx, file) as db:
+    with _open(ctx, file) as db, _whole_file_progress(ctx, file, "compacting"):
         db.compact()
     _emit({"file": file, "before": before, "after": os.stat(file).st_size}, as_json,
           lambda d: f"compacted {file}: {d['before']} -> {d['after']} bytes")

@@ -124,6 +124,11 @@ def test_progress_bars_have_a_total_and_quiet_hides_them(run, tmp_path, monkeypa
     assert shown.exit_code == 0 and "dumping" in shown.stderr and "/3 [" in shown.stderr  # the total
     quiet = run("dump", f, "-o", str(tmp_path / "d2.aaak"), "--quiet")
     assert quiet.exit_code == 0 and quiet.stderr == ""
+    for command, word in (("verify", "verifying"), ("compact", "compacting")):
+        shown = run(command, f)
+        assert shown.exit_code == 0 and word in shown.stderr, shown.stderr
+        assert "0%|" in shown.stderr  # a percentage: the bar has a total (the file's bytes)
+        assert run(command, f, "-q").stderr == ""
 
 
 def test_new_commands_get_the_global_options():
