@@ -93,3 +93,31 @@ def test_scan_and_recall_take_the_same_filters_with_the_same_meaning(tmp_engram)
         db.scan(tier="cold", tiers=["hot"])
     with pytest.raises(ValidationError):  # raised at the call, not at the first next()
         db.scan(after="someday")
+
+
+def _fuzz_target():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_filters.py"
+    spec = importlib.util.spec_from_file_location("fuzz_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fuzz_filters_corpus_replays():
+    target = _fuzz_target()
+    from pathlib import Path
+
+    seeds = sorted(Path(target.CORPUS).iterdir())
+    assert len(seeds) >= 25
+    for seed in seeds:
+        target.TestOneInput(seed.read_bytes())
+
+
+def test_the_fuzz_filters_oracle_can_fail(monkeypatch):
+    target = _fuzz_target()
+    monkeypatch.setattr(target, "parse_time", lambda value, name: float("inf"))
+    with pytest.raises(AssertionError):
+        target.TestOneInput(b"2023-05-01")
