@@ -1440,11 +1440,11 @@ def write_dump(
             _check_str(f"{kind} key", key)
     if len(space_map) > MAX_DUMP_SPACES:
         raise ValidationError(f"more than {MAX_DUMP_SPACES} embedding spaces: the dump could not be restored",
-                              hint="remove spaces you do not use (spec/aaak.md, 'Limits on hostile input')")
+                              hint="remove embedding spaces you do not use before dumping")
     if sum(s["dims"] for s in space_map.values() if s.get("auto") is True) > MAX_AUTO_DIMS:
         raise ValidationError(f"the automatic embedding spaces have more than {MAX_AUTO_DIMS} dims in total: "
                               "the dump could not be restored",
-                              hint="remove automatic spaces you do not use (spec/aaak.md, 'Limits on hostile input')")
+                              hint="remove automatic embedding spaces you do not use before dumping")
     edge_list = list(edges)
     for edge in edge_list:
         if not isinstance(edge, Edge):
