@@ -31,7 +31,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import combinations, count
 from string import ascii_uppercase
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -56,16 +56,15 @@ __all__ = [
 def _upper_class() -> str:
     # every uppercase letter of the BMP as a regex class, built once: Python's re has
     # no \p{Lu}, and an ASCII-only class would miss "Émile" or "Øyvind"
-    ranges = []
-    start = prev = None
+    ranges: list[tuple[int, int]] = []
+    start = prev = -2  # no run yet: cp == prev + 1 never holds for cp >= 0
     for cp in range(0x10000):
         if chr(cp).isupper():
-            if start is None:
-                start = prev = cp
-            elif cp == prev + 1:
+            if cp == prev + 1:
                 prev = cp
             else:
-                ranges.append((start, prev))
+                if start >= 0:
+                    ranges.append((start, prev))
                 start = prev = cp
     ranges.append((start, prev))
     return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
@@ -327,7 +326,7 @@ def resolve_coreferences(
     """
     gender = _GenderOf(gender)
     recent_list = list(recent)
-    last = {"female": None, "male": None}
+    last: dict[str, str | None] = {"female": None, "male": None}
     for name in recent_list:
         g = gender.get(name)
         if g:
@@ -357,8 +356,9 @@ def resolve_coreferences(
     return out, recent_list
 
 
-class _GenderOf(dict):
-    def get(self, name, default=None):  # type: ignore[override]
+class _GenderOf(dict[str, str]):
+    # dict.get's overloads do not allow a gazetteer fallback; callers only use get(name)
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
         return super().get(name) or gazetteer_gender(name) or default
 
 
@@ -402,12 +402,16 @@ def _own_code_iter(letters: str) -> Iterator[str]:
         yield first + rest[i] + rest[j]
 
 
+def _first_plus(first: str, n: int, k: int) -> str:
+    return first + _nth(k, n)
+
+
 def _stages(first: str) -> Iterator[tuple[tuple, int, Callable[[int], str]]]:
     """The shared fallback ranges after a name's own codes: ``(key, size, k -> code)``."""
     yield ("first+2", first), 26 ** 2, lambda k: first + _nth(k, 2)
     yield ("any3",), 26 ** 3, lambda k: _nth(k, 3)
     for length in count(3):  # then longer codes: the space never runs out
-        yield ("first+n", first, length), 26 ** length, lambda k, n=length: first + _nth(k, n)
+        yield ("first+n", first, length), 26 ** length, partial(_first_plus, first, length)
 
 
 def code_candidates(name: str) -> Iterator[str]:
