@@ -173,7 +173,7 @@ PASSAGE_SEPARATOR = "\n\n"
 
 
 def _expander(indexes: Indexes) -> Expander:
-    exp = getattr(indexes, "_recall_expander", None)
+    exp = indexes._recall_expander
     if exp is None or exp.tokenizer is not indexes.tokenizer:
         exp = Expander(indexes.tokenizer)
         indexes._recall_expander = exp

@@ -23,6 +23,7 @@ from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
 from .bm25 import SegmentedBM25, TermDocs, snapshot_id
 from .graph import Graph
+from .synonyms import Expander
 from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
 
@@ -119,6 +120,7 @@ class Indexes:
         self.graph = Graph()
         self._read_cache: dict[Any, Any] = {}
         self._read_cache_id: int | None = None
+        self._recall_expander: Expander | None = None  # recall's query expander, kept per handle
 
     def read_cache(self, txn: Any) -> dict[Any, Any] | None:
         """A dict for memoising reads of ``txn``'s committed state (decoded nodes, edges),
