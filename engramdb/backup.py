@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import io
 import os
+from functools import partial
 from typing import Any, BinaryIO, TextIO, TypeVar
 from collections.abc import Callable, Iterator
 
@@ -55,7 +56,7 @@ class _Salvage:
             return None
 
 
-def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, str]]:
+def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, Any]]:
     """One pass over the records: docnos in id order, their ids, every edge, and the source texts."""
     order: list[tuple[str, int]] = []
     names: set[str] = set()
@@ -72,7 +73,7 @@ def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[
     for docno in ids:
         out = salvage.attempt(f"edges of memory #{docno}", graph.outgoing, txn, docno) or ()
         edges.extend(edge for dst, edge, _ in out if dst in ids)
-    sources = {}
+    sources: dict[str, Any] = {}  # the dump's @meta: source texts, and the entity table
     for name in sorted(names):
         blind = engram._store.blind(b"source", name.encode("utf-8", "surrogatepass"))
         raw = salvage.attempt(f"source text {name!r}", txn.get, "sources", blind)
@@ -100,6 +101,14 @@ def _procedures(txn: Any, salvage: _Salvage) -> list[Any]:
         if row is not None:
             rows.append(row)
     return rows
+
+
+def _read_node(txn: Any, docno: int) -> Node:
+    """The memory ``docno``, which the scan that listed it found in this same transaction."""
+    data = txn.get("nodes", codec.u64(docno))
+    if data is None:
+        raise CorruptFileError(f"memory #{docno} is listed but not stored")
+    return codec.decode_node(data)
 
 
 def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, every: int = 1000) -> Iterator[Node]:
@@ -138,7 +147,7 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         table = salvage.attempt("the entity table", lambda: read_entities(txn))
         if table:
             sources[ENTITIES_META] = table
-        nodes = _counting((codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos), progress)
+        nodes = _counting((_read_node(txn, docno) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
                                nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
                                procedures=_procedures(txn, salvage))
@@ -256,6 +265,8 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, for
         header = next(items)
     except StopIteration:
         raise AAAKParseError("the dump is empty") from None
+    if not isinstance(header, aaak.DumpHeader):  # read_dump yields the header first
+        raise AAAKParseError("the dump does not start with its header")
     tokenizer = header.settings.get("tokenizer")
     busy = AlreadyOpenError(f"another restore to {path} is in progress ({tmp} is in use)",
                             hint="wait for it to finish, or choose another path")
@@ -351,7 +362,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
 
     rows = [*archive, *procedures]
     for start in range(0, len(rows), RESTORE_BATCH):
-        db._store.write(lambda txn, chunk=rows[start:start + RESTORE_BATCH]: put_rows(txn, chunk))
+        db._store.write(partial(put_rows, rows=rows[start:start + RESTORE_BATCH]))
     for start in range(0, len(edges), RESTORE_BATCH):
         chunk = edges[start:start + RESTORE_BATCH]
 
@@ -511,7 +522,7 @@ def dump_v2(engram: Engram, fp: TextIO | BinaryIO) -> bool:
     """
     with engram._store.read() as txn:
         docnos, _, edges, _ = _scan(engram, txn, _Salvage(None))
-        nodes = [codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos]
+        nodes = [_read_node(txn, docno) for docno in docnos]
         table = read_entities(txn)
     result, renumbered = zettel_view(nodes, edges, table)
     _write_text(fp, aaak.encode(result, version=2))
