@@ -11,7 +11,8 @@ Scoring (spec/bm25.md, "Recall"):
   candidates by its score plus ``HOP_WEIGHT`` times the score one step of personalised
   PageRank moves to them over edges and tunnels from the other candidates, so the
   neighbours of strong matches rise (and join the list);
-* ``rrf``: reciprocal rank fusion ``sum 1 / (RRF_K + rank)`` over those rankings;
+* ``rrf``: weighted reciprocal rank fusion ``sum w / (RRF_K + rank)`` over those rankings
+  (``w`` = 1 for BM25; for a space, its agreement with BM25: :func:`fusion_weight`);
 * multiplied by the tier boost, by ``SUPERSEDED_PENALTY`` when another memory
   supersedes this one, and by ``1 + DATE_WEIGHT * proximity`` when the query names a
   year or month near the memory's ``resolved_date``.
@@ -60,6 +61,11 @@ TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
 HOP_WEIGHT = 0.6
 MIN_VECTOR_SCORE = 1e-5
+# Fusion weights of the vector spaces (spec/recall.md, "Fusion weights"; module settings a
+# caller may override): a space is trusted by its agreement with BM25's top results.
+VECTOR_WEIGHT = 1.0
+AGREEMENT_DEPTH = 10
+AGREEMENT_POWER = 2.0
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
 CANDIDATES_PER_K = 8
 MIN_CANDIDATES = 50
@@ -366,9 +372,10 @@ class _Run:
              features: dict[int, dict[str, float]], dates: Sequence[QueryDate], top_k: int, explain: bool,
              min_relevance: float) -> list[Hit]:
         fused: dict[int, float] = {}
-        for _, ranking in rankings:
+        for name, ranking in rankings:
+            weight = fusion_weight(name, ranking, rankings)
             for rank, (docno, _, _) in enumerate(ranking, start=1):
-                fused[docno] = fused.get(docno, 0.0) + 1.0 / (RRF_K + rank)
+                fused[docno] = fused.get(docno, 0.0) + weight / (RRF_K + rank)
         relevance = {docno: relevance_of(features.get(docno, {})) for docno in fused}
         parts = _explain_parts(rankings) if explain else None
         if parts is not None:
@@ -410,6 +417,26 @@ class _Run:
         if parts is not None:
             parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
         return base * tier * superseded * (1.0 + date)
+
+
+def fusion_weight(name: str, ranking: Sequence[tuple[int, float, float]],
+                  rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> float:
+    """The RRF weight of one retriever (spec/recall.md, "Fusion weights").
+
+    BM25 weighs 1. A vector space weighs ``VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) **
+    AGREEMENT_POWER``, where ``overlap`` is how many of its top ``AGREEMENT_DEPTH`` are also
+    in BM25's: a space that disagrees with the lexical match (a weak or unrelated model)
+    is trusted little, one that agrees adds its evidence. Without a BM25 ranking (no
+    query term matched) a space weighs ``VECTOR_WEIGHT``.
+    """
+    if name == "bm25":
+        return 1.0
+    lexical = next((r for n, r in rankings if n == "bm25"), None)
+    if not lexical:
+        return VECTOR_WEIGHT
+    lex_top = {docno for docno, _, _ in lexical[:AGREEMENT_DEPTH]}
+    overlap = sum(1 for docno, _, _ in ranking[:AGREEMENT_DEPTH] if docno in lex_top)
+    return VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) ** AGREEMENT_POWER
 
 
 def _bm25_features(txn: Any, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
