@@ -94,7 +94,8 @@ _MAX_PRELUDE = 4096
 MAX_DUMP_SPACES = 64
 MAX_DUMP_DIMS = 65_536  # the store's own limit (index.vectors.MAX_DIMS)
 MAX_AUTO_DIMS = 16_384  # all automatic spaces together
-_LIMIT_HINT = ("a dump written by engramdb stays within these limits (spec/aaak.md, 'Limits on hostile input'); "
+_LIMIT_HINT = ("a dump written by engramdb stays within these limits ('Limits on hostile input' in the AAAK "
+               "specification); "
                "this one was made or edited elsewhere: do not restore it")
 _MAX_TJSON_DEPTH = 64
 

@@ -687,7 +687,7 @@ def iter_terronex(
             raise ImportFormatError(f"Terronex link #{index}: {exc.message}") from None
 
 
-_BOMB_HINT = ("a Terronex file written by Terronex stays far within these limits (spec/aaak.md section 7, "
+_BOMB_HINT = ("a Terronex file written by Terronex stays far within these limits (the AAAK specification's "
               "'Limits on hostile input'); this one was made to expand: do not import it")
 
 
