@@ -6,7 +6,6 @@ error. Passphrases come from ENGRAM_PASSPHRASE, --passphrase-file or a prompt, n
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import stat
@@ -21,11 +20,11 @@ from . import __version__
 from . import engram as engram_mod
 from .crypto import KDFParams
 from .errors import (
-    AlreadyOpenError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
+    DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
     ModeMismatchError, ValidationError, WrongPassphraseError,
 )
 from .records import ALL_FLAGS, EDGE_KINDS, TIERS
-from .store import DEFAULT_TIMEOUT, create_private, remove_if_abandoned
+from .store import DEFAULT_TIMEOUT, atomic_file
 from .tokens import estimate_tokens
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
@@ -361,13 +360,11 @@ def _refuse_same_file(target: str | None, store: str, what: str) -> None:
                               hint="write to another path")
 
 
-PARTIAL_SUFFIX = ".partial"
-
-
 @contextlib.contextmanager
 def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
-    """stdout, or ``path`` replaced atomically through ``path + ".partial"``, created
-    readable by its owner only (dumps and exports hold the store's plaintext).
+    """stdout, or ``path`` replaced atomically through ``path + ".partial"``
+    (store.atomic_file: created readable by its owner only, as dumps and exports hold the
+    store's plaintext).
 
     The temporary name is fixed and visible, not click's hidden random one: an interrupted
     run leaves one file the user can see, and the next run removes it first. A device or
@@ -383,35 +380,8 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
         with open(path, mode, **kwargs) as out:
             yield out
         return
-    tmp = path + PARTIAL_SUFFIX
-    fd = _create_partial(tmp)
-    try:
-        with os.fdopen(fd, mode, **kwargs) as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _create_partial(tmp: str) -> int:
-    """Create ``tmp`` new, mode 0600, locked (flock) until it is renamed into place, so that a
-    leftover of a killed run (unlocked) is removed and another run's file in progress is not."""
-    while True:
-        remove_if_abandoned(tmp)
-        try:
-            fd = create_private(tmp)
-        except FileExistsError:
-            raise AlreadyOpenError(f"{tmp} is being written by another engramdb command",
-                                   hint="wait for it to finish, or write to another path") from None
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
-                return fd
-        os.close(fd)  # removed as abandoned between its creation and our lock: start again
+    with atomic_file(path, mode, **kwargs) as out:
+        yield out
 def _check_time(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """An --after/--before value the library's date parser accepts, or a usage error."""
     from .filters import parse_time

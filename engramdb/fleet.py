@@ -15,7 +15,6 @@ paths, or a callable) and resolve it on the worker.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import json
@@ -27,6 +26,7 @@ from typing import Any
 
 from . import engram, errors
 from .errors import AlreadyOpenError, ConfigMismatchError, EngramError, ValidationError, WriteConflictError
+from .store import atomic_file
 
 __all__ = [
     "JOBS", "INSTALL_HINT", "FileResult", "FleetReport", "run", "run_one",
@@ -167,18 +167,8 @@ def _write_dump(db: Any, path: str, out: str) -> dict[str, Any]:
             records = db.dump(fh)
         return {"dump": target, "records": records}
     target = os.path.join(out, name)
-    partial = target + ".partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            records = db.dump(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(partial, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
+    with atomic_file(target) as fh:
+        records = db.dump(fh)
     return {"dump": target, "records": records, "bytes": os.path.getsize(target)}
 
 

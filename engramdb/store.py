@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import IO, Any, TypeVar
 from collections.abc import Callable, Iterator
 
 import lmdb
@@ -163,6 +163,47 @@ def create_private(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.fchmod(fd, 0o600)  # O_CREAT's mode is already 0600 under any umask; this documents it
     return fd
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]:
+    """A new file at ``path``, written through ``path + ".partial"`` and renamed into place
+    after an fsync; on any error the partial file is removed and ``path`` is untouched.
+
+    The partial file is created mode 0600 (dumps and exports hold the store's plaintext) and
+    flock-ed until its rename, so a leftover of a killed run (unlocked) is removed by the next
+    run, while another run's file in progress is not: that run raises AlreadyOpenError.
+    """
+    tmp = path + PARTIAL_SUFFIX
+    fd = _create_partial(tmp)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _create_partial(tmp: str) -> int:
+    while True:
+        remove_if_abandoned(tmp)
+        try:
+            fd = create_private(tmp)
+        except FileExistsError:
+            raise AlreadyOpenError(f"{tmp} is being written by another engramdb command",
+                                   hint="wait for it to finish, or write to another path") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return fd
+        os.close(fd)  # removed as abandoned between its creation and our lock: start again
 
 
 def remove_if_abandoned(path: str, sidecars: tuple[str, ...] = ()) -> bool:

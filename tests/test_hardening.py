@@ -839,3 +839,46 @@ def test_the_cli_verify_reports_and_fixes_what_an_open_refuses(tmp_path):
     assert runner.invoke(cli, ["verify", str(path)], env=env).output.strip() == "ok"
     with engram.open(path, passphrase=PASSPHRASE, verify=True) as db:
         assert db.get("k").content == "kept"
+
+
+def test_atomic_file_replaces_only_on_success_and_respects_a_file_in_progress(tmp_path):
+    import fcntl
+
+    from engramdb.errors import AlreadyOpenError
+    from engramdb.store import atomic_file
+
+    target = tmp_path / "t.out"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_file(str(target)) as fh:
+        fh.write(b"half")
+        raise RuntimeError("interrupted")
+    assert target.read_bytes() == b"old" and not os.path.exists(str(target) + ".partial")
+
+    with atomic_file(str(target), "w", encoding="utf-8") as fh:
+        assert os.stat(fh.fileno()).st_mode & 0o777 == 0o600
+        fh.write("new")
+    assert target.read_text() == "new"
+
+    partial = str(target) + ".partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o600)  # another writer's file, locked
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(AlreadyOpenError), atomic_file(str(target)):
+            pass
+        assert os.path.exists(partial)
+    finally:
+        os.close(fd)
+
+
+def test_a_fleet_dump_removes_a_killed_runs_partial_file(tmp_path):
+    """The fleet's local dumps go through the same atomic writer as `dump -o` (one copy of it)."""
+    from engramdb import fleet
+
+    path = tmp_path / "f.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("a memory")
+        leftover = tmp_path / "f.aaak.partial"
+        leftover.write_bytes(b"")  # what a killed dump leaves: unlocked
+        result = fleet._write_dump(db, str(path), str(tmp_path))
+    assert result["dump"] == str(tmp_path / "f.aaak") and result["records"] >= 1
+    assert not leftover.exists() and (tmp_path / "f.aaak").read_text().startswith("FILE:")
