@@ -22,6 +22,7 @@ from operator import mul
 from collections.abc import Collection
 
 from .entities import UPPER_CLASS
+from .zc import sentence_length_bonus
 
 __all__ = ["select_quote", "split_sentences"]
 
@@ -117,18 +118,10 @@ def select_quote(text: str, vocab: Collection[str] | None = None) -> str:
     for i, words in enumerate(lower_words):
         count = len(words)
         decisions = sum(map(is_decision, _WORD.findall(lowered[i]))) if any_decision else 0
-        if 10 <= count <= 25:
-            length_bonus = 0.2
-        elif count < 5:
-            length_bonus = -0.3
-        elif count > 40:
-            length_bonus = -0.1
-        else:
-            length_bonus = 0.0
         density = (
             (decisions / count if count else 0.0) * 3.0
             + decisions * 0.4
-            + length_bonus
+            + sentence_length_bonus(count)
             + (len(word_sets[i]) / count if count else 0.0) * 0.3
             + (0.1 if i == 0 or i == last else 0.0)
             - (1.0 if mixed and starts_lower[i] else 0.0)

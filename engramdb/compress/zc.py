@@ -651,6 +651,17 @@ def _u16_slice(s: str, n: int) -> str:
     return "".join(out)
 
 
+def sentence_length_bonus(words: int) -> float:
+    """The key-quote score's preference for sentences of 10-25 words (zettel-compress 1.0.0)."""
+    if 10 <= words <= 25:
+        return 0.2
+    if words < 5:
+        return -0.3
+    if words > 40:
+        return -0.1
+    return 0.0
+
+
 def select_key_sentence(text: str) -> str:
     """The chunk's most representative sentence (TextRank blended with decision words)."""
     trimmed = js_trim(text)
@@ -667,14 +678,7 @@ def select_key_sentence(text: str) -> str:
         count = len(words)
         decision = sum(1 for w in words if _az_lower(w) in DECISION_WORDS)
         density = decision / count if count else 0.0
-        if 10 <= count <= 25:
-            length_bonus = 0.2
-        elif count < 5:
-            length_bonus = -0.3
-        elif count > 40:
-            length_bonus = -0.1
-        else:
-            length_bonus = 0.0
+        length_bonus = sentence_length_bonus(count)
         unique = len(set(words)) / count if count else 0.0
         position = 0.1 if i == 0 or i == last else 0.0
         decision_score = density * 3.0 + decision * 0.4 + length_bonus + unique * 0.3 + position
