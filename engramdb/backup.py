@@ -224,7 +224,7 @@ def _looks_like_a_path(data: str | bytes) -> bool:
     return bool(text) and "\n" not in text and not "FILE:".startswith(text[:5])
 
 
-def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike, *, force: bool = False,
+def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike[str], *, force: bool = False,
             allow_edited: bool = False, progress: Callable[[int], None] | None = None,
             **open_options: Any) -> int:
     """Rebuild a store at ``path`` from an AAAK v3 dump; returns the number of memories.

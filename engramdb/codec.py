@@ -71,7 +71,8 @@ def u64(n: int) -> bytes:
 def from_u64(data: bytes) -> int:
     if len(data) != 8:
         raise CorruptFileError("an 8-byte number has the wrong length")
-    return _U64.unpack(data)[0]
+    n: int = _U64.unpack(data)[0]
+    return n
 
 
 def pack_archive(content: str) -> bytes:

@@ -38,7 +38,7 @@ _TIME_HINT = ("e.g. after='2023-05-01' (or '2023', '2023-05', '2023-05-01T12:00:
               "after=datetime.date(2023, 5, 1), or a Unix timestamp")
 
 
-def parse_time(value: Any, name: str = "time") -> float | None:
+def parse_time(value: object, name: str = "time") -> float | None:
     """``value`` as a Unix timestamp (None stays None); see the module docstring for the forms.
 
     Raises:
@@ -47,9 +47,8 @@ def parse_time(value: Any, name: str = "time") -> float | None:
     if value is None:
         return None
     if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return value.timestamp()
+        aware = value.replace(tzinfo=_dt.timezone.utc) if value.tzinfo is None else value
+        return aware.timestamp()
     if isinstance(value, _dt.date):
         return _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc).timestamp()
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -75,9 +74,8 @@ def _iso_bound(value: Any) -> str:
         text = value.strip()
         return text[:10] if len(text) > 10 else text
     if isinstance(value, _dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(_dt.timezone.utc)
-        return value.date().isoformat()
+        utc = value.astimezone(_dt.timezone.utc) if value.tzinfo is not None else value
+        return utc.date().isoformat()
     if isinstance(value, _dt.date):
         return value.isoformat()
     try:

@@ -436,7 +436,8 @@ def fusion_weight(name: str, ranking: Sequence[tuple[int, float, float]],
         return VECTOR_WEIGHT
     lex_top = {docno for docno, _, _ in lexical[:AGREEMENT_DEPTH]}
     overlap = sum(1 for docno, _, _ in ranking[:AGREEMENT_DEPTH] if docno in lex_top)
-    return VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) ** AGREEMENT_POWER
+    weight: float = VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) ** AGREEMENT_POWER  # float ** float: typed Any
+    return weight
 
 
 def _bm25_features(txn: Any, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
@@ -496,7 +497,8 @@ def _touch(store: Any, hits: list[Hit], now: float) -> list[Hit]:
                            relevance=hit.relevance))
         return out
 
-    return store.write(bump)
+    bumped: list[Hit] = store.write(bump)
+    return bumped
 
 
 # --- small-to-big context ---------------------------------------------------------------
@@ -510,9 +512,10 @@ def default_source_loader(store: Any) -> Callable[[Any, str], str | None]:
         if raw is None:
             return None
         try:
-            return raw.decode("utf-8")
+            text: str = raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
+        return text
 
     return load
 

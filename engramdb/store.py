@@ -26,8 +26,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, TypeVar
-from collections.abc import Callable, Iterator
+from typing import IO, Any, TypedDict, TypeVar
+from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
 
@@ -63,6 +63,19 @@ _SNIFF = (
      "`engramdb import FILE NEW.engram`"),
     (b"AAAK-ENC", "an encrypted AAAK dump", "rebuild a store from it with `engramdb restore DUMP NEW.engram`"),
 )
+
+
+class EnvInfo(TypedDict):
+    """:meth:`Store.env_info`: LMDB's environment info, its page size and the file's size (bytes)."""
+
+    map_addr: int
+    map_size: int
+    last_pgno: int
+    last_txnid: int
+    max_readers: int
+    num_readers: int
+    psize: int
+    file_size: int
 
 
 @dataclass
@@ -254,7 +267,8 @@ def _meta_txnid(path: str) -> int:
     except OSError:
         return 0
     pages = [page for page in (first, second) if len(page) >= _META_TXNID + 8]
-    return max(struct.unpack_from("<Q", page, _META_TXNID)[0] for page in pages)
+    txnids: list[int] = [struct.unpack_from("<Q", page, _META_TXNID)[0] for page in pages]
+    return max(txnids)
 
 
 def _stat_key(fd: int) -> tuple[int, ...]:
@@ -589,7 +603,7 @@ class _Env:
             raise CorruptFileError(f"{self.path} is truncated: its last pages are missing",
                                    hint="restore the file from a dump or backup")
 
-    def _open_dbs(self, *, create: bool, new_file: bool, writer_held: bool = False) -> dict:
+    def _open_dbs(self, *, create: bool, new_file: bool, writer_held: bool = False) -> dict[str, lmdb._Database]:
         try:
             with self.env.begin() as txn:
                 present = [txn.get(_DB_NAMES[name]) is not None for name in TABLES]
@@ -607,7 +621,7 @@ class _Env:
         except lmdb.Error as exc:  # the main B-tree is damaged (an unverified open)
             raise _map_lmdb_error(exc, f"cannot open the tables of {self.path}") from None
 
-    def _open_tables(self, *, create: bool, writer_held: bool) -> dict:
+    def _open_tables(self, *, create: bool, writer_held: bool) -> dict[str, lmdb._Database]:
         if self.readonly or writer_held:
             return {name: self.env.open_db(_DB_NAMES[name], create=False) for name in TABLES}
         # py-lmdb opens a read-write environment's tables in a write transaction, which waits
@@ -772,7 +786,10 @@ def structural_problems(path: str) -> list[str]:
 
     It reads the file with plain I/O, never through a mapping, so a damaged file cannot crash it.
     """
-    from lmdb.verify import verify as lmdb_verify
+    from lmdb.verify import verify as untyped_verify
+
+    # lmdb/verify.py ships no annotations (the rest of lmdb does): the library boundary
+    lmdb_verify: Callable[..., Iterable[str]] = untyped_verify
 
     try:
         return list(lmdb_verify(path, subdir=False))
@@ -1268,7 +1285,7 @@ class Store:
         self._sealer = sealer
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, readonly: bool = False, create: bool = True,
+    def open(cls, path: str | os.PathLike[str], *, readonly: bool = False, create: bool = True,
              map_size: int | None = None, verify: bool = False,
              timeout: float | None = DEFAULT_TIMEOUT) -> Store:
         """Open (or share) the environment of ``path``.
@@ -1434,12 +1451,10 @@ class Store:
         raise AssertionError("unreachable")
 
     # -- whole-file operations --------------------------------------------------------
-    def env_info(self) -> dict:
+    def env_info(self) -> EnvInfo:
         self._check()
-        info = dict(self._env.env.info())
-        info["psize"] = self._env.env.stat()["psize"]
-        info["file_size"] = os.stat(self.path).st_size
-        return info
+        return EnvInfo(**self._env.env.info(), psize=self._env.env.stat()["psize"],
+                       file_size=os.stat(self.path).st_size)
 
     def compact(self) -> None:
         """Replace the file by a compacting copy of itself: freed pages (and the ciphertext

@@ -14,6 +14,7 @@ from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import DuplicateIdError, ValidationError
+from ..recall import Hit
 from ..records import now_ts
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, consolidate_sleep, unconsolidated
 from .extract import Fact, extract_facts
@@ -66,14 +67,16 @@ class MemoryHooks:
         self.tags = list(tags)
 
     # -- before ---------------------------------------------------------------------------
-    def relevant(self, task_text: str) -> list[Any]:
+    def relevant(self, task_text: str) -> list[Hit]:
         """The recall hits for ``task_text`` at or above the relevance floor, best first
         (live memories only: archived originals are represented by their core memory)."""
         if not isinstance(task_text, str):
             raise ValidationError("before_task() takes the task's text")
         if not task_text.strip():
             return []
-        return self.db.recall(task_text, top_k=self.top_k, tiers=list(LIVE_TIERS), min_relevance=self.min_relevance)
+        hits: list[Hit] = self.db.recall(task_text, top_k=self.top_k, tiers=list(LIVE_TIERS),
+                                         min_relevance=self.min_relevance)
+        return hits
 
     def before_task(self, task_text: str) -> str:
         """The memories relevant to ``task_text`` as a numbered block headed ``## Relevant

@@ -352,7 +352,7 @@ class ProceduralGraph:
     def _counting_proposals(train: list[Trajectory], limit: int = 8) -> list[Proposal]:
         """Transitions whose presence separates failures from successes in ``train``."""
         total = Counter(t.outcome for t in train)
-        per: dict[tuple[str, str], Counter] = {}
+        per: dict[tuple[str, str], Counter[str]] = {}
         for t in train:
             for transition in t.transitions:
                 per.setdefault(transition, Counter())[t.outcome] += 1

@@ -29,7 +29,7 @@ from collections.abc import Collection
 
 __all__ = ["DateIndex", "PartialDate", "find_headers", "parse_date", "to_iso"]
 
-PartialDate = tuple  # (year, month | None, day | None)
+PartialDate = tuple[int, int | None, int | None]  # (year, month, day); month and day may be unknown
 
 _MONTHS = {
     "january": 1, "jan": 1, "february": 2, "feb": 2, "march": 3, "mar": 3, "april": 4, "apr": 4,
@@ -213,9 +213,9 @@ def _resolve_relative(m: re.Match[str], anchor: PartialDate) -> PartialDate | No
             return _add_months(anchor, step)
         if unit == "year":
             return _valid(anchor[0] + step, None, None)
-        if anchor[2] is None:
+        if anchor[1] is None or anchor[2] is None:
             return None
-        delta = _WEEKDAYS[unit] - _dt.date(*anchor).weekday()
+        delta = _WEEKDAYS[unit] - _dt.date(anchor[0], anchor[1], anchor[2]).weekday()
         if direction == "last" and delta >= 0:
             delta -= 7
         elif direction == "next" and delta <= 0:

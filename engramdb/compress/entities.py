@@ -244,7 +244,7 @@ class EntityEvidence:
         # an honorific right before a name ("Mr. Darcy", "Mrs. and Miss Bennet") votes
         # for its gender; capitalized words come in text order, so "right before" is
         # "the previous capitalized word"
-        votes: dict[str, Counter] = {}
+        votes: dict[str, Counter[str]] = {}
         prev = ""
         for a, b in pairs:
             name = a or b
@@ -402,11 +402,15 @@ def _own_code_iter(letters: str) -> Iterator[str]:
         yield first + rest[i] + rest[j]
 
 
+# a fallback range's cursor key: ("first+2", first), ("any3",) or ("first+n", first, length)
+_StageKey = tuple[str | int, ...]
+
+
 def _first_plus(first: str, n: int, k: int) -> str:
     return first + _nth(k, n)
 
 
-def _stages(first: str) -> Iterator[tuple[tuple, int, Callable[[int], str]]]:
+def _stages(first: str) -> Iterator[tuple[_StageKey, int, Callable[[int], str]]]:
     """The shared fallback ranges after a name's own codes: ``(key, size, k -> code)``."""
     yield ("first+2", first), 26 ** 2, lambda k: first + _nth(k, 2)
     yield ("any3",), 26 ** 3, lambda k: _nth(k, 3)
@@ -423,7 +427,7 @@ def code_candidates(name: str) -> Iterator[str]:
             yield code_at(k)
 
 
-def _first_free(name: str, used: Mapping[str, str], cursors: dict[tuple, int]) -> str:
+def _first_free(name: str, used: Mapping[str, str], cursors: dict[_StageKey, int]) -> str:
     first, own = _own_codes(name)
     for code in own:
         if code not in used:
@@ -449,7 +453,7 @@ def assign_codes(index: EntityIndex, names: Iterable[str]) -> None:
     Each name gets the first code of :func:`code_candidates` not yet taken.
     """
     used = index.code_to_name
-    cursors: dict[tuple, int] = {}
+    cursors: dict[_StageKey, int] = {}
     for name in sorted(set(names)):
         if name in index.name_to_code:
             continue

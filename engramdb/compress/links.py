@@ -12,7 +12,7 @@ linked by entities alone is not lost among differing topics.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -36,7 +36,9 @@ def topic_tokens(topics: Sequence[str]) -> frozenset[str]:
     return frozenset(w for t in topics for w in t.split() if len(w) >= 2)
 
 
-def _scored_pairs(entity_sets: list[frozenset[str]], topic_sets: list[frozenset[str]], threshold: float):
+def _scored_pairs(
+    entity_sets: list[frozenset[str]], topic_sets: list[frozenset[str]], threshold: float
+) -> Iterator[tuple[int, int, float]]:
     """Candidate pairs with their tunnel score, best first, as Python lists."""
     n = len(entity_sets)
     ents, tops = TokenSets(entity_sets), TokenSets(topic_sets)

@@ -45,13 +45,13 @@ class CompressOptions:
 OPTION_NAMES = tuple(f.name for f in fields(CompressOptions))
 
 
-def _int(name: str, value: Any, lo: int) -> int:
+def _int(name: str, value: object, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValidationError(f"{name} must be an integer >= {lo}, got {value!r}", hint=_HINT)
     return value
 
 
-def _num(name: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) -> float:
+def _num(name: str, value: object, lo: float, hi: float, *, open_lo: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValidationError(f"{name} must be a finite number, got {value!r}", hint=_HINT)
     value = float(value)
@@ -61,19 +61,19 @@ def _num(name: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) 
     return value
 
 
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValidationError(f"{name} must be True or False, got {value!r}", hint=_HINT)
     return value
 
 
-def _opt_str(name: str, value: Any) -> str | None:
+def _opt_str(name: str, value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise ValidationError(f"{name} must be a string or None, got {type(value).__name__}", hint=_HINT)
 
 
-def _date(value: Any) -> str | None:
+def _date(value: object) -> str | None:
     # a datetime is a date too; take its calendar day
     if isinstance(value, _dt.datetime):
         return value.date().isoformat()
@@ -90,7 +90,7 @@ def _date(value: Any) -> str | None:
     return value
 
 
-def _words(value: Any) -> tuple[str, ...]:
+def _words(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, Iterable):
@@ -106,13 +106,13 @@ def _words(value: Any) -> tuple[str, ...]:
 METHODS = ("zettel-compress", "refined")
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValidationError(f"{name} must be one of {', '.join(choices)}, got {value!r}", hint=_HINT)
     return str(value)
 
 
-def _fixes(value: Any) -> tuple[str, ...]:
+def _fixes(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise ValidationError("fixes must be a list of fix names, not a single string",
                               hint=f"known fixes: {', '.join(ALL_FIXES)}; () gives zettel-compress 1.0.0 exactly")

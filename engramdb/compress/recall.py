@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ValidationError
-from ..index.synonyms import DATE_WEIGHT, Expander, parse_date, query_dates
+from ..index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from ..index.tokenize import Tokenizer
 from ..records import CompressResult, Zettel
 
@@ -143,7 +143,7 @@ def _body(z: Zettel, text: Any) -> str:
     return z.quote
 
 
-def _date_bonus(z: Zettel, dates: list) -> float:
+def _date_bonus(z: Zettel, dates: list[QueryDate]) -> float:
     nd = parse_date(z.resolved_date)
     return 0.0 if nd is None else max(q.proximity(nd) for q in dates)
 

@@ -14,6 +14,7 @@ weight (see :mod:`.weights`).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -159,7 +160,7 @@ class Signals:
     word_count: int
 
 
-def _occurrences(tokens: list[str], word: str):
+def _occurrences(tokens: list[str], word: str) -> Iterator[int]:
     i = -1
     while True:  # list.index scans in C; only real occurrences reach Python
         try:

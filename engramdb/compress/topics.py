@@ -28,7 +28,7 @@ import re
 from functools import lru_cache
 from itertools import compress, islice
 from operator import and_
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from .normalize import tokenize
 
@@ -70,11 +70,11 @@ def speaker_names(text: str) -> frozenset[str]:
     return frozenset(k for k, c in counts.items() if c >= 3)
 
 
-class _Memo(dict):
+class _Memo(dict[str, bool]):
     """A dict that computes missing entries with ``fn`` (``map(memo.__getitem__, ...)``
     then stays in C for every token seen before)."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn: Callable[[str], bool]) -> None:
         super().__init__()
         self.fn = fn
 
@@ -167,31 +167,35 @@ def extract_topics(
             spread = math.sqrt(var) / n
         scores[t] = (k / n) * (1.0 + spread) * _boost(first_raw[t])
 
-    phrases: dict[str, list] = {}  # display -> [freq, words]
+    phrase_freq: dict[str, int] = {}  # display -> frequency
+    phrase_words: dict[str, tuple[str, ...]] = {}  # display -> its words
     long_enough = _LONG_ENOUGH
     for i in compress(range(n - 1), map(and_, content, islice(content, 1, None))):
         a, b = lowers[i], lowers[i + 1]
         if a == b or not long_enough[a] or not long_enough[b]:
             continue
         key = a + " " + b
-        entry = phrases.get(key)
-        if entry is None:
-            phrases[key] = [1, (a, b)]
+        freq = phrase_freq.get(key)
+        if freq is None:
+            phrase_freq[key] = 1
+            phrase_words[key] = (a, b)
         else:
-            entry[0] += 1
+            phrase_freq[key] = freq + 1
         if i + 2 < n and content[i + 2]:
             c = lowers[i + 2]
             if c != b and c != a and long_enough[c]:
                 key3 = key + " " + c
-                entry = phrases.get(key3)
-                if entry is None:
-                    phrases[key3] = [1, (a, b, c)]
+                freq = phrase_freq.get(key3)
+                if freq is None:
+                    phrase_freq[key3] = 1
+                    phrase_words[key3] = (a, b, c)
                 else:
-                    entry[0] += 1
+                    phrase_freq[key3] = freq + 1
 
     # (-score, display) tuples sort natively: best first, then alphabetical
     candidates = []
-    for display, (freq, words) in phrases.items():
+    for display, freq in phrase_freq.items():
+        words = phrase_words[display]
         total = scores[words[0]] + scores[words[1]]
         if len(words) == 3:
             total += scores[words[2]]

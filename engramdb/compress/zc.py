@@ -884,17 +884,17 @@ _RE_PAREN = re.compile(
     r"[^\n\r\u2028\u2029]*?\)", re.I | _A,
 )
 
-PDate = tuple  # (year, month | None, day | None)
+PDate = tuple[int, int | None, int | None]  # (year, month, day); month and day may be unknown
 
 
 @dataclass(frozen=True)
 class DateHit:
     index: int
     end: int
-    date: tuple[int, int | None, int | None]
+    date: PDate
 
 
-def _spec(d: tuple[int, int | None, int | None]) -> int:
+def _spec(d: PDate) -> int:
     return (4 if d[2] is not None else 0) + (2 if d[1] is not None else 0) + 1
 
 
@@ -940,7 +940,7 @@ def _extract_absolutes(text: str) -> list[DateHit]:
     return hits
 
 
-def _iso(d: tuple[int, int | None, int | None]) -> str:
+def _iso(d: PDate) -> str:
     y, m, dd = d
     if m is None:
         return str(y)
@@ -956,14 +956,14 @@ def _js_date(y: int, m: int, d: int) -> _dt.date:
     return _dt.date(y, m, 1) + _dt.timedelta(days=d - 1)
 
 
-def _add_days(d: tuple, n: int) -> tuple:
+def _add_days(d: PDate, n: int) -> PDate:
     if d[1] is None or d[2] is None:
         return d
     x = _js_date(d[0], d[1], d[2] + n)
     return (x.year, x.month, x.day)
 
 
-def _add_months(d: tuple, n: int) -> tuple:
+def _add_months(d: PDate, n: int) -> PDate:
     if d[1] is None:
         return (d[0] + n // 12, None, None)
     m = d[1] - 1 + n
@@ -974,7 +974,7 @@ _WEEKDAY = {"sunday": 0, "monday": 1, "tuesday": 2, "wednesday": 3, "thursday": 
 _WD = "|".join(_WEEKDAY)
 
 
-def _parse_session(date: str) -> tuple | None:
+def _parse_session(date: str) -> PDate | None:
     m = re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", date)
     if m:
         return (int(m.group(1)), int(m.group(2)), int(m.group(3)))
@@ -992,7 +992,7 @@ def _r(p: str) -> re.Pattern[str]:
     return re.compile(p.replace(r"\s", WS), _A)
 
 
-_REL = [
+_REL: list[tuple[re.Pattern[str], Callable[[PDate, re.Match[str]], PDate]]] = [
     (_r(r"\byesterday\b"), lambda a, m: _add_days(a, -1)),
     (_r(r"\b(?:today|tonight)\b"), lambda a, m: a),
     (_r(r"\btomorrow\b"), lambda a, m: _add_days(a, 1)),
@@ -1024,7 +1024,7 @@ _REL_AFTER = [
 _RELATIVE_CUES = ("day", "tonight", "tomorrow", "week", "month", "year")
 
 
-def _resolve_relative(text: str, anchor: tuple) -> tuple | None:
+def _resolve_relative(text: str, anchor: PDate) -> PDate | None:
     t = text.lower()
     if not any(cue in t for cue in _RELATIVE_CUES):
         return None
@@ -1092,7 +1092,7 @@ def _imul(a: int, b: int) -> int:
     return (a * b) & _M32
 
 
-def _mulberry32(seed: int):
+def _mulberry32(seed: int) -> Callable[[], float]:
     state = [seed & _M32]
 
     def nxt() -> float:
@@ -1152,7 +1152,7 @@ def _signatures(token_lists: Sequence[Sequence[str]]) -> list[tuple[int, ...]]:
 
 
 def _lsh_pairs(sigs: Sequence[tuple[int, ...]]) -> list[tuple[int, int]]:
-    buckets: dict[tuple, list[int]] = {}
+    buckets: dict[tuple[int, ...], list[int]] = {}
     for i, sig in enumerate(sigs):
         for b in range(_BANDS):
             buckets.setdefault((b, *sig[b * _ROWS:(b + 1) * _ROWS]), []).append(i)

@@ -34,6 +34,7 @@ from typing import Any, cast
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 import zstandard
 
 import msgpack
@@ -121,7 +122,8 @@ def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
 def lucene_tf_part(tf: np.ndarray, dl: np.ndarray, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
     """The term-frequency factor ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` in float64."""
     tf = tf.astype(np.float64)
-    return tf / (k1 * ((1.0 - b) + b * dl.astype(np.float64) / avgdl) + tf)
+    part: NDArray[np.float64] = tf / (k1 * ((1.0 - b) + b * dl.astype(np.float64) / avgdl) + tf)
+    return part
 
 
 def top_k(docnos: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -678,7 +680,7 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        return sum(self._idf_mass(txn, query_terms, None).values())
+        return float(sum(self._idf_mass(txn, query_terms, None).values()))
 
     def coverage(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str],
                  docnos: Sequence[int]) -> np.ndarray:
@@ -1025,8 +1027,8 @@ class SegmentedBM25:
             d = _Dir.decode(txn.get("segments", DIR_KEY))
         except CorruptFileError as exc:
             return [f"bm25: {exc.message}"]
-        expected: dict[int, Counter] = {docno: Counter(self.blind(t) for t in terms) for docno, terms in docs}
-        actual: dict[int, Counter] = {}
+        expected: dict[int, Counter[bytes]] = {docno: Counter(self.blind(t) for t in terms) for docno, terms in docs}
+        actual: dict[int, Counter[bytes]] = {}
         lengths: dict[int, int] = {}
         try:
             for segno in sorted(d.segs):

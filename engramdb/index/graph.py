@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import CorruptFileError, ValidationError
 from ..records import EDGE_KINDS, Edge
@@ -86,7 +87,8 @@ def personalized_pagerank(adjacency: np.ndarray, seeds: np.ndarray, *, alpha: fl
             p = nxt
             break
         p = nxt
-    return p
+    stationary: NDArray[np.float64] = p
+    return stationary
 
 
 def one_hop(neighbours: Mapping[int, Mapping[int, float]], seeds: Mapping[int, float]) -> dict[int, float]:
@@ -153,7 +155,7 @@ class Graph:
             ValidationError: an unknown kind.
         """
         k = _kind_no(kind)
-        found = txn.delete("edges", _KEY.pack(b"f", src, k, dst))
+        found: bool = txn.delete("edges", _KEY.pack(b"f", src, k, dst))
         txn.delete("edges", _KEY.pack(b"r", dst, k, src))
         return found
 

@@ -151,7 +151,7 @@ def _stop_table(stopwords: frozenset[str]) -> tuple[np.ndarray, np.uint64, np.ui
     return None
 
 
-def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[list], np.ndarray],
+def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[Sequence[int | bytes]], np.ndarray],
                   stop: tuple[np.ndarray, np.uint64, np.uint64] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split UTF-8 texts, joined by spaces, into word runs (see ``_BATCH_TABLE``), drop those
     of one byte (one ASCII character) and the stopwords in ``stop`` (:func:`_stop_table`),
@@ -215,7 +215,8 @@ def _load_stemmer(language: str) -> Callable[[str], str]:
             f"PyStemmer has no Snowball stemmer for language {language!r}",
             hint="use a language listed by Stemmer.algorithms(), e.g. 'english'",
         ) from exc
-    return stemmer.stemWord
+    stem: Callable[[str], str] = stemmer.stemWord  # PyStemmer is untyped: the library boundary
+    return stem
 
 
 class Tokenizer:
@@ -354,10 +355,10 @@ class Tokenizer:
         numbers: dict[str, int] = {}
         stop = self._stop
 
-        def lookup(keys: list) -> np.ndarray:
+        def lookup(keys: Sequence[int | bytes]) -> np.ndarray:
             new = [key for key in keys if key not in kinds]
             if new:
-                words = [(_unpack_key(k) if k.__class__ is int else k).decode("utf-8", "surrogatepass") for k in new]
+                words = [(_unpack_key(k) if isinstance(k, int) else k).decode("utf-8", "surrogatepass") for k in new]
                 stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
                 for key, word in zip(new, words):
                     term = stems.get(word)

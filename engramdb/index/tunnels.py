@@ -33,6 +33,7 @@ from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import ValidationError
 
@@ -206,7 +207,8 @@ class _Prepared:
         keys = self.keys()
         pos = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
         inter = np.add.reduceat((keys[pos] == query).astype(np.int64), first)
-        return inter / (li + lj - inter)
+        jaccard: NDArray[np.float64] = inter / (li + lj - inter)
+        return jaccard
 
 
 def minhash_signatures(
@@ -267,7 +269,8 @@ def _lsh_arrays(sig: np.ndarray, rows: int, bucket_cap: int, chain: int, keep: n
 
 
 def _pair_codes(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    return np.minimum(a, b) * n + np.maximum(a, b)
+    codes: NDArray[np.int64] = np.minimum(a, b) * n + np.maximum(a, b)
+    return codes
 
 
 def _check_banding(sig: np.ndarray, rows: int) -> None:
@@ -301,7 +304,8 @@ def _estimate_filter(sig: np.ndarray, codes: np.ndarray, n: int, min_estimate: f
         agree += ((y >> np.uint64(7)) * _ONES >> np.uint64(56)).astype(np.int64)
     agree -= fp.shape[1] - k  # the zero padding always "agrees"
     need = min_estimate * k
-    return codes[agree >= need]
+    kept: NDArray[np.int64] = codes[agree >= need]
+    return kept
 
 
 def lsh_pairs(

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import CorruptFileError, EmbeddingError, ValidationError
 from .bm25 import plan_merge, snapshot_id, top_k
@@ -290,7 +291,8 @@ class _VDir:
         pos = np.searchsorted(self.dead_docs, docnos)
         pos[pos == self.dead_docs.size] = 0
         dead = (self.dead_docs[pos] == docnos) & (self.dead_before[pos] > blockno)
-        return ~dead
+        live: NDArray[np.bool_] = ~dead
+        return live
 
     def prune(self) -> None:
         """Drop tombstones that no remaining block can hold a row for."""
@@ -298,9 +300,13 @@ class _VDir:
         keep = self.dead_before > oldest
         self.dead_docs, self.dead_before = self.dead_docs[keep], self.dead_before[keep]
 
-    def key(self) -> tuple:
+    def key(self) -> _DirKey:
         """What the live matrix depends on."""
         return (tuple(sorted(self.blocks)), self.dead_docs.tobytes(), self.dead_before.tobytes())
+
+
+# what a space's live matrix depends on: (block numbers, dead docnos, dead-before block numbers)
+_DirKey = tuple[tuple[int, ...], bytes, bytes]
 
 
 class _SpaceCache:
@@ -312,7 +318,7 @@ class _SpaceCache:
         self.blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # (snapshot id, directory key, docnos, matrix): replaced as a whole, so a reader on
         # another snapshot never sees a half-updated pair
-        self.live: tuple[int, tuple, np.ndarray, np.ndarray] | None = None
+        self.live: tuple[int, _DirKey, np.ndarray, np.ndarray] | None = None
 
 
 class VectorIndex:
@@ -647,7 +653,8 @@ class VectorIndex:
         vec = np.asarray(emb([text]), dtype=np.float32)
         if not np.any(vec):
             return None
-        return _check_matrix(sp, vec)[0]
+        row: np.ndarray = _check_matrix(sp, vec)[0]
+        return row
 
     def count(self, txn: Any, space: str) -> int:
         """Live vectors in ``space``.

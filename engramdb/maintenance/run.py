@@ -154,7 +154,7 @@ def _fingerprint(config: MaintenanceConfig, space: str) -> list[Any]:
             config.keep_pinned]
 
 
-def _row_of(docno: int, node: Node) -> tuple:
+def _row_of(docno: int, node: Node) -> tuple[int, int, int, int, float, int, int, int]:
     flags = (PINNED if node.pinned else 0) | (CONSOLIDATED if "consolidated" in node.tags else 0) \
         | (STUB if ARCHIVE_KEY in node.metadata else 0)
     return (docno, TIER_CODE.get(node.tier, 0), round(node.created_at * 1000), round(node.last_accessed * 1000),
@@ -676,6 +676,7 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         pending = txn.get("meta", PLAN_KEY)
     if pending is not None:
         pending_plan = _decode_plan(pending)
+        report: MaintenanceReport
         if plan:
             report = pending_plan["report"]
             report.plan = True
