@@ -953,7 +953,7 @@ def _parse_v1_zettel(line: str) -> _ZettelParts:
     )
 
 
-def decode(text: str, *, strict: bool = False) -> CompressResult:
+def decode(text: str | bytes, *, strict: bool = False) -> CompressResult:
     """Parse an AAAK result document (v3, or zettel-compress v1/v2).
 
     Args:
@@ -1479,10 +1479,10 @@ def write_dump(
             sink.line(line)
     prev_key = None
     for edge in edge_list:
-        key = edge_sort_key(edge)
-        if key == prev_key:
+        edge_key = edge_sort_key(edge)
+        if edge_key == prev_key:
             raise ValidationError(f"duplicate edge {edge.src!r} -> {edge.dst!r} ({edge.kind})")
-        prev_key = key
+        prev_key = edge_key
         sink.line(_edge_line(edge))
     last = None
     for row in archive:
@@ -1576,7 +1576,7 @@ class _DumpReader:
         try:
             yield from self._run()
         finally:
-            if self._wrapped:
+            if self._wrapped and isinstance(self.fp, io.TextIOWrapper):  # _wrapped: always one
                 # A TextIOWrapper closes its buffer when collected: hand the caller's file back
                 # open (e.g. to seek(0) after verify_dump).
                 try:
@@ -1681,20 +1681,20 @@ class _DumpReader:
                     last_key = space["name"]
                     spaces[space["name"]] = space
                 elif tag == "node":
-                    parts = _parse_zettel_line(line, v3=True)
-                    if parts.zid == "":
+                    zparts = _parse_zettel_line(line, v3=True)
+                    if zparts.zid == "":
                         raise _Err("a node id must not be empty", 0)
-                    if last_key is not None and parts.zid <= last_key:
+                    if last_key is not None and zparts.zid <= last_key:
                         raise _Err("nodes must be sorted by id and unique", 0)
-                    last_key = parts.zid
-                    pending = {"parts": parts, "line": self.lineno, "stage": 0, "spaces": spaces, "size": len(line),
+                    last_key = zparts.zid
+                    pending = {"parts": zparts, "line": self.lineno, "stage": 0, "spaces": spaces, "size": len(line),
                                "embeddings": {}, "last_space": None}
                 elif tag == "@e":
                     edge = self.parse_edge(line)
-                    key = edge_sort_key(edge)
-                    if last_key is not None and key <= last_key:
+                    edge_key = edge_sort_key(edge)
+                    if last_key is not None and edge_key <= last_key:
                         raise _Err("edges must be sorted and unique", 0)
-                    last_key = key
+                    last_key = edge_key
                     self.counts["edges"] += 1
                     yield edge
                 elif tag == "@a":
@@ -1824,8 +1824,9 @@ class _DumpReader:
             raise _parse_error(f"node {p.zid!r}: '=' literal entities are not used in dumps", pending["line"])
         try:
             node = Node(
-                id=p.zid, content=pending["content"], entities=[tok for tok, _ in p.entities],
-                topics=p.topics, quote=p.quote, weight=p.weight, flags=p.flags, emotions=p.emotions,
+                id=p.zid, content=pending["content"], entities=tuple(tok for tok, _ in p.entities),
+                topics=tuple(p.topics), quote=p.quote, weight=p.weight, flags=tuple(p.flags),
+                emotions=tuple(p.emotions),
                 source_start=p.start, source_end=p.end, resolved_date=p.resolved_date,
                 tier=pending["tier"], importance=pending["importance"], created_at=pending["created_at"],
                 last_accessed=pending["last_accessed"], access_count=pending["access_count"],
@@ -2003,7 +2004,10 @@ def _kdf_params(kdf: Any) -> _crypto.KDFParams:
     if isinstance(kdf, _crypto.KDFParams):
         return kdf
     if isinstance(kdf, Mapping):
-        return _crypto.KDFParams(t=kdf.get("t"), m_kib=kdf.get("m_kib", kdf.get("m")), p=kdf.get("p"))
+        # unvalidated here: KDFParams.check() refuses a missing or non-integer value (WeakKDFError)
+        t: Any = kdf.get("t")
+        p: Any = kdf.get("p")
+        return _crypto.KDFParams(t=t, m_kib=kdf.get("m_kib", kdf.get("m")), p=p)
     raise ValidationError("kdf must be a crypto.KDFParams or a dict with t, m_kib, p")
 
 

@@ -24,7 +24,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, NamedTuple, TextIO
+from typing import Any, BinaryIO, NamedTuple, TextIO, cast
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -188,9 +188,9 @@ def iter_aaak(
             content = text_source[z.source_start:z.source_end]
         try:
             yield Node(
-                id=id_prefix + z.id, content=content, entities=z.entities, topics=z.topics, quote=z.quote,
-                weight=z.weight, flags=[f for f in z.flags if f in ALL_FLAGS],
-                emotions=[e for e in z.emotions if e in ALL_EMOTIONS], source_start=z.source_start,
+                id=id_prefix + z.id, content=content, entities=tuple(z.entities), topics=tuple(z.topics),
+                quote=z.quote, weight=z.weight, flags=tuple(f for f in z.flags if f in ALL_FLAGS),
+                emotions=tuple(e for e in z.emotions if e in ALL_EMOTIONS), source_start=z.source_start,
                 source_end=z.source_end, resolved_date=z.resolved_date, created_at=ts, last_accessed=ts,
                 importance=min(1.0, max(0.0, z.weight)) if math.isfinite(z.weight) else 0.5,
                 source="import:aaak", metadata={"aaak": doc} if doc else {},
@@ -277,7 +277,7 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
     if isinstance(tier, str):
         tier = tier.lower()
     importance = obj.get("importance", 0.5)
-    tags = obj.get("tags") or []
+    tags: Any = obj.get("tags") or []  # JSON as read: Node's checks refuse what is not a list of strings
     metadata = obj.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise ValidationError("metadata must be an object")
@@ -287,7 +287,7 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
         tier=tier, created_at=created,
         last_accessed=_parse_time(obj.get("lastAccessed"), "lastAccessed", created),
         access_count=obj.get("accessCount", 0), source=obj.get("source") or "",
-        metadata=metadata, embeddings={space: embedding} if embedding is not None else {},
+        metadata=metadata, embeddings={space: tuple(embedding)} if embedding is not None else {},
     )
 
 
@@ -311,15 +311,16 @@ def iter_jsonl(
         source = io.BytesIO(bytes(source))
     if isinstance(source, str):
         source = io.StringIO(source)
-    wrapped = isinstance(source, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(source, "mode", "")
-    if wrapped:
-        source = io.TextIOWrapper(source, encoding="utf-8", errors="strict", newline="")
+    wrapper: io.TextIOWrapper | None = None
+    if isinstance(source, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(source, "mode", ""):
+        # a binary stream (an open mode with "b" is one, whatever its class)
+        wrapper = io.TextIOWrapper(cast(BinaryIO, source), encoding="utf-8", errors="strict", newline="")
     try:
-        yield from _jsonl_lines(source, space, now_ts(now), id_prefix, max_line_chars)
+        yield from _jsonl_lines(wrapper or cast(TextIO, source), space, now_ts(now), id_prefix, max_line_chars)
     finally:
-        if wrapped:  # give the caller's binary file back open
+        if wrapper is not None:  # give the caller's binary file back open
             try:
-                source.detach()
+                wrapper.detach()
             except (ValueError, OSError):
                 pass
 
@@ -385,7 +386,10 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
             _ENGRAMDB_BLOCK: {"v": _EXPORT_VERSION, "node": block},
         }
         line = tjson_dumps(record) + "\n"
-        fp.write(line.encode("utf-8") if binary else line)
+        if binary:
+            cast(BinaryIO, fp).write(line.encode("utf-8"))
+        else:
+            cast(TextIO, fp).write(line)
         count += 1
     return count
 
@@ -538,19 +542,22 @@ def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[
     if meta.get("custom") is not None:
         metadata["custom"] = _jsonable(meta["custom"])
     tags = meta.get("tags") or []
+    source_file = meta.get("sourceFile")
+    # a float32 array: Node freezes any 1-D array into its tuple of floats
+    embeddings: dict[str, Any] = {space: embedding} if embedding is not None and embedding.size else {}
     return Node(
-        id=id_prefix + nid, content=data, entities=entity_names.get(nid, []),
+        id=id_prefix + nid, content=data, entities=tuple(entity_names.get(nid, ())),
         tier=tier if tier in TIERS else "hot",
         importance=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool)
         and math.isfinite(score) else 0.5,
         created_at=created, last_accessed=_ms(temporal.get("accessed"), created),
-        tags=[t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
-        source=meta.get("sourceFile") if isinstance(meta.get("sourceFile"), str) else "import:terronex",
-        metadata=metadata, embeddings={space: embedding} if embedding is not None and embedding.size else {},
+        tags=tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, list) else (),
+        source=source_file if isinstance(source_file, str) else "import:terronex",
+        metadata=metadata, embeddings=embeddings,
     )
 
 
-def _declared_dims(header: dict) -> int | None:
+def _declared_dims(header: dict[Any, Any]) -> int | None:
     """The embedding dimensions a Terronex header declares: ``embedding.dimensions`` (2.x),
     else ``schema.embeddingDims`` (1.x)."""
     for section, key in (("embedding", "dimensions"), ("schema", "embeddingDims")):
@@ -726,7 +733,7 @@ def _tx_unpack(data: bytes) -> Any:
         raise
 
 
-def _tx_nodes(raws: list, dims: int | None, space: str, id_prefix: str, entity_names: dict[str, list[str]],
+def _tx_nodes(raws: list[Any], dims: int | None, space: str, id_prefix: str, entity_names: dict[str, list[str]],
               skip_bad: bool, report: ImportReport | None) -> tuple[list[Node], list[tuple[str, str, float]]]:
     """Every node, its embedding checked; bad embeddings stop the import or are left out."""
     nodes: list[Node] = []
