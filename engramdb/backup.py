@@ -13,7 +13,7 @@ import io
 import os
 from functools import partial
 from typing import Any, BinaryIO, TextIO, TypeVar
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from . import aaak, codec
 from .engram import Engram, Transaction, open as open_engram
@@ -373,7 +373,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
     return count
 
 
-def import_records(engram: Engram, items: Iterator[Node | Edge | EntityTable], *, batch: int = RESTORE_BATCH,
+def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *, batch: int = RESTORE_BATCH,
                    progress: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Store imported nodes (in batches of ``batch``) and then their edges; returns (nodes, edges).
 

@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, cast
 from collections.abc import Callable, Iterator
 
 import click
@@ -23,9 +23,12 @@ from .errors import (
     DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
     ModeMismatchError, ValidationError, WrongPassphraseError,
 )
-from .records import ALL_FLAGS, EDGE_KINDS, TIERS
+from .records import ALL_FLAGS, EDGE_KINDS, TIERS, Node
 from .store import DEFAULT_TIMEOUT, atomic_file
 from .tokens import estimate_tokens
+
+if TYPE_CHECKING:  # annotations only: recall loads with the first command that needs it
+    from .recall import Hit
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
 KEY_FILE_ENV = "ENGRAM_KEY_FILE"
@@ -276,6 +279,8 @@ def _key_kwargs(ctx: click.Context, *, confirm: bool = False, override: KeyOverr
     if source == "plaintext":
         return {"encrypted": False}
     if source == "passphrase_file":
+        # only an override names this source (_key_source reads its own file as "passphrase")
+        assert isinstance(value, str)
         return {"passphrase": _read_secret_file(value)}
     return {"passphrase": _passphrase(ctx, confirm=confirm)}
 
@@ -511,8 +516,9 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
         raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
     kdf = _parse_kdf(kdf_text)
     keys = _key_kwargs(ctx, confirm=True)
-    with _removed_on_failure(file, True), \
-            engram_mod.open(file, create=True, **keys, **({"kdf": kdf} if "passphrase" in keys else {})) as db:
+    if "passphrase" in keys:
+        keys["kdf"] = kdf
+    with _removed_on_failure(file, True), engram_mod.open(file, create=True, **keys) as db:
         click.echo(f"created {file} ({'encrypted' if db.encrypted else 'PLAINTEXT'})")
         if recovery_key:
             click.echo(f"recovery key (store it safely; it is shown once): {db.add_recovery_key()}")
@@ -532,7 +538,7 @@ def info(ctx: click.Context, file: str, as_json: bool) -> None:
     with _open(ctx, file, readonly=True) as db:
         data = db.info()
 
-    def text(d: dict) -> str:
+    def text(d: dict[str, Any]) -> str:
         lines = [f"{k:<17}{v}" for k, v in d.items() if k not in ("tables", "key_slots")]
         lines.append(f"{'key_slots':<17}{', '.join(s['label'] or s['kind'] for s in d['key_slots']) or '-'}")
         lines.append(f"{'tables':<17}" + ", ".join(f"{k}={v}" for k, v in d["tables"].items() if v))
@@ -563,8 +569,8 @@ def add(ctx: click.Context, file: str, text: str, id_: str | None, tags: tuple[s
     if not text.strip():  # an empty memory can never be recalled
         raise ValidationError("nothing to add: the text is empty", hint="pass the memory's text, or - to read it "
                                                                        "from stdin")
-    fields = {k: v for k, v in (("id", id_), ("importance", importance), ("tier", tier), ("source", source))
-              if v is not None}
+    fields: dict[str, Any] = {k: v for k, v in (("id", id_), ("importance", importance), ("tier", tier),
+                                                ("source", source)) if v is not None}
     with _open(ctx, file) as db:
         new_id = db.add(text, tags=list(tags), **fields)
     _emit({"id": new_id}, as_json, lambda d: d["id"])
@@ -615,7 +621,10 @@ def list_(ctx: click.Context, file: str, filters: dict[str, Any], limit: int | N
         for n, node in enumerate(db.scan(**filters)):
             if limit is not None and n >= limit:
                 break
-            _emit(_node_dict(node), as_json, lambda _d, node=node: _node_line(node))
+            def text(_d: Any, node: Node = node) -> str:
+                return _node_line(node)
+
+            _emit(_node_dict(node), as_json, text)
 
 
 @cli.command()
@@ -859,7 +868,7 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
     return summarize, failures
 
 
-def _maintenance_text(d: dict) -> str:
+def _maintenance_text(d: dict[str, Any]) -> str:
     tiers = ", ".join(f"{t} {n}" for t, n in d["after_by_tier"].items())
     head = "would change" if d["plan"] else "maintained"
     return (f"{head}: {d['decayed']} decayed, {d['deduplicated']} deduplicated, {d['clusters_found']} clusters "
@@ -1093,11 +1102,12 @@ def _warnings_to_stderr(ctx: click.Context) -> Iterator[None]:
                 click.echo(f"warning: {w.message}", err=True)
 
 
-def _read_dump_source(source: str, dump_passphrase_file: str | None):
-    """A text stream of the dump at ``source`` ("-" for stdin), decrypting when needed."""
+def _read_dump_source(source: str, dump_passphrase_file: str | None) -> TextIO | BinaryIO:
+    """A stream of the dump at ``source`` ("-" for stdin): the file's bytes, or the text an
+    encrypted dump decrypts to."""
     from .aaak import decrypt_dump, is_encrypted_dump
 
-    raw = click.open_file(source, "rb")
+    raw = cast(BinaryIO, click.open_file(source, "rb"))  # click types it IO[Any]; "rb" opens bytes
     head = raw.peek(16)[:16] if hasattr(raw, "peek") else b""
     if is_encrypted_dump(head):
         try:
@@ -1208,7 +1218,7 @@ def _canonical_lines(ctx: click.Context, path: str, override: KeyOverride | None
 @click.argument("b", type=click.Path(dir_okay=False, exists=True))
 @_side_options
 @click.pass_context
-def diff(ctx: click.Context, a: str, b: str, **side_options: Any) -> None:
+def diff(ctx: click.Context, /, a: str, b: str, **side_options: Any) -> None:  # click passes ctx first
     """A unified diff of the contents of A and B, each a store or a dump (plain or encrypted).
 
     Both sides use the global key options unless --a-* or --b-* name one for that side; an
@@ -1243,7 +1253,7 @@ def _check_date(value: str | None) -> str | None:
     return value
 
 
-def _chat_messages(path: str, raw: str) -> list:
+def _chat_messages(path: str, raw: str) -> list[dict[str, Any] | str]:
     """The messages of a JSON chat document: a list of messages, or ``{"messages": [...]}``."""
     hint = 'give a JSON list of messages (objects with speaker, text and date), or {"messages": [...]}'
     try:
@@ -1256,7 +1266,7 @@ def _chat_messages(path: str, raw: str) -> list:
     return messages
 
 
-def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[str | list, str]:
+def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[str | list[dict[str, Any] | str], str]:
     """(text or messages, default source name) of one ingest input.
 
     A byte-order mark at the start (Project Gutenberg texts have one) is not text: it is
@@ -1439,7 +1449,7 @@ def recall(ctx: click.Context, file: str, query: str, top_k: int, explain: bool,
         floor = f" with relevance >= {min_relevance:.3f}" if min_relevance > 0 else ""
         click.echo(f"no memories match {query!r}{floor}", err=True)
     for rank, hit in enumerate(hits, start=1):
-        def text(d: dict, rank: int = rank, hit: Any = hit) -> str:
+        def text(d: dict[str, Any], rank: int = rank, hit: Hit = hit) -> str:
             line = f"{rank:>3}. relevance {hit.relevance:.3f}  score {hit.score:.3f}  {_node_line(hit.node)}"
             if hit.parts is not None:
                 line += "\n     " + "  ".join(f"{k}={v:.3f}" for k, v in hit.parts.items())
@@ -1517,6 +1527,7 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
     from .backup import import_records
     from .importers import ImportReport, iter_import
 
+    source_pw: str | None
     if source_passphrase_file:
         source_pw = _read_secret_file(source_passphrase_file)
     else:
@@ -1796,7 +1807,7 @@ def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relev
     """
     from .agent import MemoryHooks
 
-    options = {} if min_relevance is None else {"min_relevance": min_relevance}
+    options: dict[str, Any] = {} if min_relevance is None else {"min_relevance": min_relevance}
     with _open(ctx, file, readonly=True) as db:
         block = MemoryHooks(db, top_k=top_k, **options).before_task(task)
     if as_json:
@@ -1850,9 +1861,9 @@ def agent_consolidate(ctx: click.Context, file: str, threshold: int, target: int
     with _open(ctx, file) as db:
         report = consolidate_sleep(db, threshold=threshold, target=target, force=force)
 
-    def text(r: dict) -> str:
+    def text(r: dict[str, Any]) -> str:
         if r["skipped"]:
-            return r["skipped"]
+            return str(r["skipped"])
         return "\n".join([f"{c['id']}\t{len(c['derived_from'])} memories\t{c['content'][:80]}" for c in r["cores"]]
                          + [f"archived {r['archived']} memories"])
 
@@ -1880,7 +1891,7 @@ def agent_procedures(ctx: click.Context, file: str, refine: bool, as_json: bool)
     if report is not None:
         data["refine"] = report
 
-    def text(d: dict) -> str:
+    def text(d: dict[str, Any]) -> str:
         lines = [f"{d['trajectories']} trajectories " + " ".join(f"{k}={v}" for k, v in d["outcomes"].items())]
         for e in d["edges"]:
             line = f"{e['src']} -{e['relation']}-> {e['dst']}  success={e['success']} failure={e['failure']}"
@@ -2015,10 +2026,11 @@ class _SharedHandle:
         return None
 
 
-def _shell_handle(path: str) -> Any:
+def _shell_handle(path: str) -> engram_mod.Engram | None:
     db = _SHELL.get("db")
     if db is not None and os.path.realpath(path) == _SHELL["path"]:
-        return _SharedHandle(db)
+        # a proxy with the whole interface of the shell's Engram, whose `with` does not close it
+        return cast(engram_mod.Engram, _SharedHandle(db))
     return None
 
 
