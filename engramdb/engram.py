@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, cast, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import codec, crypto
@@ -24,13 +24,18 @@ from .errors import (
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
     WrongPassphraseError, shown,
 )
-from .records import Node, new_id, now_ts
+from .records import Edge, Node, new_id, now_ts
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
+    from numpy.typing import ArrayLike
+
+    from .filters import Filter, NameSet, TimeBound
     from .index import IndexBatch, Indexes
+    from .index.vectors import Embedder, EmbeddingSpace
+    from .maintenance.run import Progress
     from .maintenance.forget import ForgetReceipt
-    from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport
+    from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport, Summarizer
     from .recall import Context, Hit
 
 __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
@@ -431,8 +436,9 @@ class Engram:
         return idx
 
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,
-               after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None, any_tags: Any = None,
-               flags: Any = None, any_flags: Any = None, source: str | None = None, min_relevance: float = 0.0,
+               after: TimeBound | None = None, before: TimeBound | None = None, tiers: NameSet | None = None,
+               tags: NameSet | None = None, any_tags: NameSet | None = None, flags: NameSet | None = None,
+               any_flags: NameSet | None = None, source: str | None = None, min_relevance: float = 0.0,
                explain: bool = False, touch: bool = False, now: float | None = None) -> list[Hit]:
         """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
 
@@ -490,11 +496,11 @@ class Engram:
         if embedder is not None:
             self.indexes.vectors.set_embedder(name, embedder)
 
-    def set_embedder(self, space: str, embedder: Any) -> None:
+    def set_embedder(self, space: str, embedder: Embedder) -> None:
         """Use ``embedder`` (``list[str] -> float32 array``) for queries in ``space`` on this handle."""
         self.indexes.vectors.set_embedder(space, embedder)
 
-    def spaces(self) -> dict[str, Any]:
+    def spaces(self) -> dict[str, EmbeddingSpace]:
         """The file's embedding spaces by name."""
         with self._store.read() as txn:
             return self.indexes.vectors.spaces(txn)
@@ -533,7 +539,7 @@ class Engram:
 
         return self._store.write(drop)
 
-    def edges(self, id: str) -> list[Any]:
+    def edges(self, id: str) -> list[Edge]:
         """The edges leaving memory ``id``, in key order.
 
         Raises:
@@ -725,7 +731,7 @@ class Engram:
         """
         return self.update(id, pinned=False)
 
-    def forget(self, *, ids: Iterable[str] | None = None, query: str | None = None, embedding: Any = None,
+    def forget(self, *, ids: Iterable[str] | None = None, query: str | None = None, embedding: ArrayLike | None = None,
                threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> ForgetReceipt:
         """Remove memories so that nothing of them is left in the file, and return a receipt.
 
@@ -747,8 +753,8 @@ class Engram:
         return forget(self, ids=list(ids) if ids is not None and not isinstance(ids, str) else ids, query=query,
                       embedding=embedding, threshold=threshold, dry_run=dry_run, space=space)
 
-    def maintain(self, config: MaintenanceConfig | None = None, summarizer: Any = None, *,
-                 now: float | None = None, plan: bool = False, progress: Any = None) -> MaintenanceReport:
+    def maintain(self, config: MaintenanceConfig | None = None, summarizer: Summarizer | None = None, *,
+                 now: float | None = None, plan: bool = False, progress: Progress | None = None) -> MaintenanceReport:
         """One maintenance pass: decay, dedupe, clusters with summaries (only with a
         ``summarizer``, a callable from a list of texts to one text), archive. See
         spec/maintenance.md.
@@ -818,9 +824,10 @@ class Engram:
         """Every id, in insertion order."""
         return [node.id for node in self.scan()]
 
-    def scan(self, *, tiers: Any = None, tags: Any = None, any_tags: Any = None, flags: Any = None,
-             any_flags: Any = None, source: str | None = None, after: Any = None, before: Any = None,
-             batch: int = 512, tier: Any = None) -> Iterator[Node]:
+    def scan(self, *, tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
+             flags: NameSet | None = None, any_flags: NameSet | None = None, source: str | None = None,
+             after: TimeBound | None = None, before: TimeBound | None = None, batch: int = 512,
+             tier: NameSet | None = None) -> Iterator[Node]:
         """Memories in insertion order, filtered (see :mod:`engramdb.filters`): in one of
         ``tiers``, with all ``tags`` / one of ``any_tags``, all ``flags`` / one of
         ``any_flags``, of ``source``, created at/after ``after`` and before ``before``
@@ -843,7 +850,7 @@ class Engram:
                       after=after, before=before)
         return self._scan(keep, batch)
 
-    def _scan(self, keep: Any, batch: int) -> Iterator[Node]:
+    def _scan(self, keep: Filter, batch: int) -> Iterator[Node]:
         start = b""
         while True:
             with self._store.read() as txn:
@@ -1048,7 +1055,8 @@ class Engram:
         return wake_up(stored_result(self, source=source, tags=tags, include_archived=include_archived),
                        top_pct=top_pct)
 
-    def dump(self, fp: Any, *, progress: Any = None, on_damaged: Any = None) -> int:
+    def dump(self, fp: TextIO | BinaryIO, *, progress: Callable[[int], None] | None = None,
+             on_damaged: Callable[[str], None] | None = None) -> int:
         """Write the whole store to ``fp`` as canonical AAAK v3 text (see :func:`engramdb.restore`).
 
         One read snapshot; the same content always gives the same bytes. Returns the record
@@ -1063,7 +1071,7 @@ class Engram:
 
         return dump(self, fp, progress=progress, on_damaged=on_damaged)
 
-    def dump_v2(self, fp: Any) -> bool:
+    def dump_v2(self, fp: TextIO | BinaryIO) -> bool:
         """Write the store's zettel view (memories, tunnels, entity table) as AAAK v2, the
         format zettel-compress reads (spec/aaak.md section 6.1 lists what v2 cannot carry).
 
@@ -1171,8 +1179,6 @@ class Transaction:
     def link(self, src: str, dst: str, kind: str = "related", *, weight: float = 1.0, label: str = "",
              valid_from: float | None = None, valid_to: float | None = None, now: float | None = None) -> None:
         """As :meth:`Engram.link`, inside this transaction."""
-        from .records import Edge
-
         edge = Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=now_ts(now),
                     valid_from=valid_from, valid_to=valid_to)
         a, b = self._docno(src), self._docno(dst)

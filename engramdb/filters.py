@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .compress.recall import resolved_in_range
 from .errors import ValidationError
 from .index.synonyms import parse_date
 from .records import ALL_FLAGS, TIERS, Node
 
-__all__ = ["Filter", "parse_time"]
+__all__ = ["Filter", "NameSet", "TimeBound", "parse_time"]
+
+# A date bound (``after=``/``before=``): a Unix timestamp, a date or datetime, or an ISO 8601
+# string ("2023", "2023-05", "2023-05-01", "2023-05-01T12:00:00+00:00"); see parse_time.
+TimeBound = float | str | _dt.date
+# A filter's set of names (tiers, tags, flags): one name, or any iterable of names.
+NameSet = str | Iterable[str]
 
 _TIME_HINT = ("e.g. after='2023-05-01' (or '2023', '2023-05', '2023-05-01T12:00:00+00:00'), "
               "after=datetime.date(2023, 5, 1), or a Unix timestamp")
@@ -67,7 +72,7 @@ def parse_time(value: object, name: str = "time") -> float | None:
                           hint=_TIME_HINT)
 
 
-def _iso_bound(value: Any) -> str:
+def _iso_bound(value: TimeBound) -> str:
     """A date bound as ISO text for comparing with a ``resolved_date``: a string as given (a
     datetime string cut to its date), a date or datetime as its date, a timestamp as its UTC date."""
     if isinstance(value, str):
@@ -84,7 +89,7 @@ def _iso_bound(value: Any) -> str:
         return "9999-12-31" if value > 0 else "0000"
 
 
-def _str_set(value: Any, name: str, allowed: Sequence[str] | None = None) -> frozenset[str] | None:
+def _str_set(value: NameSet | None, name: str, allowed: Sequence[str] | None = None) -> frozenset[str] | None:
     if value is None:
         return None
     if isinstance(value, str):  # one value, never an iterable of letters
@@ -114,12 +119,14 @@ class Filter:
     __slots__ = ("after", "before", "tiers", "tags", "any_tags", "flags", "any_flags", "source", "after_iso",
                  "before_iso")
 
-    def __init__(self, *, after: Any = None, before: Any = None, tiers: Any = None, tags: Any = None,
-                 any_tags: Any = None, flags: Any = None, any_flags: Any = None, source: Any = None) -> None:
+    def __init__(self, *, after: TimeBound | None = None, before: TimeBound | None = None,
+                 tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
+                 flags: NameSet | None = None, any_flags: NameSet | None = None, source: str | None = None) -> None:
         self.after = parse_time(after, "after")
         self.before = parse_time(before, "before")
-        self.after_iso = _iso_bound(after) if self.after is not None else None
-        self.before_iso = _iso_bound(before) if self.before is not None else None
+        # parse_time returns None for None only
+        self.after_iso = _iso_bound(after) if after is not None else None
+        self.before_iso = _iso_bound(before) if before is not None else None
         self.tiers = _str_set(tiers, "tiers", TIERS)
         self.tags = _str_set(tags, "tags")
         self.any_tags = _str_set(any_tags, "any_tags")

@@ -35,7 +35,7 @@ import numpy as np
 
 from .codec import decode_node, encode_node
 from .errors import ValidationError
-from .filters import Filter
+from .filters import Filter, NameSet, TimeBound
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
@@ -194,8 +194,9 @@ def _date_bonus(node: Node, dates: Sequence[QueryDate]) -> float:
 
 
 def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
-           expand_query: bool = True, after: Any = None, before: Any = None, tiers: Any = None,
-           tags: Any = None, any_tags: Any = None, flags: Any = None, any_flags: Any = None,
+           expand_query: bool = True, after: TimeBound | None = None, before: TimeBound | None = None,
+           tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
+           flags: NameSet | None = None, any_flags: NameSet | None = None,
            source: str | None = None, min_relevance: float = 0.0, explain: bool = False,
            touch: bool = False, now: float | None = None) -> list[Hit]:
     """The memories that best answer ``query``.

@@ -14,8 +14,9 @@ def test_all_is_pinned():
         "encode", "decode", "encode_zettel_line", "encode_tunnel_line", "recall_result",
         "MaintenanceConfig", "MaintenanceReport",
     }
-    assert core <= set(engramdb.__all__)
-    assert set(engramdb.errors.__all__) <= set(engramdb.__all__)
+    # exactly these names: adding one is a deliberate API change, made here too
+    assert set(engramdb.__all__) == core | set(engramdb.errors.__all__)
+    assert len(engramdb.__all__) == len(set(engramdb.__all__))
     for name in engramdb.__all__:
         assert hasattr(engramdb, name), name
 
@@ -27,3 +28,29 @@ def test_every_error_is_an_engram_error_with_a_hint():
         if cls is not engramdb.EngramError:
             assert cls.default_hint, f"{name} has no hint"
             assert cls.__doc__, f"{name} has no docstring"
+
+
+def test_the_package_ships_its_types_and_mypy_checks_all_of_it_strictly():
+    """PEP 561: py.typed is in the package and in its package data; `.ci/lint` runs
+    `mypy --strict` over every module, with no module exempted or relaxed."""
+    import sys
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pytest itself depends on tomli before 3.11
+        import tomli as tomllib
+
+    assert (Path(engramdb.__file__).resolve().parent / "py.typed").is_file()
+    repo = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["engramdb"]
+    mypy = project["tool"]["mypy"]
+    assert mypy["strict"] is True and mypy["files"] == ["engramdb"]
+    relaxed = {"ignore_errors", "disallow_untyped_defs", "disallow_any_generics", "check_untyped_defs",
+               "disallow_untyped_calls", "disallow_incomplete_defs", "warn_return_any", "strict"}
+    for override in mypy.get("overrides", []):
+        modules = override["module"] if isinstance(override["module"], list) else [override["module"]]
+        assert not any(m == "engramdb" or m.startswith("engramdb.") for m in modules), override
+        assert not relaxed & set(override), override
+    assert "python -m mypy" in (repo / ".ci" / "lint").read_text(encoding="utf-8")

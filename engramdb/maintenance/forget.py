@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import codec
 from . import run
@@ -77,7 +78,7 @@ def _check_threshold(threshold: Any) -> float:
     return float(threshold)
 
 
-def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: Any, threshold: float,
+def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: ArrayLike | None, threshold: float,
                    space: str | None) -> set[int]:
     """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
     vectors = engram.indexes.vectors
@@ -117,7 +118,7 @@ def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: Any, thr
     return found
 
 
-def _select(engram: Any, txn: Any, ids: Sequence[str] | None, query: str | None, embedding: Any,
+def _select(engram: Any, txn: Any, ids: Sequence[str] | None, query: str | None, embedding: ArrayLike | None,
             threshold: float, space: str | None) -> list[int]:
     chosen: set[int] = set()
     for id_ in ids or ():
@@ -186,7 +187,8 @@ def _scrub_maintenance_state(txn: Any, docnos: Sequence[int]) -> None:
         txn.delete("meta", run.DIRTY_PREFIX + codec.u64(docno))
 
 
-def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None = None, embedding: Any = None,
+def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None = None,
+           embedding: ArrayLike | None = None,
            threshold: float = 0.7, dry_run: bool = False, space: str | None = None) -> ForgetReceipt:
     """Remove memories and everything derived from them from ``engram``'s file, then merge
     the index and compact the file, so that no page holds their text or ciphertext.
