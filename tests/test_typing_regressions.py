@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def test_bm25_ceiling_of_an_empty_index_is_the_float_zero(make_db):
-    # `ceiling` is declared `-> float` and documented "0.0 on an empty index", but summed an
+    # SegmentedBM25.ceiling is declared `-> float` and documented "0.0 on an empty index", but summed an
     # empty dict and returned the int 0
     db = make_db()
     with db._store.read() as txn:
