@@ -63,7 +63,7 @@ def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[
     graph = engram.indexes.graph
     for key in list(txn.keys("nodes")):
         docno = codec.from_u64(key)
-        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(txn.get("nodes", k)), key)
+        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(txn.get("nodes", k), vectors=False), key)
         if node is not None:
             order.append((node.id, docno))
             if node.source:
@@ -103,12 +103,13 @@ def _procedures(txn: Any, salvage: _Salvage) -> list[Any]:
     return rows
 
 
-def _read_node(txn: Any, docno: int) -> Node:
-    """The memory ``docno``, which the scan that listed it found in this same transaction."""
+def _read_node(engram: Engram, txn: Any, docno: int) -> Node:
+    """The memory ``docno`` with its vectors, which the scan that listed it found in this
+    same transaction."""
     data = txn.get("nodes", codec.u64(docno))
     if data is None:
         raise CorruptFileError(f"memory #{docno} is listed but not stored")
-    return codec.decode_node(data)
+    return engram.indexes.read_node(txn, docno, data)
 
 
 def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, every: int = 1000) -> Iterator[Node]:
@@ -147,7 +148,8 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         table = salvage.attempt("the entity table", lambda: read_entities(txn))
         if table:
             sources[ENTITIES_META] = table
-        nodes = _counting((_read_node(txn, docno) for docno in docnos), progress)
+        salvage.attempt("the vector blocks", indexes.vectors.preload, txn)  # nodes are read in id order
+        nodes = _counting((_read_node(engram, txn, docno) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
                                nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
                                procedures=_procedures(txn, salvage))
@@ -522,7 +524,8 @@ def dump_v2(engram: Engram, fp: TextIO | BinaryIO) -> bool:
     """
     with engram._store.read() as txn:
         docnos, _, edges, _ = _scan(engram, txn, _Salvage(None))
-        nodes = [_read_node(txn, docno) for docno in docnos]
+        engram.indexes.vectors.preload(txn)
+        nodes = [_read_node(engram, txn, docno) for docno in docnos]
         table = read_entities(txn)
     result, renumbered = zettel_view(nodes, edges, table)
     _write_text(fp, aaak.encode(result, version=2))

@@ -4,12 +4,18 @@ A node record is ``codec byte | body``. Codec byte 1 is msgpack; 2 is zstd-compr
 msgpack (used when the packed record is larger than ``ZSTD_THRESHOLD``, where
 compression pays for itself). The body is a msgpack array whose first element is the
 schema version, so fields can be appended in later versions without breaking old files.
+
+Schema 1 (a memory without vectors, and every record of the first vector layout) ends
+with ``{space: float32 LE bytes}``; schema 2 (a memory with vectors) ends with the sorted
+list of its spaces, the vectors themselves living once, in the vector blocks
+(spec/vectors.md).
 """
 from __future__ import annotations
 
 import operator
 import struct
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -17,9 +23,10 @@ import numpy as np
 import zstandard
 
 from .errors import CorruptFileError, ValidationError
-from .records import Node
+from .records import STORED, Node
 
 NODE_SCHEMA = 1
+NODE_SCHEMA_VECTORS = 2  # the record lists its spaces; the vectors are in the blocks
 CODEC_MSGPACK = 1
 CODEC_ZSTD = 2
 ZSTD_THRESHOLD = 2048
@@ -104,14 +111,11 @@ def unpack_archive(data: bytes) -> str:
         raise CorruptFileError("an archived original is not UTF-8") from None
 
 
-def _vector_bytes(vec: tuple[float, ...]) -> bytes:
-    return np.asarray(vec, dtype="<f4").tobytes()
-
-
-def _vector_from(data: bytes) -> tuple[float, ...]:
+def _vector_from(data: bytes) -> np.ndarray:
+    """A first-layout record's vector: a read-only float32 view of its bytes."""
     if not isinstance(data, bytes) or len(data) % 4:
         raise CorruptFileError("an embedding in a record has a bad length")
-    return tuple(np.frombuffer(data, dtype="<f4").tolist())
+    return np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)
 
 
 def _packer() -> msgpack.Packer:
@@ -157,8 +161,10 @@ def encode_nodes(nodes: list[Node]) -> list[bytes]:
             values = node.__dict__
             # tuples pack as msgpack arrays, exactly like lists
             embeddings = values["embeddings"]
-            body = pack([NODE_SCHEMA, *get_fields(values), {space: _vector_bytes(vec) for space, vec in
-                                                           sorted(embeddings.items())} if embeddings else {}])
+            if embeddings:  # the vectors are written to the vector blocks by the index
+                body = pack([NODE_SCHEMA_VECTORS, *get_fields(values), sorted(embeddings)])
+            else:
+                body = pack([NODE_SCHEMA, *get_fields(values), {}])
             if len(body) > ZSTD_THRESHOLD:
                 out.append(_ZSTD_PREFIX + _compressor.compress(body))
             else:
@@ -168,9 +174,15 @@ def encode_nodes(nodes: list[Node]) -> list[bytes]:
     return out
 
 
-def decode_node(data: bytes, *, vectors: bool = True) -> Node:
+def decode_node(data: bytes, *, vectors: bool = True,
+                fetch: Callable[[list[str]], Mapping[str, Any]] | None = None) -> Node:
     """Record bytes -> Node (``vectors=False``: without its embeddings, which are most of
-    the decoding work of a record that has any; the maintenance pass reads records so).
+    the decoding work of a first-layout record that has any; the maintenance pass reads
+    records so).
+
+    A schema-2 record names its spaces; ``fetch(names)`` reads the vectors from the vector
+    blocks. Without it, each is the placeholder :data:`~engramdb.records.STORED`, which
+    encodes back to the same record.
 
     Raises:
         CorruptFileError: unknown codec or schema, bad shape, or fields that fail validation.
@@ -183,20 +195,33 @@ def decode_node(data: bytes, *, vectors: bool = True) -> Node:
     elif codec != CODEC_MSGPACK:
         raise CorruptFileError(f"unknown record codec {codec}", hint="upgrade engramdb, or restore from a dump")
     fields = unpack(body)
-    if not isinstance(fields, list) or not fields or fields[0] != NODE_SCHEMA or len(fields) < 22:
+    if not isinstance(fields, list) or not fields or fields[0] not in (NODE_SCHEMA, NODE_SCHEMA_VECTORS) \
+            or len(fields) < 22:
         raise CorruptFileError("a node record has an unknown schema", hint="upgrade engramdb to read this file")
     try:
         (_, id_, content, entities, topics, quote, weight, flags, emotions, ss, se, rd, tier, importance,
          created, accessed, count, pinned, tags, source, metadata, embeddings) = fields[:22]
-        if not isinstance(embeddings, dict):
+        if fields[0] == NODE_SCHEMA_VECTORS:
+            if not (isinstance(embeddings, list) and embeddings and all(isinstance(n, str) for n in embeddings)
+                    and embeddings == sorted(set(embeddings))):
+                raise ValidationError("the record's list of vector spaces")
+            if not vectors:
+                embeddings = {}
+            elif fetch is not None:
+                embeddings = dict(fetch(embeddings))
+            else:
+                embeddings = dict.fromkeys(embeddings, STORED)
+        elif not isinstance(embeddings, dict):
             raise ValidationError("embeddings")
+        elif vectors:
+            embeddings = {space: _vector_from(vec) for space, vec in embeddings.items()}
         return Node.from_fields({  # the constructor's checks, without its setattr per field
             "id": id_, "content": content, "entities": entities, "topics": topics, "quote": quote,
             "weight": weight, "flags": flags, "emotions": emotions, "source_start": ss, "source_end": se,
             "resolved_date": rd, "tier": tier, "importance": importance, "created_at": created,
             "last_accessed": accessed, "access_count": count, "pinned": pinned, "tags": tags, "source": source,
             "metadata": metadata,
-            "embeddings": {space: _vector_from(vec) for space, vec in embeddings.items()} if vectors else {},
+            "embeddings": embeddings if vectors else {},
         })
     except (ValidationError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"a node record holds invalid fields: {exc}") from None

@@ -311,6 +311,10 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                 recorded = txn.get("meta", TOKENIZER_KEY) is not None
             if not recorded:  # a new file records its tokenizer at once
                 store.write(indexes.ensure_meta)
+            with store.read() as txn:
+                legacy = not repair and indexes.vectors.needs_migration(txn)
+            if legacy:  # vectors of the first layout move to one copy in the blocks (spec/vectors.md)
+                store.write(indexes.migrate)
         return engram
     except BaseException:
         store.close()
@@ -855,8 +859,9 @@ class Engram:
         while True:
             with self._store.read() as txn:
                 chunk = []
+                read_node = self.indexes.read_node
                 for key, value in txn.items("nodes", start=start or None):
-                    chunk.append((key, codec.decode_node(value)))
+                    chunk.append((key, read_node(txn, codec.from_u64(key), value)))
                     if len(chunk) >= batch:
                         break
             for _, node in chunk:
@@ -1174,7 +1179,7 @@ class Transaction:
         if raw is None:
             raise CorruptFileError("the id map points at a missing record",
                                    hint="run `engramdb verify --fix FILE` to rebuild the id map")
-        return codec.decode_node(raw)
+        return self._engram.indexes.read_node(self._txn, docno, raw)
 
     def link(self, src: str, dst: str, kind: str = "related", *, weight: float = 1.0, label: str = "",
              valid_from: float | None = None, valid_to: float | None = None, now: float | None = None) -> None:

@@ -379,7 +379,7 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
         block = node.to_dict()
         del block["content"], block["metadata"]
         record = {
-            "id": node.id, "content": node.content, "embedding": list(vec) if vec is not None else None,
+            "id": node.id, "content": node.content, "embedding": vec.tolist() if vec is not None else None,
             "tags": list(node.tags), "importance": node.importance, "tier": node.tier,
             "createdAt": _format_time(node.created_at), "lastAccessed": _format_time(node.last_accessed),
             "accessCount": node.access_count, "source": node.source, "metadata": dict(node.metadata),

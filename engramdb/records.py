@@ -32,6 +32,7 @@ __all__ = [
     "CompressResult",
     "new_id",
     "now_ts",
+    "STORED",
 ]
 
 TIERS = ("hot", "warm", "cold", "archive")
@@ -132,21 +133,63 @@ def _normalize_metadata(value: Any, depth: int = 0) -> Any:
     raise ValidationError(f"metadata values must be JSON-like, got {type(value).__name__}")
 
 
-def _freeze_vector(name: str, value: Any) -> tuple[float, ...]:
-    arr = np.asarray(value, dtype=np.float32)
+class _Stored:
+    """The value of an embedding that a decoded record names but that was not read from
+    the vector blocks (a record decoded without its vectors): encoding the node again
+    keeps the name, so the stored vector stays the memory's."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STORED"
+
+    def __reduce__(self) -> str:
+        return "STORED"
+
+
+STORED: Any = _Stored()
+
+
+def _freeze_vector(name: str, value: Any) -> Any:
+    """A read-only float32 copy of ``value`` (a NumPy array, list or tuple): NumPy input is
+    copied as it is, never through Python floats."""
+    if value is STORED:
+        return value
+    if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.ndim == 1 and not value.flags.writeable:
+        arr = value  # already frozen (a node copied with replace(), a vector read from the file)
+    else:
+        try:
+            arr = np.array(value, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ValidationError(f"embedding {name!r} must be a vector of numbers") from None
+        arr.flags.writeable = False
     if arr.ndim != 1 or arr.size == 0:
         raise ValidationError(f"embedding {name!r} must be a non-empty 1-D vector")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ValidationError(f"embedding {name!r} contains NaN or infinity")
-    return tuple(arr.tolist())  # Python floats, each exactly a float32 value
+    return arr
 
 
-@dataclass(frozen=True)
+def _embeddings_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for name, vec in a.items():
+        other = b[name]
+        if vec is STORED or other is STORED:
+            if vec is not other:
+                return False
+        elif not (vec.shape == other.shape and np.array_equal(vec, other)):
+            return False
+    return True
+
+
+@dataclass(frozen=True, eq=False)
 class Node:
     """One memory. See spec/file-format.md for the field rules.
 
-    ``embeddings`` maps a space name to a float32 vector (kept as a tuple of floats
-    that are exactly representable in float32, so equality and round trips are exact).
+    ``embeddings`` maps a space name to a float32 vector: a read-only 1-D NumPy array
+    (NumPy input is copied without passing through Python floats; lists and tuples are
+    converted once). Two nodes are equal when every field is, vectors compared by value.
     """
 
     id: str
@@ -169,7 +212,16 @@ class Node:
     tags: tuple[str, ...] = ()
     source: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    embeddings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    embeddings: Mapping[str, Any] = field(default_factory=dict)  # read: float32 arrays; given: also lists
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        mine, theirs = self.__dict__, other.__dict__
+        return all(mine[name] == theirs[name] for name in _PLAIN_FIELDS) and \
+            _embeddings_equal(mine["embeddings"], theirs["embeddings"])
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         # Normalised values are written into the instance dict: a frozen dataclass forbids
@@ -199,7 +251,7 @@ class Node:
             if isinstance(value, tuple):
                 value = list(value)
             elif f.name == "embeddings":
-                value = {k: list(v) for k, v in value.items()}
+                value = {k: None if v is STORED else v.tolist() for k, v in value.items()}
             elif f.name == "metadata":
                 value = dict(value)
             out[f.name] = value
@@ -273,6 +325,7 @@ class Node:
 
 
 NODE_FIELDS = tuple(f.name for f in fields(Node))
+_PLAIN_FIELDS = tuple(name for name in NODE_FIELDS if name != "embeddings")
 _FIELD_SET = frozenset(NODE_FIELDS)
 _FIELD_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(Node)}
 

@@ -393,6 +393,36 @@ def compress_seeds() -> list[bytes]:
     return seeds
 
 
+def vector_seeds() -> list[bytes]:
+    """fuzz_vectors.py: real blocks (full, sparse, empty bitmap, one row) and directories of
+    both layouts, each also cut, extended and with a flipped byte."""
+    import msgpack
+    import numpy as np
+
+    from engramdb.index import vectors
+
+    rng = np.random.default_rng(7)
+    blocks = [
+        vectors.encode_vector_block(np.arange(37), rng.standard_normal((37, 8)).astype(np.float32), 37),
+        vectors.encode_vector_block(np.asarray([0, 5, 9]), rng.standard_normal((3, 3)).astype(np.float32), 10),
+        vectors.encode_vector_block(np.asarray([3]), np.asarray([[0.5, -0.0, 1e-40]], np.float32), 4),
+        vectors.encode_vector_block(np.zeros(0, np.int64), np.zeros((0, 2), np.float32), 16),
+    ]
+    dirs = [
+        vectors._Dir(37, 384, 1000, 12).encode(),
+        msgpack.packb({"next": 3, "blocks": [[1, 2], [2, 1]], "dead_docs": np.asarray([4], "<u8").tobytes(),
+                       "dead_before": np.asarray([2], "<u4").tobytes()}, use_bin_type=True),
+        msgpack.packb({"layout": 3, "rows": 1, "dims": 1, "count": 0, "seq": 0}, use_bin_type=True),
+        msgpack.packb({"layout": 2, "rows": 0, "dims": 1, "count": 0, "seq": 0}, use_bin_type=True),
+    ]
+    seeds = []
+    for mode, values in ((0, blocks), (1, dirs)):
+        for value in values:
+            flipped = value[:len(value) // 2] + bytes([value[len(value) // 2] ^ 0x10]) + value[len(value) // 2 + 1:]
+            seeds += [bytes([mode]) + v for v in (value, value[:-1], value + b"\x00", value[:7], flipped)]
+    return seeds
+
+
 def main_parsers() -> None:
     _write_seeds("importers", importer_seeds())
     _write_seeds("records", record_seeds())
@@ -400,6 +430,7 @@ def main_parsers() -> None:
     _write_seeds("tokenize", tokenize_seeds())
     _write_seeds("transcript", transcript_seeds())
     _write_seeds("compress", compress_seeds())
+    _write_seeds("vectors", vector_seeds())
 
 
 if __name__ == "__main__":

@@ -121,8 +121,11 @@ def same_store(a: dict, b: dict) -> None:
     assert a["nodes"] == b["nodes"]
     for x, y in zip(a["nodes"], b["nodes"]):  # field for field, including float bit patterns
         for f in dataclasses.fields(Node):
-            if f.name in ("metadata", "embeddings"):  # canonical text pins types and float bits
-                assert tjson_dumps(getattr(x, f.name)) == tjson_dumps(getattr(y, f.name))
+            if f.name == "metadata":  # canonical text pins types and float bits
+                assert tjson_dumps(x.metadata) == tjson_dumps(y.metadata)
+            elif f.name == "embeddings":  # float32 arrays, bit for bit
+                assert {k: (v.dtype, v.tobytes()) for k, v in x.embeddings.items()} == \
+                    {k: (v.dtype, v.tobytes()) for k, v in y.embeddings.items()}
             else:
                 assert repr(getattr(x, f.name)) == repr(getattr(y, f.name)), f.name
     assert sorted(a["edges"], key=edge_sort_key) == sorted(b["edges"], key=edge_sort_key)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 from conftest import nodes
 from hypothesis import given, settings
@@ -9,15 +10,32 @@ from hypothesis import strategies as st
 
 from engramdb import codec
 from engramdb.errors import CorruptFileError, ValidationError
-from engramdb.records import Node
+from engramdb.records import STORED, Node
 
 
 @settings(max_examples=100, deadline=None)
 @given(nodes())
 def test_node_round_trip(node):
     data = codec.encode_node(node)
-    assert codec.decode_node(data) == node
-    assert codec.encode_node(codec.decode_node(data)) == data  # canonical: re-encoding is byte-identical
+    # the record names the node's vector spaces; the vectors themselves live in the vector blocks
+    asked = []
+    got = codec.decode_node(data, fetch=lambda names: asked.append(names) or {n: node.embeddings[n] for n in names})
+    assert got == node
+    assert asked == ([sorted(node.embeddings)] if node.embeddings else [])
+    placeholders = codec.decode_node(data)  # without the blocks: each vector is STORED
+    assert dict(placeholders.embeddings) == dict.fromkeys(node.embeddings, STORED)
+    assert codec.encode_node(placeholders) == data  # canonical: re-encoding is byte-identical
+    assert codec.encode_node(got) == data
+
+
+def test_first_layout_records_still_decode_with_their_vectors():
+    """A record written before vectors moved to the blocks (schema 1 with float32 bytes)."""
+    body = msgpack.packb([1, "old", "text", [], [], "", 0.0, [], [], None, None, None, "hot", 0.5, 0.0, 0.0, 0,
+                          False, [], "", {}, {"s": np.asarray([0.5, -1.25], "<f4").tobytes()}], use_bin_type=True)
+    node = codec.decode_node(bytes([codec.CODEC_MSGPACK]) + body)
+    vec = node.embeddings["s"]
+    assert vec.dtype == np.float32 and vec.tolist() == [0.5, -1.25] and not vec.flags.writeable
+    assert codec.decode_node(bytes([codec.CODEC_MSGPACK]) + body, vectors=False).embeddings == {}
 
 
 def test_large_records_are_compressed_and_small_ones_are_not():

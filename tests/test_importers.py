@@ -96,7 +96,7 @@ def test_terronex_plain_file():
     assert [n.id for n in nodes] == ["root", "c1", "c2", "img"]
     root, c1, c2, img = nodes
     for n in (root, c1, c2):
-        assert n.embeddings["minilm"] == (0.25, -1.5, 3.0)
+        assert n.embeddings["minilm"].tolist() == [0.25, -1.5, 3.0]
     assert c1.content == "We decided | to \"rotate\" keys\nhourly"
     assert c1.entities == ("Alice",)
     assert (c1.tier, c2.tier, c1.importance, c1.tags, c1.source) == ("warm", "cold", 0.8, ("a",), "notes.md")
@@ -152,7 +152,7 @@ TRACE_LITE = "\n".join([
 def test_trace_lite_jsonl():
     nodes = list(iter_jsonl(TRACE_LITE, space="minilm", now=NOW))
     m1, m2 = nodes
-    assert m1.embeddings == {"minilm": (0.5, -0.25)}
+    assert {k: v.tolist() for k, v in m1.embeddings.items()} == {"minilm": [0.5, -0.25]}
     assert m1.created_at == 1_781_258_400.0 and m1.last_accessed == 1_781_344_800.5
     assert (m1.tags, m1.importance, m1.tier, m1.access_count, m1.source) == (("prefs",), 0.9, "hot", 3, "chat")
     assert m1.metadata == {"speaker": "Alice", "n": [1, 2]}
@@ -229,7 +229,8 @@ def test_export_jsonl_is_trace_lite_shaped():
     assert (obj["tier"], obj["accessCount"], obj["importance"]) == ("warm", 2, 0.7)
     foreign = {k: v for k, v in obj.items() if k != "engramdb"}  # as a Trace-Lite app would write it back
     again = next(iter(iter_jsonl(json.dumps(foreign), space="minilm", now=NOW)))
-    assert (again.content, again.created_at, again.embeddings) == ("hi", 1_781_258_400.25, node.embeddings)
+    assert (again.content, again.created_at) == ("hi", 1_781_258_400.25)
+    assert again.embeddings["minilm"].tobytes() == node.embeddings["minilm"].tobytes()
 
 
 # --- AAAK v1/v2 ------------------------------------------------------------------

@@ -320,7 +320,7 @@ def test_forced_merge_leaves_no_tombstoned_data(make_db):
     """forget = delete + merge_indexes(force=True) + compact: no posting block or vector row
     of the deleted memory is left in the live tables."""
     from engramdb.index import bm25 as bm
-    from engramdb.index import vectors as vec
+
 
     db = make_db()
     db.add_space("hashed", dims=16)
@@ -328,17 +328,24 @@ def test_forced_merge_leaves_no_tombstoned_data(make_db):
                  {"id": "keep2", "content": "another apple memory"}], now=NOW)  # one segment, one block
     zebra = db.indexes.bm25.blind(db.indexes.tokenizer("zebra")[0])
     space = db._store.blind(b"space", b"hashed")
+    with db._store.read() as txn:
+        zebra_row = db.indexes.vectors.fetch(txn, 2, ["hashed"])["hashed"].tobytes()
     db.delete("gone")
+
+    def vector_plaintext(txn):
+        return b"".join(value for _, value in txn.items("vectors", space))
+
     with db._store.read() as txn:
         assert any(k.startswith(zebra) for k in txn.keys("postings"))  # tombstoned, still stored
-        assert vec._VDir.decode(txn.get("vectors", space + b"\x00" * 4)).dead_docs.tolist() == [2]
+        # a delete rewrites the vector block without the row: no tombstone, nothing to merge
+        assert zebra_row not in vector_plaintext(txn)
+        assert db.indexes.vectors.layout(txn)["hashed"] == {"blocks": 1, "rows": 2, "dead_rows": 0}
     db.merge_indexes(10, force=True)
     with db._store.read() as txn:
         assert not any(k.startswith(zebra) for k in txn.keys("postings"))
         d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
         assert len(d.segs) == 1 and not d.dead
-        vdir = vec._VDir.decode(txn.get("vectors", space + b"\x00" * 4))
-        assert len(vdir.blocks) == 1 and vdir.dead_docs.size == 0
+        assert db.indexes.vectors.layout(txn)["hashed"] == {"blocks": 1, "rows": 2, "dead_rows": 0}
         assert sorted(db.indexes.vectors._matrix(txn, "hashed")[0].tolist()) == [1, 3]
     assert {h.id for h in db.recall("apple zebra", top_k=5)} == {"keep", "keep2"}
 

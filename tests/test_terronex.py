@@ -47,7 +47,7 @@ def _check_three(nodes, edges, *, v2=False):
     for n in nodes:
         content, tier, importance, vec = EXPECTED[n.id]
         assert (n.content, n.tier, n.importance) == (content, tier, importance)
-        assert n.embeddings == {"default": vec}
+        assert {k: tuple(v.tolist()) for k, v in n.embeddings.items()} == {"default": vec}
         assert n.tags == ("demo", "auth") and n.created_at == CREATED
     got = {(e.src, e.dst, e.kind, e.label, e.weight) for e in edges}
     want = {("n3", "n1", "part_of", "", 1.0), ("n3", "n1", "derived_from", "elaborates", 0.8)}
@@ -64,7 +64,7 @@ def test_number_list_files_import_exactly(name, password):
 
 def test_ext_0x74_file_imports_exactly():
     nodes, edges = _split(iter_terronex(_shared("ext74.engram")))
-    assert [(n.id, n.content, n.embeddings["default"]) for n in nodes] == [
+    assert [(n.id, n.content, tuple(n.embeddings["default"].tolist())) for n in nodes] == [
         ("a", "alpha", (1.0, 0.0, 0.0, 0.0)), ("b", "beta", (float(F32(0.9)), float(F32(0.1)), 0.0, 0.0))]
     assert edges == []
 
@@ -125,7 +125,7 @@ def test_a_plausible_raw_float32_embedding_is_kept():
 
     vec = np.array([0.25, -1.5, 3.0], dtype="<f4")
     nodes, _ = _split(iter_terronex(terronex_file([tx_node("x", "y", embedding=vec.tobytes())])))
-    assert nodes[0].embeddings["default"] == (0.25, -1.5, 3.0)
+    assert nodes[0].embeddings["default"].tolist() == [0.25, -1.5, 3.0]
     for bad in (np.array([1e-44, 1.0, 0.5], "<f4"), np.array([0, 0, 0], "<f4"), np.array([1e30, 1, 1], "<f4")):
         with pytest.raises(ImportFormatError, match="node x: float32 bytes"):
             list(iter_terronex(terronex_file([tx_node("x", "y", embedding=bad.tobytes())])))
@@ -149,6 +149,6 @@ def test_import_records_of_a_2x_file_into_a_store(make_db):
     db = make_db()
     nodes, edges = import_records(db, iter_terronex((V2 / "v2_plain.engram").read_bytes()))
     assert (nodes, edges) == (3, 6)
-    assert db.get("n3").embeddings["default"] == EXPECTED["n3"][3]
+    assert tuple(db.get("n3").embeddings["default"].tolist()) == EXPECTED["n3"][3]
     assert [h.id for h in db.recall("JWT tokens auth", top_k=1)] == ["n1"]
     assert isinstance(engramdb.Engram, type)

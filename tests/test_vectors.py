@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engramdb.crypto import Sealer
+from engramdb.crypto import ENVELOPE_OVERHEAD, Sealer
 from engramdb.errors import ConfigMismatchError, CorruptFileError, EmbeddingError, ValidationError
 from engramdb.index.vectors import (
     HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder, VectorIndex, decode_vector_block, encode_vector_block,
+    rows_per_block,
 )
 from engramdb.records import Node
 from engramdb.store import Store
@@ -151,22 +152,41 @@ def test_a_second_handle_refreshes_its_matrix_after_a_commit(store, tmp_path):
         other.close()
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 20), st.integers(1, 9), st.data())
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 9), st.data())
 def test_vector_block_round_trip(rows, dims, data):
-    docnos = np.asarray(sorted(data.draw(st.sets(st.integers(0, 2**64 - 1), min_size=rows, max_size=rows))),
-                        dtype=np.uint64)
-    matrix = np.asarray(data.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=rows * dims,
-                                           max_size=rows * dims)), dtype=np.float32).reshape(rows, dims)
-    got_d, got_m = decode_vector_block(encode_vector_block(docnos, matrix))
-    assert got_d.tolist() == docnos.tolist() and got_m.tobytes() == matrix.tobytes()
+    offsets = np.asarray(sorted(data.draw(st.sets(st.integers(0, rows - 1), max_size=rows))), dtype=np.int64)
+    matrix = np.asarray(data.draw(st.lists(st.floats(width=32), min_size=offsets.size * dims,
+                                           max_size=offsets.size * dims)), dtype=np.float32).reshape(-1, dims)
+    blob = encode_vector_block(offsets, matrix, rows)
+    assert len(blob) == 8 + (rows + 7) // 8 + matrix.nbytes  # header, bitmap, the floats: nothing else
+    got_o, got_m = decode_vector_block(blob)
+    assert got_o.tolist() == offsets.tolist() and got_m.dtype == np.float32
+    assert got_m.tobytes() == matrix.tobytes()  # bit for bit (NaN payloads and -0.0 included)
 
 
 def test_bad_vector_blocks_are_corrupt_file_errors():
-    blob = encode_vector_block(np.asarray([1, 2], dtype=np.uint64), np.ones((2, 3), dtype=np.float32))
-    for bad in (blob[:5], blob[:-1], blob + b"\x00"):
+    blob = encode_vector_block(np.asarray([1, 2]), np.ones((2, 3), dtype=np.float32), 8)
+    flipped_bitmap = blob[:8] + bytes([blob[8] ^ 0x01]) + blob[9:]  # 3 bits set, 2 rows
+    beyond = encode_vector_block(np.asarray([1]), np.ones((1, 3), dtype=np.float32), 3)
+    beyond = beyond[:8] + b"\x09" + beyond[9:]  # a bit past the block's rows
+    no_rows = b"\x00\x00\x00\x00\x03\x00\x00\x00"
+    for bad in (blob[:5], blob[:-1], blob + b"\x00", flipped_bitmap, beyond, no_rows):
         with pytest.raises(CorruptFileError):
             decode_vector_block(bad)
+    with pytest.raises(ValidationError):
+        encode_vector_block(np.asarray([2, 1]), np.ones((2, 3), dtype=np.float32), 8)
+    with pytest.raises(ValidationError):
+        encode_vector_block(np.asarray([8]), np.ones((1, 3), dtype=np.float32), 8)
+
+
+def test_rows_per_block_fill_lmdb_overflow_pages():
+    for dims in (3, 64, 384, 768, 1536):
+        rows = rows_per_block(dims)
+        size = ENVELOPE_OVERHEAD + 8 + (rows + 7) // 8 + rows * dims * 4
+        pages = (size + 15) // 4096 + 1
+        assert size <= 64 * 1024 and rows * dims * 4 / (pages * 4096) > 0.95
+    assert rows_per_block(384) == 37  # 14 pages of 4 KiB hold 37 x 1,536 bytes and the header (99.1 %)
 
 
 def test_local_model_embedder_never_downloads(monkeypatch):

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import msgpack
 
-from ..codec import decode_node
+from ..codec import decode_node, encode_node
 from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
 from .bm25 import SegmentedBM25, TermDocs, snapshot_id
@@ -112,11 +112,12 @@ class Indexes:
         tokenizer: the file's tokenizer (:func:`load_tokenizer`).
     """
 
-    def __init__(self, store: Any, tokenizer: Tokenizer) -> None:
+    def __init__(self, store: Any, tokenizer: Tokenizer, *, cache_mb: float | None = None) -> None:
         self.store = store
         self.tokenizer = tokenizer
+        self.cache_mb = cache_mb
         self.bm25 = SegmentedBM25(store.blind, store.last_txnid)
-        self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer)
+        self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer, cache_mb=cache_mb)
         self.graph = Graph()
         self._read_cache: dict[Any, Any] = {}
         self._read_cache_id: int | None = None
@@ -167,6 +168,14 @@ class Indexes:
             raise ConfigMismatchError("another process recorded a different tokenizer for this file",
                                       hint="open the file again")
 
+    def read_node(self, txn: Any, docno: int, data: bytes) -> Node:
+        """Decode the record of ``docno`` with its vectors (read from the vector blocks).
+
+        Raises:
+            CorruptFileError: the record does not decode, or a vector it names is missing.
+        """
+        return decode_node(data, fetch=lambda names: self.vectors.fetch(txn, docno, names))
+
     def batch(self, txn: Any) -> IndexBatch:
         """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
         one :meth:`apply` call (one segment however many memories the transaction adds)."""
@@ -212,8 +221,28 @@ class Indexes:
         before = self.vectors.spaces(txn)
         self.vectors.add_space(txn, space)
         if space.name not in before and space.auto:
-            nodes = list(iter_nodes(txn))
-            self.vectors.rebuild(txn, nodes, [node_text(n) for _, n in nodes])
+            self._rebuild_vectors(txn, list(iter_nodes(txn)))
+
+    def _rebuild_vectors(self, txn: Any, nodes: list[tuple[int, Node]], texts: list[str] | None = None) -> None:
+        """Rewrite the vector blocks, and the records whose vectors move to them (first
+        layout) or are missing (spec/vectors.md)."""
+        rewrite = self.vectors.rebuild(txn, nodes, texts if texts is not None else [node_text(n) for _, n in nodes])
+        if rewrite:
+            txn.put_many("nodes", [(_U64.pack(docno), encode_node(node)) for docno, node in rewrite])
+
+    def migrate(self, txn: Any) -> bool:
+        """Convert a file whose vectors are in the first layout (in the node records and
+        in tombstoned blocks) to one copy in docno-range blocks; returns whether it did.
+        A writable open calls it (spec/vectors.md, "Layouts").
+
+        Raises:
+            CorruptFileError: a record or directory does not decode.
+            EmbeddingError: a record's vector does not fit its space.
+        """
+        if not self.vectors.needs_migration(txn):
+            return False
+        self._rebuild_vectors(txn, list(iter_nodes(txn)))
+        return True
 
     def link_tunnels(self, txn: Any, *, now: float = 0.0) -> int:
         """Recompute the derived tunnel edges over all nodes; returns their number."""
@@ -231,7 +260,7 @@ class Indexes:
         nodes = list(iter_nodes(txn))
         texts = [node_text(n) for _, n in nodes]
         self.bm25.rebuild(txn, self.term_docs([docno for docno, _ in nodes], texts))
-        self.vectors.rebuild(txn, nodes, texts)
+        self._rebuild_vectors(txn, nodes, texts)
         self.graph.repair(txn, [docno for docno, _ in nodes])
         self.graph.link_tunnels(txn, nodes, now=now)
 

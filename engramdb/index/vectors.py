@@ -27,8 +27,10 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
+from ..crypto import ENVELOPE_OVERHEAD
 from ..errors import CorruptFileError, EmbeddingError, ValidationError
-from .bm25 import plan_merge, snapshot_id, top_k
+from ..records import STORED
+from .bm25 import snapshot_id, top_k
 from .tokenize import Tokenizer
 
 __all__ = [
@@ -50,7 +52,6 @@ _BLOCK_HEAD = struct.Struct("<II")
 _U32 = struct.Struct(">I")
 _DIR = _U32.pack(0)
 MAX_DIMS = 65_536
-AUTO_MERGE_MAX_ROWS = 20_000
 
 
 class Embedder(Protocol):
@@ -186,15 +187,118 @@ class EmbeddingSpace:
                 "normalize": self.normalize, "auto": self.auto}
 
 
-def encode_vector_block(docnos: np.ndarray, matrix: np.ndarray) -> bytes:
-    """One block: row count, dims, docnos (u64 LE), then the float32 matrix (LE)."""
-    docnos = np.asarray(docnos, dtype="<u8")
+# --- layout 2 (engramdb 1.x since issue 15): one copy of each vector, blocks by docno range -----
+
+_TAG = b"\x01"  # block keys: blind(space) | 0x01 | u64be(docno // rows_per_block)
+_U64BE = struct.Struct(">Q")
+_HEAD = struct.Struct("<HHI")  # rows present, rows per block, dims
+LAYOUT = 2
+PAGE_SIZE = 4096  # spec/file-format.md: LMDB page size
+_PAGE_HEADER = 16  # LMDB's page header: an overflow value of n bytes takes (n + 15) // 4096 + 1 pages
+MAX_BLOCK_BYTES = 64 * 1024
+MAX_ROWS_PER_BLOCK = 4096
+DEFAULT_CACHE_MB = 2048.0
+
+
+def rows_per_block(dims: int) -> int:
+    """Rows per block of a space of ``dims`` dimensions: the count whose full, sealed block
+    wastes the least of the LMDB overflow pages it occupies (at most 64 KiB; ties go to
+    more rows). Recorded in the space's directory when the space gets its first block."""
+    row = dims * 4
+    best, best_eff = 1, -1.0
+    for rows in range(1, MAX_ROWS_PER_BLOCK + 1):
+        size = ENVELOPE_OVERHEAD + _HEAD.size + (rows + 7) // 8 + rows * row
+        if size > MAX_BLOCK_BYTES and rows > 1:
+            break
+        pages = (size + _PAGE_HEADER - 1) // PAGE_SIZE + 1
+        eff = rows * row / (pages * PAGE_SIZE)
+        if eff >= best_eff:
+            best, best_eff = rows, eff
+    return best
+
+
+def encode_vector_block(offsets: np.ndarray, matrix: np.ndarray, rows: int) -> bytes:
+    """One block of a space: ``u16le n | u16le rows | u32le dims | bitmap | n x dims float32 LE``.
+
+    ``offsets`` (ascending, distinct, below ``rows``) are the rows' docnos minus the
+    block's first docno; the bitmap (``ceil(rows / 8)`` bytes, bit ``i`` of byte ``i // 8``
+    counted from the least significant) marks them.
+
+    Raises:
+        ValidationError: the offsets and the matrix do not fit each other or ``rows``.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
     matrix = np.ascontiguousarray(matrix, dtype="<f4")
-    return _BLOCK_HEAD.pack(matrix.shape[0], matrix.shape[1]) + docnos.tobytes() + matrix.tobytes()
+    if (matrix.ndim != 2 or offsets.ndim != 1 or offsets.size != matrix.shape[0] or not 0 < rows <= 0xFFFF
+            or (offsets.size and (offsets[0] < 0 or offsets[-1] >= rows or np.any(np.diff(offsets) <= 0)))):
+        raise ValidationError("a vector block needs ascending distinct offsets below its row count, one per row")
+    bits = np.zeros(rows, dtype=bool)
+    bits[offsets] = True
+    return (_HEAD.pack(offsets.size, rows, matrix.shape[1]) + np.packbits(bits, bitorder="little").tobytes()
+            + matrix.tobytes())
 
 
 def decode_vector_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`encode_vector_block`.
+    """Inverse of :func:`encode_vector_block`: ``(offsets, matrix)``, the matrix a read-only
+    float32 view of ``data``.
+
+    Raises:
+        CorruptFileError: the header, bitmap and length disagree.
+    """
+    if len(data) < _HEAD.size:
+        raise CorruptFileError("a vector block is truncated", hint="run `engramdb verify FILE`")
+    n, rows, dims = _HEAD.unpack_from(data)
+    nbits = (rows + 7) // 8
+    if rows == 0 or n > rows or len(data) != _HEAD.size + nbits + n * dims * 4:
+        raise CorruptFileError("a vector block has the wrong length", hint="run `engramdb verify FILE`")
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=nbits, offset=_HEAD.size), bitorder="little")
+    offsets = np.flatnonzero(bits)
+    if offsets.size != n or (offsets.size and offsets[-1] >= rows):
+        raise CorruptFileError("a vector block's bitmap disagrees with its row count",
+                               hint="run `engramdb verify FILE`")
+    matrix = np.frombuffer(data, dtype="<f4", count=n * dims, offset=_HEAD.size + nbits).reshape(n, dims)
+    return offsets, matrix.astype(np.float32, copy=False)
+
+
+class _Dir:
+    """A layout-2 space directory: ``{"layout": 2, "rows": rows per block, "dims": dims,
+    "count": live rows, "seq": changes so far}``."""
+
+    __slots__ = ("rows", "dims", "count", "seq")
+
+    def __init__(self, rows: int, dims: int, count: int = 0, seq: int = 0) -> None:
+        self.rows, self.dims, self.count, self.seq = rows, dims, count, seq
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"layout": LAYOUT, "rows": self.rows, "dims": self.dims, "count": self.count,
+                              "seq": self.seq}, use_bin_type=True)
+
+
+def _decode_dir(data: bytes | None) -> _Dir | _VDir | None:
+    """A space directory of either layout (None when the space has none yet).
+
+    Raises:
+        CorruptFileError: the record does not decode.
+    """
+    if data is None:
+        return None
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+        if isinstance(raw, dict) and "layout" in raw:
+            if raw["layout"] != LAYOUT:
+                raise ValueError("unknown layout")
+            d = _Dir(int(raw["rows"]), int(raw["dims"]), int(raw["count"]), int(raw["seq"]))
+            if not (0 < d.rows <= 0xFFFF and 0 < d.dims <= MAX_DIMS and d.count >= 0):
+                raise ValueError("out of range")
+            return d
+    except Exception as exc:  # msgpack and shape errors alike mean a damaged record
+        raise CorruptFileError("a vector directory record is malformed",
+                               hint="run `engramdb verify --fix FILE`") from exc
+    return _VDir.decode(data)
+
+
+def _legacy_decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """A block of the first layout: ``u32le rows | u32le dims | rows x u64le docno | float32``.
 
     Raises:
         CorruptFileError: the lengths do not match the header.
@@ -232,12 +336,9 @@ def _check_matrix(space: EmbeddingSpace, vectors: Any) -> np.ndarray:
 
 
 class _VDir:
-    """A space's directory: its blocks and tombstones.
-
-    A tombstone ``(docno, before)`` says: rows of ``docno`` in blocks numbered below
-    ``before`` are dead. Deleting or updating a memory therefore never reads a block;
-    a re-added version lands in a block numbered ``before`` or higher and stays live.
-    """
+    """A space's directory in the first layout (read to migrate a file): its blocks and
+    tombstones. A tombstone ``(docno, before)`` says: rows of ``docno`` in blocks numbered
+    below ``before`` are dead."""
 
     __slots__ = ("next", "blocks", "dead_docs", "dead_before")
 
@@ -248,10 +349,8 @@ class _VDir:
         self.dead_before = np.zeros(0, np.uint32)
 
     @classmethod
-    def decode(cls, data: bytes | None) -> _VDir:
+    def decode(cls, data: bytes) -> _VDir:
         d = cls()
-        if data is None:
-            return d
         try:
             raw = msgpack.unpackb(data, raw=False)
             d.next = int(raw["next"])
@@ -265,25 +364,6 @@ class _VDir:
                                    hint="run `engramdb verify --fix FILE`") from exc
         return d
 
-    def encode(self) -> bytes:
-        return msgpack.packb({
-            "next": self.next,
-            "blocks": [[b, n] for b, n in sorted(self.blocks.items())],
-            "dead_docs": self.dead_docs.astype("<u8").tobytes(),
-            "dead_before": self.dead_before.astype("<u4").tobytes(),
-        }, use_bin_type=True)
-
-    def kill(self, docnos: Sequence[int]) -> None:
-        """Tombstone every current row of ``docnos`` (blocks below ``next``)."""
-        if not docnos:
-            return
-        new = np.asarray(sorted(set(docnos)), dtype=np.uint64)
-        keep = ~np.isin(self.dead_docs, new)
-        self.dead_docs = np.concatenate([self.dead_docs[keep], new])
-        self.dead_before = np.concatenate([self.dead_before[keep], np.full(new.size, self.next, np.uint32)])
-        order = np.argsort(self.dead_docs, kind="stable")
-        self.dead_docs, self.dead_before = self.dead_docs[order], self.dead_before[order]
-
     def live_mask(self, blockno: int, docnos: np.ndarray) -> np.ndarray:
         """Which rows of block ``blockno`` are live."""
         if not self.dead_docs.size or not docnos.size:
@@ -294,31 +374,23 @@ class _VDir:
         live: NDArray[np.bool_] = ~dead
         return live
 
-    def prune(self) -> None:
-        """Drop tombstones that no remaining block can hold a row for."""
-        oldest = min(self.blocks, default=self.next)
-        keep = self.dead_before > oldest
-        self.dead_docs, self.dead_before = self.dead_docs[keep], self.dead_before[keep]
-
-    def key(self) -> _DirKey:
-        """What the live matrix depends on."""
-        return (tuple(sorted(self.blocks)), self.dead_docs.tobytes(), self.dead_before.tobytes())
-
-
-# what a space's live matrix depends on: (block numbers, dead docnos, dead-before block numbers)
-_DirKey = tuple[tuple[int, ...], bytes, bytes]
-
-
 class _SpaceCache:
-    """Decoded blocks (immutable) and the live matrix with the state it was built from."""
+    """The live matrix of a space with the state it was built from, and the last block a
+    lookup decoded (sequential reads of a dump decode each block once)."""
 
-    __slots__ = ("blocks", "live")
+    __slots__ = ("live", "last")
 
     def __init__(self) -> None:
-        self.blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        # (snapshot id, directory key, docnos, matrix): replaced as a whole, so a reader on
+        # (snapshot id, directory seq, docnos, matrix): replaced as a whole, so a reader on
         # another snapshot never sees a half-updated pair
-        self.live: tuple[int, _DirKey, np.ndarray, np.ndarray] | None = None
+        self.live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray] | None = None
+        self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
+
+
+def _frozen_row(row: np.ndarray) -> np.ndarray:
+    out = np.array(row, dtype=np.float32)  # a copy: the node must not pin the block or the matrix
+    out.flags.writeable = False
+    return out
 
 
 class VectorIndex:
@@ -328,16 +400,19 @@ class VectorIndex:
         blind: ``store.blind``.
         last_txnid: ``store.last_txnid`` (a change refreshes the matrices).
         tokenizer: the file's tokenizer, for the built-in embedder.
+        cache_mb: the most MiB of matrices kept between searches (None: 2048). A space
+            whose matrix is larger is searched block by block, holding one block at a time.
     """
 
     def __init__(self, blind: Callable[[bytes, bytes], bytes], last_txnid: Callable[[], int],
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None, *, cache_mb: float | None = None) -> None:
         self._blind_fn = blind
         self._last_txnid = last_txnid
         self._tokenizer = tokenizer
         self._spaces_state: tuple[int, dict[str, EmbeddingSpace]] | None = None
         self._caches: dict[str, _SpaceCache] = {}
         self._embedders: dict[str, Callable[[list[str]], np.ndarray]] = {}
+        self.cache_bytes = int((DEFAULT_CACHE_MB if cache_mb is None else max(0.0, float(cache_mb))) * 2**20)
 
     # --- spaces -------------------------------------------------------------------------
 
@@ -411,7 +486,44 @@ class VectorIndex:
                                  hint="create it first with Engram.add_space(name, dims=..., model=...)")
         return space
 
+    # --- layout -------------------------------------------------------------------------
+
+    def _dir(self, txn: Any, name: str) -> _Dir | _VDir | None:
+        return _decode_dir(txn.get("vectors", self._prefix(name) + _DIR))
+
+    def needs_migration(self, txn: Any) -> bool:
+        """Whether a space is still in the first layout (vectors in the node records and
+        tombstoned blocks): a writable open converts it (:meth:`rebuild`).
+
+        Raises:
+            CorruptFileError: a directory or the space settings are damaged.
+        """
+        try:
+            return any(isinstance(self._dir(txn, name), _VDir) for name in self._read_spaces(txn))
+        except CorruptFileError:
+            return False  # verify reports it; verify --fix rebuilds (and so converts) the vectors
+
     # --- writes ---------------------------------------------------------------------------
+
+    def _auto_rows(self, spaces: Mapping[str, EmbeddingSpace], nodes: Sequence[tuple[int, Any]],
+                   texts: Sequence[str]) -> dict[str, tuple[list[int], np.ndarray]]:
+        """The built-in vectors of the nodes without their own, per ``auto`` space."""
+        out: dict[str, tuple[list[int], np.ndarray]] = {}
+        for name, space in spaces.items():
+            if not space.auto:
+                continue
+            todo = [(i, docno) for i, (docno, node) in enumerate(nodes) if name not in node.embeddings and texts[i]]
+            if not todo:
+                continue
+            emb = self.embedder(space)
+            if emb is None:  # auto spaces use the hashed model, whose embedder is built in
+                raise EmbeddingError(f"no embedder for the embedding space {name!r}",
+                                     hint="register one with set_embedder() before adding memories")
+            mat = np.asarray(emb([texts[i] for i, _ in todo]), dtype=np.float32)
+            keep = np.flatnonzero(np.any(mat != 0, axis=1))  # an empty text has no vector
+            if keep.size:
+                out[name] = ([todo[int(i)][1] for i in keep], mat[keep])
+        return out
 
     def vectors_for(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> dict[str, tuple[list[int], np.ndarray]]:
         """Validated rows per space for ``nodes`` (their embeddings plus auto vectors).
@@ -424,52 +536,37 @@ class VectorIndex:
         for (docno, node) in nodes:
             for name, vec in node.embeddings.items():
                 space = self._space(spaces, name)
+                if vec is STORED:
+                    raise EmbeddingError(f"memory #{docno} names a stored vector in {name!r} that was not read",
+                                         hint="this is a bug in engramdb, please report it")
                 if len(vec) != space.dims:  # checked per row: a ragged batch cannot be stacked
                     raise EmbeddingError(f"space {name!r} has {space.dims} dims, got a vector of {len(vec)}")
                 entry = rows.setdefault(name, ([], []))
                 entry[0].append(docno)
                 entry[1].append(vec)
-        for name, space in spaces.items():
-            if not space.auto:
-                continue
-            todo = [(i, docno) for i, (docno, node) in enumerate(nodes) if name not in node.embeddings and texts[i]]
-            if not todo:
-                continue
-            emb = self.embedder(space)
-            if emb is None:  # auto spaces use the hashed model, whose embedder is built in
-                raise EmbeddingError(f"no embedder for the embedding space {name!r}",
-                                     hint="register one with set_embedder() before adding memories")
-            mat = np.asarray(emb([texts[i] for i, _ in todo]), dtype=np.float32)
-            entry = rows.setdefault(name, ([], []))
-            for (_, docno), vec in zip(todo, mat):
-                if np.any(vec):  # an empty text has no vector
-                    entry[0].append(docno)
-                    entry[1].append(vec)
-        return {name: (docnos, _check_matrix(spaces[name], np.asarray(vecs, dtype=np.float32)))
-                for name, (docnos, vecs) in sorted(rows.items()) if docnos}
+        out = {name: (docnos, _check_matrix(spaces[name], np.stack(vecs) if vecs else vecs))
+               for name, (docnos, vecs) in rows.items() if docnos}
+        for name, (docnos, mat) in self._auto_rows(spaces, nodes, texts).items():
+            mat = _check_matrix(spaces[name], mat)
+            if name in out:
+                out[name] = (out[name][0] + docnos, np.concatenate([out[name][1], mat]))
+            else:
+                out[name] = (docnos, mat)
+        return dict(sorted(out.items()))
 
-    def _block(self, txn: Any, name: str, prefix: bytes, blockno: int) -> tuple[np.ndarray, np.ndarray]:
-        cache = self._caches.setdefault(name, _SpaceCache())
-        blk = cache.blocks.get(blockno)
-        if blk is None:
-            data = txn.get("vectors", prefix + _U32.pack(blockno))
-            if data is None:
-                raise CorruptFileError(f"vector block {blockno} of space {name!r} is missing",
-                                       hint="run `engramdb verify --fix FILE`")
-            blk = decode_vector_block(data)
-            if not txn.write:
-                cache.blocks[blockno] = blk
-        return blk
+    def _new_dir(self, space: EmbeddingSpace, seq: int = 0) -> _Dir:
+        return _Dir(rows_per_block(space.dims), space.dims, 0, seq)
 
     def apply(self, txn: Any, added: Sequence[tuple[int, Any]], texts: Sequence[str],
               removed: Sequence[tuple[int, Any]]) -> None:
-        """Tombstone the rows of the ``removed`` (docno, old node) pairs, then add one block
-        per space. No block is read: a tombstone marks the docno's rows in the blocks
-        written so far.
+        """Drop the rows of the ``removed`` (docno, old node) pairs and store the vectors of
+        ``added``: each block touched is rewritten once.
 
         Raises:
             EmbeddingError: an added node has a vector for an unknown space, of the wrong
                 dims, or with NaN/infinity.
+            CorruptFileError: a space is still in the first layout (open the file writable
+                to migrate it) or a block is damaged.
         """
         spaces = self._read_spaces(txn)
         if not spaces:
@@ -485,48 +582,57 @@ class VectorIndex:
             if not gone and name not in new_rows:
                 continue
             prefix = self._prefix(name)
-            d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-            d.kill(gone)
-            if name in new_rows:
-                docnos, matrix = new_rows[name]
-                order = np.argsort(np.asarray(docnos, dtype=np.uint64), kind="stable")
-                blockno = d.next
-                d.next += 1
-                txn.put("vectors", prefix + _U32.pack(blockno),
-                        encode_vector_block(np.asarray(docnos, dtype=np.uint64)[order], matrix[order]))
-                d.blocks[blockno] = len(docnos)
-            self._merge_steps(txn, name, prefix, d, 1, AUTO_MERGE_MAX_ROWS)
+            d = _decode_dir(txn.get("vectors", prefix + _DIR)) or self._new_dir(spaces[name])
+            if isinstance(d, _VDir):
+                raise CorruptFileError(f"the embedding space {name!r} is in the first vector layout",
+                                       hint="open the file writable once to convert it")
+            docnos, matrix = new_rows.get(name, ([], np.zeros((0, d.dims), np.float32)))
+            self._write_rows(txn, prefix, d, np.asarray(docnos, dtype=np.uint64), matrix,
+                             np.asarray(sorted(set(gone)), dtype=np.uint64))
+            d.seq += 1
             txn.put("vectors", prefix + _DIR, d.encode())
 
-    def _merge_steps(self, txn: Any, name: str, prefix: bytes, d: _VDir, max_steps: int, max_rows: int | None,
-                     *, everything: bool = False) -> int:
-        done = 0
-        while done < max_steps:
-            rows = sum(d.blocks.values())
-            plan = sorted(d.blocks) if everything else plan_merge({b: [n, 0] for b, n in d.blocks.items()}, {})
-            if plan is None and d.dead_docs.size * 2 > rows and len(d.blocks) > 0:
-                plan = sorted(d.blocks)  # mostly tombstones: rewrite everything
-            if not plan or (max_rows is not None and sum(d.blocks[b] for b in plan) > max_rows):
-                break  # nothing to merge (a forced merge of a space with no blocks left included)
-            docs, mats = [], []
-            for blockno in plan:
-                docnos, matrix = self._block(txn, name, prefix, blockno)
-                keep = d.live_mask(blockno, docnos)
-                docs.append(docnos[keep])
-                mats.append(matrix[keep])
-                txn.delete("vectors", prefix + _U32.pack(blockno))
-                del d.blocks[blockno]
-            docnos = np.concatenate(docs)
-            if docnos.size:
-                matrix = np.concatenate(mats)
-                order = np.argsort(docnos, kind="stable")
-                blockno = d.next
-                d.next += 1
-                txn.put("vectors", prefix + _U32.pack(blockno), encode_vector_block(docnos[order], matrix[order]))
-                d.blocks[blockno] = int(docnos.size)
-            d.prune()
-            done += 1
-        return done
+    def _write_rows(self, txn: Any, prefix: bytes, d: _Dir, docnos: np.ndarray, matrix: np.ndarray,
+                    gone: np.ndarray) -> None:
+        """Set the rows ``docnos`` to ``matrix`` and remove the rows ``gone`` (not re-set)."""
+        order = np.argsort(docnos, kind="stable")
+        docnos, matrix = docnos[order], matrix[order]
+        if docnos.size > 1 and np.any(docnos[1:] == docnos[:-1]):
+            raise ValidationError("a vector is added twice for one memory in one transaction")
+        rows = d.rows
+        blocks = np.union1d(np.unique(docnos // rows), np.unique(gone // rows)).astype(np.uint64)
+        starts = np.searchsorted(docnos, blocks * rows)
+        ends = np.searchsorted(docnos, (blocks + 1) * rows)
+        gstarts = np.searchsorted(gone, blocks * rows)
+        gends = np.searchsorted(gone, (blocks + 1) * rows)
+        items: list[tuple[bytes, bytes]] = []
+        for i, blockno in enumerate(blocks.tolist()):
+            key = prefix + _TAG + _U64BE.pack(blockno)
+            base = blockno * rows
+            offs = (docnos[starts[i]:ends[i]] - np.uint64(base)).astype(np.int64)
+            mat = matrix[starts[i]:ends[i]]
+            old = txn.get("vectors", key)
+            if old is not None:
+                old_offs, old_mat = decode_vector_block(old)
+                drop = (gone[gstarts[i]:gends[i]] - np.uint64(base)).astype(np.int64)
+                keep = ~np.isin(old_offs, np.concatenate([offs, drop]))
+                d.count -= old_offs.size
+                if not keep.all() or offs.size:
+                    offs = np.concatenate([old_offs[keep], offs])
+                    mat = np.concatenate([old_mat[keep], mat])
+                    by = np.argsort(offs, kind="stable")
+                    offs, mat = offs[by], mat[by]
+                else:
+                    offs, mat = old_offs, old_mat
+                    d.count += offs.size
+                    continue  # nothing of this block changes
+            d.count += offs.size
+            if offs.size:
+                items.append((key, encode_vector_block(offs, mat, rows)))
+            elif old is not None:
+                txn.delete("vectors", key)
+        if items:
+            txn.put_many("vectors", items)
 
     def layout(self, txn: Any) -> dict[str, dict[str, int]]:
         """Per space, the vector blocks as stored: how many, their rows, the dead ones among them.
@@ -536,88 +642,227 @@ class VectorIndex:
         """
         out = {}
         for name in sorted(self._read_spaces(txn)):
-            d = _VDir.decode(txn.get("vectors", self._prefix(name) + _DIR))
-            out[name] = {"blocks": len(d.blocks), "rows": sum(d.blocks.values()), "dead_rows": int(d.dead_docs.size)}
+            prefix = self._prefix(name)
+            d = _decode_dir(txn.get("vectors", prefix + _DIR))
+            if isinstance(d, _VDir):
+                out[name] = {"blocks": len(d.blocks), "rows": sum(d.blocks.values()),
+                             "dead_rows": int(d.dead_docs.size)}
+            else:
+                blocks = sum(1 for key in txn.keys("vectors", prefix + _TAG) if len(key) == len(prefix) + 9)
+                out[name] = {"blocks": blocks, "rows": d.count if d else 0, "dead_rows": 0}
         return out
 
     def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
-        """Run up to ``max_steps`` merge steps per space; returns how many ran.
+        """Blocks never hold dead rows (a delete rewrites its block), so there is nothing to
+        merge: returns 0. Kept for the indexes' common maintenance call."""
+        return 0
 
-        With ``force=True`` a space with tombstones or several blocks is then rewritten
-        into one block of live rows (so a forgotten memory's vector leaves the file at the
-        next compaction).
-        """
-        done = 0
-        for name in sorted(self._read_spaces(txn)):
-            prefix = self._prefix(name)
-            d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-            steps = self._merge_steps(txn, name, prefix, d, max_steps, None)
-            if force and steps < max_steps and (len(d.blocks) > 1 or d.dead_docs.size):
-                steps += self._merge_steps(txn, name, prefix, d, 1, None, everything=True)
-            if steps:
-                txn.put("vectors", prefix + _DIR, d.encode())
-            done += steps
-        return done
+    def _stored_rows(self, txn: Any, name: str) -> dict[int, np.ndarray]:
+        """Every row of a layout-2 space, by docno (for a rebuild)."""
+        docnos, matrix = self._load(txn, name, self._prefix(name), _decode_dir(txn.get("vectors", self._prefix(name) + _DIR)))
+        return {int(doc): matrix[i] for i, doc in enumerate(docnos.tolist())}
 
-    def rebuild(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> None:
-        """Drop every vector block and re-add the vectors of ``nodes``.
+    def rebuild(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[tuple[int, Any]]:
+        """Rewrite every vector block from the vectors the memories have: those stored in
+        the blocks (a record names its spaces), those in records of the first layout, and
+        the ``auto`` vectors recomputed. Returns the ``(docno, node)`` pairs whose record
+        must be rewritten: records of the first layout (their vectors now live in the
+        blocks only) and records naming a vector that is missing (dropped from them).
 
         Raises:
             EmbeddingError: a node holds a vector that does not fit its space.
         """
         spaces = self._read_spaces(txn)
-        nexts = {}
+        seqs: dict[str, int] = {}
+        stored: dict[str, dict[int, np.ndarray]] = {}
         for name in spaces:
             try:
-                nexts[name] = _VDir.decode(txn.get("vectors", self._prefix(name) + _DIR)).next
+                d = _decode_dir(txn.get("vectors", self._prefix(name) + _DIR))
             except CorruptFileError:
-                nexts[name] = 1
+                d = None
+            seqs[name] = d.seq + 1 if isinstance(d, _Dir) else 0
+            if isinstance(d, _Dir):
+                try:
+                    stored[name] = self._stored_rows(txn, name)
+                except CorruptFileError:
+                    stored[name] = {}  # damaged blocks: their vectors are lost
+        resolved: list[tuple[int, Any]] = []
+        rewrite: list[tuple[int, Any]] = []
+        for docno, node in nodes:
+            emb = node.embeddings
+            if emb and any(v is STORED for v in emb.values()):
+                found = {name: stored.get(name, {}).get(docno) for name in emb}
+                node = node.replace(embeddings={name: v for name, v in found.items() if v is not None})
+                if any(v is None for v in found.values()):
+                    rewrite.append((docno, node))
+            elif emb:
+                rewrite.append((docno, node))  # a first-layout record: its vectors move to the blocks
+            resolved.append((docno, node))
         for key in list(txn.keys("vectors")):
             txn.delete("vectors", key)
-        for name in spaces:
-            d = _VDir()
-            d.next = nexts[name] + 1  # never reuse a block number another handle may have cached
-            txn.put("vectors", self._prefix(name) + _DIR, d.encode())
+        for name, space in spaces.items():
+            txn.put("vectors", self._prefix(name) + _DIR, self._new_dir(space, seqs[name]).encode())
         for cache in self._caches.values():
-            cache.blocks.clear()
-        self.apply(txn, nodes, texts, [])
+            cache.last = None
+        self.apply(txn, resolved, texts, [])
+        return rewrite
 
-    # --- search -------------------------------------------------------------------------------
+    # --- reads ----------------------------------------------------------------------------------
 
-    def _matrix(self, txn: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(docnos, matrix) of the live rows of space ``name``.
+    def _cache(self, name: str) -> _SpaceCache:
+        cache = self._caches.get(name)
+        if cache is None:
+            cache = self._caches[name] = _SpaceCache()
+        return cache
 
-        Kept in memory between queries; rebuilt only when the space's blocks or tombstones
-        changed (a commit elsewhere that touches no vector keeps the matrix).
+    def _load(self, txn: Any, name: str, prefix: bytes, d: _Dir | _VDir | None) -> tuple[np.ndarray, np.ndarray]:
+        """(docnos, matrix) of every live row, read block by block into one preallocated matrix.
+
+        Raises:
+            CorruptFileError: a block is damaged or the rows do not add up to the directory's count.
         """
-        cache = self._caches.setdefault(name, _SpaceCache())
+        if d is None:
+            space = self._read_spaces(txn).get(name)
+            return np.zeros(0, np.uint64), np.zeros((0, space.dims if space else 0), np.float32)
+        if isinstance(d, _VDir):
+            return self._load_legacy(txn, prefix, d)
+        docnos = np.empty(d.count, np.uint64)
+        matrix = np.empty((d.count, d.dims), np.float32)
+        pos = 0
+        for key, plain in txn.items("vectors", prefix + _TAG):
+            if len(key) != len(prefix) + 9:
+                continue
+            offs, mat = decode_vector_block(plain)
+            end = pos + offs.size
+            if mat.shape[1] != d.dims or end > d.count:
+                raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
+                                       hint="run `engramdb verify --fix FILE`")
+            docnos[pos:end] = offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows)
+            matrix[pos:end] = mat
+            pos = end
+        if pos != d.count:
+            raise CorruptFileError(f"the vector blocks of space {name!r} hold {pos} rows, its directory says "
+                                   f"{d.count}", hint="run `engramdb verify --fix FILE`")
+        return docnos, matrix
+
+    def _load_legacy(self, txn: Any, prefix: bytes, d: _VDir) -> tuple[np.ndarray, np.ndarray]:
+        docs, mats = [], []
+        for blockno in sorted(d.blocks):
+            data = txn.get("vectors", prefix + _U32.pack(blockno))
+            if data is None:
+                raise CorruptFileError(f"vector block {blockno} is missing", hint="run `engramdb verify --fix FILE`")
+            docnos, matrix = _legacy_decode_block(data)
+            keep = d.live_mask(blockno, docnos)
+            docs.append(docnos[keep])
+            mats.append(matrix[keep])
+        if not docs:
+            return np.zeros(0, np.uint64), np.zeros((0, 0), np.float32)
+        docnos, matrix = np.concatenate(docs), np.concatenate(mats)
+        order = np.argsort(docnos, kind="stable")
+        return docnos[order], np.ascontiguousarray(matrix[order])
+
+    def _matrix(self, txn: Any, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(docnos, matrix) of the live rows of space ``name``, in docno order; None when the
+        matrix is larger than the cache allows (then :meth:`scores` streams the blocks).
+
+        Kept in memory between queries; rebuilt only when the space changed (a commit
+        elsewhere that touches no vector keeps the matrix).
+        """
+        cache = self._cache(name)
         sid = None if txn.write else snapshot_id(txn, self._last_txnid)
         live = cache.live
         if live is not None and sid is not None and live[0] == sid:
             return live[2], live[3]
         prefix = self._prefix(name)
-        d = _VDir.decode(txn.get("vectors", prefix + _DIR))
-        key = d.key()
+        d = _decode_dir(txn.get("vectors", prefix + _DIR))
+        key = ("seq", d.seq) if isinstance(d, _Dir) else ("legacy", sid)
         if live is not None and sid is not None and live[1] == key:
             cache.live = (sid, key, live[2], live[3])
             return live[2], live[3]
-        for blockno in [b for b in list(cache.blocks) if b not in d.blocks]:
-            cache.blocks.pop(blockno, None)
-        docs, mats = [], []
-        for blockno in sorted(d.blocks):
-            docnos, matrix = self._block(txn, name, prefix, blockno)
-            keep = d.live_mask(blockno, docnos)
-            if not keep.all():
-                docnos, matrix = docnos[keep], matrix[keep]
-            docs.append(docnos)
-            mats.append(matrix)
-        space = self._read_spaces(txn).get(name) if not mats else None
-        docnos = np.concatenate(docs) if docs else np.zeros(0, np.uint64)
-        matrix = np.ascontiguousarray(np.concatenate(mats)) if mats else \
-            np.zeros((0, space.dims if space else 0), np.float32)
+        if isinstance(d, _Dir) and d.count * d.dims * 4 > self.cache_bytes:
+            cache.live = None
+            return None
+        cache.live = None  # drop the old matrix before reading the new one
+        docnos, matrix = self._load(txn, name, prefix, d)
         if sid is not None:
             cache.live = (sid, key, docnos, matrix)
         return docnos, matrix
+
+    def preload(self, txn: Any) -> None:
+        """Load the matrix of every space that fits the cache, so :meth:`fetch` of many
+        memories in any order reads no block (a dump).
+
+        Raises:
+            CorruptFileError: a block is damaged.
+        """
+        if not txn.write:
+            for name in self._refresh(txn):
+                self._matrix(txn, name)
+
+    def fetch(self, txn: Any, docno: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of memory ``docno`` in the spaces ``names`` (its record's list):
+        read-only float32 arrays, exactly as stored.
+
+        Raises:
+            CorruptFileError: a vector the record names is missing, or its block is damaged.
+        """
+        out = {}
+        sid = None if txn.write else snapshot_id(txn, self._last_txnid)
+        for name in names:
+            cache = self._cache(name)
+            live = cache.live
+            if live is not None and sid is not None and live[0] == sid:
+                i = int(np.searchsorted(live[2], docno))
+                if i < live[2].size and int(live[2][i]) == docno:
+                    out[name] = _frozen_row(live[3][i])
+                    continue
+            prefix = self._prefix(name)
+            d = _decode_dir(txn.get("vectors", prefix + _DIR))
+            if not isinstance(d, _Dir):
+                raise CorruptFileError(f"memory #{docno} names a vector in {name!r} that is not stored",
+                                       hint="run `engramdb verify --fix FILE`")
+            blockno = docno // d.rows
+            last = cache.last
+            if last is not None and sid is not None and last[0] == sid and last[1] == blockno:
+                offs, mat = last[2], last[3]
+            else:
+                data = txn.get("vectors", prefix + _TAG + _U64BE.pack(blockno))
+                if data is None:
+                    raise CorruptFileError(f"memory #{docno} names a vector in {name!r} that is not stored",
+                                           hint="run `engramdb verify --fix FILE`")
+                offs, mat = decode_vector_block(data)
+                if sid is not None:
+                    cache.last = (sid, blockno, offs, mat)
+            i = int(np.searchsorted(offs, docno - blockno * d.rows))
+            if i >= offs.size or int(offs[i]) != docno - blockno * d.rows:
+                raise CorruptFileError(f"memory #{docno} names a vector in {name!r} that is not stored",
+                                       hint="run `engramdb verify --fix FILE`")
+            out[name] = _frozen_row(mat[i])
+        return out
+
+    def _stream_scores(self, txn: Any, name: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scores of every row, one block in memory at a time (a matrix over the cache limit)."""
+        prefix = self._prefix(name)
+        d = _decode_dir(txn.get("vectors", prefix + _DIR))
+        assert isinstance(d, _Dir)
+        docnos = np.empty(d.count, np.uint64)
+        scores = np.empty(d.count, np.float32)
+        pos = 0
+        for key, plain in txn.items("vectors", prefix + _TAG):
+            if len(key) != len(prefix) + 9:
+                continue
+            offs, mat = decode_vector_block(plain)
+            end = pos + offs.size
+            if mat.shape[1] != d.dims or end > d.count:
+                raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
+                                       hint="run `engramdb verify --fix FILE`")
+            docnos[pos:end] = offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows)
+            scores[pos:end] = mat @ q
+            pos = end
+        if pos != d.count:
+            raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
+                                   hint="run `engramdb verify --fix FILE`")
+        return docnos, scores
 
     def scores(self, txn: Any, space: str, query: Any) -> tuple[np.ndarray, np.ndarray]:
         """Dot-product scores (cosine for normalised spaces) of every live row.
@@ -627,7 +872,10 @@ class VectorIndex:
         """
         sp = self._space(self._refresh(txn), space)
         q = _check_matrix(sp, query)[0]
-        docnos, matrix = self._matrix(txn, space)
+        got = self._matrix(txn, space)
+        if got is None:
+            return self._stream_scores(txn, space, q)
+        docnos, matrix = got
         return docnos, matrix @ q
 
     def search(self, txn: Any, space: str, query: Any, k: int) -> list[tuple[int, float]]:
@@ -663,27 +911,45 @@ class VectorIndex:
             EmbeddingError: unknown space.
         """
         self._space(self._refresh(txn), space)
-        return int(self._matrix(txn, space)[0].size)
+        d = _decode_dir(txn.get("vectors", self._prefix(space) + _DIR))
+        if isinstance(d, _Dir):
+            return d.count
+        got = self._matrix(txn, space)
+        return 0 if got is None else int(got[0].size)
 
     def verify(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[str]:
-        """Compare the stored rows with the node records (and auto vectors)."""
+        """Compare the stored rows with the node records: every vector a record names is
+        stored and nothing else is, and the ``auto`` rows equal the recomputed vectors (the
+        first layout: every row equals its record's vector)."""
         problems = []
         try:
             spaces = self._read_spaces(txn)
-            expected = self.vectors_for(txn, nodes, texts)
+            legacy = [(docno, node) for docno, node in nodes
+                      if node.embeddings and not any(v is STORED for v in node.embeddings.values())]
+            own = {name: sorted(docno for docno, node in nodes if name in node.embeddings) for name in spaces}
+            expected = self.vectors_for(txn, legacy, [""] * len(legacy)) if legacy else {}
+            auto = self._auto_rows(spaces, nodes, texts)
         except (CorruptFileError, EmbeddingError) as exc:
             return [f"vectors: {exc.message}"]
         for name in sorted(spaces):
             try:
-                docnos, matrix = self._matrix(txn, name)
+                got = self._load(txn, name, self._prefix(name), _decode_dir(txn.get("vectors", self._prefix(name) + _DIR)))
             except CorruptFileError as exc:
                 problems.append(f"vectors: space {name!r}: {exc.message}")
                 continue
-            exp_docs, exp_mat = expected.get(name, ([], np.zeros((0, spaces[name].dims), np.float32)))
-            exp_order = np.argsort(np.asarray(exp_docs, dtype=np.uint64), kind="stable")
-            order = np.argsort(docnos, kind="stable")
-            if not (np.array_equal(np.asarray(exp_docs, dtype=np.uint64)[exp_order], docnos[order])
-                    and np.array_equal(exp_mat[exp_order], matrix[order])):
-                problems.append(f"vectors: space {name!r} holds {docnos.size} rows that differ from the "
-                                f"{len(exp_docs)} vectors in the records")
+            docnos, matrix = got
+            exp_docs = own[name] + (auto[name][0] if name in auto else [])
+            if sorted(exp_docs) != docnos.tolist():
+                problems.append(f"vectors: space {name!r} holds {docnos.size} rows, the records name "
+                                f"{len(exp_docs)} vectors")
+                continue
+            checks = [expected.get(name), auto.get(name)]
+            for check in checks:
+                if check is None:
+                    continue
+                idx = np.searchsorted(docnos, np.asarray(check[0], dtype=np.uint64))
+                if not np.array_equal(matrix[idx], _check_matrix(spaces[name], check[1])):
+                    problems.append(f"vectors: space {name!r} holds rows that differ from the vectors they "
+                                    "derive from")
+                    break
         return problems

@@ -1,0 +1,173 @@
+"""Vector storage benchmark: engramdb (encrypted, through the public API) beside sqlite-vec.
+
+Run (from the repository root):
+
+    python tools/bench/bench_vectors.py --n 100000 --dims 384 --runs 3
+    flock /work/coord/big.lock python tools/bench/bench_vectors.py --first-search 1000000 --dims 384
+
+The first form adds ``n`` random unit vectors (seeded; one memory each, a short text
+``"v<i>"``) with ``Engram.add_many`` in batches of ``--batch``, and the same vectors into a
+sqlite-vec ``vec0`` table (plaintext; apsw loads the extension) in one transaction, then
+compares add time (wall and CPU) and file size, run after run, and prints medians and
+ratios. The second form builds an ``n``-vector file once, then opens it in a fresh process
+and times the first exact search (which loads the matrix) and the process's peak resident
+memory, beside the matrix's own size.
+
+Optional peer: ``pip install apsw-sqlite3mc sqlite-vec`` (skipped with a note when
+missing). Figures go into tools/bench/README.md by hand; never run inside pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import engramdb  # noqa: E402
+
+PASS = "bench passphrase"
+
+
+def vectors(n: int, dims: int, seed: int, start: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([seed, start])
+    mat = rng.standard_normal((n, dims)).astype(np.float32)
+    mat /= np.linalg.norm(mat, axis=1, keepdims=True)
+    return mat
+
+
+def add_engramdb(path: str, n: int, dims: int, batch: int, seed: int) -> tuple[float, float]:
+    """(wall s, CPU s) of adding n vectors through the API (the KDF at creation excluded)."""
+    with engramdb.open(path, passphrase=PASS) as db:
+        db.add_space("s", dims=dims, model="bench-random", normalize=False)
+        w0, c0 = time.perf_counter(), time.process_time()
+        for start in range(0, n, batch):
+            mat = vectors(min(batch, n - start), dims, seed, start)
+            db.add_many([{"id": f"v{start + i}", "content": f"v{start + i}", "embeddings": {"s": row}}
+                         for i, row in enumerate(mat)], now=1.0)
+        return time.perf_counter() - w0, time.process_time() - c0
+
+
+def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int) -> tuple[float, float]:
+    import apsw
+    import sqlite_vec
+
+    con = apsw.Connection(path)
+    con.enable_load_extension(True)
+    con.load_extension(sqlite_vec.loadable_path())
+    con.execute(f"CREATE VIRTUAL TABLE v USING vec0(embedding float[{dims}])")
+    w0, c0 = time.perf_counter(), time.process_time()
+    with con:
+        for start in range(0, n, batch):
+            mat = vectors(min(batch, n - start), dims, seed, start)
+            con.executemany("INSERT INTO v(rowid, embedding) VALUES (?, ?)",
+                            ((start + i + 1, row.tobytes()) for i, row in enumerate(mat)))
+    out = time.perf_counter() - w0, time.process_time() - c0
+    con.close()
+    return out
+
+
+def size(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def add_runs(args: argparse.Namespace) -> None:
+    rows: dict[str, list[tuple[float, float, int]]] = {"engramdb": [], "sqlite-vec": []}
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        for run in range(args.runs):
+            for name, fn, ext in (("engramdb", add_engramdb, "engram"), ("sqlite-vec", add_sqlite_vec, "sqlite")):
+                path = os.path.join(tmp, f"{run}.{ext}")
+                try:
+                    wall, cpu = fn(path, args.n, args.dims, args.batch, args.seed)
+                except ImportError as exc:
+                    print(f"  {name}: skipped ({exc}; pip install apsw-sqlite3mc sqlite-vec)")
+                    continue
+                rows[name].append((wall, cpu, size(path)))
+                print(f"  run {run} {name:10s} add {wall:7.2f} s wall {cpu:7.2f} s CPU  file {size(path) / 1e6:8.1f} MB",
+                      flush=True)
+                os.remove(path)
+    med = {name: tuple(statistics.median(r[i] for r in got) for i in range(3)) for name, got in rows.items() if got}
+    print(f"\n{args.n} x {args.dims} float32, batches of {args.batch}, medians of {args.runs} runs "
+          f"(matrix {args.n * args.dims * 4 / 1e6:.1f} MB), load {os.getloadavg()[0]:.2f}")
+    for name, (wall, cpu, nbytes) in med.items():
+        print(f"  {name:10s} add {wall:7.2f} s wall {cpu:7.2f} s CPU  {args.n / wall:9.0f} vectors/s  "
+              f"file {nbytes / 1e6:8.1f} MB")
+    if len(med) == 2:
+        e, s = med["engramdb"], med["sqlite-vec"]
+        print(f"  engramdb / sqlite-vec: add {e[0] / s[0]:.2f}x wall, {e[1] / s[1]:.2f}x CPU; file {e[2] / s[2]:.2f}x")
+
+
+def first_search_child(path: str, dims: int, seed: int) -> None:
+    """In a fresh process: open, the first search (loads the matrix), a second; print JSON."""
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    q = vectors(1, dims, seed + 1)[0]
+    t0 = time.perf_counter()
+    with engramdb.open(path, passphrase=PASS, readonly=True) as db:
+        t_open = time.perf_counter() - t0
+        with db._store.read() as txn:
+            rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            w0, c0 = time.perf_counter(), time.process_time()
+            hits = db.indexes.vectors.search(txn, "s", q, 10)
+            first, first_cpu = time.perf_counter() - w0, time.process_time() - c0
+            w1 = time.perf_counter()
+            db.indexes.vectors.search(txn, "s", q, 10)
+            second = time.perf_counter() - w1
+    print(json.dumps({"open": t_open, "first": first, "first_cpu": first_cpu, "second": second, "hits": len(hits),
+                      "rss_start": rss0, "rss_before_search": rss1,
+                      "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def first_search(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        path = os.path.join(tmp, "big.engram")
+        wall, cpu = add_engramdb(path, args.first_search, args.dims, args.batch, args.seed)
+        print(f"built {args.first_search} x {args.dims}: add {wall:.1f} s wall, {cpu:.1f} s CPU, "
+              f"file {size(path) / 1e6:.1f} MB", flush=True)
+        matrix = args.first_search * args.dims * 4
+        runs = []
+        for _ in range(args.runs):
+            out = subprocess.run([sys.executable, __file__, "--child", path, "--dims", str(args.dims),
+                                  "--seed", str(args.seed)], capture_output=True, text=True, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            r = runs[-1]
+            print(f"  first search {r['first']:.2f} s wall ({r['first_cpu']:.2f} s CPU), then {r['second'] * 1e3:.1f} ms;"
+                  f" peak RSS {r['rss_peak'] / 2**20:.0f} MiB (before the search {r['rss_before_search'] / 2**20:.0f}"
+                  f" MiB); matrix {matrix / 2**20:.0f} MiB", flush=True)
+        first = statistics.median(r["first"] for r in runs)
+        peak = statistics.median(r["rss_peak"] for r in runs)
+        print(f"\nfirst search at {args.first_search} x {args.dims}, median of {len(runs)}: {first:.2f} s; "
+              f"peak RSS {peak / 2**20:.0f} MiB = {peak / matrix:.2f}x the matrix ({matrix / 2**20:.0f} MiB); "
+              f"load {os.getloadavg()[0]:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--dims", type=int, default=384)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--tmp", default=None, help="directory for the temporary files")
+    ap.add_argument("--first-search", type=int, default=0, metavar="N",
+                    help="build an N-vector file, then time the first search in fresh processes")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        first_search_child(args.child, args.dims, args.seed)
+    elif args.first_search:
+        first_search(args)
+    else:
+        add_runs(args)
+
+
+if __name__ == "__main__":
+    main()
