@@ -19,7 +19,8 @@ import numpy as np
 
 from ..errors import ValidationError
 from ..index.vectors import HashedTfidfEmbedder
-from ..records import now_ts
+from ..records import Node, now_ts
+from .protocols import AgentMemory
 from .text import content_words, overlap
 
 __all__ = ["SleepReport", "Summarizer", "consolidate_sleep", "unconsolidated", "CORE_TAG"]
@@ -46,10 +47,10 @@ class SleepReport:
                 "cores": self.cores, "archived": self.archived}
 
 
-def unconsolidated(db: Any, *, tags: Iterable[str] | None = None) -> list[Any]:
+def unconsolidated(db: AgentMemory, *, tags: Iterable[str] | None = None) -> list[Node]:
     """The memories sleep consolidation would take: live (not archived), not pinned, not a
     core memory, carrying every tag in ``tags``; in insertion order."""
-    return [node for node in db.scan(tier=list(LIVE_TIERS), tags=list(tags) if tags else None)
+    return [node for node in db.scan(tiers=list(LIVE_TIERS), tags=list(tags) if tags else None)
             if not node.pinned and CORE_TAG not in node.tags]
 
 
@@ -118,7 +119,7 @@ def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
                     for k in sorted(chosen))
 
 
-def consolidate_sleep(db: Any, *, threshold: int = 50, target: int = 5, summarizer: Summarizer | None = None,
+def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, summarizer: Summarizer | None = None,
                       tags: Iterable[str] | None = None, force: bool = False, now: float | None = None) -> SleepReport:
     """Turn the unconsolidated memories into about ``target`` core memories once there are
     ``threshold`` of them (``force=True``: whatever their number, at least 2).

@@ -18,6 +18,7 @@ from ..recall import Hit
 from ..records import now_ts
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, consolidate_sleep, unconsolidated
 from .extract import Fact, extract_facts
+from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub
@@ -47,7 +48,7 @@ class MemoryHooks:
         tags: tags every formed fact carries (plus ``fact`` and its kind).
     """
 
-    def __init__(self, db: Any, *, extractor: Extractor | None = None, top_k: int = 5,
+    def __init__(self, db: AgentMemory, *, extractor: Extractor | None = None, top_k: int = 5,
                  min_relevance: float = DEFAULT_MIN_RELEVANCE, procedures: bool = True,
                  sleep_threshold: int | None = 50, summarizer: Summarizer | None = None,
                  tags: Sequence[str] = ("agent",)) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ValidationError
 from ..records import now_ts
+from .protocols import AgentMemory
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub
 import itertools
@@ -224,7 +225,7 @@ class ProceduralGraph:
         seed: picks the held-out trajectories, deterministically.
     """
 
-    def __init__(self, db: Any, *, min_trajectories: int = 10, proposer: Proposer | None = None,
+    def __init__(self, db: AgentMemory, *, min_trajectories: int = 10, proposer: Proposer | None = None,
                  holdout: float = 1 / 3, seed: int = 0) -> None:
         if not isinstance(min_trajectories, int) or min_trajectories < 2:
             raise ValidationError("min_trajectories must be an int of at least 2")
