@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator, Mapping, Sequence
 
 import msgpack
@@ -26,6 +26,9 @@ from .graph import Graph
 from .synonyms import Expander
 from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
+
+if TYPE_CHECKING:  # annotations only
+    from ..store import Txn
 
 __all__ = [
     "TOKENIZER_KEY",
@@ -55,7 +58,7 @@ def node_text(node: Node) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def init_meta(txn: Any, tokenizer: Tokenizer | None = None) -> Tokenizer:
+def init_meta(txn: Txn, tokenizer: Tokenizer | None = None) -> Tokenizer:
     """Record the tokenizer in a new file's meta (call once, at creation).
 
     Returns:
@@ -72,7 +75,7 @@ def init_meta(txn: Any, tokenizer: Tokenizer | None = None) -> Tokenizer:
     return tokenizer
 
 
-def load_tokenizer(txn: Any, expected: Mapping[str, Any] | None = None) -> Tokenizer:
+def load_tokenizer(txn: Txn, expected: Mapping[str, Any] | None = None) -> Tokenizer:
     """The tokenizer a file was created with (checked against ``expected`` when given).
 
     Raises:
@@ -92,7 +95,7 @@ def load_tokenizer(txn: Any, expected: Mapping[str, Any] | None = None) -> Token
     return Tokenizer.from_settings(settings)
 
 
-def iter_nodes(txn: Any) -> Iterator[tuple[int, Node]]:
+def iter_nodes(txn: Txn) -> Iterator[tuple[int, Node]]:
     """Every (docno, node) of the ``nodes`` table, in docno order.
 
     Raises:
@@ -123,7 +126,7 @@ class Indexes:
         self._read_cache_id: int | None = None
         self._recall_expander: Expander | None = None  # recall's query expander, kept per handle
 
-    def read_cache(self, txn: Any) -> dict[Any, Any] | None:
+    def read_cache(self, txn: Txn) -> dict[Any, Any] | None:
         """A dict for memoising reads of ``txn``'s committed state (decoded nodes, edges),
         emptied whenever another snapshot is read; None inside write transactions, whose
         state is not committed."""
@@ -150,7 +153,7 @@ class Indexes:
                 return cls(store, load_tokenizer(txn, tokenizer.settings() if tokenizer else None))
         return cls(store, tokenizer or Tokenizer())
 
-    def ensure_meta(self, txn: Any) -> None:
+    def ensure_meta(self, txn: Txn) -> None:
         """Record this handle's tokenizer in meta if the file has none; refuse a different one.
 
         Raises:
@@ -168,7 +171,7 @@ class Indexes:
             raise ConfigMismatchError("another process recorded a different tokenizer for this file",
                                       hint="open the file again")
 
-    def read_node(self, txn: Any, docno: int, data: bytes) -> Node:
+    def read_node(self, txn: Txn, docno: int, data: bytes) -> Node:
         """Decode the record of ``docno`` with its vectors (read from the vector blocks).
 
         Raises:
@@ -176,7 +179,7 @@ class Indexes:
         """
         return decode_node(data, fetch=lambda names: self.vectors.fetch(txn, docno, names))
 
-    def batch(self, txn: Any) -> IndexBatch:
+    def batch(self, txn: Txn) -> IndexBatch:
         """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
         one :meth:`apply` call (one segment however many memories the transaction adds)."""
         return IndexBatch(self, txn)
@@ -189,7 +192,7 @@ class Indexes:
         """Tokenize ``texts`` (of documents ``docnos``) in one batch, for the BM25 index."""
         return TermDocs(docnos, *self.tokenizer.encode_many(texts))
 
-    def apply(self, txn: Any, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Node]]) -> None:
+    def apply(self, txn: Txn, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Node]]) -> None:
         """Index one write transaction's changes (an update is in both lists, same docno).
 
         Creates at most one BM25 segment and one vector block per space, then runs at most
@@ -212,7 +215,7 @@ class Indexes:
             if docno not in re_added:
                 self.graph.remove_node(txn, docno)
 
-    def add_space(self, txn: Any, space: EmbeddingSpace) -> None:
+    def add_space(self, txn: Txn, space: EmbeddingSpace) -> None:
         """Record an embedding space; an ``auto`` space also embeds the existing nodes.
 
         Raises:
@@ -223,14 +226,14 @@ class Indexes:
         if space.name not in before and space.auto:
             self._rebuild_vectors(txn, list(iter_nodes(txn)))
 
-    def _rebuild_vectors(self, txn: Any, nodes: list[tuple[int, Node]], texts: list[str] | None = None) -> None:
+    def _rebuild_vectors(self, txn: Txn, nodes: list[tuple[int, Node]], texts: list[str] | None = None) -> None:
         """Rewrite the vector blocks, and the records whose vectors move to them (first
         layout) or are missing (spec/vectors.md)."""
         rewrite = self.vectors.rebuild(txn, nodes, texts if texts is not None else [node_text(n) for _, n in nodes])
         if rewrite:
             txn.put_many("nodes", [(_U64.pack(docno), encode_node(node)) for docno, node in rewrite])
 
-    def migrate(self, txn: Any) -> bool:
+    def migrate(self, txn: Txn) -> bool:
         """Convert a file whose vectors are in the first layout (in the node records and
         in tombstoned blocks) to one copy in docno-range blocks; returns whether it did.
         A writable open calls it (spec/vectors.md, "Layouts").
@@ -244,11 +247,11 @@ class Indexes:
         self._rebuild_vectors(txn, list(iter_nodes(txn)))
         return True
 
-    def link_tunnels(self, txn: Any, *, now: float = 0.0) -> int:
+    def link_tunnels(self, txn: Txn, *, now: float = 0.0) -> int:
         """Recompute the derived tunnel edges over all nodes; returns their number."""
         return self.graph.link_tunnels(txn, list(iter_nodes(txn)), now=now)
 
-    def rebuild(self, txn: Any, *, now: float = 0.0) -> None:
+    def rebuild(self, txn: Txn, *, now: float = 0.0) -> None:
         """Drop and rebuild every derived structure from the node records.
 
         User edges are kept (dangling ones dropped); tunnel edges are recomputed.
@@ -264,7 +267,7 @@ class Indexes:
         self.graph.repair(txn, [docno for docno, _ in nodes])
         self.graph.link_tunnels(txn, nodes, now=now)
 
-    def verify(self, txn: Any) -> list[str]:
+    def verify(self, txn: Txn) -> list[str]:
         """Problems where the indexes disagree with the node records (empty when consistent)."""
         try:
             nodes = list(iter_nodes(txn))
@@ -275,7 +278,7 @@ class Indexes:
         problems += self.graph.verify(txn, [docno for docno, _ in nodes], {docno: n.id for docno, n in nodes})
         return problems
 
-    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+    def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:
         """Up to ``max_steps`` tiered merge steps on BM25 and on each vector space.
 
         ``force=True`` then rewrites what still holds tombstones (all BM25 segments into
@@ -293,7 +296,7 @@ class IndexBatch:
     indexed before the batch is tombstoned once, however often it changes.
     """
 
-    def __init__(self, indexes: Indexes, txn: Any) -> None:
+    def __init__(self, indexes: Indexes, txn: Txn) -> None:
         self._indexes = indexes
         self._txn = txn
         self._added: dict[int, Node] = {}

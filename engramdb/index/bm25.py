@@ -30,7 +30,7 @@ import math
 import struct
 import threading
 from collections import Counter, defaultdict
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -40,6 +40,9 @@ import zstandard
 import msgpack
 
 from ..errors import CorruptFileError, ValidationError
+
+if TYPE_CHECKING:  # annotations only
+    from ..store import Txn
 
 __all__ = [
     "K1",
@@ -103,7 +106,7 @@ def _unpack(data: bytes) -> Any:
                                hint="run `engramdb verify --fix FILE` to rebuild the indexes") from None
 
 
-def snapshot_id(txn: Any, fallback: Callable[[], int]) -> int:
+def snapshot_id(txn: Txn, fallback: Callable[[], int]) -> int:
     """The id of the committed state ``txn`` reads (what a cache built from it is valid for).
 
     ``store.last_txnid()`` called after the transaction began may already be newer than the
@@ -547,7 +550,7 @@ class SegmentedBM25:
             b = self._blinds[term] = self._blind_fn(b"term", term.encode("utf-8", "surrogatepass"))
         return b
 
-    def _directory(self, txn: Any) -> _Dir:
+    def _directory(self, txn: Txn) -> _Dir:
         """The directory as of ``txn``; cached for read transactions until a commit."""
         if txn.write:
             return _Dir.decode(txn.get("segments", DIR_KEY))
@@ -566,7 +569,7 @@ class SegmentedBM25:
                 self._dir, self._txnid = d, sid
             return self._dir
 
-    def _segment(self, txn: Any, segno: int, local: dict[int, _Seg] | None = None) -> _Seg:
+    def _segment(self, txn: Txn, segno: int, local: dict[int, _Seg] | None = None) -> _Seg:
         # a write transaction may decode a segment it created itself (and may abort), so it
         # caches only in ``local``, a dict that lives for one apply()/merge() call
         seg = self._segs.get(segno) if local is None else local.get(segno, self._segs.get(segno))
@@ -581,7 +584,7 @@ class SegmentedBM25:
                 local[segno] = seg
         return seg
 
-    def _block(self, txn: Any, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _block(self, txn: Txn, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(docnos, tfs, doc lengths) of one term in one segment, or None."""
         cached = self._blocks.get(segno)
         if cached is not None and blind in cached:
@@ -600,7 +603,7 @@ class SegmentedBM25:
             self._blocks.setdefault(segno, {})[blind] = out
         return out
 
-    def _postings(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _postings(self, txn: Txn, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A term's live (docnos, tfs, lengths) over all segments, in docno order."""
         cached = d.terms.get(blind) if not txn.write else None
         if cached is not None:  # under the bare term: its (docnos, tfs, lengths)
@@ -629,7 +632,7 @@ class SegmentedBM25:
             d.terms[blind] = out
         return out
 
-    def _term_scores(self, txn: Any, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
+    def _term_scores(self, txn: Txn, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
         """A term's live docnos (int64) and their BM25 contributions ``idf * tf_part`` (weight 1).
 
         Cached with the postings: both depend only on the committed state.
@@ -650,12 +653,12 @@ class SegmentedBM25:
 
     # --- queries --------------------------------------------------------------------------
 
-    def stats(self, txn: Any) -> tuple[int, int]:
+    def stats(self, txn: Txn) -> tuple[int, int]:
         """(live documents, total length of the live documents)."""
         d = self._directory(txn)
         return d.n_docs, d.total_len
 
-    def _weighted(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> list[_Term]:
+    def _weighted(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> list[_Term]:
         """The query's terms that match something, in sorted order (the summation order)."""
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
@@ -672,7 +675,7 @@ class SegmentedBM25:
                 parts.append(_Term(docnos, contrib, float(w), blind, None if txn.write else d.terms))
         return parts
 
-    def ceiling(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> float:
+    def ceiling(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> float:
         """The least upper bound of any document's score for ``query_terms``: ``sum w_t * idf(t)``
         over every query term, matched or not (the tf factor tends to 1, never reaching it).
         A term no live document holds counts with ``df = 0``. 0.0 on an empty index.
@@ -682,7 +685,7 @@ class SegmentedBM25:
         """
         return float(sum(self._idf_mass(txn, query_terms, None).values()))
 
-    def coverage(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str],
+    def coverage(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
                  docnos: Sequence[int]) -> np.ndarray:
         """Per document, ``sum w_t * idf(t)`` over the query terms it contains (the part of
         :meth:`ceiling` it covers, ignoring term frequency and length).
@@ -698,7 +701,7 @@ class SegmentedBM25:
                 out += np.where(postings[pos] == wanted, w_idf, 0.0)
         return out
 
-    def _idf_mass(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str],
+    def _idf_mass(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
                   with_postings: np.ndarray | None) -> dict[str, Any]:
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
@@ -714,7 +717,7 @@ class SegmentedBM25:
             out[term] = mass if with_postings is None else (mass, postings)
         return out
 
-    def scores(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def scores(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """BM25 scores of every live document matching at least one query term.
 
         Args:
@@ -744,7 +747,7 @@ class SegmentedBM25:
             acc = self._local.acc = np.zeros(max(size, 1024) * 2)
         return acc
 
-    def top(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def top(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best (docnos uint64, scores), score descending then docno ascending.
 
         Equal, bit for bit, to ``top_k(*scores(...), k)``, and faster:
@@ -814,7 +817,7 @@ class SegmentedBM25:
         first[1:] = cand[1:] != cand[:-1]
         return cand[first][:k].astype(np.uint64), cscores[first][:k]
 
-    def search(self, txn: Any, query_terms: Mapping[str, float] | Sequence[str], k: int) -> list[tuple[int, float]]:
+    def search(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str], k: int) -> list[tuple[int, float]]:
         """The top ``k`` (docno, score), score descending then docno ascending.
 
         Raises:
@@ -823,13 +826,13 @@ class SegmentedBM25:
         docs, scores = self.top(txn, query_terms, k)
         return [(int(a), float(s)) for a, s in zip(docs, scores)]
 
-    def doc_count(self, txn: Any) -> int:
+    def doc_count(self, txn: Txn) -> int:
         """The number of live documents."""
         return self._directory(txn).n_docs
 
     # --- writes -----------------------------------------------------------------------------
 
-    def _write_segment(self, txn: Any, d: _Dir, docs: TermDocs) -> int | None:
+    def _write_segment(self, txn: Txn, d: _Dir, docs: TermDocs) -> int | None:
         if not len(docs):
             return None
         segno = d.next
@@ -851,7 +854,7 @@ class SegmentedBM25:
         d.total_len += total
         return segno
 
-    def _tombstone(self, txn: Any, d: _Dir, docno: int, local: dict[int, _Seg]) -> bool:
+    def _tombstone(self, txn: Txn, d: _Dir, docno: int, local: dict[int, _Seg]) -> bool:
         """Mark the live version of ``docno`` dead; False when it is not indexed."""
         key = np.uint64(docno)
         for segno in sorted(d.segs, reverse=True):
@@ -872,7 +875,7 @@ class SegmentedBM25:
             return True
         return False
 
-    def apply(self, txn: Any, added: TermDocs | Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
+    def apply(self, txn: Txn, added: TermDocs | Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
               *, auto_merge: bool = True) -> None:
         """Index one write transaction: tombstone ``removed`` docnos, then add one segment.
 
@@ -894,7 +897,7 @@ class SegmentedBM25:
             self._merge_steps(txn, d, 1, AUTO_MERGE_MAX_DOCS)
         txn.put("segments", DIR_KEY, d.encode())
 
-    def layout(self, txn: Any) -> dict[str, int]:
+    def layout(self, txn: Txn) -> dict[str, int]:
         """The segments as stored: how many, the documents they index (live and dead).
 
         Raises:
@@ -904,7 +907,7 @@ class SegmentedBM25:
         dead = sum(int(a.size) for a in d.dead.values())
         return {"segments": len(d.segs), "live_docs": d.n_docs, "dead_docs": dead}
 
-    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+    def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:
         """Run up to ``max_steps`` merge steps; returns how many ran.
 
         With ``force=True`` a step merges every segment into one when the policy has nothing
@@ -922,7 +925,7 @@ class SegmentedBM25:
             txn.put("segments", DIR_KEY, d.encode())
         return done
 
-    def _merge_steps(self, txn: Any, d: _Dir, max_steps: int, max_docs: int | None) -> int:
+    def _merge_steps(self, txn: Txn, d: _Dir, max_steps: int, max_docs: int | None) -> int:
         done = 0
         while done < max_steps:
             plan = plan_merge(d.segs, d.dead)
@@ -934,7 +937,7 @@ class SegmentedBM25:
             done += 1
         return done
 
-    def _merge_segments(self, txn: Any, d: _Dir, segnos: Sequence[int]) -> None:
+    def _merge_segments(self, txn: Txn, d: _Dir, segnos: Sequence[int]) -> None:
         """Replace ``segnos`` by one segment holding their live documents."""
         blinds: set[bytes] = set()
         live_docs, live_lens = [], []
@@ -958,7 +961,7 @@ class SegmentedBM25:
         deads = [d.dead.get(segno) for segno in segnos]
         datas = txn.pop_many("postings", [blind + suffix for blind in ordered for suffix in suffixes])
         found = [i for i, data in enumerate(datas) if data is not None]  # i = term * len(segnos) + segment
-        col_d, col_t, counts = decode_blocks([datas[i] for i in found])
+        col_d, col_t, counts = decode_blocks([data for data in datas if data is not None])
         found_at = np.asarray(found, dtype=np.int64)
         col_term = np.repeat(found_at // len(segnos), counts)
         col_seg = np.repeat(found_at % len(segnos), counts)
@@ -988,7 +991,7 @@ class SegmentedBM25:
             txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
             d.segs[new] = [int(docnos.size), int(lens.sum())]
 
-    def rebuild(self, txn: Any, docs: TermDocs | Sequence[tuple[int, Sequence[str]]]) -> None:
+    def rebuild(self, txn: Txn, docs: TermDocs | Sequence[tuple[int, Sequence[str]]]) -> None:
         """Drop every posting and segment and index ``docs`` as one segment.
 
         Segment numbers keep increasing and the epoch changes, so caches in other handles
@@ -1016,7 +1019,7 @@ class SegmentedBM25:
         self._write_segment(txn, d, docs)
         txn.put("segments", DIR_KEY, d.encode())
 
-    def verify(self, txn: Any, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:
+    def verify(self, txn: Txn, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:
         """Compare the index with ``docs`` (every live docno and its terms).
 
         Returns:

@@ -13,7 +13,7 @@ are recomputed by a rebuild, while user edges are kept.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgpack
@@ -23,6 +23,9 @@ from numpy.typing import NDArray
 from ..errors import CorruptFileError, ValidationError
 from ..records import EDGE_KINDS, Edge
 from .tunnels import link_sets
+
+if TYPE_CHECKING:  # annotations only
+    from ..store import Txn
 
 __all__ = [
     "TUNNEL_THRESHOLD",
@@ -136,7 +139,7 @@ def _edge_from(data: bytes) -> tuple[Edge, bool]:
 class Graph:
     """Edge storage over a store transaction (stateless; safe to share)."""
 
-    def put(self, txn: Any, src: int, dst: int, edge: Edge, *, derived: bool = False) -> None:
+    def put(self, txn: Txn, src: int, dst: int, edge: Edge, *, derived: bool = False) -> None:
         """Store ``edge`` from docno ``src`` to docno ``dst`` (replacing one of the same kind).
 
         Raises:
@@ -148,7 +151,7 @@ class Graph:
         txn.put("edges", _KEY.pack(b"f", src, k, dst), _edge_value(edge, derived))
         txn.put("edges", _KEY.pack(b"r", dst, k, src), b"")
 
-    def delete(self, txn: Any, src: int, dst: int, kind: str) -> bool:
+    def delete(self, txn: Txn, src: int, dst: int, kind: str) -> bool:
         """Remove one edge; True when it existed.
 
         Raises:
@@ -159,7 +162,7 @@ class Graph:
         txn.delete("edges", _KEY.pack(b"r", dst, k, src))
         return found
 
-    def get(self, txn: Any, src: int, dst: int, kind: str) -> Edge | None:
+    def get(self, txn: Txn, src: int, dst: int, kind: str) -> Edge | None:
         """The edge (src, kind, dst), or None.
 
         Raises:
@@ -168,7 +171,7 @@ class Graph:
         data = txn.get("edges", _KEY.pack(b"f", src, _kind_no(kind), dst))
         return None if data is None else _edge_from(data)[0]
 
-    def outgoing(self, txn: Any, src: int) -> list[tuple[int, Edge, bool]]:
+    def outgoing(self, txn: Txn, src: int) -> list[tuple[int, Edge, bool]]:
         """(dst docno, edge, derived) of every edge leaving ``src``, in key order."""
         out = []
         for key, value in txn.items("edges", b"f" + struct.pack(">Q", src)):
@@ -177,7 +180,7 @@ class Graph:
             out.append((dst, edge, derived))
         return out
 
-    def incoming(self, txn: Any, dst: int) -> list[tuple[int, str]]:
+    def incoming(self, txn: Txn, dst: int) -> list[tuple[int, str]]:
         """(src docno, kind) of every edge arriving at ``dst``, in key order."""
         out = []
         for key in txn.keys("edges", b"r" + struct.pack(">Q", dst)):
@@ -185,7 +188,7 @@ class Graph:
             out.append((src, EDGE_KINDS[k] if k < len(EDGE_KINDS) else "related"))
         return out
 
-    def neighbours(self, txn: Any, docno: int) -> dict[int, float]:
+    def neighbours(self, txn: Txn, docno: int) -> dict[int, float]:
         """Undirected neighbour weights of ``docno`` (both directions, summed per neighbour).
 
         ``supersedes`` and ``contradicts`` edges do not spread relevance and are skipped.
@@ -204,11 +207,11 @@ class Graph:
                     weights[src] = weights.get(src, 0.0) + edge.weight
         return dict(sorted(weights.items()))
 
-    def superseded(self, txn: Any, docno: int) -> bool:
+    def superseded(self, txn: Txn, docno: int) -> bool:
         """Whether some live memory supersedes ``docno``."""
         return any(kind == "supersedes" for _, kind in self.incoming(txn, docno))
 
-    def remove_node(self, txn: Any, docno: int) -> int:
+    def remove_node(self, txn: Txn, docno: int) -> int:
         """Delete every edge touching ``docno``; returns how many edges went."""
         n = 0
         for key in list(txn.keys("edges", b"f" + struct.pack(">Q", docno))):
@@ -223,7 +226,7 @@ class Graph:
             n += 1
         return n
 
-    def link_tunnels(self, txn: Any, nodes: Sequence[tuple[int, Any]], *, now: float = 0.0,
+    def link_tunnels(self, txn: Txn, nodes: Sequence[tuple[int, Any]], *, now: float = 0.0,
                      threshold: float = TUNNEL_THRESHOLD, top_k: int = TUNNEL_TOP_K) -> int:
         """Recompute every derived tunnel edge from the nodes' entities and topics.
 
@@ -244,7 +247,7 @@ class Graph:
                                      label=TUNNEL_LABEL, created_at=now), derived=True)
         return len(links)
 
-    def drop_derived(self, txn: Any) -> None:
+    def drop_derived(self, txn: Txn) -> None:
         """Delete every derived (tunnel) edge."""
         doomed = []
         for key, value in txn.items("edges", b"f"):
@@ -256,7 +259,7 @@ class Graph:
             txn.delete("edges", key)
             txn.delete("edges", _KEY.pack(b"r", dst, k, src))
 
-    def verify(self, txn: Any, live: Iterable[int], ids: Mapping[int, str] | None = None) -> list[str]:
+    def verify(self, txn: Txn, live: Iterable[int], ids: Mapping[int, str] | None = None) -> list[str]:
         """Edges pointing at missing nodes, or a forward/reverse index mismatch."""
         live_set = set(live)
         problems = []
@@ -283,7 +286,7 @@ class Graph:
             problems.append(f"edges: the reverse index disagrees with the edges ({len(fwd ^ rev)} entries)")
         return problems
 
-    def repair(self, txn: Any, live: Iterable[int]) -> None:
+    def repair(self, txn: Txn, live: Iterable[int]) -> None:
         """Drop dangling edges and rebuild the reverse index from the forward edges."""
         live_set = set(live)
         for key in list(txn.keys("edges", b"r")):

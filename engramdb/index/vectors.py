@@ -20,7 +20,7 @@ import struct
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable, Mapping, Sequence
 
 import msgpack
@@ -32,6 +32,9 @@ from ..errors import CorruptFileError, EmbeddingError, ValidationError
 from ..records import STORED
 from .bm25 import snapshot_id, top_k
 from .tokenize import Tokenizer
+
+if TYPE_CHECKING:  # annotations only
+    from ..store import Txn
 
 __all__ = [
     "DTYPES",
@@ -420,7 +423,7 @@ class VectorIndex:
         return self._blind_fn(b"space", name.encode("utf-8", "surrogatepass"))
 
     @staticmethod
-    def _read_spaces(txn: Any) -> dict[str, EmbeddingSpace]:
+    def _read_spaces(txn: Txn) -> dict[str, EmbeddingSpace]:
         data = txn.get("meta", SPACES_KEY)
         if data is None:
             return {}
@@ -430,7 +433,7 @@ class VectorIndex:
         except (EmbeddingError, TypeError, ValueError, msgpack.UnpackException) as exc:
             raise CorruptFileError("the embedding-space settings in meta are malformed") from exc
 
-    def _refresh(self, txn: Any) -> dict[str, EmbeddingSpace]:
+    def _refresh(self, txn: Txn) -> dict[str, EmbeddingSpace]:
         if txn.write:
             return self._read_spaces(txn)
         txnid = snapshot_id(txn, self._last_txnid)
@@ -439,7 +442,7 @@ class VectorIndex:
             state = self._spaces_state = (txnid, self._read_spaces(txn))
         return state[1]
 
-    def spaces(self, txn: Any) -> dict[str, EmbeddingSpace]:
+    def spaces(self, txn: Txn) -> dict[str, EmbeddingSpace]:
         """The file's embedding spaces by name.
 
         Raises:
@@ -447,7 +450,7 @@ class VectorIndex:
         """
         return dict(self._refresh(txn))
 
-    def add_space(self, txn: Any, space: EmbeddingSpace) -> None:
+    def add_space(self, txn: Txn, space: EmbeddingSpace) -> None:
         """Record a new embedding space (a write). Re-adding an identical space is a no-op.
 
         Raises:
@@ -488,10 +491,10 @@ class VectorIndex:
 
     # --- layout -------------------------------------------------------------------------
 
-    def _dir(self, txn: Any, name: str) -> _Dir | _VDir | None:
+    def _dir(self, txn: Txn, name: str) -> _Dir | _VDir | None:
         return _decode_dir(txn.get("vectors", self._prefix(name) + _DIR))
 
-    def needs_migration(self, txn: Any) -> bool:
+    def needs_migration(self, txn: Txn) -> bool:
         """Whether a space is still in the first layout (vectors in the node records and
         tombstoned blocks): a writable open converts it (:meth:`rebuild`).
 
@@ -525,7 +528,7 @@ class VectorIndex:
                 out[name] = ([todo[int(i)][1] for i in keep], mat[keep])
         return out
 
-    def vectors_for(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> dict[str, tuple[list[int], np.ndarray]]:
+    def vectors_for(self, txn: Txn, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> dict[str, tuple[list[int], np.ndarray]]:
         """Validated rows per space for ``nodes`` (their embeddings plus auto vectors).
 
         Raises:
@@ -557,7 +560,7 @@ class VectorIndex:
     def _new_dir(self, space: EmbeddingSpace, seq: int = 0) -> _Dir:
         return _Dir(rows_per_block(space.dims), space.dims, 0, seq)
 
-    def apply(self, txn: Any, added: Sequence[tuple[int, Any]], texts: Sequence[str],
+    def apply(self, txn: Txn, added: Sequence[tuple[int, Any]], texts: Sequence[str],
               removed: Sequence[tuple[int, Any]]) -> None:
         """Drop the rows of the ``removed`` (docno, old node) pairs and store the vectors of
         ``added``: each block touched is rewritten once.
@@ -592,7 +595,7 @@ class VectorIndex:
             d.seq += 1
             txn.put("vectors", prefix + _DIR, d.encode())
 
-    def _write_rows(self, txn: Any, prefix: bytes, d: _Dir, docnos: np.ndarray, matrix: np.ndarray,
+    def _write_rows(self, txn: Txn, prefix: bytes, d: _Dir, docnos: np.ndarray, matrix: np.ndarray,
                     gone: np.ndarray) -> None:
         """Set the rows ``docnos`` to ``matrix`` and remove the rows ``gone`` (not re-set)."""
         order = np.argsort(docnos, kind="stable")
@@ -634,7 +637,7 @@ class VectorIndex:
         if items:
             txn.put_many("vectors", items)
 
-    def layout(self, txn: Any) -> dict[str, dict[str, int]]:
+    def layout(self, txn: Txn) -> dict[str, dict[str, int]]:
         """Per space, the vector blocks as stored: how many, their rows, the dead ones among them.
 
         Raises:
@@ -652,17 +655,17 @@ class VectorIndex:
                 out[name] = {"blocks": blocks, "rows": d.count if d else 0, "dead_rows": 0}
         return out
 
-    def merge(self, txn: Any, max_steps: int = 1, *, force: bool = False) -> int:
+    def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:
         """Blocks never hold dead rows (a delete rewrites its block), so there is nothing to
         merge: returns 0. Kept for the indexes' common maintenance call."""
         return 0
 
-    def _stored_rows(self, txn: Any, name: str) -> dict[int, np.ndarray]:
+    def _stored_rows(self, txn: Txn, name: str) -> dict[int, np.ndarray]:
         """Every row of a layout-2 space, by docno (for a rebuild)."""
         docnos, matrix = self._load(txn, name, self._prefix(name), _decode_dir(txn.get("vectors", self._prefix(name) + _DIR)))
         return {int(doc): matrix[i] for i, doc in enumerate(docnos.tolist())}
 
-    def rebuild(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[tuple[int, Any]]:
+    def rebuild(self, txn: Txn, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[tuple[int, Any]]:
         """Rewrite every vector block from the vectors the memories have: those stored in
         the blocks (a record names its spaces), those in records of the first layout, and
         the ``auto`` vectors recomputed. Returns the ``(docno, node)`` pairs whose record
@@ -715,7 +718,7 @@ class VectorIndex:
             cache = self._caches[name] = _SpaceCache()
         return cache
 
-    def _load(self, txn: Any, name: str, prefix: bytes, d: _Dir | _VDir | None) -> tuple[np.ndarray, np.ndarray]:
+    def _load(self, txn: Txn, name: str, prefix: bytes, d: _Dir | _VDir | None) -> tuple[np.ndarray, np.ndarray]:
         """(docnos, matrix) of every live row, read block by block into one preallocated matrix.
 
         Raises:
@@ -745,7 +748,7 @@ class VectorIndex:
                                    f"{d.count}", hint="run `engramdb verify --fix FILE`")
         return docnos, matrix
 
-    def _load_legacy(self, txn: Any, prefix: bytes, d: _VDir) -> tuple[np.ndarray, np.ndarray]:
+    def _load_legacy(self, txn: Txn, prefix: bytes, d: _VDir) -> tuple[np.ndarray, np.ndarray]:
         docs, mats = [], []
         for blockno in sorted(d.blocks):
             data = txn.get("vectors", prefix + _U32.pack(blockno))
@@ -761,7 +764,7 @@ class VectorIndex:
         order = np.argsort(docnos, kind="stable")
         return docnos[order], np.ascontiguousarray(matrix[order])
 
-    def _matrix(self, txn: Any, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def _matrix(self, txn: Txn, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """(docnos, matrix) of the live rows of space ``name``, in docno order; None when the
         matrix is larger than the cache allows (then :meth:`scores` streams the blocks).
 
@@ -788,7 +791,7 @@ class VectorIndex:
             cache.live = (sid, key, docnos, matrix)
         return docnos, matrix
 
-    def preload(self, txn: Any) -> None:
+    def preload(self, txn: Txn) -> None:
         """Load the matrix of every space that fits the cache, so :meth:`fetch` of many
         memories in any order reads no block (a dump).
 
@@ -799,7 +802,7 @@ class VectorIndex:
             for name in self._refresh(txn):
                 self._matrix(txn, name)
 
-    def fetch(self, txn: Any, docno: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+    def fetch(self, txn: Txn, docno: int, names: Sequence[str]) -> dict[str, np.ndarray]:
         """The stored vectors of memory ``docno`` in the spaces ``names`` (its record's list):
         read-only float32 arrays, exactly as stored.
 
@@ -840,7 +843,7 @@ class VectorIndex:
             out[name] = _frozen_row(mat[i])
         return out
 
-    def _stream_scores(self, txn: Any, name: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _stream_scores(self, txn: Txn, name: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Scores of every row, one block in memory at a time (a matrix over the cache limit)."""
         prefix = self._prefix(name)
         d = _decode_dir(txn.get("vectors", prefix + _DIR))
@@ -864,7 +867,7 @@ class VectorIndex:
                                    hint="run `engramdb verify --fix FILE`")
         return docnos, scores
 
-    def scores(self, txn: Any, space: str, query: Any) -> tuple[np.ndarray, np.ndarray]:
+    def scores(self, txn: Txn, space: str, query: Any) -> tuple[np.ndarray, np.ndarray]:
         """Dot-product scores (cosine for normalised spaces) of every live row.
 
         Raises:
@@ -878,7 +881,7 @@ class VectorIndex:
         docnos, matrix = got
         return docnos, matrix @ q
 
-    def search(self, txn: Any, space: str, query: Any, k: int) -> list[tuple[int, float]]:
+    def search(self, txn: Txn, space: str, query: Any, k: int) -> list[tuple[int, float]]:
         """Exact top ``k`` (docno, score): score descending, docno ascending.
 
         Raises:
@@ -888,7 +891,7 @@ class VectorIndex:
         docnos, scores = top_k(docnos, scores, k)
         return [(int(d), float(s)) for d, s in zip(docnos, scores)]
 
-    def embed_query(self, txn: Any, space: str, text: str) -> np.ndarray | None:
+    def embed_query(self, txn: Txn, space: str, text: str) -> np.ndarray | None:
         """The query vector of ``text`` in ``space`` (None when no embedder is known).
 
         Raises:
@@ -904,7 +907,7 @@ class VectorIndex:
         row: np.ndarray = _check_matrix(sp, vec)[0]
         return row
 
-    def count(self, txn: Any, space: str) -> int:
+    def count(self, txn: Txn, space: str) -> int:
         """Live vectors in ``space``.
 
         Raises:
@@ -917,7 +920,7 @@ class VectorIndex:
         got = self._matrix(txn, space)
         return 0 if got is None else int(got[0].size)
 
-    def verify(self, txn: Any, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[str]:
+    def verify(self, txn: Txn, nodes: Sequence[tuple[int, Any]], texts: Sequence[str]) -> list[str]:
         """Compare the stored rows with the node records: every vector a record names is
         stored and nothing else is, and the ``auto`` rows equal the recomputed vectors (the
         first layout: every row equals its record's vector)."""
