@@ -23,7 +23,7 @@ from .errors import (
     ValidationError, shown,
 )
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
-from .store import STORE_SIDECARS, remove_if_abandoned, replace_store
+from .store import STORE_SIDECARS, Txn, remove_if_abandoned, replace_store
 
 __all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table",
            "SOURCE_META_PREFIX", "ENTITIES_META"]
@@ -56,14 +56,22 @@ class _Salvage:
             return None
 
 
-def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, Any]]:
+def _listed(txn: Txn, table: str, key: bytes) -> bytes:
+    """The value of a key this snapshot has just listed (so it is there)."""
+    data = txn.get(table, key)
+    if data is None:  # pragma: no cover - one snapshot does not lose keys
+        raise CorruptFileError(f"a record of table {table} vanished while it was read")
+    return data
+
+
+def _scan(engram: Engram, txn: Txn, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, Any]]:
     """One pass over the records: docnos in id order, their ids, every edge, and the source texts."""
     order: list[tuple[str, int]] = []
     names: set[str] = set()
     graph = engram.indexes.graph
     for key in list(txn.keys("nodes")):
         docno = codec.from_u64(key)
-        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(txn.get("nodes", k), vectors=False), key)
+        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(_listed(txn, "nodes", k), vectors=False), key)
         if node is not None:
             order.append((node.id, docno))
             if node.source:
@@ -83,27 +91,27 @@ def _scan(engram: Engram, txn: Any, salvage: _Salvage) -> tuple[list[int], dict[
     return [docno for _, docno in order], ids, edges, sources
 
 
-def _archive_rows(txn: Any, ids: dict[int, str], salvage: _Salvage) -> list[tuple[str, str]]:
+def _archive_rows(txn: Txn, ids: dict[int, str], salvage: _Salvage) -> list[tuple[str, str]]:
     rows = []
     for key in list(txn.keys("archive")):
         docno = codec.from_u64(key)
         original = salvage.attempt(f"archived original of memory #{docno}",
-                                   lambda k: codec.unpack_archive(txn.get("archive", k)), key)
+                                   lambda k: codec.unpack_archive(_listed(txn, "archive", k)), key)
         if original is not None and docno in ids:
             rows.append((ids[docno], original))
     return sorted(rows)
 
 
-def _procedures(txn: Any, salvage: _Salvage) -> list[Any]:
+def _procedures(txn: Txn, salvage: _Salvage) -> list[Any]:
     rows = []
     for key in list(txn.keys("procedures")):
-        row = salvage.attempt("a procedure row", lambda k: codec.unpack(txn.get("procedures", k), any_keys=True), key)
+        row = salvage.attempt("a procedure row", lambda k: codec.unpack(_listed(txn, "procedures", k), any_keys=True), key)
         if row is not None:
             rows.append(row)
     return rows
 
 
-def _read_node(engram: Engram, txn: Any, docno: int) -> Node:
+def _read_node(engram: Engram, txn: Txn, docno: int) -> Node:
     """The memory ``docno`` with its vectors, which the scan that listed it found in this
     same transaction."""
     data = txn.get("nodes", codec.u64(docno))
@@ -158,7 +166,7 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
 # --- the entity table (imported AAAK `E:` lines) --------------------------------------
 
 
-def read_entities(txn: Any) -> dict[str, str]:
+def read_entities(txn: Txn) -> dict[str, str]:
     """The entity table stored in the file (code -> name), read in ``txn``.
 
     Raises:
@@ -184,7 +192,7 @@ def entity_table(engram: Engram) -> dict[str, str]:
         return read_entities(txn)
 
 
-def _merge_entities(txn: Any, incoming: dict[str, str]) -> None:
+def _merge_entities(txn: Txn, incoming: dict[str, str]) -> None:
     """Add ``incoming`` codes to the stored table. A code already stored for another name
     keeps its name; the newcomer's name is then stored under the code with the smallest
     free number appended (``AL1`` -> ``AL11``), unless the name already has a code."""
@@ -319,7 +327,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
             not isinstance(k, str) or not isinstance(v, str) for k, v in table.items())):
         raise AAAKParseError("the dump's entity table (@meta entities) must map codes to names")
     if sources or table:
-        def put_sources(txn: Any) -> None:
+        def put_sources(txn: Txn) -> None:
             for name, text in sorted(sources.items()):
                 txn.put("sources", db._store.blind(b"source", name.encode("utf-8", "surrogatepass")),
                         text.encode("utf-8", "surrogatepass"))
@@ -351,7 +359,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
     if progress:
         progress(count)
 
-    def put_rows(txn: Any, rows: list[Any]) -> None:
+    def put_rows(txn: Txn, rows: list[Any]) -> None:
         tx = Transaction(db, txn)
         for row in rows:
             if not isinstance(row, aaak.ArchiveRow):
@@ -368,7 +376,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
     for start in range(0, len(edges), RESTORE_BATCH):
         chunk = edges[start:start + RESTORE_BATCH]
 
-        def put_edges(txn: Any, chunk: list[Edge] = chunk) -> None:
+        def put_edges(txn: Txn, chunk: list[Edge] = chunk) -> None:
             _put_edges(db, txn, chunk)
 
         db._store.write(put_edges)
@@ -395,7 +403,7 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
     _check_import_ids(engram, records)
     tables = [item for item in records if isinstance(item, EntityTable)]
     if tables:
-        def put_tables(txn: Any) -> None:
+        def put_tables(txn: Txn) -> None:
             for table in tables:
                 _merge_entities(txn, table.code_to_name)
 
@@ -429,7 +437,7 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
     for start in range(0, len(edges), batch):
         chunk = edges[start:start + batch]
 
-        def put_edges(txn: Any, chunk: list[Edge] = chunk) -> None:
+        def put_edges(txn: Txn, chunk: list[Edge] = chunk) -> None:
             _put_edges(engram, txn, chunk)
 
         engram._store.write(put_edges)
@@ -458,7 +466,7 @@ def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) 
                                              hint="nothing was imported; check the source file")
 
 
-def _put_edges(engram: Engram, txn: Any, edges: list[Edge]) -> None:
+def _put_edges(engram: Engram, txn: Txn, edges: list[Edge]) -> None:
     tx = Transaction(engram, txn)
     for edge in edges:
         src, dst = tx._docno(edge.src), tx._docno(edge.dst)

@@ -22,6 +22,7 @@ from .errors import StoreError, ValidationError
 from .index import iter_nodes
 from .recall import default_source_loader
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel, now_ts
+from .store import Txn
 
 __all__ = ["ingest", "stored_result", "messages_to_text"]
 
@@ -173,7 +174,7 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
     tunnels = [(f"{key}:{t.from_id}", f"{key}:{t.to_id}", t.label) for t in result.tunnels]
     encoded = normalized.encode("utf-8", "surrogatepass")
 
-    def store(txn: Any) -> list[str]:
+    def store(txn: Txn) -> list[str]:
         stored_name = _free_source_name(engram, txn, name, key, encoded)
         nodes = [_node_from_zettel(z, normalized, stored_name, f"{key}:", stamp, fields) for z in result.zettels]
         with engram._batched(txn) as tx:
@@ -192,7 +193,7 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
     return engram._store.write(store)
 
 
-def _free_source_name(engram: Engram, txn: Any, name: str, key: str, encoded: bytes) -> str:
+def _free_source_name(engram: Engram, txn: Txn, name: str, key: str, encoded: bytes) -> str:
     """``name``, or ``name#key`` when ``name`` already holds a different text.
 
     Memories find their passages through the source name, so two inputs with the same

@@ -42,6 +42,7 @@ from .index.bm25 import top_k as _top_k
 from .index.graph import one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from .records import Node, now_ts
+from .store import Store, Txn
 from .tokens import token_counter
 
 __all__ = [
@@ -193,7 +194,7 @@ def _date_bonus(node: Node, dates: Sequence[QueryDate]) -> float:
     return max(q.proximity(nd) for q in dates)
 
 
-def recall(store: Any, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
+def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
            expand_query: bool = True, after: TimeBound | None = None, before: TimeBound | None = None,
            tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
            flags: NameSet | None = None, any_flags: NameSet | None = None,
@@ -288,7 +289,7 @@ def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:
 class _Run:
     """The state of one recall: its snapshot, node cache, filter and neighbour cache."""
 
-    def __init__(self, txn: Any, indexes: Indexes, keep: Filter, hops: bool) -> None:
+    def __init__(self, txn: Txn, indexes: Indexes, keep: Filter, hops: bool) -> None:
         self.txn = txn
         self.indexes = indexes
         self.keep = keep
@@ -441,7 +442,7 @@ def fusion_weight(name: str, ranking: Sequence[tuple[int, float, float]],
     return weight
 
 
-def _bm25_features(txn: Any, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
+def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
                    terms: Sequence[str], weights: dict[str, float], features: dict[int, dict[str, float]]) -> None:
     """The BM25 inputs of relevance (spec/recall.md, "Relevance") for every candidate of any
     retriever: the query's ceiling ``bm25_ceiling`` (the least upper bound of a BM25 score),
@@ -479,10 +480,10 @@ def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]
     return parts
 
 
-def _touch(store: Any, hits: list[Hit], now: float) -> list[Hit]:
+def _touch(store: Store, hits: list[Hit], now: float) -> list[Hit]:
     """Bump the hits' access counters in one write transaction; returns the updated hits."""
 
-    def bump(txn: Any) -> list[Hit]:
+    def bump(txn: Txn) -> list[Hit]:
         out = []
         for hit in hits:
             key = _U64.pack(hit.docno)
@@ -505,10 +506,10 @@ def _touch(store: Any, hits: list[Hit], now: float) -> list[Hit]:
 # --- small-to-big context ---------------------------------------------------------------
 
 
-def default_source_loader(store: Any) -> Callable[[Any, str], str | None]:
+def default_source_loader(store: Store) -> Callable[[Txn, str], str | None]:
     """Reads a source text from the ``sources`` table, keyed by ``blind(b"source", name)``."""
 
-    def load(txn: Any, name: str) -> str | None:
+    def load(txn: Txn, name: str) -> str | None:
         raw = txn.get("sources", store.blind(b"source", name.encode("utf-8", "surrogatepass")))
         if raw is None:
             return None
@@ -521,10 +522,10 @@ def default_source_loader(store: Any) -> Callable[[Any, str], str | None]:
     return load
 
 
-def recall_context(store: Any, indexes: Indexes, query: str, *, top_k: int = 10, max_tokens: int = 2000,
+def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 10, max_tokens: int = 2000,
                    source: str | None = None, source_text: str | None = None,
                    count_tokens: Callable[[str], int] | None = None,
-                   source_loader: Callable[[Any, str], str | None] | None = None,
+                   source_loader: Callable[[Txn, str], str | None] | None = None,
                    **recall_kwargs: Any) -> Context:
     """Small-to-big retrieval: rank memories, then return their source passages.
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ValidationError
 from ..records import now_ts
-from .protocols import AgentMemory
+from .protocols import AgentMemory, AgentTransaction
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub
 import itertools
@@ -326,7 +326,7 @@ class ProceduralGraph:
         return observed
 
     @staticmethod
-    def _replace_edge(tx: Any, rows: _Rows, old: ProcedureEdge, new: ProcedureEdge) -> None:
+    def _replace_edge(tx: AgentTransaction, rows: _Rows, old: ProcedureEdge, new: ProcedureEdge) -> None:
         stored = rows.edge_rows.get(old.key)
         if stored is not None:
             tx.delete_procedure_row(stored)
@@ -459,7 +459,7 @@ class ProceduralGraph:
     def _brief(t: Trajectory) -> dict[str, Any]:
         return {"id": t.id, "task": t.task, "tools": list(t.tools), "failed_calls": list(t.errors)}
 
-    def _apply(self, tx: Any, rows: _Rows, proposal: Proposal) -> None:
+    def _apply(self, tx: AgentTransaction, rows: _Rows, proposal: Proposal) -> None:
         for node_id in (proposal.src, proposal.dst):
             if node_id not in rows.nodes:
                 node = ProcedureNode(node_id, "state" if node_id in (START, END) else "action", node_id)
