@@ -39,7 +39,7 @@ from .filters import Filter, NameSet, TimeBound
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
-from .index.graph import one_hop
+from .index.graph import spread as spread_one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from .records import Node, now_ts
 from .store import Store, Txn
@@ -294,9 +294,8 @@ class _Run:
         self.indexes = indexes
         self.keep = keep
         self.hops = hops
-        # decoded nodes and edges of this snapshot, shared by the queries that read it
-        shared = indexes.read_cache(txn)
-        self._shared = shared if shared is not None else {}
+        # decoded nodes and edges, kept across queries and commits (index/nodecache.py)
+        self._view = indexes.node_cache.view(txn)
         self.nodes: dict[int, Node | None] = {}
         self.has_edges = txn.count("edges") > 0
         self.filtering = keep.active
@@ -305,27 +304,11 @@ class _Run:
         """The live node of ``docno`` (None when deleted or filtered out)."""
         node = self.nodes.get(docno, ...)
         if node is ...:
-            key = ("node", docno)
-            node = self._shared.get(key, ...)
-            if node is ...:
-                raw = self.txn.get("nodes", _U64.pack(docno))
-                node = self._shared[key] = None if raw is None else decode_node(raw)
-            self.nodes[docno] = node
+            node = self.nodes[docno] = self._view.node(docno)
         return node if node is not None and self.keep(node) else None
 
-    def neighbours(self, docno: int) -> dict[int, float]:
-        key = ("nbrs", docno)
-        nb = self._shared.get(key)
-        if nb is None:
-            nb = self._shared[key] = self.indexes.graph.neighbours(self.txn, docno)
-        return nb
-
     def superseded(self, docno: int) -> bool:
-        key = ("superseded", docno)
-        flag = self._shared.get(key)
-        if flag is None:
-            flag = self._shared[key] = self.indexes.graph.superseded(self.txn, docno)
-        return flag
+        return self._view.superseded(docno)
 
     def ranking(self, docnos: np.ndarray, scores: np.ndarray, limit: int) -> list[tuple[int, float, float]]:
         """The best ``limit`` (docno, score, hop share) of one retriever, after filters and the hop.
@@ -339,10 +322,11 @@ class _Run:
             # nothing to spread: the ranking is the top itself, already (score desc, docno)
             return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
         base = dict(zip(docnos.tolist(), scores.tolist()))
-        moved = one_hop({d: self.neighbours(d) for d in base}, base)
+        row = self._view.hop_row
+        moved = spread_one_hop({d: row(d) for d in base}, base)  # rows lead to existing nodes only
         spread: dict[int, float] = {}
         for d in sorted(moved):
-            if moved[d] > 0 and (d in base or self.node(d) is not None):
+            if moved[d] > 0 and (d in base or not self.filtering or self.node(d) is not None):
                 spread[d] = HOP_WEIGHT * moved[d]
         total = {d: base.get(d, 0.0) + spread.get(d, 0.0) for d in sorted(set(base) | set(spread))}
         ranked = sorted(total.items(), key=lambda item: (-item[1], item[0]))[:limit]

@@ -25,8 +25,9 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import IO, Any, TypedDict, TypeVar
+from typing import IO, Any, Protocol, TypedDict, TypeVar
 from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
@@ -52,6 +53,13 @@ MAX_READERS = 512
 HEADER_KEYS = (b"header", b"header.bak", b"header.sha256")  # the only plaintext values in a file
 STATE_KEY = b"state"
 _INSERT_CHUNK = 1024  # records sealed, written and digested together by Txn.insert_many
+# The change log (spec/file-format.md, "Change log"): every commit records, under
+# meta/changes.<u64be seq>, the docnos whose node record or edges it changed, so that a
+# process's caches of decoded records drop only those after another process's commit.
+CHANGES_PREFIX = b"changes."
+CHANGES_KEEP = 1024  # entries kept; a cache further behind than this starts over
+CHANGES_MAX = 4096  # a commit touching more existing docnos is logged as "anything may have changed"
+_EDGE_KEY = struct.Struct(">cQBQ")  # b"f"|b"r", docno, kind, docno (engramdb/index/graph.py)
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
     (b"ENGRAMDB-KEY", "an engramdb key file (from export-key)",
@@ -109,6 +117,45 @@ class State:
                        {t: [c, int.from_bytes(d, "big")] for t, (c, d) in digests.items()}, txnid)
         except (TypeError, ValueError, AttributeError):
             raise CorruptFileError("the store's state record is malformed") from None
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one or more commits changed, from the change log: the docnos whose node record
+    changed (updated or deleted) and those with an edge added, changed or removed. None
+    means anything may have changed (a large commit, or a log that does not reach back).
+    Records of docnos the commits allocated are not listed: they did not exist before."""
+
+    nodes: frozenset[int] | None
+    edges: frozenset[int] | None
+
+    @property
+    def everything(self) -> bool:
+        return self.nodes is None or self.edges is None
+
+
+EVERYTHING = Changes(None, None)
+
+
+class CommitListener(Protocol):
+    """A cache of decoded records told about each commit made through this process."""
+
+    def purge(self, changes: Changes) -> None: ...
+
+
+def _docnos_of(table: str, keys: Iterable[bytes], first_new: int, out: set[int]) -> None:
+    """Add to ``out`` the docnos below ``first_new`` that keys of ``nodes`` or ``edges`` name."""
+    if table == "nodes":
+        for key in keys:
+            if len(key) == 8:
+                docno = int.from_bytes(key, "big")
+                if docno < first_new:
+                    out.add(docno)
+        return
+    for key in keys:
+        if len(key) == _EDGE_KEY.size:
+            _, a, _, b = _EDGE_KEY.unpack(key)
+            out.update(d for d in (a, b) if d < first_new)
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -372,6 +419,8 @@ class _Env:
         # after each of its commits): a clean close records the file as clean only if it still
         # is that, so a change made by anyone else while the file was open is checked next time.
         self.expected: tuple[int, ...] | None = None
+        # caches of decoded records of this process's handles, purged after each local commit
+        self.listeners: weakref.WeakSet[CommitListener] = weakref.WeakSet()
         deadline = _deadline(timeout)
         try:
             created = self.created = self._lock_file(readonly, create, deadline)
@@ -561,6 +610,11 @@ class _Env:
     def unchanged(self) -> bool:
         """Whether the data file is still what this process last saw (see ``expected``)."""
         return self.lock_fd is not None and self.expected is not None and self.expected == _stat_key(self.lock_fd)
+
+    def committed(self, changes: Changes) -> None:
+        """Tell this process's caches what a commit of this process changed."""
+        for listener in list(self.listeners):
+            listener.purge(changes)
 
     def note_commit(self, unchanged_before: bool) -> None:
         """After a commit of this process: the file as it now is, if it was as expected just
@@ -824,6 +878,7 @@ class Txn:
         # what a replay after map growth redoes: a put (envelope), a delete (None) or a putmulti batch
         self._log: list[tuple[str, bytes, bytes | None] | tuple[str, None, list[tuple[bytes, bytes]]]] = []
         self._begin_seq: int | None = None
+        self._begin_next_docno = 0  # the snapshot's next_docno: docnos from here on are new
 
     @property
     def _lt(self) -> lmdb.Transaction[bytes]:
@@ -857,9 +912,11 @@ class Txn:
             try:
                 if self._state is None and self._log:
                     self.state  # every commit that changes the file rewrites the state  # noqa: B018
+                changes = None
                 if self._state is not None:
                     self._state.seq += 1
                     self._state.txnid = self._lt.id()
+                    changes = self._log_changes(self._state.seq)
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
                 unchanged = False
@@ -870,11 +927,14 @@ class Txn:
                 self._ltxn = None
                 if self._log:
                     self.store._env.note_commit(unchanged)
+                if changes is not None:
+                    self.store._env.committed(changes)
                 return
             except lmdb.MapFullError:
                 if self._state is not None:
                     self._state.seq -= 1
-                self._log = [op for op in self._log if not (op[0] == "meta" and op[1] == STATE_KEY)]
+                self._log = [op for op in self._log if not (op[0] == "meta" and op[1] is not None and (
+                    op[1] == STATE_KEY or op[1].startswith(CHANGES_PREFIX)))]
                 self._regrow_and_replay()
             except lmdb.Error as exc:
                 self._abort()
@@ -941,7 +1001,79 @@ class Txn:
         if self._state is None:
             self._state = self._load_state()
             self._begin_seq = self._state.seq
+            self._begin_next_docno = self._state.next_docno
         return self._state
+
+    # -- the change log (spec/file-format.md, "Change log") -------------------------------
+    def _touched(self) -> Changes:
+        """The docnos, existing before this transaction, whose node record or edges it wrote."""
+        first_new = self._begin_next_docno
+        found: dict[str, set[int]] = {"nodes": set(), "edges": set()}
+        for table, key, value in self._log:
+            out = found.get(table)
+            if out is None:
+                continue
+            if key is not None:
+                _docnos_of(table, (key,), first_new, out)
+            elif isinstance(value, list):  # an insert_many batch: usually new docnos only
+                keys = [k for k, _ in value]
+                if table == "nodes" and keys and min(keys) >= first_new.to_bytes(8, "big"):
+                    continue
+                _docnos_of(table, keys, first_new, out)
+            if len(out) > CHANGES_MAX:
+                return EVERYTHING
+        return Changes(frozenset(found["nodes"]), frozenset(found["edges"]))
+
+    def _log_changes(self, seq: int) -> Changes:
+        """Write the change-log entry of commit ``seq`` and drop entries older than
+        ``CHANGES_KEEP`` commits; returns what the entry says."""
+        changes = self._touched()
+        body = [1, None, None] if changes.everything else [1, sorted(changes.nodes or ()), sorted(changes.edges or ())]
+        key = CHANGES_PREFIX + seq.to_bytes(8, "big")
+        self._put_envelope("meta", key, self._seal("meta", key, codec.pack(body)), digest=False)
+        oldest = CHANGES_PREFIX + max(0, seq - CHANGES_KEEP + 1).to_bytes(8, "big")
+        stale = []
+        for old in self.keys("meta", CHANGES_PREFIX):
+            if old >= oldest:
+                break
+            stale.append(old)
+        for old in stale:
+            self._put_envelope("meta", old, None, digest=False)
+        return changes
+
+    def changes_since(self, seq: int) -> Changes:
+        """What the commits after ``seq`` up to this snapshot changed (:data:`EVERYTHING`
+        when the change log does not reach back to ``seq``, e.g. a cache more than
+        ``CHANGES_KEEP`` commits behind, or commits by a version without the log).
+
+        Raises:
+            CorruptFileError: an entry is malformed.
+        """
+        target = self.state.seq
+        nodes: set[int] = set()
+        edges: set[int] = set()
+        expected = seq + 1
+        for key, value in self.items("meta", CHANGES_PREFIX, start=CHANGES_PREFIX + expected.to_bytes(8, "big")):
+            number = int.from_bytes(key[len(CHANGES_PREFIX):], "big")
+            if number > target:
+                break
+            if number != expected:
+                return EVERYTHING
+            expected += 1
+            try:
+                version, n, e = codec.unpack(value)
+                if version != 1:
+                    raise ValueError
+                if n is None or e is None:
+                    return EVERYTHING
+                nodes.update(int(d) for d in n)
+                edges.update(int(d) for d in e)
+            except (TypeError, ValueError):
+                raise CorruptFileError("a change-log entry is malformed",
+                                       hint="run `engramdb verify FILE`; restore from a dump or backup") from None
+        if expected != target + 1:
+            return EVERYTHING
+        return Changes(frozenset(nodes), frozenset(edges))
 
     def allocate_docno(self) -> int:
         """A new document number; never reused, even after deletes."""
@@ -1090,7 +1222,7 @@ class Txn:
     def put(self, table: str, key: bytes, value: bytes) -> None:
         """Seal ``value`` and store it under (table, key)."""
         self._require_write()
-        if table == "meta" and (key in HEADER_KEYS or key == STATE_KEY):
+        if table == "meta" and (key in HEADER_KEYS or key == STATE_KEY or key.startswith(CHANGES_PREFIX)):
             raise StoreError(f"meta key {key!r} is reserved", hint="this is a bug in engramdb, please report it")
         self._put_envelope(table, key, self._seal(table, key, value), digest=table != "meta")
 
@@ -1361,6 +1493,11 @@ class Store:
         """LMDB's last committed transaction id: it moves whenever any process commits."""
         self._check()
         return self._env.env.info()["last_txnid"]
+
+    def on_commit(self, listener: CommitListener) -> None:
+        """Have ``listener.purge(changes)`` called after every commit through this process's
+        handles of the file (held weakly: a listener that is no longer used drops out)."""
+        self._env.listeners.add(listener)
 
     def blind(self, purpose: bytes, value: bytes) -> bytes:
         """The blind-index key of ``value`` (16 bytes)."""

@@ -21,8 +21,9 @@ import msgpack
 from ..codec import decode_node, encode_node
 from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
-from .bm25 import SegmentedBM25, TermDocs, snapshot_id
+from .bm25 import SegmentedBM25, TermDocs
 from .graph import Graph
+from .nodecache import NodeCache
 from .synonyms import Expander
 from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
@@ -122,21 +123,17 @@ class Indexes:
         self.bm25 = SegmentedBM25(store.blind, store.last_txnid)
         self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer, cache_mb=cache_mb)
         self.graph = Graph()
-        self._read_cache: dict[Any, Any] = {}
-        self._read_cache_id: int | None = None
+        self._node_cache: NodeCache | None = None
         self._recall_expander: Expander | None = None  # recall's query expander, kept per handle
 
-    def read_cache(self, txn: Txn) -> dict[Any, Any] | None:
-        """A dict for memoising reads of ``txn``'s committed state (decoded nodes, edges),
-        emptied whenever another snapshot is read; None inside write transactions, whose
-        state is not committed."""
-        if txn.write:
-            return None
-        sid = snapshot_id(txn, self.store.last_txnid)
-        if sid != self._read_cache_id or len(self._read_cache) > 500_000:
-            self._read_cache = {}
-            self._read_cache_id = sid
-        return self._read_cache
+    @property
+    def node_cache(self) -> NodeCache:
+        """Decoded nodes and edge lists kept across commits (:mod:`engramdb.index.nodecache`),
+        limited by this handle's ``cache_mb``."""
+        cache = self._node_cache
+        if cache is None:
+            cache = self._node_cache = NodeCache(self.store, self.graph, getattr(self, "cache_mb", None))
+        return cache
 
     @classmethod
     def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> Indexes:

@@ -12,6 +12,7 @@ are recomputed by a rebuild, while user edges are kept.
 """
 from __future__ import annotations
 
+import math
 import struct
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,8 +32,10 @@ __all__ = [
     "TUNNEL_THRESHOLD",
     "TUNNEL_TOP_K",
     "Graph",
+    "hop_row",
     "one_hop",
     "personalized_pagerank",
+    "spread",
     "tunnel_tokens",
 ]
 
@@ -107,18 +110,37 @@ def one_hop(neighbours: Mapping[int, Mapping[int, float]], seeds: Mapping[int, f
     Raises:
         ValidationError: a negative weight.
     """
+    return spread({src: hop_row(nb) for src, nb in neighbours.items() if src in seeds}, seeds)
+
+
+def hop_row(neighbours: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """One row of ``P`` for :func:`spread`: ``(dst, weight / total)`` in ``dst`` order
+    (empty when the weights sum to 0). The total is summed in ``dst`` order.
+
+    Raises:
+        ValidationError: a negative weight.
+    """
+    if not neighbours:
+        return ()
+    if any(w < 0 for w in neighbours.values()):
+        raise ValidationError("edge weights must be non-negative")
+    dsts = sorted(neighbours)
+    total = sum(neighbours[dst] for dst in dsts)
+    if total <= 0:
+        return ()
+    return tuple((dst, neighbours[dst] / total) for dst in dsts)
+
+
+def spread(rows: Mapping[int, Sequence[tuple[int, float]]], seeds: Mapping[int, float]) -> dict[int, float]:
+    """:func:`one_hop` over rows prepared by :func:`hop_row` (what recall caches per node)."""
     moved: dict[int, float] = {}
+    get = moved.get
     for src in sorted(seeds):
-        nb = neighbours.get(src)
-        if not nb:
-            continue
-        if any(w < 0 for w in nb.values()):
-            raise ValidationError("edge weights must be non-negative")
-        total = sum(nb[dst] for dst in sorted(nb))
-        if total <= 0:
-            continue
-        for dst in sorted(nb):
-            moved[dst] = moved.get(dst, 0.0) + seeds[src] * (nb[dst] / total)
+        row = rows.get(src)
+        if row:
+            score = seeds[src]
+            for dst, share in row:
+                moved[dst] = get(dst, 0.0) + score * share
     return moved
 
 
@@ -133,6 +155,24 @@ def _edge_from(data: bytes) -> tuple[Edge, bool]:
         return Edge(src=src, dst=dst, kind=kind, weight=weight, label=label, created_at=created,
                     valid_from=vfrom, valid_to=vto), bool(derived)
     except (ValueError, TypeError, ValidationError, msgpack.UnpackException) as exc:
+        raise CorruptFileError("an edge record is malformed", hint="run `engramdb verify FILE`") from exc
+
+
+def _edge_weight(data: bytes) -> float:
+    """The weight of an edge record, without building the :class:`Edge` (the hop reads
+    hundreds per query); :func:`_edge_from` checks the same shape and weight.
+
+    Raises:
+        CorruptFileError: the record is malformed.
+    """
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+        weight = fields[3]
+        if len(fields) != 9 or isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                or not math.isfinite(weight):
+            raise ValueError
+        return float(weight)
+    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
         raise CorruptFileError("an edge record is malformed", hint="run `engramdb verify FILE`") from exc
 
 
@@ -194,17 +234,21 @@ class Graph:
         ``supersedes`` and ``contradicts`` edges do not spread relevance and are skipped.
         """
         weights: dict[int, float] = {}
-        for dst, edge, _ in self.outgoing(txn, docno):
-            if edge.kind not in ("supersedes", "contradicts") and edge.weight > 0:
-                weights[dst] = weights.get(dst, 0.0) + edge.weight
-        for src, kind in self.incoming(txn, docno):
-            if kind in ("supersedes", "contradicts"):
+        skip = (_kind_no("supersedes"), _kind_no("contradicts"))
+        for key, value in txn.items("edges", b"f" + struct.pack(">Q", docno)):
+            _, _, k, dst = _KEY.unpack(key)
+            weight = _edge_weight(value)
+            if k not in skip and weight > 0:
+                weights[dst] = weights.get(dst, 0.0) + weight
+        for key in txn.keys("edges", b"r" + struct.pack(">Q", docno)):
+            _, _, k, src = _KEY.unpack(key)
+            if k in skip:
                 continue
-            data = txn.get("edges", _KEY.pack(b"f", src, _kind_no(kind), docno))
+            data = txn.get("edges", _KEY.pack(b"f", src, k, docno))
             if data is not None:
-                edge, _ = _edge_from(data)
-                if edge.weight > 0:
-                    weights[src] = weights.get(src, 0.0) + edge.weight
+                weight = _edge_weight(data)
+                if weight > 0:
+                    weights[src] = weights.get(src, 0.0) + weight
         return dict(sorted(weights.items()))
 
     def superseded(self, txn: Txn, docno: int) -> bool:

@@ -1,0 +1,215 @@
+"""Decoded nodes and edge lists of the committed state, kept across commits.
+
+recall's hop reads the node records and edges of a few hundred memories per query.
+Decrypting and decoding them again after every commit made recall 5-10x slower in an
+add-then-query loop (issue 15), though a commit that adds one memory changes none of
+them. :class:`NodeCache` keeps them per handle and revalidates them by the file's change
+log (spec/file-format.md, "Change log"): when a read snapshot is newer than what the
+cache holds, the log entries of the commits in between name the docnos whose node record
+or edges changed, and only those are dropped. A commit of this process drops them at
+once (a forgotten memory's decoded record does not outlive the commit); another
+process's commit, at this handle's next read.
+
+Entries are valid for exactly one committed state (the sealed state's ``seq``): a read
+of an older snapshot (another thread's long read) and every read inside a write
+transaction go past the cache. The cache is bounded (``cache_mb``, default
+:data:`DEFAULT_CACHE_MB`), evicting least recently used entries.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from ..codec import decode_node
+from ..records import Node
+from .graph import Graph, hop_row
+
+__all__ = ["DEFAULT_CACHE_MB", "NodeCache", "NodeView"]
+
+DEFAULT_CACHE_MB = 32.0
+# What an entry costs beyond its record's bytes (the Node object, its lists and strings'
+# headers, the dict entry), and per neighbour of an edge list; estimates, not measured per entry.
+NODE_OVERHEAD = 600
+EDGES_OVERHEAD = 200
+PER_NEIGHBOUR = 100
+_U64 = struct.Struct(">Q")
+_MISSING: Any = object()
+
+
+class NodeCache:
+    """A bounded LRU of decoded nodes (``("n", docno)``), hop rows (``("e", docno)``: the
+    node's row of the hop's transition matrix, :func:`~engramdb.index.graph.hop_row`, without
+    neighbours that do not exist) and superseded flags (``("s", docno)``) of one committed
+    state of the file.
+
+    Reads take no lock: an entry is used only when the cache still holds the state the
+    reader's snapshot shows (its generation, bumped whenever the state moves, is checked
+    after the lookup); writes and eviction take the lock.
+
+    Args:
+        store: the :class:`~engramdb.store.Store` (the cache registers for its commits).
+        graph: the edge storage the neighbour lists come from.
+        cache_mb: the limit in MiB (0 keeps nothing beyond the current query; None:
+            :data:`DEFAULT_CACHE_MB`).
+
+    Attributes:
+        decoded: node records decrypted and decoded through the cache (a count of work).
+        edge_reads: edge lists (neighbours or superseded flags) read through the cache.
+    """
+
+    def __init__(self, store: Any, graph: Graph, cache_mb: float | None = None) -> None:
+        self._graph = graph
+        self.max_bytes = int((DEFAULT_CACHE_MB if cache_mb is None else cache_mb) * 2**20)
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, int], tuple[Any, int]] = OrderedDict()
+        self.nbytes = 0
+        self._seq: int | None = None  # the sealed state's seq the entries are valid for
+        self._txnid = 0  # the newest snapshot id validated
+        self._next_docno = 0  # of that state: a docno from here on did not exist
+        self._gen = 0  # bumped whenever the entries start to describe another state
+        self.decoded = 0
+        self.edge_reads = 0
+        store.on_commit(self)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def purge(self, changes: Any) -> None:
+        """Drop what ``changes`` (a :class:`~engramdb.store.Changes`) says changed."""
+        with self._lock:
+            if changes.everything:
+                self._entries.clear()
+                self.nbytes = 0
+                return
+            for docno in changes.nodes:
+                self._pop(("n", docno))
+            for docno in changes.edges:
+                self._pop(("e", docno))
+                self._pop(("s", docno))
+
+    def _pop(self, key: tuple[str, int]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry[1]
+
+    def _sync(self, txn: Any) -> int | None:
+        """Bring the cache to ``txn``'s committed state; returns the generation that labels
+        it, or None when the cache cannot serve ``txn`` (a write transaction, or an older
+        snapshot than the cache holds)."""
+        if getattr(txn, "write", True):
+            return None
+        state = txn.state
+        seq, sid = state.seq, txn.snapshot_id
+        with self._lock:
+            if self._seq == seq:
+                self._txnid = max(self._txnid, sid)
+                return self._gen
+            if self._seq is not None and seq < self._seq and sid <= self._txnid:
+                return None  # an older snapshot than the cache's: read past it
+            # first use, or the state was rebuilt (an older seq in a newer snapshot): start over
+            changes = None if self._seq is None or seq < self._seq else txn.changes_since(self._seq)
+            self._gen += 1
+            if changes is None or changes.everything:
+                self._entries.clear()
+                self.nbytes = 0
+            else:
+                for docno in changes.nodes:
+                    self._pop(("n", docno))
+                for docno in changes.edges:
+                    self._pop(("e", docno))
+                    self._pop(("s", docno))
+            self._seq, self._txnid, self._next_docno = seq, sid, state.next_docno
+            return self._gen
+
+    def _get(self, gen: int, key: tuple[str, int]) -> Any:
+        entry = self._entries.get(key)
+        if entry is None or self._gen != gen:  # checked after the lookup: see the class docstring
+            return _MISSING
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # evicted meanwhile by another thread; the value is still right
+            pass
+        return entry[0]
+
+    def _put(self, gen: int, key: tuple[str, int], value: Any, nbytes: int) -> None:
+        if nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if self._gen != gen or key[1] >= self._next_docno:
+                return  # the cache moved on meanwhile (or a docno this state does not know)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._entries[key] = (value, nbytes)
+            self.nbytes += nbytes
+            while self.nbytes > self.max_bytes:
+                _, (_, size) = self._entries.popitem(last=False)
+                self.nbytes -= size
+
+    def view(self, txn: Any) -> NodeView:
+        """The accessor of one read (one recall) of ``txn``."""
+        return NodeView(self, txn, self._sync(txn))
+
+
+class NodeView:
+    """Nodes, hop rows and superseded flags of one snapshot, through the cache when it
+    holds that snapshot's state (``gen`` not None), else read directly."""
+
+    def __init__(self, cache: NodeCache, txn: Any, gen: int | None) -> None:
+        self._cache = cache
+        self._txn = txn
+        self._gen = gen
+
+    def node(self, docno: int) -> Node | None:
+        """The node of ``docno`` (None when it does not exist)."""
+        cache, gen = self._cache, self._gen
+        key = ("n", docno)
+        if gen is not None:
+            found = cache._get(gen, key)
+            if found is not _MISSING:
+                return found  # type: ignore[no-any-return]
+        raw = self._txn.get("nodes", _U64.pack(docno))
+        node = None if raw is None else decode_node(raw)
+        cache.decoded += raw is not None
+        if gen is not None:
+            cache._put(gen, key, node, NODE_OVERHEAD + (0 if raw is None else len(raw)))
+        return node
+
+    def hop_row(self, docno: int) -> tuple[tuple[int, float], ...]:
+        """``docno``'s row of the hop (:func:`~engramdb.index.graph.hop_row` of its
+        neighbours), without the neighbours that have no node record (dangling edges of a
+        damaged file carry weight but lead nowhere)."""
+        cache, gen = self._cache, self._gen
+        key = ("e", docno)
+        if gen is not None:
+            found = cache._get(gen, key)
+            if found is not _MISSING:
+                return found  # type: ignore[no-any-return]
+        contains = self._txn.contains
+        row = tuple((dst, share) for dst, share in hop_row(cache._graph.neighbours(self._txn, docno))
+                    if contains("nodes", _U64.pack(dst)))
+        cache.edge_reads += 1
+        if gen is not None:
+            cache._put(gen, key, row, EDGES_OVERHEAD + PER_NEIGHBOUR * len(row))
+        return row
+
+    def superseded(self, docno: int) -> bool:
+        """Whether some memory supersedes ``docno`` (:meth:`Graph.superseded`)."""
+        cache, gen = self._cache, self._gen
+        key = ("s", docno)
+        if gen is not None:
+            found = cache._get(gen, key)
+            if found is not _MISSING:
+                return found  # type: ignore[no-any-return]
+        flag = cache._graph.superseded(self._txn, docno)
+        cache.edge_reads += 1
+        if gen is not None:
+            cache._put(gen, key, flag, EDGES_OVERHEAD)
+        return flag
