@@ -280,7 +280,7 @@ def test_a_tiny_cache_stays_within_its_limit_and_changes_no_result(make_db, tmp_
         evicted = evicted or tiny.decoded > len(tiny)
     assert 0 < len(tiny) < 10 and evicted
     none = with_cache(db, 0)
-    assert answer(db.recall("cats Ada", top_k=6)) == expected["cats Ada"] and len(none) == 0
+    assert answer(db.recall(queries[0], top_k=6)) == expected[queries[0]] and len(none) == 0
 
 
 # --- cached equals uncached over random operation sequences ---------------------------------------
