@@ -324,13 +324,14 @@ class _Run:
         base = dict(zip(docnos.tolist(), scores.tolist()))
         row = self._view.hop_row
         moved = spread_one_hop({d: row(d) for d in base}, base)  # rows lead to existing nodes only
-        spread: dict[int, float] = {}
-        for d in sorted(moved):
-            if moved[d] > 0 and (d in base or not self.filtering or self.node(d) is not None):
-                spread[d] = HOP_WEIGHT * moved[d]
-        total = {d: base.get(d, 0.0) + spread.get(d, 0.0) for d in sorted(set(base) | set(spread))}
-        ranked = sorted(total.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for d, _ in ranked]
+        filtering, node = self.filtering, self.node
+        spread = {d: HOP_WEIGHT * m for d, m in moved.items()
+                  if m > 0 and (d in base or not filtering or node(d) is not None)}
+        total = dict(base)
+        for d, s in spread.items():
+            total[d] = total.get(d, 0.0) + s
+        ranked = sorted([(-t, d) for d, t in total.items()])[:limit]  # score desc, then docno
+        return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for _, d in ranked]
 
     def _passing_top(self, docnos: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """``_top_k`` of the documents that pass the filter. Checking a document decodes its
@@ -362,7 +363,7 @@ class _Run:
             weight = fusion_weight(name, ranking, rankings)
             for rank, (docno, _, _) in enumerate(ranking, start=1):
                 fused[docno] = fused.get(docno, 0.0) + weight / (RRF_K + rank)
-        relevance = {docno: relevance_of(features.get(docno, {})) for docno in fused}
+        relevance: dict[int, float] = {}  # of the candidates walked below (the rest cannot place)
         parts = _explain_parts(rankings) if explain else None
         if parts is not None:
             for docno, p in parts.items():
@@ -376,7 +377,8 @@ class _Run:
         for docno, base in sorted(fused.items(), key=lambda item: (-item[1], item[0])):
             if len(kth) == top_k and base * max_boost < kth[0][0]:
                 break
-            if relevance[docno] < min_relevance:
+            relevance[docno] = rel = relevance_of(features.get(docno, {}))
+            if rel < min_relevance:
                 continue
             node = self.node(docno)
             if node is None:

@@ -18,7 +18,11 @@ its resident memory (VmRSS / VmHWM from /proc).
 Variants (``--variants``) are what "query" means for engramdb; the peers run their FTS5
 OR-query in every variant. A variant is a :class:`Variant` in :data:`VARIANTS`: its name, a
 ``query(db, text)`` function, and an optional ``prepare(db, texts)`` run once on the built
-file (e.g. to add edges). ``bm25`` is the tokenized BM25 top-10 through a read transaction.
+file (e.g. to add edges). ``bm25`` is the tokenized BM25 top-10 through a read transaction;
+``recall`` is ``db.recall(text, top_k=10)`` (expansion, BM25, the hop, fusion, boosts) on
+the same file given ~1.3 tunnel edges per memory (random pairs: the generated texts have no
+entities or topics; the memories the loop adds get none, as in an agent that links tunnels
+in maintenance).
 
 ``--workdir DIR`` keeps the built files there and reuses them on the next run (same size
 and seed; every run adds ``rounds`` memories). Figures go into tools/bench/README.md by
@@ -70,8 +74,44 @@ class Variant:
     label: str = ""
 
 
+def _recall(db: Any, text: str) -> Any:
+    return db.recall(text, top_k=10)
+
+
+TUNNELS_PER_MEMORY = 1.3  # what link_tunnels gives memories with 2-3 entities and 1-2 topics
+
+
+def _tunnels(db: Any, texts: list[str]) -> None:
+    """Give the file tunnel edges, once: the generated texts have no entities or topics to
+    link, so each edge joins two memories drawn at random (seeded), weighted 0.3-1.0 like
+    a tunnel's Jaccard score, ``TUNNELS_PER_MEMORY`` per memory, in one transaction."""
+    from engramdb.index import iter_nodes
+    from engramdb.records import Edge
+
+    with db._store.read() as txn:
+        if txn.count("edges"):
+            return
+        ids = {docno: node.id for docno, node in iter_nodes(txn)}
+    docnos = sorted(ids)
+    rng = np.random.default_rng(11)
+    m = int(TUNNELS_PER_MEMORY * len(docnos))
+    a, b = rng.integers(0, len(docnos), size=m), rng.integers(0, len(docnos), size=m)
+    weights = rng.uniform(0.3, 1.0, size=m)
+    graph = db.indexes.graph
+
+    def link(txn: Any) -> None:
+        for i, j, w in zip(a.tolist(), b.tolist(), weights.tolist()):
+            if i != j:
+                src, dst = docnos[min(i, j)], docnos[max(i, j)]
+                graph.put(txn, src, dst, Edge(src=ids[src], dst=ids[dst], kind="tunnel", weight=w,
+                                              label="shared entities/topics"), derived=True)
+
+    db._store.write(link)
+
+
 VARIANTS: dict[str, Variant] = {
     "bm25": Variant("bm25", _bm25, None, "engramdb BM25 top-10 (tokenize + search)"),
+    "recall": Variant("recall", _recall, _tunnels, "engramdb recall() top-10, hop over tunnels"),
 }
 
 
