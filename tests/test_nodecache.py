@@ -134,6 +134,11 @@ def test_change_log_lists_changed_docnos_not_new_ones(make_db):
     assert changes.edges
 
 
+def seq_of(db):
+    with db._store.read() as txn:
+        return txn.state.seq
+
+
 def _nodes(txn):
     from engramdb.index import iter_nodes
 
@@ -144,8 +149,7 @@ def test_change_log_is_pruned_and_a_cache_too_far_behind_starts_over(make_db, mo
     monkeypatch.setattr(store_mod, "CHANGES_KEEP", 4)
     db = make_db()
     seed(db, 10)
-    with db._store.read() as txn:
-        seq = txn.state.seq
+    seq = seq_of(db)
     for i in range(3):
         db.update("m1", content=f"v{i}")
     with db._store.read() as txn:
@@ -162,8 +166,7 @@ def test_a_large_commit_is_logged_as_everything(make_db, monkeypatch):
     monkeypatch.setattr(store_mod, "CHANGES_MAX", 3)
     db = make_db()
     seed(db, 10)
-    with db._store.read() as txn:
-        seq = txn.state.seq
+    seq = seq_of(db)
     with db.transaction() as tx:
         for i in range(5):
             tx.update(f"m{i}", content=f"changed {i}")

@@ -21,6 +21,7 @@ import struct
 import threading
 from collections import OrderedDict
 from typing import Any
+from collections.abc import Callable
 
 from ..codec import decode_node
 from ..records import Node
@@ -167,49 +168,46 @@ class NodeView:
         self._txn = txn
         self._gen = gen
 
-    def node(self, docno: int) -> Node | None:
-        """The node of ``docno`` (None when it does not exist)."""
+    def _through(self, key: tuple[str, int], load: Callable[[int], tuple[Any, int]]) -> Any:
+        """The cached value of ``key``, else ``load(docno)``'s (value, estimated bytes), kept."""
         cache, gen = self._cache, self._gen
-        key = ("n", docno)
         if gen is not None:
             found = cache._get(gen, key)
             if found is not _MISSING:
-                return found  # type: ignore[no-any-return]
-        raw = self._txn.get("nodes", _U64.pack(docno))
-        node = None if raw is None else decode_node(raw)
-        cache.decoded += raw is not None
+                return found
+        value, nbytes = load(key[1])
         if gen is not None:
-            cache._put(gen, key, node, NODE_OVERHEAD + (0 if raw is None else len(raw)))
-        return node
+            cache._put(gen, key, value, nbytes)
+        return value
+
+    def node(self, docno: int) -> Node | None:
+        """The node of ``docno`` (None when it does not exist)."""
+        return self._through(("n", docno), self._load_node)
+
+    def _load_node(self, docno: int) -> tuple[Node | None, int]:
+        raw = self._txn.get("nodes", _U64.pack(docno))
+        if raw is None:
+            return None, NODE_OVERHEAD
+        self._cache.decoded += 1
+        return decode_node(raw), NODE_OVERHEAD + len(raw)
 
     def hop_row(self, docno: int) -> tuple[tuple[int, float], ...]:
         """``docno``'s row of the hop (:func:`~engramdb.index.graph.hop_row` of its
         neighbours), without the neighbours that have no node record (dangling edges of a
         damaged file carry weight but lead nowhere)."""
-        cache, gen = self._cache, self._gen
-        key = ("e", docno)
-        if gen is not None:
-            found = cache._get(gen, key)
-            if found is not _MISSING:
-                return found  # type: ignore[no-any-return]
+        return self._through(("e", docno), self._load_row)
+
+    def _load_row(self, docno: int) -> tuple[tuple[tuple[int, float], ...], int]:
         contains = self._txn.contains
-        row = tuple((dst, share) for dst, share in hop_row(cache._graph.neighbours(self._txn, docno))
+        row = tuple((dst, share) for dst, share in hop_row(self._cache._graph.neighbours(self._txn, docno))
                     if contains("nodes", _U64.pack(dst)))
-        cache.edge_reads += 1
-        if gen is not None:
-            cache._put(gen, key, row, EDGES_OVERHEAD + PER_NEIGHBOUR * len(row))
-        return row
+        self._cache.edge_reads += 1
+        return row, EDGES_OVERHEAD + PER_NEIGHBOUR * len(row)
 
     def superseded(self, docno: int) -> bool:
         """Whether some memory supersedes ``docno`` (:meth:`Graph.superseded`)."""
-        cache, gen = self._cache, self._gen
-        key = ("s", docno)
-        if gen is not None:
-            found = cache._get(gen, key)
-            if found is not _MISSING:
-                return found  # type: ignore[no-any-return]
-        flag = cache._graph.superseded(self._txn, docno)
-        cache.edge_reads += 1
-        if gen is not None:
-            cache._put(gen, key, flag, EDGES_OVERHEAD)
-        return flag
+        return self._through(("s", docno), self._load_superseded)
+
+    def _load_superseded(self, docno: int) -> tuple[bool, int]:
+        self._cache.edge_reads += 1
+        return self._cache._graph.superseded(self._txn, docno), EDGES_OVERHEAD
