@@ -132,7 +132,7 @@ class Indexes:
         limited by this handle's ``cache_mb``."""
         cache = self._node_cache
         if cache is None:
-            cache = self._node_cache = NodeCache(self.store, self.graph, getattr(self, "cache_mb", None))
+            cache = self._node_cache = NodeCache(self.store, self.graph, self.cache_mb)
         return cache
 
     @classmethod

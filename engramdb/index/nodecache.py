@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, TypeVar, cast
 from collections.abc import Callable
 
 from ..codec import decode_node
@@ -37,6 +37,7 @@ EDGES_OVERHEAD = 200
 PER_NEIGHBOUR = 100
 _U64 = struct.Struct(">Q")
 _MISSING: Any = object()
+T = TypeVar("T")
 
 
 class NodeCache:
@@ -168,13 +169,13 @@ class NodeView:
         self._txn = txn
         self._gen = gen
 
-    def _through(self, key: tuple[str, int], load: Callable[[int], tuple[Any, int]]) -> Any:
+    def _through(self, key: tuple[str, int], load: Callable[[int], tuple[T, int]]) -> T:
         """The cached value of ``key``, else ``load(docno)``'s (value, estimated bytes), kept."""
         cache, gen = self._cache, self._gen
         if gen is not None:
             found = cache._get(gen, key)
             if found is not _MISSING:
-                return found
+                return cast(T, found)
         value, nbytes = load(key[1])
         if gen is not None:
             cache._put(gen, key, value, nbytes)
