@@ -83,6 +83,23 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
             self.db.delete(id_)
             del self.model[id_]
 
+    @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=8), also_update=st.booleans(),
+          content=text)
+    def delete_many(self, picks, also_update, content):
+        """Several deletes (and an update) in one transaction: one run of tombstones per segment."""
+        live = sorted(self.model, key=lambda i: int(i[1:]))
+        if not live:
+            return
+        victims = sorted({live[p % len(live)] for p in picks}, key=lambda i: int(i[1:]))
+        with self.db.transaction() as tx:
+            if also_update and len(victims) > 1:
+                tx.update(victims[0], content=content)
+                self.model[victims[0]] = content
+                victims = victims[1:]
+            for id_ in victims:
+                tx.delete(id_)
+                del self.model[id_]
+
     @rule(steps=st.integers(1, 5), force=st.booleans())
     def merge(self, steps, force):
         self.db.merge_indexes(steps, force=force)

@@ -344,7 +344,7 @@ def test_forced_merge_leaves_no_tombstoned_data(make_db):
     with db._store.read() as txn:
         assert not any(k.startswith(zebra) for k in txn.keys("postings"))
         d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
-        assert len(d.segs) == 1 and not d.dead
+        assert len(d.segs) == 1 and not d.dead_counts()
         assert db.indexes.vectors.layout(txn)["hashed"] == {"blocks": 1, "rows": 2, "dead_rows": 0}
         assert sorted(db.indexes.vectors._matrix(txn, "hashed")[0].tolist()) == [1, 3]
     assert {h.id for h in db.recall("apple zebra", top_k=5)} == {"keep", "keep2"}

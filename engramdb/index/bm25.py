@@ -10,9 +10,13 @@ Layout (every value is sealed by the store; keys never hold a plaintext term or 
                                   whose "tf" column is the document length).
     ``b"v" | segno (u32 BE)`` -> the blinded terms present in the segment (for merges).
 
+    ``b"d" | run (u32 BE)``   -> a run of tombstones: sorted dead docnos of one segment.
+
 A write transaction adds one immutable segment. A delete or update marks the old
-``(segment, docno)`` pair dead in the directory (a tombstone); queries skip dead pairs and
-merges drop them. Segments merge by a tiered policy (:data:`MERGE_FACTOR` segments of the
+``(segment, docno)`` pair dead (a tombstone): the transaction's tombstones of a segment
+go into one new run record, merged with the segment's newest runs only while those are
+less than twice its size (a binary counter), so a delete rewrites O(log dead) tombstones
+amortised, never the segment's whole dead list. Queries skip dead pairs and merges drop them. Segments merge by a tiered policy (:data:`MERGE_FACTOR` segments of the
 same size tier become one), in bounded steps.
 
 Scoring is Lucene's BM25 as bm25s implements it (method ``"lucene"``)::
@@ -29,6 +33,7 @@ import itertools
 import math
 import struct
 import threading
+import weakref
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, cast
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -78,7 +83,12 @@ _HEAD = struct.Struct("<BIBB")  # kind, count, docno-delta width, value width
 _SEG = struct.Struct(">I")
 BLIND_LEN = 16
 DIR_KEY = b"dir"
-DIR_VERSION = 1
+DIR_VERSION = 2  # 1: tombstones inline in the directory (read, and migrated by the next write)
+RUN_PREFIX = b"d"  # b"d" | u32be(run) -> a run of one segment's dead docnos
+# A new run of tombstones absorbs the segment's newest runs while they are smaller than this
+# many times its size: runs then shrink geometrically (at most ~log2(dead) of them) and each
+# tombstone is rewritten O(log dead) times in all.
+RUN_MERGE_RATIO = 2
 # top(): a posting list longer than this many times all the other query lists together is
 # probed by binary search instead of scanned (see SegmentedBM25.top); measured at 100k
 # documents, probing wins from about 6x on.
@@ -424,7 +434,7 @@ class _Term:
 class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
-    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "dead", "terms")
+    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version", "terms")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -433,8 +443,15 @@ class _Dir:
         self.total_len = 0
         # segno -> [ndocs (including dead), total length of its docs]
         self.segs: dict[int, list[int]] = {}
-        # segno -> sorted uint64 array of dead docnos in that segment
-        self.dead: dict[int, np.ndarray] = {}
+        # segno -> its stored tombstone runs, oldest first: [run number, dead docnos in it]
+        self.runs: dict[int, list[list[int]]] = {}
+        # segno -> sorted uint64 arrays of docnos tombstoned but not yet stored as a run (this
+        # write, or a version-1 directory's inline list); a write stores them before encoding
+        self.pending: dict[int, list[np.ndarray]] = {}
+        # numbers (segments and runs share the counter) below this were committed when the
+        # record was read: their records are immutable and safe to cache in the handle
+        self.committed = next_segno
+        self.version = DIR_VERSION  # as read (1: migrated by the next write)
         # decoded postings valid for exactly this committed state (read transactions only);
         # kept on the directory object so a thread on an older snapshot never feeds a newer one
         self.terms: dict[Any, tuple[np.ndarray, ...]] = {}
@@ -445,18 +462,29 @@ class _Dir:
             return cls()
         raw = _unpack(data)
         try:
-            if raw["v"] != DIR_VERSION:
+            if raw["v"] not in (1, DIR_VERSION):
                 raise CorruptFileError("the BM25 directory has an unknown version", hint="upgrade engramdb")
             d = cls(int(raw["epoch"]), int(raw["next"]))
+            d.version = raw["v"]
             d.n_docs = int(raw["n"])
             d.total_len = int(raw["len"])
             d.segs = {int(s): [int(n), int(ln)] for s, n, ln in raw["segs"]}
-            d.dead = {int(s): np.frombuffer(b, dtype="<u8").astype(np.uint64) for s, b in raw["dead"]}
+            if raw["v"] == 1:
+                for s, b in raw["dead"]:
+                    d.pending[int(s)] = [np.frombuffer(b, dtype="<u8").astype(np.uint64)]
+            else:
+                for s, run, count in raw["runs"]:
+                    d.runs.setdefault(int(s), []).append([int(run), int(count)])
+            if any(s not in d.segs for s in itertools.chain(d.runs, d.pending)) or any(
+                    not 0 < run < d.next or count <= 0 for runs in d.runs.values() for run, count in runs):
+                raise ValueError("a tombstone run names an unknown segment or number")
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptFileError("the BM25 directory record is malformed") from exc
         return d
 
     def encode(self) -> bytes:
+        if any(self.pending.values()):
+            raise AssertionError("tombstones not stored as runs")  # a bug: every write stores them first
         return _pack({
             "v": DIR_VERSION,
             "epoch": self.epoch,
@@ -464,12 +492,20 @@ class _Dir:
             "n": self.n_docs,
             "len": self.total_len,
             "segs": [[s, n, ln] for s, (n, ln) in sorted(self.segs.items())],
-            "dead": [[s, a.astype("<u8").tobytes()] for s, a in sorted(self.dead.items()) if a.size],
+            "runs": [[s, run, count] for s, runs in sorted(self.runs.items()) for run, count in runs],
         })
 
+    def dead_count(self, segno: int) -> int:
+        """Dead documents of segment ``segno`` (stored runs and pending)."""
+        return (sum(count for _, count in self.runs.get(segno, ()))
+                + sum(int(a.size) for a in self.pending.get(segno, ())))
+
+    def dead_counts(self) -> dict[int, int]:
+        """segno -> dead documents, for the segments that have any."""
+        return {s: n for s in self.segs if (n := self.dead_count(s))}
+
     def live_count(self, segno: int) -> int:
-        dead = self.dead.get(segno)
-        return self.segs[segno][0] - (0 if dead is None else int(dead.size))
+        return self.segs[segno][0] - self.dead_count(segno)
 
 
 def _seg_key(prefix: bytes, segno: int) -> bytes:
@@ -480,21 +516,27 @@ def _tier(live_docs: int) -> int:
     return 0 if live_docs < MERGE_FACTOR else int(math.log(live_docs, MERGE_FACTOR) + 1e-9)
 
 
-def plan_merge(segs: Mapping[int, Sequence[int]], dead: Mapping[int, np.ndarray]) -> list[int] | None:
+def _ndead(dead: Mapping[int, np.ndarray | int], segno: int) -> int:
+    value = dead.get(segno, 0)
+    return value if isinstance(value, int) else int(value.size)
+
+
+def plan_merge(segs: Mapping[int, Sequence[int]], dead: Mapping[int, np.ndarray | int]) -> list[int] | None:
     """The next merge step of the tiered policy, or None when nothing needs merging.
 
     A segment at least half dead is rewritten alone first. Otherwise, among segments
     grouped by size tier (``floor(log10(live docs))``), the lowest tier holding at least
-    :data:`MERGE_FACTOR` segments merges its ``MERGE_FACTOR`` oldest ones.
+    :data:`MERGE_FACTOR` segments merges its ``MERGE_FACTOR`` oldest ones. ``dead`` maps a
+    segment to its dead documents (an array) or their number.
     """
     for segno in sorted(segs):
         ndocs = segs[segno][0]
-        ndead = int(dead[segno].size) if segno in dead else 0
+        ndead = _ndead(dead, segno)
         if ndead and ndead >= DEAD_REWRITE_FRACTION * ndocs:
             return [segno]
     tiers: dict[int, list[int]] = {}
     for segno in sorted(segs):
-        live = segs[segno][0] - (int(dead[segno].size) if segno in dead else 0)
+        live = segs[segno][0] - _ndead(dead, segno)
         tiers.setdefault(_tier(live), []).append(segno)
     for tier in sorted(tiers):
         if len(tiers[tier]) >= MERGE_FACTOR:
@@ -536,6 +578,17 @@ class SegmentedBM25:
         self._segs: dict[int, _Seg] = {}
         # segno -> blind -> decoded block (None: the term is not in that segment)
         self._blocks: dict[int, dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None]] = {}
+        # committed tombstone runs (immutable, numbers never reused): run -> dead docnos
+        self._runs: dict[int, np.ndarray] = {}
+        # segno -> (its run numbers, the union of those runs), for the read path
+        self._dead_union: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        # work counters (tests check how much a write rewrites): tombstones written into run
+        # records, and run records written
+        self.tombstones_written = 0
+        self.runs_written = 0
+        # write transaction -> the directory's ``next`` when it first read it: numbers below
+        # are committed (later ones were written by the transaction itself, which may abort)
+        self._txn_committed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -553,7 +606,7 @@ class SegmentedBM25:
     def _directory(self, txn: Txn) -> _Dir:
         """The directory as of ``txn``; cached for read transactions until a commit."""
         if txn.write:
-            return _Dir.decode(txn.get("segments", DIR_KEY))
+            return self._write_directory(txn)
         sid = snapshot_id(txn, self._last_txnid)
         with self._lock:
             if self._dir is None or sid != self._txnid:
@@ -566,19 +619,83 @@ class SegmentedBM25:
                         del self._segs[segno]
                     for segno in [s for s in self._blocks if s not in d.segs]:
                         del self._blocks[segno]
+                self._drop_old_runs(d)
                 self._dir, self._txnid = d, sid
             return self._dir
 
-    def _segment(self, txn: Txn, segno: int, local: dict[int, _Seg] | None = None) -> _Seg:
+    def _write_directory(self, txn: Txn) -> _Dir:
+        """The directory inside a write transaction, its ``committed`` mark set to what was
+        committed when the transaction first read it."""
+        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        d.committed = self._committed_mark(txn, d.committed)
+        return d
+
+    def _committed_mark(self, txn: Txn, next_segno: int) -> int:
+        try:
+            return self._txn_committed.setdefault(txn, next_segno)
+        except TypeError:  # a transaction object without weak references: cache nothing
+            return 0
+
+    def _drop_old_runs(self, d: _Dir) -> None:
+        """Forget decoded tombstone runs that ``d`` no longer lists (merged or rewritten)."""
+        live = {run for runs in d.runs.values() for run, _ in runs}
+        for run in [r for r in self._runs if r not in live and r < d.committed]:
+            del self._runs[run]
+        for segno in [s for s in self._dead_union if s not in d.segs]:
+            del self._dead_union[segno]
+
+    def _run(self, txn: Txn, d: _Dir, run: int) -> np.ndarray:
+        """The dead docnos of tombstone run ``run`` (sorted uint64)."""
+        out = self._runs.get(run)
+        if out is None:
+            data = txn.get("segments", _seg_key(RUN_PREFIX, run))
+            if data is None:
+                raise CorruptFileError(f"BM25 tombstone run {run} is missing", hint="run `engramdb verify --fix FILE`")
+            out = decode_block(data)[0]
+            if run < d.committed:  # committed: immutable, and its number is never reused
+                self._runs[run] = out
+        return out
+
+    def _dead(self, txn: Txn, d: _Dir, segno: int) -> np.ndarray | None:
+        """The sorted dead docnos of segment ``segno`` as of ``d`` (None: none)."""
+        runs = d.runs.get(segno, ())
+        pending = d.pending.get(segno, ())
+        if not runs and not pending:
+            return None
+        numbers = tuple(run for run, _ in runs)
+        shared = not pending and all(run < d.committed for run in numbers)
+        if shared:
+            hit = self._dead_union.get(segno)
+            if hit is not None and hit[0] == numbers:
+                return hit[1]
+        arrays = [self._run(txn, d, run) for run in numbers] + list(pending)
+        out = arrays[0] if len(arrays) == 1 else np.sort(np.concatenate(arrays))
+        if shared:
+            self._dead_union[segno] = (numbers, out)
+        return out
+
+    def _dead_mask(self, txn: Txn, d: _Dir, segno: int, docnos: np.ndarray) -> np.ndarray:
+        """Which of the sorted ``docnos`` are dead in ``segno``: a binary search per run, so
+        the cost grows with the number of runs (~log of the dead), not with the dead."""
+        mask = np.zeros(docnos.size, dtype=bool)
+        arrays = [self._run(txn, d, run) for run, _ in d.runs.get(segno, ())] + d.pending.get(segno, [])
+        for dead in arrays:
+            if dead.size:
+                pos = np.minimum(np.searchsorted(dead, docnos), dead.size - 1)
+                mask |= dead[pos] == docnos
+        return mask
+
+    def _segment(self, txn: Txn, segno: int, local: dict[int, _Seg] | None = None, committed: int = 0) -> _Seg:
         # a write transaction may decode a segment it created itself (and may abort), so it
-        # caches only in ``local``, a dict that lives for one apply()/merge() call
+        # caches only in ``local``, a dict that lives for one apply()/merge() call, except
+        # segments numbered below ``committed`` (committed ones: immutable, never reused)
         seg = self._segs.get(segno) if local is None else local.get(segno, self._segs.get(segno))
         if seg is None:
             data = txn.get("segments", _seg_key(b"s", segno))
             if data is None:
                 raise CorruptFileError(f"BM25 segment {segno} is missing", hint="run `engramdb verify --fix FILE`")
             seg = _Seg(*decode_block(data))
-            if not txn.write:
+            if not txn.write or segno < committed:
                 self._segs[segno] = seg
             elif local is not None:
                 local[segno] = seg
@@ -613,7 +730,7 @@ class SegmentedBM25:
             blk = self._block(txn, blind, segno)
             if blk is None:
                 continue
-            dead = d.dead.get(segno)
+            dead = self._dead(txn, d, segno)
             if dead is not None and dead.size:
                 keep = ~np.isin(blk[0], dead)
                 blk = (blk[0][keep], blk[1][keep], blk[2][keep])
@@ -854,26 +971,68 @@ class SegmentedBM25:
         d.total_len += total
         return segno
 
-    def _tombstone(self, txn: Txn, d: _Dir, docno: int, local: dict[int, _Seg]) -> bool:
-        """Mark the live version of ``docno`` dead; False when it is not indexed."""
-        key = np.uint64(docno)
+    def _tombstone(self, txn: Txn, d: _Dir, docnos: Iterable[int], local: dict[int, _Seg]) -> int:
+        """Mark the live versions of ``docnos`` dead (pending in ``d`` until
+        :meth:`_store_tombstones`); returns how many were indexed and live.
+
+        The live version of a document is in the newest segment holding it (merges and
+        updates only ever write live documents into new segments); a dead copy found there
+        sends the search on to older segments, as before.
+        """
+        rest = np.unique(np.fromiter(docnos, dtype=np.uint64))
+        marked = 0
         for segno in sorted(d.segs, reverse=True):
-            seg = self._segment(txn, segno, local)
-            pos = int(np.searchsorted(seg.docnos, key))
-            if pos >= seg.docnos.size or seg.docnos[pos] != key:
+            if not rest.size:
+                break
+            seg = self._segment(txn, segno, local, d.committed)
+            if not seg.docnos.size:
                 continue
-            dead = d.dead.get(segno)
-            if dead is not None and dead.size:
-                dpos = int(np.searchsorted(dead, key))
-                if dpos < dead.size and dead[dpos] == key:
-                    continue
-                d.dead[segno] = np.insert(dead, dpos, key)
-            else:
-                d.dead[segno] = np.asarray([docno], dtype=np.uint64)
-            d.n_docs -= 1
-            d.total_len -= int(seg.lens[pos])
-            return True
-        return False
+            pos = np.minimum(np.searchsorted(seg.docnos, rest), seg.docnos.size - 1)
+            found = seg.docnos[pos] == rest
+            if not found.any():
+                continue
+            hits, at = rest[found], pos[found]
+            already = self._dead_mask(txn, d, segno, hits)
+            rest = np.sort(np.concatenate([rest[~found], hits[already]])) if already.any() else rest[~found]
+            new = hits[~already]
+            if new.size:
+                d.pending.setdefault(segno, []).append(new)
+                d.n_docs -= int(new.size)
+                d.total_len -= int(seg.lens[at[~already]].sum())
+                marked += int(new.size)
+        return marked
+
+    def _store_tombstones(self, txn: Txn, d: _Dir) -> None:
+        """Write each segment's pending tombstones as one new run, absorbing the segment's
+        newest runs while they hold less than :data:`RUN_MERGE_RATIO` times the new run's
+        tombstones (so every run is at least twice the size of the next newer one)."""
+        for segno in sorted(d.pending):
+            arrays = [a for a in d.pending[segno] if a.size]
+            if segno not in d.segs or not arrays:
+                continue
+            dead = np.sort(np.concatenate(arrays)) if len(arrays) > 1 else arrays[0]
+            runs = d.runs.setdefault(segno, [])
+            absorbed = []
+            while runs and runs[-1][1] < RUN_MERGE_RATIO * (dead.size + sum(int(a.size) for a in absorbed)):
+                run, _ = runs.pop()
+                absorbed.append(self._run(txn, d, run))
+                txn.delete("segments", _seg_key(RUN_PREFIX, run))
+            if absorbed:
+                dead = np.sort(np.concatenate([dead, *absorbed]))
+            if dead.size > 1 and not np.all(dead[1:] > dead[:-1]):
+                raise CorruptFileError("a document is tombstoned twice", hint="run `engramdb verify --fix FILE`")
+            run = d.next
+            d.next += 1
+            txn.put("segments", _seg_key(RUN_PREFIX, run), encode_block(dead, np.ones(dead.size, np.uint64)))
+            runs.append([run, int(dead.size)])
+            self.tombstones_written += int(dead.size)
+            self.runs_written += 1
+        d.pending.clear()
+
+    def _put_directory(self, txn: Txn, d: _Dir) -> None:
+        self._store_tombstones(txn, d)
+        txn.put("segments", DIR_KEY, d.encode())
+        self._drop_old_runs(d)
 
     def apply(self, txn: Txn, added: TermDocs | Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
               *, auto_merge: bool = True) -> None:
@@ -886,16 +1045,15 @@ class SegmentedBM25:
             ValidationError: a docno is added twice in one call.
             CorruptFileError: the index records are damaged.
         """
-        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        d = self._write_directory(txn)
         local: dict[int, _Seg] = {}
-        for docno in sorted(set(removed)):
-            self._tombstone(txn, d, docno, local)
+        self._tombstone(txn, d, removed, local)
         added = _term_docs(added)
         _check_distinct(added.docnos, "document {} added twice in one index batch")
         self._write_segment(txn, d, added)
         if auto_merge:
             self._merge_steps(txn, d, 1, AUTO_MERGE_MAX_DOCS)
-        txn.put("segments", DIR_KEY, d.encode())
+        self._put_directory(txn, d)
 
     def layout(self, txn: Txn) -> dict[str, int]:
         """The segments as stored: how many, the documents they index (live and dead).
@@ -904,8 +1062,8 @@ class SegmentedBM25:
             CorruptFileError: the directory is damaged.
         """
         d = _Dir.decode(txn.get("segments", DIR_KEY))
-        dead = sum(int(a.size) for a in d.dead.values())
-        return {"segments": len(d.segs), "live_docs": d.n_docs, "dead_docs": dead}
+        return {"segments": len(d.segs), "live_docs": d.n_docs, "dead_docs": sum(d.dead_counts().values()),
+                "tombstone_runs": sum(len(runs) for runs in d.runs.values())}
 
     def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:
         """Run up to ``max_steps`` merge steps; returns how many ran.
@@ -916,19 +1074,19 @@ class SegmentedBM25:
         Raises:
             CorruptFileError: the index records are damaged.
         """
-        d = _Dir.decode(txn.get("segments", DIR_KEY))
+        d = self._write_directory(txn)
         done = self._merge_steps(txn, d, max_steps, None)
-        if force and done < max_steps and (len(d.segs) > 1 or any(a.size for a in d.dead.values())):
+        if force and done < max_steps and (len(d.segs) > 1 or d.dead_counts()):
             self._merge_segments(txn, d, sorted(d.segs))
             done += 1
-        if done:
-            txn.put("segments", DIR_KEY, d.encode())
+        if done or d.version != DIR_VERSION:  # a version-1 directory is migrated by any write
+            self._put_directory(txn, d)
         return done
 
     def _merge_steps(self, txn: Txn, d: _Dir, max_steps: int, max_docs: int | None) -> int:
         done = 0
         while done < max_steps:
-            plan = plan_merge(d.segs, d.dead)
+            plan = plan_merge(d.segs, d.dead_counts())
             if plan is None:
                 break
             if max_docs is not None and sum(d.segs[s][0] for s in plan) > max_docs:
@@ -944,8 +1102,8 @@ class SegmentedBM25:
         for segno in segnos:
             terms = txn.get("segments", _seg_key(b"v", segno)) or b""
             blinds.update(terms[i:i + BLIND_LEN] for i in range(0, len(terms), BLIND_LEN))
-            seg = self._segment(txn, segno)
-            dead = d.dead.get(segno)
+            seg = self._segment(txn, segno, None, d.committed)
+            dead = self._dead(txn, d, segno)
             keep = ~np.isin(seg.docnos, dead) if dead is not None and dead.size else np.ones(seg.docnos.size, bool)
             live_docs.append(seg.docnos[keep])
             live_lens.append(seg.lens[keep])
@@ -958,7 +1116,7 @@ class SegmentedBM25:
         # into flat columns (term rank, docno, tf) and encoded in one encode_blocks call.
         ordered = sorted(blinds)
         suffixes = [_SEG.pack(segno) for segno in segnos]
-        deads = [d.dead.get(segno) for segno in segnos]
+        deads = [self._dead(txn, d, segno) for segno in segnos]
         datas = txn.pop_many("postings", [blind + suffix for blind in ordered for suffix in suffixes])
         found = [i for i, data in enumerate(datas) if data is not None]  # i = term * len(segnos) + segment
         col_d, col_t, counts = decode_blocks([data for data in datas if data is not None])
@@ -984,7 +1142,9 @@ class SegmentedBM25:
             txn.delete("segments", _seg_key(b"s", segno))
             txn.delete("segments", _seg_key(b"v", segno))
             del d.segs[segno]
-            d.dead.pop(segno, None)
+            for run, _ in d.runs.pop(segno, ()):
+                txn.delete("segments", _seg_key(RUN_PREFIX, run))
+            d.pending.pop(segno, None)
         if new is not None:
             d.next += 1
             txn.put("segments", _seg_key(b"s", new), encode_block(docnos, lens))
@@ -1008,7 +1168,7 @@ class SegmentedBM25:
         for table in ("postings", "segments"):
             keys = [k for k, _ in txn.items(table)]
             for key in keys:
-                if table == "segments" and key[:1] in (b"s", b"v") and len(key) == 5:
+                if table == "segments" and key[:1] in (b"s", b"v", RUN_PREFIX) and len(key) == 5:
                     next_segno = max(next_segno, _SEG.unpack(key[1:])[0] + 1)
                 if table == "postings" and len(key) == BLIND_LEN + 4:
                     next_segno = max(next_segno, _SEG.unpack(key[BLIND_LEN:])[0] + 1)
@@ -1016,8 +1176,9 @@ class SegmentedBM25:
         docs = _term_docs(docs)
         _check_distinct(docs.docnos, "docno {} appears twice in the documents to index")
         d = _Dir(epoch, next_segno)
+        d.committed = self._committed_mark(txn, next_segno)
         self._write_segment(txn, d, docs)
-        txn.put("segments", DIR_KEY, d.encode())
+        self._put_directory(txn, d)
 
     def verify(self, txn: Txn, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:
         """Compare the index with ``docs`` (every live docno and its terms).
@@ -1027,7 +1188,7 @@ class SegmentedBM25:
         """
         problems: list[str] = []
         try:
-            d = _Dir.decode(txn.get("segments", DIR_KEY))
+            d = self._write_directory(txn) if txn.write else _Dir.decode(txn.get("segments", DIR_KEY))
         except CorruptFileError as exc:
             return [f"bm25: {exc.message}"]
         expected: dict[int, Counter[bytes]] = {docno: Counter(self.blind(t) for t in terms) for docno, terms in docs}
@@ -1036,7 +1197,13 @@ class SegmentedBM25:
         try:
             for segno in sorted(d.segs):
                 seg = self._segment(txn, segno)
-                dead = d.dead.get(segno, np.zeros(0, np.uint64))
+                runs = d.runs.get(segno, ())
+                arrays = [self._run(txn, d, run) for run, _ in runs] + d.pending.get(segno, [])
+                if [a.size for a in arrays[:len(runs)]] != [count for _, count in runs]:
+                    problems.append(f"bm25: a tombstone run of segment {segno} does not hold the count listed")
+                dead = np.concatenate(arrays) if arrays else np.zeros(0, np.uint64)
+                if np.unique(dead).size != dead.size or not np.isin(dead, seg.docnos).all():
+                    problems.append(f"bm25: segment {segno} has tombstones repeated or of documents it lacks")
                 live = ~np.isin(seg.docnos, dead)
                 seg_live = set(seg.docnos[live].tolist())
                 for docno, ln in zip(seg.docnos[live].tolist(), seg.lens[live].tolist()):
