@@ -1229,12 +1229,12 @@ class Txn:
     def put_many(self, table: str, items: list[tuple[bytes, bytes]]) -> None:
         """:meth:`put` for many ``(key, plaintext)`` pairs, in order (the bulk-write path)."""
         self._require_write()
-        if table == "meta":
-            for key, value in items:  # few, and the reserved keys are checked one by one
-                self.put(table, key, value)
-            return
+        meta = table == "meta"
+        if meta and any(key in HEADER_KEYS or key == STATE_KEY for key, _ in items):
+            raise StoreError("a reserved meta key in put_many", hint="this is a bug in engramdb, please report it")
         envelopes = self._seal_many(table, items)
-        self._put_envelopes(table, [(key, env) for (key, _), env in zip(items, envelopes)])
+        # meta values carry no state digest (the change log writes one per deleted memory)
+        self._put_envelopes(table, [(key, env) for (key, _), env in zip(items, envelopes)], digest=not meta)
 
     def insert_many(self, table: str, items: list[tuple[bytes, bytes]]) -> None:
         """Seal and store ``(key, plaintext)`` pairs whose keys are new: absent from the
@@ -1295,6 +1295,17 @@ class Txn:
         if table != "meta":
             self._digest_update(table, [], removed)
         return plaintexts
+
+    def delete_many(self, table: str, keys: list[bytes]) -> int:
+        """:meth:`delete` for many keys, with one state-digest update; returns how many existed."""
+        self._require_write()
+        get, db = self._lt.get, self.store._env.dbs[table]
+        removed = list({key: raw for key in keys if (raw := get(key, db=db)) is not None}.items())
+        for key, raw in removed:
+            self._delete_envelope(table, key, raw, digest=False)
+        if table != "meta":
+            self._digest_update(table, [], removed)
+        return len(removed)
 
     def pop(self, table: str, key: bytes) -> bytes | None:
         """Remove (table, key) and return its plaintext; None when it did not exist.

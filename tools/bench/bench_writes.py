@@ -1,0 +1,337 @@
+"""Write benchmark: engramdb (encrypted) side by side with SQLite FTS5 and encrypted SQLite
+FTS5 (SQLite3 Multiple Ciphers via apsw-sqlite3mc), on the same texts (issue 15, writes).
+
+Run (from the repository root; 1M documents only under the shared lock):
+
+    python tools/bench/bench_writes.py --sizes 10000 100000 --runs 3 \\
+        --out tools/bench/results/$(date +%F)-$(hostname)-writes.txt
+    flock /work/coord/big.lock python tools/bench/bench_writes.py --sizes 1000000 --runs 1
+
+Per size N, for every system:
+
+* **bulk ingest**: N documents in one transaction, in a child process per system, its
+  docs/s and its extra memory (peak resident set during the ingest minus the resident set
+  just before it; the peak is reset through /proc/self/clear_refs where the kernel allows);
+* **add 1,000 to an existing file**: a copy of the N-document file, 1,000 new documents in
+  one transaction (open not timed);
+* **delete 10 %**: a copy of the N-document file, N/10 random documents deleted in one
+  transaction; then the file size before and after compaction (engramdb:
+  ``merge_indexes(force=True)`` then ``compact()``; SQLite: FTS5 ``optimize`` then
+  ``VACUUM``), against the N-document file as ingested.
+
+``--runs`` repeats the add and delete measures (fresh copies each time, the systems taking
+turns) and reports medians and ratios (peer seconds / engramdb seconds: above 1 means
+engramdb is faster). The corpus is bench_search.py's (seeded, ~60 words per document).
+Figures go into tools/bench/README.md by hand; this script never runs inside pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+PASSPHRASE = "bench passphrase"
+SYSTEMS = ("engramdb", "fts5", "fts5mc")
+LABELS = {"engramdb": "engramdb (encrypted)", "fts5": "SQLite FTS5 (plaintext)", "fts5mc": "SQLite3MC FTS5 (encrypted)"}
+
+
+def _mc_available() -> bool:
+    try:
+        import apsw  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --- the systems ----------------------------------------------------------------------
+
+
+def _sql_connect(system: str, path: str) -> Any:
+    if system == "fts5":
+        c = sqlite3.connect(path, isolation_level=None)
+        c.execute("PRAGMA journal_mode=WAL")
+        return c
+    import apsw
+
+    c = apsw.Connection(path)
+    c.pragma("cipher", "chacha20")
+    c.pragma("key", PASSPHRASE)
+    c.pragma("journal_mode", "wal")
+    return c
+
+
+def _sql_write(c: Any, sql: str, rows: Any) -> None:
+    c.execute("BEGIN")
+    try:
+        c.executemany(sql, rows)
+    except BaseException:
+        c.execute("ROLLBACK")
+        raise
+    c.execute("COMMIT")
+
+
+def _sql_close(c: Any) -> None:
+    if isinstance(c, sqlite3.Connection):
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    else:
+        c.pragma("wal_checkpoint", "TRUNCATE")
+    c.close()
+
+
+def _engram_open(path: str) -> Any:
+    import engramdb
+
+    return engramdb.open(path, passphrase=PASSPHRASE)
+
+
+def _item(i: int, text: str) -> dict[str, Any]:
+    return {"id": f"d{i}", "content": text, "created_at": 0.0, "last_accessed": 0.0}
+
+
+def _files(system: str, path: str) -> list[str]:
+    if system == "engramdb":
+        return [path] + [path + s for s in ("-lock", "-maint") if os.path.exists(path + s)]
+    return [p for p in (path, path + "-wal", path + "-shm") if os.path.exists(p)]
+
+
+def _size(system: str, path: str) -> int:
+    return os.path.getsize(path) + (os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0)
+
+
+def _copy(system: str, src: str, dst: str) -> None:
+    for f in _files(system, src):
+        if not f.endswith(("-lock", "-maint")):
+            shutil.copyfile(f, dst + f[len(src):])
+
+
+# --- ingest (child process: its own peak memory) ------------------------------------
+
+
+def _rss() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in bytes."""
+    vals = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":")
+                vals[key] = int(value.split()[0]) * 1024
+    return vals["VmRSS"], vals["VmHWM"]
+
+
+def child_ingest(system: str, texts_path: str, path: str) -> None:
+    with open(texts_path, encoding="utf-8") as fh:
+        texts = fh.read().split("\n")
+    if system == "engramdb":
+        db = _engram_open(path)
+        items = [_item(i, t) for i, t in enumerate(texts)]
+    else:
+        c = _sql_connect(system, path)
+        c.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
+        items = [(i + 1, t) for i, t in enumerate(texts)]
+    try:  # reset the peak so it measures the ingest alone
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    before = _rss()[0]
+    t = time.perf_counter()
+    cpu = time.process_time()
+    if system == "engramdb":
+        db.add_many(items)
+    else:
+        _sql_write(c, "INSERT INTO docs(rowid, body) VALUES (?, ?)", items)
+    seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+    peak = _rss()[1]
+    if system == "engramdb":
+        db.close()
+    else:
+        _sql_close(c)
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "before": before, "peak": peak, "reset": reset}))
+
+
+def ingest(system: str, texts_path: str, path: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, texts_path, path],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- operations on a copy ----------------------------------------------------------------
+
+
+def add_1000(system: str, path: str, texts: list[str], first: int) -> float:
+    if system == "engramdb":
+        db = _engram_open(path)
+        items = [_item(first + i, t) for i, t in enumerate(texts)]
+        t = time.perf_counter()
+        db.add_many(items)
+        seconds = time.perf_counter() - t
+        db.close()
+        return seconds
+    c = _sql_connect(system, path)
+    rows = [(first + i + 1, t) for i, t in enumerate(texts)]
+    t = time.perf_counter()
+    _sql_write(c, "INSERT INTO docs(rowid, body) VALUES (?, ?)", rows)
+    seconds = time.perf_counter() - t
+    _sql_close(c)
+    return seconds
+
+
+def delete_10pct(system: str, path: str, victims: list[int]) -> dict[str, float]:
+    if system == "engramdb":
+        db = _engram_open(path)
+        t = time.perf_counter()
+        with db.transaction() as tx:
+            for i in victims:
+                tx.delete(f"d{i}")
+        seconds = time.perf_counter() - t
+        db.close()
+        after = _size(system, path)
+        db = _engram_open(path)
+        t = time.perf_counter()
+        db.merge_indexes(force=True)
+        db.compact()
+        compact_s = time.perf_counter() - t
+        db.close()
+    else:
+        c = _sql_connect(system, path)
+        t = time.perf_counter()
+        _sql_write(c, "DELETE FROM docs WHERE rowid = ?", [(i + 1,) for i in victims])
+        seconds = time.perf_counter() - t
+        _sql_close(c)
+        after = _size(system, path)
+        c = _sql_connect(system, path)
+        t = time.perf_counter()
+        c.execute("INSERT INTO docs(docs) VALUES ('optimize')")
+        c.execute("VACUUM")
+        compact_s = time.perf_counter() - t
+        _sql_close(c)
+    return {"seconds": seconds, "after": after, "compacted": _size(system, path), "compact_s": compact_s}
+
+
+# --- the report ----------------------------------------------------------------------
+
+
+def _ratio(peer: float | None, ours: float) -> str:
+    return "-" if peer is None or not ours else f"{peer / ours:.2f}x"
+
+
+def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> None:
+    from bench_search import corpus
+
+    print(f"\n## N = {n:,}  (load average {os.getloadavg()[0]:.1f} at start)", flush=True)
+    texts = corpus(n + 1000 * args.runs, args.seed)
+    base, extra = texts[:n], texts[n:]
+    texts_path = os.path.join(tmp, f"texts{n}.txt")
+    with open(texts_path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(base))
+    files = {s: os.path.join(tmp, f"{s}{n}." + ("engram" if s == "engramdb" else "sqlite")) for s in systems}
+    ing = {}
+    for s in systems:
+        ing[s] = ingest(s, texts_path, files[s])
+        ing[s]["size"] = _size(s, files[s])
+    print("\nbulk ingest (one transaction, child process per system)")
+    print(f"  {'system':<30} {'docs/s':>10} {'CPU s':>8} {'extra memory':>14} {'file':>10}")
+    for s in systems:
+        r = ing[s]
+        print(f"  {LABELS[s]:<30} {n / r['seconds']:>10,.0f} {r['cpu']:>8.1f} "
+              f"{(r['peak'] - r['before']) / 2**20:>11,.0f} MB {r['size'] / 2**20:>7,.1f} MB"
+              + ("" if r["reset"] else "  (peak not reset: includes the set-up)"))
+    rates = {s: n / ing[s]["seconds"] for s in systems}
+    print("  engramdb / peer docs/s: " + ", ".join(f"{s} {rates['engramdb'] / rates[s]:.2f}x"
+                                                   for s in systems if s != "engramdb"))
+
+    rng = random.Random(args.seed)
+    victims = rng.sample(range(n), n // 10)
+    adds: dict[str, list[float]] = {s: [] for s in systems}
+    dels: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
+    for r in range(args.runs):
+        for s in systems:
+            work = files[s] + f".add{r}"
+            _copy(s, files[s], work)
+            adds[s].append(add_1000(s, work, extra[1000 * r:1000 * (r + 1)], n + 1000 * r))
+            for f in _files(s, work):
+                os.remove(f)
+        for s in systems:
+            work = files[s] + f".del{r}"
+            _copy(s, files[s], work)
+            dels[s].append(delete_10pct(s, work, victims))
+            for f in _files(s, work):
+                os.remove(f)
+    med_add = {s: statistics.median(adds[s]) for s in systems}
+    print(f"\nadd 1,000 documents to the {n:,}-document file (one transaction; medians of {args.runs})")
+    for s in systems:
+        print(f"  {LABELS[s]:<30} {med_add[s] * 1e3:>9.1f} ms  (runs: {', '.join(f'{x * 1e3:.1f}' for x in adds[s])})"
+              + ("" if s == "engramdb" else f"   ratio {_ratio(med_add[s], med_add['engramdb'])}"))
+    print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction; medians of {args.runs})")
+    print(f"  {'system':<30} {'delete':>10} {'file before':>12} {'after delete':>13} {'compacted':>10} {'compaction':>11}")
+    for s in systems:
+        sec = statistics.median(d["seconds"] for d in dels[s])
+        after = statistics.median(d["after"] for d in dels[s])
+        comp = statistics.median(d["compacted"] for d in dels[s])
+        comp_s = statistics.median(d["compact_s"] for d in dels[s])
+        size = ing[s]["size"]
+        print(f"  {LABELS[s]:<30} {sec:>8.2f} s {size / 2**20:>9.1f} MB {after / 2**20:>7.1f} MB "
+              f"({after / size:.2f}x) {comp / 2**20:>7.1f} MB {comp_s:>9.1f} s"
+              + ("" if s == "engramdb" else
+                 f"   ratio {_ratio(sec, statistics.median(d['seconds'] for d in dels['engramdb']))}"))
+
+
+class _Tee:
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child_ingest(*sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", help="also write the report to this file")
+    args = ap.parse_args()
+    if args.out:
+        sys.stdout = _Tee(sys.stdout, open(args.out, "w", encoding="utf-8"))  # noqa: SIM115 (closed at exit)
+    import numpy as np
+
+    print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
+          f"numpy {np.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    systems = ["engramdb", "fts5"] + (["fts5mc"] if _mc_available() else [])
+    if "fts5mc" not in systems:
+        print("SQLite3MC: skipped (pip install apsw-sqlite3mc)")
+    tmp = tempfile.mkdtemp(prefix="engram-bench-writes-")
+    try:
+        for n in args.sizes:
+            run_size(n, args, tmp, systems)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
