@@ -47,7 +47,17 @@ FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer min
 RECOVERY_PREFIX = "ERK1-"
 _NODE_FIELDS = set(Node.__dataclass_fields__)
 _first = operator.itemgetter(0)
-_content_of = operator.attrgetter("content")
+# add_many builds, writes and indexes this many memories at a time (one BM25 segment each):
+# its extra memory is a chunk's (~200 MB at ~60 words a memory), whatever the batch's size
+INGEST_CHUNK = 65_536
+
+
+def _text_length(item: Any) -> int:
+    """The length of an item's content text (0 when it has none or it is not a string)."""
+    if isinstance(item, str):
+        return len(item)
+    content = item.get("content", "") if isinstance(item, Mapping) else getattr(item, "content", "")
+    return len(content) if isinstance(content, str) else 0
 
 
 def _direct(item: dict[str, Any]) -> bool:
@@ -637,17 +647,27 @@ class Engram:
     def add_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None) -> list[str]:
         """Store many memories in one transaction (all or nothing); returns their ids.
 
+        Memories are built, written and indexed :data:`INGEST_CHUNK` at a time (one BM25
+        segment per chunk), so the extra memory of a large batch is bounded by a chunk's,
+        not by the batch's size.
+
         Raises:
             DuplicateIdError: an id exists already or repeats in ``items``.
         """
+        seq = items if isinstance(items, list) else list(items)
+
         def put_all(txn: Txn) -> list[str]:
+            ids: list[str] = []
             with self._batched(txn) as tx:
-                return tx.put_new_many(nodes)
+                for start in range(0, len(seq), INGEST_CHUNK):
+                    ids += tx.put_new_many(self._build_many(seq[start:start + INGEST_CHUNK], now))
+                    if tx._index_batch is not None:
+                        tx._index_batch.flush()  # this chunk's segment; its nodes can go
+            return ids
 
         with _gc_paused():
-            nodes = self._build_many(items, now)
             # records, ids and postings take a few times the text: grow the map once, up front
-            reserve = 3 * sum(map(len, map(_content_of, nodes))) + 512 * len(nodes)
+            reserve = 3 * sum(map(_text_length, seq)) + 512 * len(seq)
             return self._store.write(put_all, reserve=reserve)
 
     @contextlib.contextmanager

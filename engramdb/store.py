@@ -60,6 +60,10 @@ CHANGES_PREFIX = b"changes."
 CHANGES_KEEP = 1024  # entries kept; a cache further behind than this starts over
 CHANGES_MAX = 4096  # a commit touching more existing docnos is logged as "anything may have changed"
 _EDGE_KEY = struct.Struct(">cQBQ")  # b"f"|b"r", docno, kind, docno (engramdb/index/graph.py)
+# A write transaction keeps its bulk writes for a replay after map growth up to this many
+# bytes; past it, map growth re-runs the transaction instead (WriteConflictError, which
+# Store.write retries), so a large ingest does not hold every envelope it wrote in memory.
+_REPLAY_LOG_LIMIT = 64 << 20
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
     (b"ENGRAMDB-KEY", "an engramdb key file (from export-key)",
@@ -877,6 +881,8 @@ class Txn:
         self._state: State | None = None
         # what a replay after map growth redoes: a put (envelope), a delete (None) or a putmulti batch
         self._log: list[tuple[str, bytes, bytes | None] | tuple[str, None, list[tuple[bytes, bytes]]]] = []
+        self._log_bytes = 0  # of the insert batches in _log
+        self._unlogged = False  # a bulk write went unlogged (_REPLAY_LOG_LIMIT): no replay possible
         self._begin_seq: int | None = None
         self._begin_next_docno = 0  # the snapshot's next_docno: docnos from here on are new
 
@@ -910,7 +916,7 @@ class Txn:
     def _commit(self) -> None:
         while True:
             try:
-                if self._state is None and self._log:
+                if self._state is None and (self._log or self._unlogged):
                     self.state  # every commit that changes the file rewrites the state  # noqa: B018
                 changes = None
                 if self._state is not None:
@@ -920,12 +926,13 @@ class Txn:
                     self._put_envelope("meta", STATE_KEY, self._seal("meta", STATE_KEY, self._state.to_bytes()),
                                        digest=False)
                 unchanged = False
-                if self._log:
+                changed = bool(self._log) or self._unlogged
+                if changed:
                     self.store._env.check_identity()  # never commit into a file replaced under us
                     unchanged = self.store._env.unchanged()
                 self._lt.commit()
                 self._ltxn = None
-                if self._log:
+                if changed:
                     self.store._env.note_commit(unchanged)
                 if changes is not None:
                     self.store._env.committed(changes)
@@ -949,9 +956,14 @@ class Txn:
 
         The writer lock is released for a moment; if another writer committed in between,
         our reads may be stale, so we refuse to replay (the caller re-runs or retries).
+        A transaction whose bulk writes outgrew the replay log is not replayed: the map
+        grows and :class:`WriteConflictError` asks for a re-run (Store.write does it).
         """
         self._abort()
         self.store._env.grow()
+        if self._unlogged:
+            raise WriteConflictError("the transaction outgrew the file's map, which has now grown",
+                                     hint="run the transaction again")
         self._begin()
         state = self._load_state() if self._begin_seq is not None else None
         if state is not None and state.seq != self._begin_seq:
@@ -1007,6 +1019,8 @@ class Txn:
     # -- the change log (spec/file-format.md, "Change log") -------------------------------
     def _touched(self) -> Changes:
         """The docnos, existing before this transaction, whose node record or edges it wrote."""
+        if self._unlogged:  # bulk writes past the replay log were not kept: assume anything changed
+            return EVERYTHING
         first_new = self._begin_next_docno
         found: dict[str, set[int]] = {"nodes": set(), "edges": set()}
         for table, key, value in self._log:
@@ -1266,8 +1280,20 @@ class Txn:
             if added != len(pairs):
                 raise CorruptFileError(f"{len(pairs) - added} new records of table {table} collide with existing keys",
                                        hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
-            self._log.append((table, None, pairs))
+            self._log_batch(table, pairs)
             self._digest_update(table, pairs, [])
+
+    def _log_batch(self, table: str, pairs: list[tuple[bytes, bytes]]) -> None:
+        """Keep an insert batch for a replay after map growth, up to :data:`_REPLAY_LOG_LIMIT`
+        bytes of them; past it, drop the batches (a growth then re-runs the transaction)."""
+        if self._unlogged:
+            return
+        self._log_bytes += sum(len(key) + len(value) for key, value in pairs)
+        if self._log_bytes > _REPLAY_LOG_LIMIT:
+            self._unlogged = True
+            self._log = [op for op in self._log if op[1] is not None]
+            return
+        self._log.append((table, None, pairs))
 
     def contains(self, table: str, key: bytes) -> bool:
         """Whether (table, key) exists (no decryption)."""
