@@ -11,7 +11,8 @@ Per size N, for every system:
 
 * **bulk ingest**: N documents in one transaction, in a child process per system, its
   docs/s and its extra memory (peak resident set during the ingest minus the resident set
-  just before it; the peak is reset through /proc/self/clear_refs where the kernel allows);
+  just before it; the peak is reset through /proc/self/clear_refs where the kernel allows),
+  split into heap (anonymous) and memory-mapped file pages by sampling every 20 ms;
 * **add 1,000 to an existing file**: a copy of the N-document file, 1,000 new documents in
   one transaction (open not timed);
 * **delete 10 %**: a copy of the N-document file, N/10 random documents deleted in one
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -122,15 +124,37 @@ def _copy(system: str, src: str, dst: str) -> None:
 # --- ingest (child process: its own peak memory) ------------------------------------
 
 
-def _rss() -> tuple[int, int]:
-    """(VmRSS, VmHWM) of this process in bytes."""
+def _status() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile of this process in bytes."""
     vals = {}
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
                 key, value = line.split(":")
                 vals[key] = int(value.split()[0]) * 1024
+    return vals
+
+
+def _rss() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in bytes."""
+    vals = _status()
     return vals["VmRSS"], vals["VmHWM"]
+
+
+class _Sampler(threading.Thread):
+    """The peak anonymous (heap) and file-backed resident memory, sampled every 20 ms: an
+    LMDB file's pages read through its memory map count as resident file pages (page
+    cache, shared and reclaimable), SQLite's as neither."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.anon = self.file = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            vals = _status()
+            self.anon, self.file = max(self.anon, vals["RssAnon"]), max(self.file, vals["RssFile"])
 
 
 def child_ingest(system: str, texts_path: str, path: str) -> None:
@@ -150,6 +174,9 @@ def child_ingest(system: str, texts_path: str, path: str) -> None:
     except OSError:
         reset = False
     before = _rss()[0]
+    base = _status()
+    sampler = _Sampler()
+    sampler.start()
     t = time.perf_counter()
     cpu = time.process_time()
     if system == "engramdb":
@@ -158,11 +185,15 @@ def child_ingest(system: str, texts_path: str, path: str) -> None:
         _sql_write(c, "INSERT INTO docs(rowid, body) VALUES (?, ?)", items)
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     peak = _rss()[1]
+    sampler.stop.set()
+    sampler.join()
+    anon, file = sampler.anon - base["RssAnon"], sampler.file - base["RssFile"]
     if system == "engramdb":
         db.close()
     else:
         _sql_close(c)
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "before": before, "peak": peak, "reset": reset}))
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "before": before, "peak": peak, "reset": reset,
+                      "anon": anon, "file": file}))
 
 
 def ingest(system: str, texts_path: str, path: str) -> dict[str, Any]:
@@ -246,11 +277,13 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
         ing[s] = ingest(s, texts_path, files[s])
         ing[s]["size"] = _size(s, files[s])
     print("\nbulk ingest (one transaction, child process per system)")
-    print(f"  {'system':<30} {'docs/s':>10} {'CPU s':>8} {'extra memory':>14} {'file':>10}")
+    print(f"  {'system':<30} {'docs/s':>10} {'CPU s':>8} {'extra memory':>14} {'(heap':>9} {'mapped file)':>13}"
+          f" {'file':>10}")
     for s in systems:
         r = ing[s]
         print(f"  {LABELS[s]:<30} {n / r['seconds']:>10,.0f} {r['cpu']:>8.1f} "
-              f"{(r['peak'] - r['before']) / 2**20:>11,.0f} MB {r['size'] / 2**20:>7,.1f} MB"
+              f"{(r['peak'] - r['before']) / 2**20:>11,.0f} MB {r['anon'] / 2**20:>6,.0f} MB {r['file'] / 2**20:>10,.0f} MB"
+              f" {r['size'] / 2**20:>7,.1f} MB"
               + ("" if r["reset"] else "  (peak not reset: includes the set-up)"))
     rates = {s: n / ing[s]["seconds"] for s in systems}
     print("  engramdb / peer docs/s: " + ", ".join(f"{s} {rates['engramdb'] / rates[s]:.2f}x"
