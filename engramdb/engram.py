@@ -1344,12 +1344,16 @@ class Transaction:
             return 0
         keys = [codec.u64(docno) for _, docno in found]
         olds = txn.pop_many("nodes", keys)
-        if any(old is None for old in olds):
-            raise CorruptFileError("the id map points at a missing record",
-                                   hint="run `engramdb verify --fix FILE` to rebuild the id map")
+        read = self._engram.indexes.read_node
+        removed: list[tuple[int, Node]] = []
+        for (_, docno), old in zip(found, olds):
+            if old is None:
+                raise CorruptFileError("the id map points at a missing record",
+                                       hint="run `engramdb verify --fix FILE` to rebuild the id map")
+            removed.append((docno, read(txn, docno, old)))
         txn.delete_many("ids", [id_key for id_key, _ in found])
         txn.delete_many("archive", keys)
-        self._index(removed=[(docno, codec.decode_node(old)) for (_, docno), old in zip(found, olds)])  # index hook
+        self._index(removed=removed)  # index hook
         return len(found)
 
     def procedure_rows(self) -> list[dict[str, Any]]:

@@ -16,8 +16,9 @@ A write transaction adds one immutable segment. A delete or update marks the old
 ``(segment, docno)`` pair dead (a tombstone): the transaction's tombstones of a segment
 go into one new run record, merged with the segment's newest runs only while those are
 less than twice its size (a binary counter), so a delete rewrites O(log dead) tombstones
-amortised, never the segment's whole dead list. Queries skip dead pairs and merges drop them. Segments merge by a tiered policy (:data:`MERGE_FACTOR` segments of the
-same size tier become one), in bounded steps.
+amortised, never the segment's whole dead list. Queries skip dead pairs and merges drop
+them. Segments merge by a tiered policy (:data:`MERGE_FACTOR` segments of the same size
+tier become one), in bounded steps.
 
 Scoring is Lucene's BM25 as bm25s implements it (method ``"lucene"``)::
 
@@ -1012,8 +1013,8 @@ class SegmentedBM25:
                 continue
             dead = np.sort(np.concatenate(arrays)) if len(arrays) > 1 else arrays[0]
             runs = d.runs.setdefault(segno, [])
-            absorbed = []
-            while runs and runs[-1][1] < RUN_MERGE_RATIO * (dead.size + sum(int(a.size) for a in absorbed)):
+            absorbed: list[np.ndarray] = []
+            while runs and runs[-1][1] < RUN_MERGE_RATIO * (int(dead.size) + sum(int(a.size) for a in absorbed)):
                 run, _ = runs.pop()
                 absorbed.append(self._run(txn, d, run))
                 txn.delete("segments", _seg_key(RUN_PREFIX, run))
