@@ -589,7 +589,7 @@ class SegmentedBM25:
         self.runs_written = 0
         # write transaction -> the directory's ``next`` when it first read it: numbers below
         # are committed (later ones were written by the transaction itself, which may abort)
-        self._txn_committed: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._txn_committed: weakref.WeakKeyDictionary[Txn, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._local = threading.local()
 
