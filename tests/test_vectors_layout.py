@@ -3,6 +3,7 @@ layout still read and converted, tampered blocks, and the bounded matrix cache."
 from __future__ import annotations
 
 import io
+import itertools
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from engramdb.records import Node
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DIMS = 1536  # rows_per_block(1536) == 9: a few dozen memories span several blocks
+_FILES = itertools.count()  # a new file for every hypothesis example
 
 
 def _raw_env(path):
@@ -128,7 +130,7 @@ def test_a_vector_is_stored_once_in_a_block_not_in_its_record(tmp_path):
 def test_blocks_round_trip_through_adds_updates_and_deletes(make_db, ops):
     """A model dict of the live vectors equals what get(), search and a dump show, whatever
     the order of adds, updates, deletes and memories without vectors across blocks."""
-    db = make_db(f"p{abs(hash(tuple(ops)))}.engram", encrypted=False, passphrase=None)
+    db = make_db(f"p{next(_FILES)}.engram", encrypted=False, passphrase=None)
     db.add_space("s", dims=DIMS, model="m", normalize=False)
     model: dict[str, np.ndarray] = {}
     plain: set[str] = set()
@@ -281,3 +283,55 @@ def test_the_first_search_reads_each_block_once_into_one_matrix(make_db, monkeyp
     for i in (3, 17, 44):  # reads after a search come from the matrix: no block is decrypted
         db.get(f"n{i}")
     assert opened.count(b"vectors") == 0
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "update", "delete"]), st.integers(0, 30),
+                          st.integers(0, 2**31)), min_size=1, max_size=30))
+def test_a_long_lived_handle_searches_like_a_fresh_one_after_every_commit(make_db, ops):
+    """The cached matrix follows each commit (appended rows in place, anything else reloaded):
+    after every commit, its search equals brute force over the live vectors."""
+    db = make_db(f"l{next(_FILES)}.engram", encrypted=False, passphrase=None)
+    db.add_space("s", dims=DIMS, model="m", normalize=False)
+    model: dict[str, np.ndarray] = {}
+    q = np.random.default_rng(0).standard_normal(DIMS).astype(np.float32)
+    for op, i, seed in ops:
+        id_ = f"m{i}"
+        vec = np.random.default_rng(seed).standard_normal(DIMS).astype(np.float32)
+        if op == "add" and id_ not in model:
+            db.add("t", id=id_, embeddings={"s": vec})
+            model[id_] = vec
+        elif op == "update" and id_ in model:
+            db.update(id_, embeddings={"s": vec})
+            model[id_] = vec
+        elif op == "delete" and id_ in model:
+            db.delete(id_)
+            del model[id_]
+        with db._store.read() as txn:
+            hits = db.indexes.vectors.search(txn, "s", q, 100)
+            docnos, matrix = db.indexes.vectors._matrix(txn, "s")
+        assert np.allclose([s for _, s in hits], sorted((float(v @ q) for v in model.values()), reverse=True),
+                           rtol=1e-5, atol=1e-3)
+        assert sorted(matrix[j].tobytes() for j in range(docnos.size)) == sorted(v.tobytes() for v in model.values())
+
+
+def test_one_added_memory_rereads_only_its_block(make_db, monkeypatch):
+    db = make_db(encrypted=False, passphrase=None)
+    db.add_space("s", dims=DIMS, model="m", normalize=False)
+    rng = np.random.default_rng(2)
+    db.add_many([{"id": f"n{i}", "content": "x", "embeddings": {"s": rng.standard_normal(DIMS)}} for i in range(40)])
+    q = rng.standard_normal(DIMS).astype(np.float32)
+    with db._store.read() as txn:
+        db.indexes.vectors.search(txn, "s", q, 3)  # loads the matrix
+        first = db.indexes.vectors._matrix(txn, "s")[1]
+    opened = []
+    real_open = db._store.sealer.open
+    monkeypatch.setattr(db._store.sealer, "open", lambda t, k, e: opened.append(t) or real_open(t, k, e))
+    for i in range(40, 45):
+        db.add("y", id=f"n{i}", embeddings={"s": rng.standard_normal(DIMS)})
+        opened.clear()
+        with db._store.read() as txn:
+            db.indexes.vectors.search(txn, "s", q, 3)
+            docnos, matrix = db.indexes.vectors._matrix(txn, "s")
+        assert opened.count(b"vectors") == 2  # the directory and the one block that changed
+        assert docnos.size == i + 1 and np.shares_memory(matrix, first)  # appended in place

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -263,18 +264,37 @@ def decode_vector_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return offsets, matrix.astype(np.float32, copy=False)
 
 
+LOG_ENTRIES = 64
+
+
 class _Dir:
     """A layout-2 space directory: ``{"layout": 2, "rows": rows per block, "dims": dims,
-    "count": live rows, "seq": changes so far}``."""
+    "count": live rows, "seq": changes so far, "log": [[seq, lowest block it touched], ...]}``
+    (the last 64 changes: a reader whose matrix is a few changes old re-reads only the blocks
+    from the lowest one touched)."""
 
-    __slots__ = ("rows", "dims", "count", "seq")
+    __slots__ = ("rows", "dims", "count", "seq", "log")
 
-    def __init__(self, rows: int, dims: int, count: int = 0, seq: int = 0) -> None:
+    def __init__(self, rows: int, dims: int, count: int = 0, seq: int = 0,
+                 log: list[tuple[int, int]] | None = None) -> None:
         self.rows, self.dims, self.count, self.seq = rows, dims, count, seq
+        self.log: list[tuple[int, int]] = log or []
+
+    def changed(self, lowest_block: int) -> None:
+        """Count one change whose lowest touched block is ``lowest_block``."""
+        self.seq += 1
+        self.log = [*self.log[-(LOG_ENTRIES - 1):], (self.seq, lowest_block)]
+
+    def lowest_since(self, seq: int) -> int | None:
+        """The lowest block changed after ``seq``; None when the log does not reach back."""
+        entries = [block for s, block in self.log if s > seq]
+        if seq > self.seq or len(entries) != self.seq - seq:
+            return None
+        return min(entries, default=None)
 
     def encode(self) -> bytes:
         return msgpack.packb({"layout": LAYOUT, "rows": self.rows, "dims": self.dims, "count": self.count,
-                              "seq": self.seq}, use_bin_type=True)
+                              "seq": self.seq, "log": [list(e) for e in self.log]}, use_bin_type=True)
 
 
 def _decode_dir(data: bytes | None) -> _Dir | _VDir | None:
@@ -290,7 +310,8 @@ def _decode_dir(data: bytes | None) -> _Dir | _VDir | None:
         if isinstance(raw, dict) and "layout" in raw:
             if raw["layout"] != LAYOUT:
                 raise ValueError("unknown layout")
-            d = _Dir(int(raw["rows"]), int(raw["dims"]), int(raw["count"]), int(raw["seq"]))
+            d = _Dir(int(raw["rows"]), int(raw["dims"]), int(raw["count"]), int(raw["seq"]),
+                     [(int(s), int(b)) for s, b in raw.get("log", [])])
             if not (0 < d.rows <= 0xFFFF and 0 < d.dims <= MAX_DIMS and d.count >= 0):
                 raise ValueError("out of range")
             return d
@@ -381,13 +402,17 @@ class _SpaceCache:
     """The live matrix of a space with the state it was built from, and the last block a
     lookup decoded (sequential reads of a dump decode each block once)."""
 
-    __slots__ = ("live", "last")
+    __slots__ = ("live", "last", "used", "lock")
 
     def __init__(self) -> None:
         # (snapshot id, directory seq, docnos, matrix): replaced as a whole, so a reader on
-        # another snapshot never sees a half-updated pair
+        # another snapshot never sees a half-updated pair. docnos and matrix are the first rows
+        # of larger buffers (their .base); rows past ``used`` are written by nobody yet, so
+        # rows appended there never change what an older view shows.
         self.live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray] | None = None
         self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
+        self.used = 0
+        self.lock = threading.Lock()
 
 
 def _frozen_row(row: np.ndarray) -> np.ndarray:
@@ -590,9 +615,10 @@ class VectorIndex:
                 raise CorruptFileError(f"the embedding space {name!r} is in the first vector layout",
                                        hint="open the file writable once to convert it")
             docnos, matrix = new_rows.get(name, ([], np.zeros((0, d.dims), np.float32)))
+            touched = np.concatenate([np.asarray(docnos, dtype=np.uint64), np.asarray(gone, dtype=np.uint64)])
             self._write_rows(txn, prefix, d, np.asarray(docnos, dtype=np.uint64), matrix,
                              np.asarray(sorted(set(gone)), dtype=np.uint64))
-            d.seq += 1
+            d.changed(int(touched.min()) // d.rows)
             txn.put("vectors", prefix + _DIR, d.encode())
 
     def _write_rows(self, txn: Txn, prefix: bytes, d: _Dir, docnos: np.ndarray, matrix: np.ndarray,
@@ -729,23 +755,57 @@ class VectorIndex:
             return np.zeros(0, np.uint64), np.zeros((0, space.dims if space else 0), np.float32)
         if isinstance(d, _VDir):
             return self._load_legacy(txn, prefix, d)
-        docnos = np.empty(d.count, np.uint64)
-        matrix = np.empty((d.count, d.dims), np.float32)
-        pos = 0
-        for key, plain in txn.items("vectors", prefix + _TAG):
+        # spare rows for appends (np.empty maps them lazily: no memory until written)
+        capacity = d.count + max(256, d.count // 8)
+        docnos = np.empty(capacity, np.uint64)[:d.count]
+        matrix = np.empty((capacity, d.dims), np.float32)[:d.count]
+        self._read_blocks(txn, name, prefix, d, 0, docnos, matrix, 0)
+        return docnos, matrix
+
+    def _read_blocks(self, txn: Any, name: str, prefix: bytes, d: _Dir, first_block: int, docnos: np.ndarray,
+                     matrix: np.ndarray, pos: int) -> None:
+        """Decrypt the blocks from ``first_block`` on into ``docnos[pos:]``, ``matrix[pos:]``,
+        which must end exactly at the directory's count."""
+        for key, plain in txn.items("vectors", prefix + _TAG, start=prefix + _TAG + _U64BE.pack(first_block)):
             if len(key) != len(prefix) + 9:
                 continue
             offs, mat = decode_vector_block(plain)
             end = pos + offs.size
-            if mat.shape[1] != d.dims or end > d.count:
+            if mat.shape[1] != d.dims or end > docnos.size:
                 raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
                                        hint="run `engramdb verify --fix FILE`")
             docnos[pos:end] = offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows)
             matrix[pos:end] = mat
             pos = end
-        if pos != d.count:
+        if pos != docnos.size:
             raise CorruptFileError(f"the vector blocks of space {name!r} hold {pos} rows, its directory says "
                                    f"{d.count}", hint="run `engramdb verify --fix FILE`")
+
+    def _appended(self, txn: Any, name: str, prefix: bytes, d: _Dir, cache: _SpaceCache,
+                  live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The matrix of ``d`` from the cached one when the changes since only added rows
+        after it (the add-then-search loop): the blocks from the lowest one changed are read,
+        and the new rows land in the buffers' spare rows. None when that does not apply."""
+        old_docs, old_mat = live[2], live[3]
+        seq = live[1][1]
+        low = d.lowest_since(seq) if seq is not None else None
+        base_docs, base_mat = old_docs.base, old_mat.base
+        if (low is None or d.count < old_docs.size or cache.used != old_docs.size or base_docs is None
+                or base_mat is None or base_docs.shape[0] < d.count or base_mat.shape[0] < d.count
+                or base_mat.shape[1] != d.dims):
+            return None
+        keep = int(np.searchsorted(old_docs, np.uint64(low * d.rows)))  # rows before the first changed block
+        tail_docs = np.empty(d.count - keep, np.uint64)
+        tail_mat = np.empty((d.count - keep, d.dims), np.float32)
+        self._read_blocks(txn, name, prefix, d, low, tail_docs, tail_mat, 0)
+        n_old = old_docs.size
+        if not (np.array_equal(tail_docs[:n_old - keep], old_docs[keep:])
+                and np.array_equal(tail_mat[:n_old - keep], old_mat[keep:])):
+            return None  # a row before the new ones changed (a delete or an update)
+        docnos, matrix = base_docs[:d.count], base_mat[:d.count]
+        docnos[n_old:] = tail_docs[n_old - keep:]
+        matrix[n_old:] = tail_mat[n_old - keep:]
+        cache.used = d.count
         return docnos, matrix
 
     def _load_legacy(self, txn: Txn, prefix: bytes, d: _VDir) -> tuple[np.ndarray, np.ndarray]:
@@ -785,11 +845,19 @@ class VectorIndex:
         if isinstance(d, _Dir) and d.count * d.dims * 4 > self.cache_bytes:
             cache.live = None
             return None
-        cache.live = None  # drop the old matrix before reading the new one
-        docnos, matrix = self._load(txn, name, prefix, d)
-        if sid is not None:
-            cache.live = (sid, key, docnos, matrix)
-        return docnos, matrix
+        if sid is None:  # a write transaction: its state is not committed, nothing is cached
+            return self._load(txn, name, prefix, d)
+        with cache.lock:
+            live = cache.live
+            got = None
+            if live is not None and isinstance(d, _Dir) and live[1][0] == "seq":
+                got = self._appended(txn, name, prefix, d, cache, live)
+            if got is None:
+                cache.live = None  # drop the old matrix before reading the new one
+                got = self._load(txn, name, prefix, d)
+                cache.used = got[0].size
+            cache.live = (sid, key, got[0], got[1])
+        return got
 
     def preload(self, txn: Txn) -> None:
         """Load the matrix of every space that fits the cache, so :meth:`fetch` of many

@@ -5,8 +5,9 @@ Run (from the repository root):
     python tools/bench/bench_vectors.py --n 100000 --dims 384 --runs 3
     flock /work/coord/big.lock python tools/bench/bench_vectors.py --first-search 1000000 --dims 384
 
-The first form adds ``n`` random unit vectors (seeded; one memory each, a short text
-``"v<i>"``) with ``Engram.add_many`` in batches of ``--batch``, and the same vectors into a
+The first form adds ``n`` random unit vectors (seeded; one memory each, with no text by
+default, like the vec0 table, or ``--text short``: a unique word ``"v<i>"`` each, which
+BM25 indexes) with ``Engram.add_many`` in batches of ``--batch``, and the same vectors into a
 sqlite-vec ``vec0`` table (plaintext; apsw loads the extension) in one transaction, then
 compares add time (wall and CPU) and file size, run after run, and prints medians and
 ratios. The second form builds an ``n``-vector file once, then opens it in a fresh process
@@ -45,19 +46,22 @@ def vectors(n: int, dims: int, seed: int, start: int = 0) -> np.ndarray:
     return mat
 
 
-def add_engramdb(path: str, n: int, dims: int, batch: int, seed: int) -> tuple[float, float]:
+TEXT = {"none": lambda i: "", "short": lambda i: f"v{i}"}
+
+
+def add_engramdb(path: str, n: int, dims: int, batch: int, seed: int, text: str = "none") -> tuple[float, float]:
     """(wall s, CPU s) of adding n vectors through the API (the KDF at creation excluded)."""
     with engramdb.open(path, passphrase=PASS) as db:
         db.add_space("s", dims=dims, model="bench-random", normalize=False)
         w0, c0 = time.perf_counter(), time.process_time()
         for start in range(0, n, batch):
             mat = vectors(min(batch, n - start), dims, seed, start)
-            db.add_many([{"id": f"v{start + i}", "content": f"v{start + i}", "embeddings": {"s": row}}
+            db.add_many([{"id": f"v{start + i}", "content": TEXT[text](start + i), "embeddings": {"s": row}}
                          for i, row in enumerate(mat)], now=1.0)
         return time.perf_counter() - w0, time.process_time() - c0
 
 
-def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int) -> tuple[float, float]:
+def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int, text: str = "none") -> tuple[float, float]:
     import apsw
     import sqlite_vec
 
@@ -87,7 +91,7 @@ def add_runs(args: argparse.Namespace) -> None:
             for name, fn, ext in (("engramdb", add_engramdb, "engram"), ("sqlite-vec", add_sqlite_vec, "sqlite")):
                 path = os.path.join(tmp, f"{run}.{ext}")
                 try:
-                    wall, cpu = fn(path, args.n, args.dims, args.batch, args.seed)
+                    wall, cpu = fn(path, args.n, args.dims, args.batch, args.seed, args.text)
                 except ImportError as exc:
                     print(f"  {name}: skipped ({exc}; pip install apsw-sqlite3mc sqlite-vec)")
                     continue
@@ -96,7 +100,7 @@ def add_runs(args: argparse.Namespace) -> None:
                       flush=True)
                 os.remove(path)
     med = {name: tuple(statistics.median(r[i] for r in got) for i in range(3)) for name, got in rows.items() if got}
-    print(f"\n{args.n} x {args.dims} float32, batches of {args.batch}, medians of {args.runs} runs "
+    print(f"\n{args.n} x {args.dims} float32, text {args.text}, batches of {args.batch}, medians of {args.runs} runs "
           f"(matrix {args.n * args.dims * 4 / 1e6:.1f} MB), load {os.getloadavg()[0]:.2f}")
     for name, (wall, cpu, nbytes) in med.items():
         print(f"  {name:10s} add {wall:7.2f} s wall {cpu:7.2f} s CPU  {args.n / wall:9.0f} vectors/s  "
@@ -106,8 +110,30 @@ def add_runs(args: argparse.Namespace) -> None:
         print(f"  engramdb / sqlite-vec: add {e[0] / s[0]:.2f}x wall, {e[1] / s[1]:.2f}x CPU; file {e[2] / s[2]:.2f}x")
 
 
+def _status() -> dict[str, int]:
+    """RssAnon (private memory) and RssFile (pages of mapped files, the LMDB map included:
+    shared with the page cache, dropped by the kernel under pressure) of this process, bytes."""
+    out = {}
+    with open("/proc/self/status") as fp:
+        for line in fp:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                name, value = line.split(":")
+                out[name] = int(value.split()[0]) * 1024
+    return out
+
+
 def first_search_child(path: str, dims: int, seed: int) -> None:
     """In a fresh process: open, the first search (loads the matrix), a second; print JSON."""
+    import threading
+
+    peak_anon = [0]
+    done = threading.Event()
+
+    def sample() -> None:  # the peak of private memory (ru_maxrss also counts the map's file pages)
+        while not done.wait(0.005):
+            peak_anon[0] = max(peak_anon[0], _status()["RssAnon"])
+
+    threading.Thread(target=sample, daemon=True).start()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     q = vectors(1, dims, seed + 1)[0]
     t0 = time.perf_counter()
@@ -115,21 +141,30 @@ def first_search_child(path: str, dims: int, seed: int) -> None:
         t_open = time.perf_counter() - t0
         with db._store.read() as txn:
             rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            before = _status()
             w0, c0 = time.perf_counter(), time.process_time()
             hits = db.indexes.vectors.search(txn, "s", q, 10)
             first, first_cpu = time.perf_counter() - w0, time.process_time() - c0
             w1 = time.perf_counter()
             db.indexes.vectors.search(txn, "s", q, 10)
             second = time.perf_counter() - w1
+            after = _status()
+    done.set()
     print(json.dumps({"open": t_open, "first": first, "first_cpu": first_cpu, "second": second, "hits": len(hits),
                       "rss_start": rss0, "rss_before_search": rss1,
-                      "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "anon_before": before["RssAnon"], "file_before": before["RssFile"],
+                      "anon_after": after["RssAnon"], "file_after": after["RssFile"],
+                      "anon_peak": max(peak_anon[0], after["RssAnon"])}))
 
 
 def first_search(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        path = os.path.join(tmp, "big.engram")
-        wall, cpu = add_engramdb(path, args.first_search, args.dims, args.batch, args.seed)
+        path = args.keep or os.path.join(tmp, "big.engram")
+        if os.path.exists(path):
+            wall = cpu = 0.0  # a file kept from an earlier run (--keep)
+        else:
+            wall, cpu = add_engramdb(path, args.first_search, args.dims, args.batch, args.seed)
         print(f"built {args.first_search} x {args.dims}: add {wall:.1f} s wall, {cpu:.1f} s CPU, "
               f"file {size(path) / 1e6:.1f} MB", flush=True)
         matrix = args.first_search * args.dims * 4
@@ -141,11 +176,17 @@ def first_search(args: argparse.Namespace) -> None:
             r = runs[-1]
             print(f"  first search {r['first']:.2f} s wall ({r['first_cpu']:.2f} s CPU), then {r['second'] * 1e3:.1f} ms;"
                   f" peak RSS {r['rss_peak'] / 2**20:.0f} MiB (before the search {r['rss_before_search'] / 2**20:.0f}"
-                  f" MiB); matrix {matrix / 2**20:.0f} MiB", flush=True)
+                  f" MiB); private memory (RssAnon) {r['anon_before'] / 2**20:.0f} MiB before, peak"
+                  f" {r['anon_peak'] / 2**20:.0f} MiB, after {r['anon_after'] / 2**20:.0f} MiB; mapped file pages"
+                  f" {r['file_before'] / 2**20:.0f} -> {r['file_after'] / 2**20:.0f} MiB; matrix {matrix / 2**20:.0f} MiB",
+                  flush=True)
         first = statistics.median(r["first"] for r in runs)
+        first_cpu = statistics.median(r["first_cpu"] for r in runs)
         peak = statistics.median(r["rss_peak"] for r in runs)
-        print(f"\nfirst search at {args.first_search} x {args.dims}, median of {len(runs)}: {first:.2f} s; "
-              f"peak RSS {peak / 2**20:.0f} MiB = {peak / matrix:.2f}x the matrix ({matrix / 2**20:.0f} MiB); "
+        anon = statistics.median(r["anon_peak"] for r in runs)
+        print(f"\nfirst search at {args.first_search} x {args.dims}, median of {len(runs)}: {first:.2f} s wall, "
+              f"{first_cpu:.2f} s CPU; peak RSS {peak / 2**20:.0f} MiB = {peak / matrix:.2f}x the matrix "
+              f"({matrix / 2**20:.0f} MiB), peak private memory {anon / 2**20:.0f} MiB = {anon / matrix:.2f}x; "
               f"load {os.getloadavg()[0]:.2f}")
 
 
@@ -156,9 +197,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--text", choices=sorted(TEXT), default="none", help="each memory's text (engramdb only)")
     ap.add_argument("--tmp", default=None, help="directory for the temporary files")
     ap.add_argument("--first-search", type=int, default=0, metavar="N",
                     help="build an N-vector file, then time the first search in fresh processes")
+    ap.add_argument("--keep", default=None, metavar="PATH",
+                    help="with --first-search: build the file at PATH and keep it (reused when it exists)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
