@@ -616,8 +616,18 @@ class Engram:
         if seq and set(map(type, seq)) == {dict}:
             dicts = cast("list[dict[str, Any]]", seq)  # every item is a dict, checked just above
             keys = dicts[0].keys()
-            if _direct(dicts[0]) and all(map(keys.__eq__, map(dict.keys, dicts))):
-                return Node.from_fields_many(dicts)
+            if all(map(keys.__eq__, map(dict.keys, dicts))):
+                if _direct(dicts[0]):
+                    return Node.from_fields_many(dicts)
+                if "id" in keys and _NODE_FIELDS.issuperset(keys):  # what _build adds: the timestamps
+                    rows = []
+                    for given in dicts:
+                        row = dict(given)
+                        if "created_at" not in row:
+                            row["created_at"] = now_ts(now)
+                        row.setdefault("last_accessed", row["created_at"])
+                        rows.append(row)
+                    return Node.from_fields_many(rows)
         nodes: list[Node] = []
         append, build = nodes.append, cls._build
         for item in seq:

@@ -296,21 +296,27 @@ class Node:
         Dicts with the same keys, all among the plain text and number fields (a bulk
         load's records), are checked a column at a time: a column whose values are all of
         the field's exact type and within its limits passes every per-row check unchanged.
-        Any other batch, or a column that does not pass, is built row by row.
+        An ``embeddings`` column whose rows each hold one vector in the same space, all
+        NumPy arrays of one length, is stacked into one read-only float32 matrix (one copy,
+        one finiteness check) whose rows become the nodes' vectors. Any other batch, or a
+        column that does not pass, is built row by row.
 
         Raises:
             ValidationError: as :meth:`from_fields`, for the first invalid row.
         """
-        if not rows or not _columns_pass(rows):
+        vectors = _embedding_column(rows) if rows and type(rows[0]) is dict and "embeddings" in rows[0] else None
+        if not rows or not _columns_pass(rows, vectors is not None):
             return [cls.from_fields(row) for row in rows]
         nodes: list[Node] = []
         new, append = cls.__new__, nodes.append
-        for row in rows:
+        for i, row in enumerate(rows):
             node = new(cls)
             values = node.__dict__
             values.update(_FIELD_DEFAULTS)
             values["metadata"], values["embeddings"] = {}, {}
             values.update(row)
+            if vectors is not None:
+                values["embeddings"] = vectors[i]
             append(node)
         return nodes
 
@@ -523,16 +529,45 @@ def _column_checks() -> dict[str, Any]:
 _COLUMN_CHECKS = _column_checks()
 
 
-def _columns_pass(rows: Sequence[Mapping[str, Any]]) -> bool:
+def _columns_pass(rows: Sequence[Mapping[str, Any]], vectors_checked: bool = False) -> bool:
     """Whether ``rows`` are dicts with the same keys, ``id`` among them, each a field with a
-    column check, and every column passes it."""
+    column check, and every column passes it (``embeddings`` too when ``vectors_checked``:
+    :func:`_embedding_column` accepted it)."""
     first = rows[0]
-    if set(map(type, rows)) != {dict} or "id" not in first or not all(name in _COLUMN_CHECKS for name in first):
+    names = [name for name in first if not (vectors_checked and name == "embeddings")]
+    if set(map(type, rows)) != {dict} or "id" not in first or not all(name in _COLUMN_CHECKS for name in names):
         return False
     keys = first.keys()
     if not all(keys == row.keys() for row in rows):
         return False
-    return all(_COLUMN_CHECKS[name](list(map(operator.itemgetter(name), rows))) for name in first)
+    return all(_COLUMN_CHECKS[name](list(map(operator.itemgetter(name), rows))) for name in names)
+
+
+def _embedding_column(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The ``embeddings`` values of ``rows`` as views of one read-only float32 matrix, when
+    every row's is a dict of one vector in the same space, each a 1-D NumPy array of one
+    length and all finite (what the per-row check would give, bit for bit); else None."""
+    try:
+        columns = [row["embeddings"] for row in rows]
+    except (KeyError, TypeError):
+        return None
+    first = columns[0]
+    if type(first) is not dict or len(first) != 1:
+        return None
+    (name,) = first
+    if not isinstance(name, str) or not name or any(type(c) is not dict or c.keys() != first.keys() for c in columns):
+        return None
+    vecs = [c[name] for c in columns]
+    if set(map(type, vecs)) != {np.ndarray} or any(v.ndim != 1 for v in vecs):
+        return None
+    try:
+        matrix = np.stack(vecs).astype(np.float32, copy=False)  # stack copies: the caller's arrays stay theirs
+    except (ValueError, TypeError):
+        return None
+    if matrix.shape[1] == 0 or matrix.dtype != np.float32 or not np.isfinite(matrix).all():
+        return None
+    matrix.flags.writeable = False
+    return [{name: row} for row in matrix]
 
 
 @dataclass(frozen=True)

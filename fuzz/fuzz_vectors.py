@@ -49,7 +49,7 @@ def check_dir(body: bytes) -> None:
     if isinstance(d, vectors._Dir):
         again = vectors._decode_dir(d.encode())
         assert isinstance(again, vectors._Dir), "a layout-2 directory re-decodes to another layout"
-        assert (again.rows, again.dims, again.count, again.seq) == (d.rows, d.dims, d.count, d.seq), \
+        assert (again.rows, again.dims, again.count, again.seq, again.log) == (d.rows, d.dims, d.count, d.seq, d.log), \
             "a directory's fields change on re-encoding"
 
 

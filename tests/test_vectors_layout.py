@@ -335,3 +335,28 @@ def test_one_added_memory_rereads_only_its_block(make_db, monkeypatch):
             docnos, matrix = db.indexes.vectors._matrix(txn, "s")
         assert opened.count(b"vectors") == 2  # the directory and the one block that changed
         assert docnos.size == i + 1 and np.shares_memory(matrix, first)  # appended in place
+
+
+def test_a_bulk_add_of_numpy_rows_builds_the_same_nodes_as_one_by_one(make_db):
+    """add_many stacks a uniform embeddings column once (Node.from_fields_many): the nodes
+    equal those built row by row, the caller's arrays are not shared, and a bad row still
+    gives the row-by-row error."""
+    rng = np.random.default_rng(4)
+    rows = [{"id": f"n{i}", "content": f"c{i}", "embeddings": {"s": rng.standard_normal(8).astype(np.float32)}}
+            for i in range(20)]
+    bulk = make_db("bulk.engram", encrypted=False, passphrase=None)
+    single = make_db("single.engram", encrypted=False, passphrase=None)
+    for db in (bulk, single):
+        db.add_space("s", dims=8, model="m", normalize=False)
+    bulk.add_many(rows, now=5.0)
+    for row in rows:
+        single.add(dict(row), now=5.0)
+    assert list(bulk) == list(single)
+    got = Node.from_fields_many([dict(r, created_at=1.0, last_accessed=1.0) for r in rows])
+    assert all(not np.shares_memory(n.embeddings["s"], r["embeddings"]["s"]) for n, r in zip(got, rows))
+    assert all(not n.embeddings["s"].flags.writeable for n in got)
+    bad = [dict(r) for r in rows]
+    bad[3] = dict(bad[3], embeddings={"s": np.full(8, np.inf, np.float32)})
+    with pytest.raises(engramdb.ValidationError, match="NaN or infinity"):
+        bulk.add_many([dict(r, id="x" + r["id"]) for r in bad])
+    assert len(bulk) == 20
