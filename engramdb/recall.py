@@ -322,8 +322,7 @@ class _Run:
             # nothing to spread: the ranking is the top itself, already (score desc, docno)
             return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
         base = dict(zip(docnos.tolist(), scores.tolist()))
-        row = self._view.hop_row
-        moved = spread_one_hop({d: row(d) for d in base}, base)  # rows lead to existing nodes only
+        moved = spread_one_hop(self._view.hop_rows(base), base)  # rows lead to existing nodes only
         filtering, node = self.filtering, self.node
         spread = {d: HOP_WEIGHT * m for d, m in moved.items()
                   if m > 0 and (d in base or not filtering or node(d) is not None)}

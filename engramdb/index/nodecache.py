@@ -21,7 +21,7 @@ import struct
 import threading
 from collections import OrderedDict
 from typing import Any, TypeVar, cast
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ..codec import decode_node
 from ..records import Node
@@ -197,6 +197,33 @@ class NodeView:
         neighbours), without the neighbours that have no node record (dangling edges of a
         damaged file carry weight but lead nowhere)."""
         return self._through(("e", docno), self._load_row)
+
+    def hop_rows(self, docnos: Collection[int]) -> dict[int, tuple[tuple[int, float], ...]]:
+        """:meth:`hop_row` of each of ``docnos`` (one call per ranking: the cached ones are
+        looked up in one pass)."""
+        cache, gen = self._cache, self._gen
+        out: dict[int, tuple[tuple[int, float], ...]] = {}
+        missing: list[int] = []
+        if gen is None:
+            missing = list(docnos)
+        else:
+            entries, touch = cache._entries, cache._entries.move_to_end
+            for docno in docnos:
+                key = ("e", docno)
+                entry = entries.get(key)
+                if entry is None:
+                    missing.append(docno)
+                    continue
+                out[docno] = entry[0]
+                try:
+                    touch(key)
+                except KeyError:  # evicted meanwhile by another thread; the value is still right
+                    pass
+            if cache._gen != gen:  # the cache moved on during the pass: read them all
+                missing, out = list(docnos), {}
+        for docno in missing:
+            out[docno] = self.hop_row(docno)
+        return out
 
     def _load_row(self, docno: int) -> tuple[tuple[tuple[int, float], ...], int]:
         contains = self._txn.contains

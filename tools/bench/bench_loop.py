@@ -223,19 +223,20 @@ def build(workdir: str, n: int, seed: int, variant_query: Callable[[Any, str], A
     return systems, seconds if fresh else 0.0
 
 
-def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str) -> dict[str, dict[str, list[float]]]:
+def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str,
+         clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, list[float]]]:
     """Round ``i``, each system in turn: add ``adds[i]`` (own commit), query ``qs[i]`` (after
     commit), query ``qs[i]`` again (warm)."""
     out: dict[str, dict[str, list[float]]] = {name: {"add": [], "after": [], "warm": []} for name in systems}
     for i, (text, q) in enumerate(zip(adds, qs)):
         for name, sys_ in systems.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             sys_.add(f"{tag}{i}", text)
-            t1 = time.perf_counter()
+            t1 = clock()
             sys_.query(q)
-            t2 = time.perf_counter()
+            t2 = clock()
             sys_.query(q)
-            t3 = time.perf_counter()
+            t3 = clock()
             rec = out[name]
             rec["add"].append(t1 - t0)
             rec["after"].append(t2 - t1)
@@ -285,8 +286,9 @@ def run_size(args: argparse.Namespace, n: int, workdir: str) -> None:
                 for sys_ in systems.values():  # warm: every query once
                     for q in qs:
                         sys_.query(q)
-                res = loop(systems, adds, qs, f"loop-{vname}-{kind}-{time.time_ns()}-")
-                print(f"\n  [{vname}] {kind} queries, {args.rounds} rounds "
+                res = loop(systems, adds, qs, f"loop-{vname}-{kind}-{time.time_ns()}-",
+                           time.process_time if args.cpu else time.perf_counter)
+                print(f"\n  [{vname}] {kind} queries, {args.rounds} rounds{', CPU time' if args.cpu else ''} "
                       f"(load average {os.getloadavg()[0]:.2f})", flush=True)
                 for name, rec in res.items():
                     label = variant.label if name == "engramdb" else systems[name].label
@@ -324,6 +326,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--variants", default="bm25", help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--cache-mb", type=float, default=None, help="engramdb.open(cache_mb=) (default: the default)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="time with this process's CPU time instead of wall time (steadier on a loaded machine; "
+                         "leaves out waiting for the disk)")
     ap.add_argument("--rss", action="store_true", help="also measure a fresh query process's memory")
     ap.add_argument("--workdir", help="keep the built files here and reuse them")
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
