@@ -56,14 +56,6 @@ class _Salvage:
             return None
 
 
-def _listed(txn: Txn, table: str, key: bytes) -> bytes:
-    """The value of a key this snapshot has just listed (so it is there)."""
-    data = txn.get(table, key)
-    if data is None:  # pragma: no cover - one snapshot does not lose keys
-        raise CorruptFileError(f"a record of table {table} vanished while it was read")
-    return data
-
-
 def _scan(engram: Engram, txn: Txn, salvage: _Salvage) -> tuple[list[int], dict[int, str], list[Edge], dict[str, Any]]:
     """One pass over the records: docnos in id order, their ids, every edge, and the source texts."""
     order: list[tuple[str, int]] = []
@@ -71,7 +63,7 @@ def _scan(engram: Engram, txn: Txn, salvage: _Salvage) -> tuple[list[int], dict[
     graph = engram.indexes.graph
     for key in list(txn.keys("nodes")):
         docno = codec.from_u64(key)
-        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(_listed(txn, "nodes", k), vectors=False), key)
+        node = salvage.attempt(f"memory #{docno}", lambda k: codec.decode_node(txn.get_present("nodes", k), vectors=False), key)
         if node is not None:
             order.append((node.id, docno))
             if node.source:
@@ -96,7 +88,7 @@ def _archive_rows(txn: Txn, ids: dict[int, str], salvage: _Salvage) -> list[tupl
     for key in list(txn.keys("archive")):
         docno = codec.from_u64(key)
         original = salvage.attempt(f"archived original of memory #{docno}",
-                                   lambda k: codec.unpack_archive(_listed(txn, "archive", k)), key)
+                                   lambda k: codec.unpack_archive(txn.get_present("archive", k)), key)
         if original is not None and docno in ids:
             rows.append((ids[docno], original))
     return sorted(rows)
@@ -105,7 +97,7 @@ def _archive_rows(txn: Txn, ids: dict[int, str], salvage: _Salvage) -> list[tupl
 def _procedures(txn: Txn, salvage: _Salvage) -> list[Any]:
     rows = []
     for key in list(txn.keys("procedures")):
-        row = salvage.attempt("a procedure row", lambda k: codec.unpack(_listed(txn, "procedures", k), any_keys=True), key)
+        row = salvage.attempt("a procedure row", lambda k: codec.unpack(txn.get_present("procedures", k), any_keys=True), key)
         if row is not None:
             rows.append(row)
     return rows

@@ -1233,6 +1233,19 @@ class Txn:
             return None
         return self.store.sealer.open(table.encode(), key, raw)
 
+    def get_present(self, table: str, key: bytes) -> bytes:
+        """:meth:`get` of a key that must be there: one this snapshot listed, or one that an
+        index or another record points at.
+
+        Raises:
+            CorruptFileError: it is missing (the file is damaged).
+            DecryptionError: the stored value does not authenticate.
+        """
+        value = self.get(table, key)
+        if value is None:
+            raise CorruptFileError(f"a record of table {table} that the file refers to is missing")
+        return value
+
     def put(self, table: str, key: bytes, value: bytes) -> None:
         """Seal ``value`` and store it under (table, key)."""
         self._require_write()

@@ -29,7 +29,7 @@ from .tokenize import Tokenizer
 from .vectors import EmbeddingSpace, VectorIndex
 
 if TYPE_CHECKING:  # annotations only
-    from ..store import Txn
+    from ..store import Store, Txn
 
 __all__ = [
     "TOKENIZER_KEY",
@@ -116,7 +116,7 @@ class Indexes:
         tokenizer: the file's tokenizer (:func:`load_tokenizer`).
     """
 
-    def __init__(self, store: Any, tokenizer: Tokenizer, *, cache_mb: float | None = None) -> None:
+    def __init__(self, store: Store, tokenizer: Tokenizer, *, cache_mb: float | None = None) -> None:
         self.store = store
         self.tokenizer = tokenizer
         self.cache_mb = cache_mb
@@ -136,7 +136,7 @@ class Indexes:
         return cache
 
     @classmethod
-    def open(cls, store: Any, tokenizer: Tokenizer | None = None) -> Indexes:
+    def open(cls, store: Store, tokenizer: Tokenizer | None = None) -> Indexes:
         """The indexes of a file, with the tokenizer recorded in its meta.
 
         A file that records no tokenizer yet (new, or never written) gets ``tokenizer``

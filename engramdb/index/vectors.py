@@ -859,6 +859,14 @@ class VectorIndex:
             cache.live = (sid, key, got[0], got[1])
         return got
 
+    def live_rows(self, txn: Txn, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(docnos, matrix) of the live rows of space ``name``, in docno order: the cached
+        matrix, or, when it is larger than the cache allows, read from the blocks and not kept."""
+        got = self._matrix(txn, name)
+        if got is not None:
+            return got
+        return self._load(txn, name, self._prefix(name), self._dir(txn, name))
+
     def preload(self, txn: Txn) -> None:
         """Load the matrix of every space that fits the cache, so :meth:`fetch` of many
         memories in any order reads no block (a dump).

@@ -34,6 +34,7 @@ from numpy.typing import ArrayLike
 from .. import codec
 from . import run
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
+from ..store import Txn
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
 
@@ -78,7 +79,7 @@ def _check_threshold(threshold: Any) -> float:
     return float(threshold)
 
 
-def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: ArrayLike | None, threshold: float,
+def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLike | None, threshold: float,
                    space: str | None) -> set[int]:
     """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
     vectors = engram.indexes.vectors
@@ -118,7 +119,7 @@ def _by_similarity(engram: Any, txn: Any, query: str | None, embedding: ArrayLik
     return found
 
 
-def _select(engram: Any, txn: Any, ids: Sequence[str] | None, query: str | None, embedding: ArrayLike | None,
+def _select(engram: Any, txn: Txn, ids: Sequence[str] | None, query: str | None, embedding: ArrayLike | None,
             threshold: float, space: str | None) -> list[int]:
     chosen: set[int] = set()
     for id_ in ids or ():
@@ -131,7 +132,7 @@ def _select(engram: Any, txn: Any, ids: Sequence[str] | None, query: str | None,
     return sorted(chosen)
 
 
-def _edge_keys(engram: Any, txn: Any, docnos: Iterable[int]) -> set[tuple[int, int, str]]:
+def _edge_keys(engram: Any, txn: Txn, docnos: Iterable[int]) -> set[tuple[int, int, str]]:
     graph = engram.indexes.graph
     edges: set[tuple[int, int, str]] = set()
     for docno in docnos:
@@ -140,16 +141,16 @@ def _edge_keys(engram: Any, txn: Any, docnos: Iterable[int]) -> set[tuple[int, i
     return edges
 
 
-def _plan(engram: Any, txn: Any, docnos: list[int]) -> tuple[list[str], dict[str, int], list[str], list[bytes]]:
+def _plan(engram: Any, txn: Txn, docnos: list[int]) -> tuple[list[str], dict[str, int], list[str], list[bytes]]:
     """(ids, exact counts of the record tables, summary ids, source keys to drop)."""
     doomed = set(docnos)
-    nodes = {docno: codec.decode_node(txn.get("nodes", codec.u64(docno))) for docno in docnos}
+    nodes = {docno: codec.decode_node(txn.get_present("nodes", codec.u64(docno))) for docno in docnos}
     graph = engram.indexes.graph
     summaries: set[int] = set()
     for docno in docnos:
         summaries.update(src for src, kind in graph.incoming(txn, docno)
                          if kind == "derived_from" and src not in doomed)
-    summary_ids = sorted(codec.decode_node(txn.get("nodes", codec.u64(d))).id for d in summaries)
+    summary_ids = sorted(codec.decode_node(txn.get_present("nodes", codec.u64(d))).id for d in summaries)
     wanted = {node.source for node in nodes.values() if node.source}
     still_used: set[str] = set()
     if wanted:
@@ -170,7 +171,7 @@ def _plan(engram: Any, txn: Any, docnos: list[int]) -> tuple[list[str], dict[str
     return [nodes[d].id for d in docnos], counts, summary_ids, source_keys
 
 
-def _scrub_maintenance_state(txn: Any, docnos: Sequence[int]) -> None:
+def _scrub_maintenance_state(txn: Txn, docnos: Sequence[int]) -> None:
     """Drop the forgotten memories from the maintenance pass's incremental state (their rows:
     tier, times, importance) and from its change log, as the next pass would have. The
     state then describes the remaining memories exactly as before."""
@@ -231,7 +232,7 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
     if pending:  # a killed maintenance pass's plan may hold their ids or summaries: finish it first
         engram.maintain()
 
-    def remove(txn: Any) -> dict[str, int]:
+    def remove(txn: Txn) -> dict[str, int]:
         before = {table: txn.count(table) for table in INDEX_TABLES}
         with engram._batched(txn) as tx:
             for id_ in forgotten:

@@ -37,6 +37,8 @@ import numpy as np
 from .. import codec
 from ..errors import CorruptFileError, EmbeddingError, ValidationError
 from ..records import ARCHIVE_KEY, Node
+from ..index import Indexes
+from ..store import Store, Txn
 from . import archive as archive_ops
 from .lifecycle import (
     TIERS,
@@ -87,7 +89,7 @@ TIER_CODE = {t: i for i, t in enumerate(TIERS)}
 class PassTxn(Protocol):
     """What the pass needs from a write transaction of the facade (``engram.Transaction``)."""
 
-    txn: Any
+    txn: Txn
 
     def find(self, id: str) -> Node | None: ...
     def update(self, id: str, /, **changes: Any) -> Node: ...
@@ -103,14 +105,14 @@ class PassTxn(Protocol):
 class Target:
     """What the pass works on: the store, its indexes and a write-transaction factory."""
 
-    store: Any
-    indexes: Any
+    store: Store
+    indexes: Indexes
     transaction: Callable[[], AbstractContextManager[Any]]
 
 
 # --- the change log (written by the facade's index hook) ---------------------------------
 
-def log_changes(txn: Any, docnos: Sequence[int]) -> None:
+def log_changes(txn: Txn, docnos: Sequence[int]) -> None:
     """Record that the memories ``docnos`` changed (updated or deleted) in this transaction.
 
     The value is this commit's sequence number: a token that moves with every change, so the
@@ -122,7 +124,7 @@ def log_changes(txn: Any, docnos: Sequence[int]) -> None:
     txn.put_many("meta", [(DIRTY_PREFIX + codec.u64(d), token) for d in sorted(set(docnos))])
 
 
-def _dirty(txn: Any) -> dict[int, bytes]:
+def _dirty(txn: Txn) -> dict[int, bytes]:
     return {codec.from_u64(k[len(DIRTY_PREFIX):]): v for k, v in txn.items("meta", DIRTY_PREFIX)}
 
 
@@ -264,7 +266,7 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
 
 # --- planning -------------------------------------------------------------------------------
 
-def _space_name(target: Target, txn: Any, config: MaintenanceConfig) -> tuple[str, bool]:
+def _space_name(target: Target, txn: Txn, config: MaintenanceConfig) -> tuple[str, bool]:
     """The space to compare in, and whether it must be created (the built-in one, first use)."""
     from ..index.vectors import HASHED_MODEL
 
@@ -280,13 +282,13 @@ def _space_name(target: Target, txn: Any, config: MaintenanceConfig) -> tuple[st
     return BUILTIN_SPACE, True
 
 
-def _builtin_vectors(target: Target, txn: Any, docnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _builtin_vectors(target: Target, txn: Txn, docnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The built-in space's vectors computed in memory (a plan on a file that lacks it)."""
     from ..index import node_text
     from ..index.vectors import HashedTfidfEmbedder
 
     embed = HashedTfidfEmbedder(BUILTIN_DIMS, target.indexes.tokenizer)
-    texts = [node_text(codec.decode_node(txn.get("nodes", codec.u64(int(d))), vectors=False)) for d in docnos]
+    texts = [node_text(codec.decode_node(txn.get_present("nodes", codec.u64(int(d))), vectors=False)) for d in docnos]
     mat = embed(texts) if texts else np.zeros((0, BUILTIN_DIMS), np.float32)
     keep = np.any(mat != 0, axis=1)
     return docnos[keep], mat[keep]
@@ -334,7 +336,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         if create:
             vdocs, vmat = _builtin_vectors(target, txn, rows["docno"])
         else:
-            vdocs, vmat = target.indexes.vectors._matrix(txn, space_name)
+            vdocs, vmat = target.indexes.vectors.live_rows(txn, space_name)
         normalized = create or bool(target.indexes.vectors.spaces(txn)[space_name].normalize)
         space = _Space(np.asarray(vdocs), np.asarray(vmat), normalized=normalized)
         node_cache: dict[int, Node] = dict(records)
@@ -342,7 +344,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         def node(docno: int) -> Node:
             got = node_cache.get(docno)
             if got is None:
-                got = node_cache[docno] = codec.decode_node(txn.get("nodes", codec.u64(docno)), vectors=False)
+                got = node_cache[docno] = codec.decode_node(txn.get_present("nodes", codec.u64(docno)), vectors=False)
             return got
 
         n = len(rows["docno"])
@@ -589,7 +591,7 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], o
 
 
 def _docno_of(tx: PassTxn, id_: str) -> int:
-    raw = tx.txn.get("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
+    raw = tx.txn.get_present("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
     return codec.from_u64(raw)
 
 
@@ -623,7 +625,7 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
     return report
 
 
-def _finish(txn: Any, plan: Mapping[str, Any]) -> None:
+def _finish(txn: Txn, plan: Mapping[str, Any]) -> None:
     """The last transaction: new state and report, processed change-log entries dropped."""
     report: MaintenanceReport = plan["report"]
     prog = txn.get("meta", PROGRESS_KEY)
@@ -648,7 +650,7 @@ def _last_record(report: MaintenanceReport) -> dict[str, Any]:
             "compared": report.compared, "full": report.full}
 
 
-def read_last_pass(txn: Any) -> dict[str, Any] | None:
+def read_last_pass(txn: Txn) -> dict[str, Any] | None:
     """When the last finished pass ran and what it did (for ``stats``), or None when none ran."""
     raw = txn.get("meta", LAST_KEY)
     if raw is None:
@@ -700,7 +702,7 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
     if not new_plan["ops"] and not new_plan["summaries"]:
         target.store.write(lambda t: _finish_empty(t, new_plan))  # the state, and when this pass ran
     else:
-        def begin(t: Any) -> None:
+        def begin(t: Txn) -> None:
             if t.get("meta", PLAN_KEY) is not None:
                 raise ValidationError("another maintenance pass is running on this file",
                                       hint="wait for it; a killed pass is finished by the next call")
@@ -714,11 +716,11 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
     return report
 
 
-def _finish_empty(txn: Any, plan: Mapping[str, Any]) -> None:
+def _finish_empty(txn: Txn, plan: Mapping[str, Any]) -> None:
     txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], 0, 0]))
     _finish(txn, plan)
 
 
-def iter_dirty(txn: Any) -> Iterator[int]:
+def iter_dirty(txn: Txn) -> Iterator[int]:
     """Docnos in the change log (for tests and stats)."""
     yield from _dirty(txn)

@@ -11,13 +11,13 @@ from typing import Any
 
 from ..index import iter_nodes
 from ..records import ALL_FLAGS, TIERS
-from ..store import TABLES
+from ..store import TABLES, Txn
 from .run import read_last_pass
 
 __all__ = ["last_maintenance", "stats"]
 
 
-def last_maintenance(txn: Any) -> dict[str, Any] | None:
+def last_maintenance(txn: Txn) -> dict[str, Any] | None:
     """When the last maintenance pass ran and what it did (its counts), or None when no pass
     has run: the record the pass leaves (:func:`engramdb.maintenance.run.read_last_pass`)."""
     found = read_last_pass(txn)
