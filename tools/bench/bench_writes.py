@@ -223,13 +223,16 @@ def add_1000(system: str, path: str, texts: list[str], first: int) -> float:
     return seconds
 
 
-def delete_10pct(system: str, path: str, victims: list[int]) -> dict[str, float]:
+def delete_10pct(system: str, path: str, victims: list[int], each: bool = False) -> dict[str, float]:
     if system == "engramdb":
         db = _engram_open(path)
         t = time.perf_counter()
-        with db.transaction() as tx:
-            for i in victims:
-                tx.delete(f"d{i}")
+        if each:  # one Transaction.delete per memory, one transaction
+            with db.transaction() as tx:
+                for i in victims:
+                    tx.delete(f"d{i}")
+        else:
+            db.delete_many([f"d{i}" for i in victims])
         seconds = time.perf_counter() - t
         db.close()
         after = _size(system, path)
@@ -293,6 +296,7 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
     victims = rng.sample(range(n), n // 10)
     adds: dict[str, list[float]] = {s: [] for s in systems}
     dels: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
+    each: list[float] = []
     for r in range(args.runs):
         for s in systems:
             work = files[s] + f".add{r}"
@@ -306,12 +310,19 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
             dels[s].append(delete_10pct(s, work, victims))
             for f in _files(s, work):
                 os.remove(f)
+        if n <= args.each_max:
+            work = files["engramdb"] + f".each{r}"
+            _copy("engramdb", files["engramdb"], work)
+            each.append(delete_10pct("engramdb", work, victims, each=True)["seconds"])
+            for f in _files("engramdb", work):
+                os.remove(f)
     med_add = {s: statistics.median(adds[s]) for s in systems}
     print(f"\nadd 1,000 documents to the {n:,}-document file (one transaction; medians of {args.runs})")
     for s in systems:
         print(f"  {LABELS[s]:<30} {med_add[s] * 1e3:>9.1f} ms  (runs: {', '.join(f'{x * 1e3:.1f}' for x in adds[s])})"
               + ("" if s == "engramdb" else f"   ratio {_ratio(med_add[s], med_add['engramdb'])}"))
-    print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction; medians of {args.runs})")
+    print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction: engramdb's delete_many, SQLite's "
+          f"DELETE per rowid; medians of {args.runs})")
     print(f"  {'system':<30} {'delete':>10} {'file before':>12} {'after delete':>13} {'compacted':>10} {'compaction':>11}")
     for s in systems:
         sec = statistics.median(d["seconds"] for d in dels[s])
@@ -323,6 +334,8 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
               f"({after / size:.2f}x) {comp / 2**20:>7.1f} MB {comp_s:>9.1f} s"
               + ("" if s == "engramdb" else
                  f"   ratio {_ratio(sec, statistics.median(d['seconds'] for d in dels['engramdb']))}"))
+    if each:
+        print(f"  engramdb, one tx.delete per memory in one transaction: {statistics.median(each):.2f} s")
 
 
 class _Tee:
@@ -347,6 +360,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--each-max", type=int, default=100_000,
+                    help="also time one tx.delete per memory up to this N")
     ap.add_argument("--out", help="also write the report to this file")
     args = ap.parse_args()
     if args.out:
