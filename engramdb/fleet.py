@@ -22,11 +22,14 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import engram, errors
 from .errors import AlreadyOpenError, ConfigMismatchError, EngramError, ValidationError, WriteConflictError
 from .store import atomic_file
+
+if TYPE_CHECKING:  # annotations only
+    from .maintenance.lifecycle import MaintenanceConfig
 
 __all__ = [
     "JOBS", "INSTALL_HINT", "FileResult", "FleetReport", "run", "run_one",
@@ -172,7 +175,7 @@ def _write_dump(db: Any, path: str, out: str) -> dict[str, Any]:
     return {"dump": target, "records": records, "bytes": os.path.getsize(target)}
 
 
-def _do_job(db: Any, path: str, job: str | Callable[[Any], Mapping[str, Any]], options: Mapping[str, Any]) -> Any:
+def _do_job(db: Any, path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], options: Mapping[str, Any]) -> Any:
     if callable(job):
         result = job(db)
         if not isinstance(result, Mapping):
@@ -197,7 +200,7 @@ def _do_job(db: Any, path: str, job: str | Callable[[Any], Mapping[str, Any]], o
     raise ValidationError(f"unknown job {job!r}", hint=f"use one of {', '.join(JOBS)} or a function (Engram) -> dict")
 
 
-def run_one(path: str, job: str | Callable[[Any], Mapping[str, Any]], key_source: Any = None,
+def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], key_source: KeySource | None = None,
             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``job`` on one file and return its result row (the body of every fleet task).
 
@@ -318,7 +321,7 @@ def expand_paths(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathL
     return paths
 
 
-def _distributed() -> Any:
+def _distributed() -> Any:  # Any: Dask (an optional extra) is untyped here, the library boundary
     try:
         import distributed
     except ImportError:
@@ -328,9 +331,9 @@ def _distributed() -> Any:
 
 
 def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-        job: str | Callable[[Any], Mapping[str, Any]], *, client: Any = None, key_source: Any = None,
+        job: str | Callable[[engram.Engram], Mapping[str, Any]], *, client: Any = None, key_source: KeySource | None = None,
         retries: int = 2, progress: bool = True, out: str | None = None, now: float | None = None,
-        config: Any = None, workers: int | None = None) -> FleetReport:
+        config: MaintenanceConfig | None = None, workers: int | None = None) -> FleetReport:
     """Run ``job`` over every file, one Dask task per file, and report per file.
 
     Args:
@@ -386,7 +389,8 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     return report
 
 
-def _gather(distributed: Any, client: Any, paths: list[str], job: Any, key_source: Any,
+def _gather(distributed: Any, client: Any,  # Dask objects: the untyped library boundary
+            paths: list[str], job: str | Callable[[engram.Engram], Mapping[str, Any]], key_source: KeySource | None,
             options: dict[str, Any], retries: int, progress: bool) -> FleetReport:
     name = job if isinstance(job, str) else getattr(job, "__name__", "function")
     futures = {client.submit(run_one, path, job, key_source, options, retries=retries, pure=False,

@@ -28,7 +28,7 @@ INSTRUCTIONS = ("Long-term memory in one encrypted .engram file. Call before_tas
                 "worth keeping; recall to search; forget removes memories for good.")
 
 
-def _sdk() -> tuple[Any, type[Exception]]:
+def _sdk() -> tuple[Any, type[Exception]]:  # Any: the MCP SDK's server class (an optional extra)
     """(the server class, its ToolError) of the installed SDK.
 
     Raises:
