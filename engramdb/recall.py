@@ -360,7 +360,7 @@ class _Run:
         fused: dict[int, float] = {}
         for name, ranking in rankings:
             weight = fusion_weight(name, ranking, rankings)
-            for rank, (docno, _, _) in enumerate(ranking, start=1):
+            for rank, docno in _tied_ranks(ranking):
                 fused[docno] = fused.get(docno, 0.0) + weight / (RRF_K + rank)
         relevance: dict[int, float] = {}  # of the candidates walked below (the rest cannot place)
         parts = _explain_parts(rankings) if explain else None
@@ -404,6 +404,19 @@ class _Run:
         if parts is not None:
             parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
         return base * tier * superseded * (1.0 + date)
+
+
+def _tied_ranks(ranking: Sequence[tuple[int, float, float]]) -> Iterator[tuple[int, int]]:
+    """(rank, docno) of a ranking, 1-based, where documents with the same score (base plus
+    hop) share the rank of the first of them: equal evidence earns equal RRF, so the tier
+    factor, not the docno order of a tie, decides between them (a live memory beats an
+    archived one that matched exactly as well; tests/test_archive.py)."""
+    rank, previous = 0, None
+    for position, (docno, base, hop) in enumerate(ranking, start=1):
+        score = base + hop
+        if score != previous:
+            rank, previous = position, score
+        yield rank, docno
 
 
 def fusion_weight(name: str, ranking: Sequence[tuple[int, float, float]],
@@ -456,10 +469,10 @@ def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]
     for name, ranking in rankings:
         rank_key = name.replace(":", "_rank:") if ":" in name else name + "_rank"
         hop_key = "hop:" + name
-        for rank, (docno, score, hop) in enumerate(ranking, start=1):
+        for (rank, docno), (_, score, hop) in zip(_tied_ranks(ranking), ranking):
             p = parts.setdefault(docno, {})
             p[name] = score
-            p[rank_key] = float(rank)
+            p[rank_key] = float(rank)  # the rank fusion used (ties share one)
             if hop:
                 p[hop_key] = hop
     return parts

@@ -270,3 +270,23 @@ def test_repack_keeps_every_envelope_and_the_digest(tmp_engram, now):
     with db._store.read() as txn:
         assert list(txn.raw_items("nodes")) == before
     assert db.verify() == []
+
+
+@pytest.mark.parametrize("live_tier", ["hot", "warm", "cold"])
+@pytest.mark.parametrize("extra", [0, 2])
+def test_live_memory_beats_an_archived_one_on_an_exact_lexical_tie(make_db, now, live_tier, extra):
+    """Regression: BM25 ties were ranked by docno before fusion, so the older (archived)
+    memory got the better RRF rank, a larger gap than the tier factor (0.98 vs 0.99 for cold;
+    more with other ties between them). Equal lexical evidence now gets equal rank."""
+    db = make_db()
+    db.add("the harbour ferry leaves at noon", id="old", now=now)
+    for k in range(extra):  # more tied memories between them push the live one down a rank each
+        db.add("the harbour ferry leaves at noon", id=f"mid{k}", tier="archive", now=now)
+    db.add("the harbour ferry leaves at noon", id="new", tier=live_tier, now=now)
+    db.archive("old")
+    for k in range(extra):
+        db.archive(f"mid{k}")
+    hits = db.recall("harbour ferry noon", top_k=3 + extra, hops=False, explain=True)
+    assert hits[0].id == "new", [(h.id, h.score) for h in hits]
+    assert hits[0].parts["bm25"] == hits[1].parts["bm25"]  # the tie was exact
+    assert [h.id for h in hits[1:]] == ["old"] + [f"mid{k}" for k in range(extra)]  # then docno order
