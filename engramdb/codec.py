@@ -130,10 +130,11 @@ def _packer() -> msgpack.Packer:
 # The node fields in record order (between the schema version and the embeddings): one
 # itemgetter call reads them all from the node's instance dict (a frozen dataclass keeps
 # every field there; plain dict lookups are ~3x faster than attribute lookups).
-_NODE_RECORD_FIELDS = operator.itemgetter(
+_NODE_RECORD_NAMES = (
     "id", "content", "entities", "topics", "quote", "weight", "flags", "emotions", "source_start", "source_end",
     "resolved_date", "tier", "importance", "created_at", "last_accessed", "access_count", "pinned", "tags",
     "source", "metadata")
+_NODE_RECORD_FIELDS = operator.itemgetter(*_NODE_RECORD_NAMES)
 _MSGPACK_PREFIX = bytes((CODEC_MSGPACK,))
 _ZSTD_PREFIX = bytes((CODEC_ZSTD,))
 
@@ -174,6 +175,33 @@ def encode_nodes(nodes: list[Node]) -> list[bytes]:
     return out
 
 
+def record_fields(data: bytes) -> list[Any]:
+    """Record bytes -> the record's msgpack array, unvalidated (schema version first, then
+    the fields in ``_NODE_RECORD_NAMES`` order, then the embeddings: a map of vector bytes in
+    schema 1, the list of space names in schema 2).
+
+    Raises:
+        CorruptFileError: unknown codec or schema, or bytes that do not decode.
+    """
+    if not data:
+        raise CorruptFileError("an empty node record")
+    kind, body = data[0], data[1:]
+    if kind == CODEC_ZSTD:
+        body = _decompress(body, "a compressed node record")
+    elif kind != CODEC_MSGPACK:
+        raise CorruptFileError(f"unknown record codec {kind}", hint="upgrade engramdb, or restore from a dump")
+    fields = unpack(body)
+    if not isinstance(fields, list) or not fields or fields[0] not in (NODE_SCHEMA, NODE_SCHEMA_VECTORS) \
+            or len(fields) < 22:
+        raise CorruptFileError("a node record has an unknown schema", hint="upgrade engramdb to read this file")
+    return fields
+
+
+def field_position(name: str) -> int:
+    """Where field ``name`` sits in :func:`record_fields`' array."""
+    return 1 + _NODE_RECORD_NAMES.index(name)
+
+
 def decode_node(data: bytes, *, vectors: bool = True,
                 fetch: Callable[[list[str]], Mapping[str, Any]] | None = None) -> Node:
     """Record bytes -> Node (``vectors=False``: without its embeddings, which are most of
@@ -187,17 +215,7 @@ def decode_node(data: bytes, *, vectors: bool = True,
     Raises:
         CorruptFileError: unknown codec or schema, bad shape, or fields that fail validation.
     """
-    if not data:
-        raise CorruptFileError("an empty node record")
-    codec, body = data[0], data[1:]
-    if codec == CODEC_ZSTD:
-        body = _decompress(body, "a compressed node record")
-    elif codec != CODEC_MSGPACK:
-        raise CorruptFileError(f"unknown record codec {codec}", hint="upgrade engramdb, or restore from a dump")
-    fields = unpack(body)
-    if not isinstance(fields, list) or not fields or fields[0] not in (NODE_SCHEMA, NODE_SCHEMA_VECTORS) \
-            or len(fields) < 22:
-        raise CorruptFileError("a node record has an unknown schema", hint="upgrade engramdb to read this file")
+    fields = record_fields(data)
     try:
         (_, id_, content, entities, topics, quote, weight, flags, emotions, ss, se, rd, tier, importance,
          created, accessed, count, pinned, tags, source, metadata, embeddings) = fields[:22]
@@ -225,3 +243,37 @@ def decode_node(data: bytes, *, vectors: bool = True,
         })
     except (ValidationError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"a node record holds invalid fields: {exc}") from None
+
+
+# Positions of the fields a record can be patched in place (after the schema version).
+_PATCHABLE = ("tier", "importance", "last_accessed", "access_count", "pinned", "tags")
+_FIELD_POSITION = {name: field_position(name) for name in _PATCHABLE}
+
+
+def patch_node(data: bytes, changes: dict[str, Any]) -> bytes:
+    """Record bytes with some plain fields replaced, without decoding the rest (embeddings
+    stay bytes): the same bytes as ``encode_node(decode_node(data).replace(**changes))``.
+
+    Only the fields in ``_PATCHABLE`` (none of which the indexes read) can be patched; the
+    values are validated as the node constructor does.
+
+    Raises:
+        ValidationError: a field that cannot be patched, or an invalid value.
+        CorruptFileError: the record does not decode.
+    """
+    from .records import _FIELD_CHECKS
+
+    unknown = set(changes) - set(_PATCHABLE)
+    if unknown:
+        raise ValidationError(f"cannot patch fields: {', '.join(sorted(unknown))}")
+    values = dict(changes)
+    for name in changes:
+        _FIELD_CHECKS[name](values)  # validates and normalises (tags -> tuple of str, ...)
+    fields = record_fields(data)
+    for name, value in values.items():
+        fields[_FIELD_POSITION[name]] = value
+    try:
+        out = _packer().pack(fields)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"cannot encode value: {exc}") from None
+    return _ZSTD_PREFIX + _compressor.compress(out) if len(out) > ZSTD_THRESHOLD else _MSGPACK_PREFIX + out

@@ -111,3 +111,31 @@ def test_u64_round_trip_and_order(n):
 def test_from_u64_wrong_length():
     with pytest.raises(CorruptFileError):
         codec.from_u64(b"\x00" * 7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(content=st.text(max_size=3000), tags=st.lists(st.text(max_size=8), max_size=4),
+       tier=st.sampled_from(["hot", "warm", "cold", "archive"]), count=st.integers(0, 10**6),
+       last=st.floats(0, 4e9, allow_nan=False), emb=st.lists(st.floats(-1, 1, width=32), min_size=1, max_size=8),
+       which=st.sets(st.sampled_from(["tier", "tags", "access_count", "last_accessed", "pinned", "importance"])))
+def test_patch_node_gives_the_bytes_of_encode_after_replace(content, tags, tier, count, last, emb, which):
+    from engramdb.records import Node
+
+    node = Node(id="x", content=content, tags=("a",), embeddings={"e": tuple(emb)}, metadata={"k": [1, "v"]})
+    values = {"tier": tier, "tags": tags, "access_count": count, "last_accessed": last, "pinned": True,
+              "importance": 0.25}
+    changes = {k: values[k] for k in which}
+    raw = codec.encode_node(node)
+    assert codec.patch_node(raw, changes) == codec.encode_node(node.replace(**changes))
+
+
+def test_patch_node_refuses_indexed_fields_and_bad_values():
+    from engramdb.records import Node
+
+    raw = codec.encode_node(Node(id="x", content="text"))
+    with pytest.raises(ValidationError):
+        codec.patch_node(raw, {"content": "other"})
+    with pytest.raises(ValidationError):
+        codec.patch_node(raw, {"tier": "lukewarm"})
+    with pytest.raises(CorruptFileError):
+        codec.patch_node(b"\x07junk", {"tier": "hot"})

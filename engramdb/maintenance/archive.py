@@ -84,9 +84,12 @@ def _get(tx: ArchiveTxn, id: str) -> Node:
 
 
 def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PREVIEW_CHARS,
-            now: float | None = None) -> int:
+            now: float | None = None, changes: Mapping[str, Any] | None = None) -> int:
     """Archive memory ``id`` inside ``tx``; returns the number of UTF-8 bytes of text dropped
     (always 0 unless ``truncate``). A memory that is archived already is left as it is (0).
+
+    ``changes`` (fields other than ``content``, e.g. the maintenance pass's new tier) are
+    applied first, in the same record write: the same result as ``update`` then ``archive``.
 
     ``now`` is accepted for the maintenance pass's uniform signature; archiving changes no
     timestamp (the stub keeps ``created_at`` and ``last_accessed``).
@@ -99,8 +102,14 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
     if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
         raise ValidationError(f"chars must be a positive integer, got {chars!r}")
     node = _get(tx, id)
+    if changes and "content" in changes:
+        raise ValidationError("archive changes cannot include content")
     if info(node) is not None:
+        if changes:
+            tx.update(id, **changes)
         return 0
+    if changes:
+        node = node.replace(**changes)
     # a row without a stub entry (written by set_archived alone) already holds the original
     stored = tx.archived(id)
     content = node.content if stored is None else stored
@@ -114,7 +123,8 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
         dropped = len(content.encode("utf-8", "surrogatepass")) - len(kept[:-3].encode("utf-8", "surrogatepass"))
     else:  # a text no longer than the preview loses nothing: it is archived whole, and can be undone
         tx.set_archived(id, content)
-    tx.update(id, content=kept, tier="archive", metadata={**node.metadata, ARCHIVE_KEY: entry})
+    tx.update(id, **{**(changes or {}), "content": kept, "tier": "archive",
+                     "metadata": {**node.metadata, ARCHIVE_KEY: entry}})
     return dropped
 
 

@@ -75,6 +75,19 @@ BUILTIN_DIMS = 256
 SIM_BAND = 1e-4  # float32 products this close to a threshold are recomputed exactly
 BLOCK_ROWS = 2048
 BLOCK_CELLS = 1 << 24
+# pivot pruning (_pivot_pairs): worth its set-up from this many rows on
+PIVOT_MIN_ROWS = 4096
+PRUNE_MIN_THRESHOLD = 0.2  # below, almost nothing is far enough to prune
+ROWS_PER_PIVOT = 64
+MAX_PIVOTS = 1024
+PIVOT_CHUNK = 64
+PIVOT_SAMPLE = 20_000
+PIVOT_ROUNDS = 4
+PIVOT_BANDS = np.radians([10.0, 20.0, 30.0, 40.0, 48.0])  # a row's band: its angle to its pivot
+PRUNE_MARGIN = 1e-2  # radians (and cosine) added to every bound: float32 rounding is ~1e-6 in a
+# cosine, ~1.5e-3 rad in an angle near 0
+PRUNE_MAX_REACH = math.radians(88.0)  # a group reaching further is compared with everything,
+PRUNE_MAX_SHARE = 0.04  # and so is one whose bound keeps more than this share of the columns
 STATE_VERSION = 1
 
 Progress = Callable[[str, int, int], None]
@@ -156,17 +169,27 @@ def _fingerprint(config: MaintenanceConfig, space: str) -> list[Any]:
             config.keep_pinned]
 
 
-def _row_of(docno: int, node: Node) -> tuple[int, int, int, int, float, int, int, int]:
-    flags = (PINNED if node.pinned else 0) | (CONSOLIDATED if "consolidated" in node.tags else 0) \
-        | (STUB if ARCHIVE_KEY in node.metadata else 0)
-    return (docno, TIER_CODE.get(node.tier, 0), round(node.created_at * 1000), round(node.last_accessed * 1000),
-            node.importance, node.access_count, flags, 0)
+_POS = {name: codec.field_position(name) for name in ("id", "tier", "created_at", "last_accessed", "importance",
+                                                       "access_count", "pinned", "tags", "metadata")}
 
 
-def _rows_from(records: Sequence[tuple[int, Node]]) -> dict[str, np.ndarray]:
+def _row_of(docno: int, f: list[Any]) -> tuple[int, int, int, int, float, int, int, int]:
+    """A state row from a record's raw fields (``codec.record_fields``: no Node is built,
+    the pass reads every record of the file on a full pass)."""
+    flags = (PINNED if f[_POS["pinned"]] is True else 0) | (CONSOLIDATED if "consolidated" in f[_POS["tags"]] else 0) \
+        | (STUB if ARCHIVE_KEY in f[_POS["metadata"]] else 0)
+    return (docno, TIER_CODE.get(f[_POS["tier"]], 0), round(f[_POS["created_at"]] * 1000),
+            round(f[_POS["last_accessed"]] * 1000), float(f[_POS["importance"]]), int(f[_POS["access_count"]]), flags, 0)
+
+
+def _rows_from(records: Sequence[tuple[int, list[Any]]]) -> dict[str, np.ndarray]:
     if not records:
         return _empty_rows()
-    cols = list(zip(*(_row_of(d, n) for d, n in records)))
+    try:
+        cols = list(zip(*(_row_of(d, f) for d, f in records)))
+    except (TypeError, ValueError, OverflowError):
+        raise CorruptFileError("a node record holds invalid fields",
+                               hint="run `engramdb verify FILE` to find it; restore from a dump") from None
     return {name: np.asarray(col, dtype=dt) for (name, dt), col in zip(COLUMNS.items(), cols)}
 
 
@@ -236,7 +259,18 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
            *, triangle: bool, progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(row, col) vector-row pairs with cosine above ``threshold`` (``>`` when ``strict``, else
     ``>=``), ``row`` from ``rows`` and ``col`` where ``cols_mask``; never a row with itself.
-    With ``triangle`` only ``col > row`` (``rows`` must then be every row in ``cols_mask``)."""
+    With ``triangle`` each unordered pair once, as ``row < col`` (``rows`` must then be every
+    row in ``cols_mask``). Many rows and a positive threshold: pivot pruning
+    (:func:`_pivot_pairs`); else every product, in blocks (:func:`_block_pairs`)."""
+    if len(rows) >= PIVOT_MIN_ROWS and threshold - SIM_BAND > PRUNE_MIN_THRESHOLD:
+        return _pivot_pairs(space, np.asarray(rows, np.int64), cols_mask, threshold, strict, triangle=triangle,
+                            progress=progress)
+    return _block_pairs(space, rows, cols_mask, threshold, strict, triangle=triangle, progress=progress)
+
+
+def _block_pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: float, strict: bool,
+                 *, triangle: bool, progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_pairs` by every product: one matrix product per block of rows."""
     out_r, out_c = [], []
     cols = np.nonzero(cols_mask)[0]
     if not len(rows) or not len(cols):
@@ -262,6 +296,137 @@ def _pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: fl
     if not out_r:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate(out_r), np.concatenate(out_c)
+
+
+def _kmeans_pivots(unit: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """``k`` unit pivots (float32 rows) from a few rounds of spherical k-means over a fixed
+    stride sample of ``rows``, started from evenly spaced rows: deterministic. Any pivots
+    give exact results; good ones only prune more."""
+    sample = rows[::max(1, len(rows) // PIVOT_SAMPLE)]
+    pivots = unit[sample[np.linspace(0, len(sample) - 1, k).astype(np.int64)]].astype(np.float64)
+    data = unit[sample]
+    for _ in range(PIVOT_ROUNDS):
+        assign = np.argmax(data @ pivots.astype(np.float32).T, axis=1)
+        onehot = np.zeros((k, len(sample)), np.float32)
+        onehot[assign, np.arange(len(sample))] = 1.0
+        sums = (onehot @ data).astype(np.float64)  # each pivot's members summed
+        norms = np.linalg.norm(sums, axis=1)
+        moved = norms > 0  # an empty pivot stays where it was
+        pivots[moved] = sums[moved] / norms[moved, None]
+    return pivots.astype(np.float32)
+
+
+def _pivot_pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: float, strict: bool,
+                 *, triangle: bool, progress: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_pairs` with exact pruning by pivots (spec/maintenance.md, "Exactness").
+
+    The rows are grouped by their nearest pivot ``c`` and by their angle to it (bands); a
+    group whose widest angle is ``R`` can only have a pair above the threshold (angle
+    ``theta_t``) with a column within ``R + theta_t`` of ``c`` (the angle between unit
+    vectors is a metric), so only those columns are multiplied. Wide groups (no pruning to
+    gain) are compared by every product. In ``triangle`` mode the groups are ordered, tight
+    first, and a group only meets columns of its own or a later group (the pair is found
+    from the earlier side, or cannot be above the threshold at all)."""
+    unit = space.unit
+    cols_all = np.nonzero(cols_mask)[0]
+    nonzero = np.einsum("ij,ij->i", unit, unit) > 0.25  # zero rows (no direction) never pass t > 0
+    rows = np.sort(rows[nonzero[rows]])
+    cols_all = cols_all[nonzero[cols_all]]
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if not len(rows) or not len(cols_all):
+        return empty
+    k = int(min(MAX_PIVOTS, max(1, len(rows) // ROWS_PER_PIVOT)))
+    pivots = _kmeans_pivots(unit, rows, k)
+    theta_t = math.acos(min(1.0, threshold - SIM_BAND - PRUNE_MARGIN))
+    home = np.empty(len(rows), np.int64)  # each row's nearest pivot, and its angle to it
+    best = np.empty(len(rows), np.float32)
+    for start in range(0, len(rows), 8192):
+        rc = unit[rows[start:start + 8192]] @ pivots.T
+        home[start:start + 8192] = np.argmax(rc, axis=1)
+        best[start:start + 8192] = rc[np.arange(len(rc)), home[start:start + 8192]]
+    angle = np.arccos(np.clip(best.astype(np.float64), -1.0, 1.0))
+    band = np.searchsorted(PIVOT_BANDS, angle)
+    # groups (pivot, band), in that order, each with its reach: widest angle + theta_t
+    key = home * (len(PIVOT_BANDS) + 1) + band
+    order = np.lexsort((rows, key))
+    keys, starts = np.unique(key[order], return_index=True)
+    groups = []
+    wide_rows = []
+    for gkey, a, b in zip(keys.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)]):
+        members = rows[order[a:b]]
+        reach = float(angle[order[a:b]].max()) + theta_t + PRUNE_MARGIN
+        if reach <= PRUNE_MAX_REACH:
+            groups.append((gkey // (len(PIVOT_BANDS) + 1), reach, members))
+        else:
+            wide_rows.append(members)
+    out_r: list[np.ndarray] = []
+    out_c: list[np.ndarray] = []
+    rank = np.full(len(unit), len(groups), np.int64)  # a row's group order (wide rows: last)
+    for gi, (_, _, members) in enumerate(groups):
+        rank[members] = gi
+    done = 0
+    gi = 0
+    for first in range(0, k, PIVOT_CHUNK):  # the columns' cosines to a chunk of pivots at a time
+        last = min(k, first + PIVOT_CHUNK)
+        if gi >= len(groups) or groups[gi][0] >= last:
+            continue
+        col_cos = np.empty((last - first, len(cols_all)), np.float32)
+        for start in range(0, len(cols_all), 8192):
+            col_cos[:, start:start + 8192] = pivots[first:last] @ unit[cols_all[start:start + 8192]].T
+        while gi < len(groups) and groups[gi][0] < last:
+            pivot, reach, members = groups[gi]
+            cand = cols_all[col_cos[pivot - first] >= math.cos(reach)]
+            if len(cand) > len(cols_all) * PRUNE_MAX_SHARE:  # too little pruned: compare it with
+                rank[members] = len(groups)                   # everything, with the wide rows
+                wide_rows.append(members)
+                cand = cand[:0]
+            elif triangle:
+                cand = cand[rank[cand] >= gi]
+            if len(cand):
+                step = max(1, BLOCK_CELLS // len(cand))
+                for s0 in range(0, len(members), step):
+                    _collect(space, members[s0:s0 + step], cand, threshold, strict, out_r, out_c,
+                             same=(rank[cand] == gi) if triangle else None)
+            done += len(members)
+            gi += 1
+        if progress:
+            progress(done)
+    if wide_rows:
+        wrows = np.sort(np.concatenate(wide_rows))
+        if triangle:
+            wmask = np.zeros(len(unit), bool)
+            wmask[wrows] = True
+            wr, wc = _block_pairs(space, wrows, wmask, threshold, strict, triangle=True)
+        else:
+            wr, wc = _block_pairs(space, wrows, cols_mask, threshold, strict, triangle=False)
+        out_r.append(wr)
+        out_c.append(wc)
+        if progress:
+            progress(len(rows))
+    if not out_r:
+        return empty
+    r, c = np.concatenate(out_r), np.concatenate(out_c)
+    if triangle:
+        r, c = np.minimum(r, c), np.maximum(r, c)
+    return r, c
+
+
+def _collect(space: _Space, block: np.ndarray, cand: np.ndarray, threshold: float, strict: bool,
+             out_r: list[np.ndarray], out_c: list[np.ndarray], *, same: np.ndarray | None) -> None:
+    """The pairs above the threshold between rows ``block`` and columns ``cand`` (one
+    product). ``same`` marks the columns of the block's own group, of which only those after
+    the row are kept (each unordered pair once); None keeps every pair but a row with itself."""
+    sims = space.unit[block] @ space.unit[cand].T
+    r, c = np.nonzero(sims > threshold - SIM_BAND)
+    if not len(r):
+        return
+    gr, gc = block[r], cand[c]
+    keep = gr != gc
+    if same is not None:
+        keep &= ~same[c] | (gc > gr)
+    keep &= _above(space, sims[r, c], gr, gc, threshold, strict)
+    out_r.append(gr[keep])
+    out_c.append(gc[keep])
 
 
 # --- planning -------------------------------------------------------------------------------
@@ -314,20 +479,20 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         tokens = _dirty(txn)
         next_docno = txn.state.next_docno
         if full:
-            records: list[tuple[int, Node]] = [(codec.from_u64(k), codec.decode_node(v, vectors=False))
-                                               for k, v in txn.items("nodes")]
+            records: list[tuple[int, list[Any]]] = [(codec.from_u64(k), codec.record_fields(v))
+                                                    for k, v in txn.items("nodes")]
             rows = _rows_from(records)
             dirty = rows["docno"].copy()
         else:
             assert state is not None
             old = _unpack_rows(state["rows"])
             start = int(state["next_docno"])
-            found = {codec.from_u64(k): codec.decode_node(v, vectors=False) for k, v in txn.items("nodes", start=codec.u64(start))}
+            found = {codec.from_u64(k): codec.record_fields(v) for k, v in txn.items("nodes", start=codec.u64(start))}
             changed = sorted(set(tokens) | set(found))
             for d in tokens:
                 raw = None if d in found else txn.get("nodes", codec.u64(d))
                 if raw is not None:
-                    found[d] = codec.decode_node(raw, vectors=False)
+                    found[d] = codec.record_fields(raw)
             records = sorted(found.items())
             keep = ~np.isin(old["docno"], np.asarray(changed, dtype=np.uint64))
             rows = _concat(_take(old, keep), _rows_from(records))
@@ -339,7 +504,13 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             vdocs, vmat = target.indexes.vectors.live_rows(txn, space_name)
         normalized = create or bool(target.indexes.vectors.spaces(txn)[space_name].normalize)
         space = _Space(np.asarray(vdocs), np.asarray(vmat), normalized=normalized)
-        node_cache: dict[int, Node] = dict(records)
+        node_cache: dict[int, Node] = {}
+        known_ids = {d: f[_POS["id"]] for d, f in records}
+        del records
+
+        def id_of(docno: int) -> str:
+            got = known_ids.get(docno)
+            return got if isinstance(got, str) else node(docno).id
 
         def node(docno: int) -> Node:
             got = node_cache.get(docno)
@@ -500,11 +671,11 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                     op["last_accessed"] = op["last_accessed"] / 1000
                 if i in archive_now:
                     op["archive"] = archive_now[i]
-            ops.append([d, node(d).id, tokens.get(d), op])
+            ops.append([d, id_of(d), tokens.get(d), op])
             if i in removed:
-                report.removed_ids.append(node(d).id)
+                report.removed_ids.append(id_of(d))
             elif i in archive_now:
-                report.archived_ids.append(node(d).id)
+                report.archived_ids.append(id_of(d))
         report.summary_ids = [s["id"] for s in summaries]
 
         # the state after the pass
@@ -557,15 +728,22 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     key = DIRTY_PREFIX + codec.u64(docno)
     if txn.get("meta", key) != token:
         return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
+    dropped = 0
     if op.get("delete"):
         tx.delete(id_)
     else:
         changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
-        if changes:
-            tx.update(id_, **changes)
-    dropped = 0
-    if not op.get("delete") and "archive" in op:
-        dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"])
+        if "archive" in op:  # one record write: the changes, then the stub (index rebuilt from it)
+            dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"], changes=changes)
+        elif changes:
+            # none of these fields is indexed: patch the record in place (no decoding of its
+            # embeddings, no index entries rewritten). The change-log entry an update would
+            # write is the one dropped just below.
+            raw = txn.get("nodes", codec.u64(docno))
+            if raw is None:
+                tx.update(id_, **changes)  # raises NotFoundError, as before
+            else:
+                txn.put("nodes", codec.u64(docno), codec.patch_node(raw, changes))
     txn.delete("meta", key)  # our own change: the new state accounts for it
     return dropped
 
