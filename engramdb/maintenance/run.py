@@ -313,7 +313,8 @@ def _kmeans_pivots(unit: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
         norms = np.linalg.norm(sums, axis=1)
         moved = norms > 0  # an empty pivot stays where it was
         pivots[moved] = sums[moved] / norms[moved, None]
-    return pivots.astype(np.float32)
+    out: np.ndarray = pivots.astype(np.float32)
+    return out
 
 
 def _pivot_pairs(space: _Space, rows: np.ndarray, cols_mask: np.ndarray, threshold: float, strict: bool,
