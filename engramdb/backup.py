@@ -84,13 +84,20 @@ def _scan(engram: Engram, txn: Txn, salvage: _Salvage) -> tuple[list[int], dict[
 
 
 def _archive_rows(txn: Txn, ids: dict[int, str], salvage: _Salvage) -> list[tuple[str, str]]:
+    from .maintenance.archive import GROUP_BIT, unpack_group
+
     rows = []
     for key in list(txn.keys("archive")):
-        docno = codec.from_u64(key)
-        original = salvage.attempt(f"archived original of memory #{docno}",
+        number = codec.from_u64(key)
+        if number & GROUP_BIT:  # originals packed together by compact
+            group = salvage.attempt(f"group of archived originals #{number & ~GROUP_BIT}",
+                                    lambda k: unpack_group(txn.get_present("archive", k)), key)
+            rows += [(ids[d], text) for d, text in group or () if d in ids]
+            continue
+        original = salvage.attempt(f"archived original of memory #{number}",
                                    lambda k: codec.unpack_archive(txn.get_present("archive", k)), key)
-        if original is not None and docno in ids:
-            rows.append((ids[docno], original))
+        if original is not None and number in ids:
+            rows.append((ids[number], original))
     return sorted(rows)
 
 

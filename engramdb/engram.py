@@ -995,6 +995,10 @@ class Engram:
         """
         if not self.readonly:
             self.merge_indexes(max_steps=1_000_000, force=True)
+            # archived originals compress together, in groups (spec/file-format.md)
+            from .maintenance.archive import pack_groups
+
+            self._store.write(pack_groups)
             # records that shrank in place (archived, truncated) leave part-empty pages, and so
             # do rows inserted one by one; the compacting copy keeps pages as they are: refill first
             for table in ("nodes", "archive"):
@@ -1332,7 +1336,9 @@ class Transaction:
         old = self._load(docno)
         self._txn.delete("nodes", codec.u64(docno))
         self._txn.delete("ids", id_key)
-        self._txn.delete("archive", codec.u64(docno))
+        from .maintenance.archive import drop_original
+
+        drop_original(self._txn, docno)  # its archive row, or its place in a group
         self._index(removed=[(docno, old)])  # index hook
         return True
 
@@ -1387,9 +1393,10 @@ class Transaction:
 
     def archived(self, id: str) -> str | None:
         """The archived original of a memory, or None."""
+        from .maintenance.archive import read_original
+
         docno = self._docno(id)
-        raw = None if docno is None else self._txn.get("archive", codec.u64(docno))
-        return None if raw is None else codec.unpack_archive(raw)
+        return None if docno is None else read_original(self._txn, docno)
 
     def set_archived(self, id: str, original: str) -> None:
         """Keep ``original`` (zstd-compressed, sealed) as the archived full text of memory ``id``.
@@ -1402,15 +1409,16 @@ class Transaction:
             raise NotFoundError(f"no memory with id {shown(id)}")
         if not isinstance(original, str):
             raise ValidationError("an archived original must be a string")
-        self._txn.put("archive", codec.u64(docno), codec.pack_archive(original))
+        from .maintenance.archive import write_original
+
+        write_original(self._txn, docno, original)
 
     def drop_archived(self, id: str) -> bool:
         """Remove the archive row of memory ``id``; False when it had none."""
+        from .maintenance.archive import drop_original
+
         docno = self._docno(id)
-        if docno is None or self._txn.get("archive", codec.u64(docno)) is None:
-            return False
-        self._txn.delete("archive", codec.u64(docno))
-        return True
+        return docno is not None and drop_original(self._txn, docno)
 
     def archive(self, id: str, /, *, truncate: bool = False, now: float | None = None) -> int:
         """As :meth:`Engram.archive`, inside this transaction."""

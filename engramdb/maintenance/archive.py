@@ -26,7 +26,7 @@ The functions take a transaction object of the facade (``Engram.transaction()`` 
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from .. import codec
@@ -37,18 +37,185 @@ from .lifecycle import utf16_len
 
 __all__ = [
     "ARCHIVE_KEY",
+    "GROUP_BIT",
     "PREVIEW_CHARS",
     "ArchiveTxn",
     "archive",
+    "drop_original",
     "full",
     "full_of",
+    "has_original",
     "info",
+    "iter_originals",
+    "pack_group",
+    "pack_groups",
     "preview",
     "problems",
+    "read_original",
     "unarchive",
+    "unpack_group",
+    "write_original",
 ]
 
 PREVIEW_CHARS = 200  # Trace Lite's archive truncation length
+
+# --- the archive table (spec/file-format.md, "Archive rows") --------------------------------
+# Key u64be(docno): one original, a zstd frame of its UTF-8 (``codec.pack_archive``), as
+# ``archive`` writes it. Key u64be(GROUP_BIT | last docno): a group of originals that
+# ``compact`` packed together, ``GROUP_MARK`` + zstd(msgpack [[docno, text], ...]) in docno
+# order; groups cover disjoint docno ranges, so a memory's group is the first group key at or
+# after u64be(GROUP_BIT | docno). Every value is sealed by the store like any other.
+GROUP_BIT = 1 << 63
+GROUP_MARK = b"\x02"
+GROUP_TEXT_BYTES = 256 * 1024  # a group holds at most this much UTF-8 ...
+GROUP_MEMBERS = 1024  # ... and at most this many originals
+GROUP_LEVEL = 9  # zstd level of a group (written once per compaction, read rarely)
+_MAX_GROUP_BYTES = 64 * 1024 * 1024
+
+
+def _group_key(last: int) -> bytes:
+    return codec.u64(GROUP_BIT | last)
+
+
+def pack_group(members: Sequence[tuple[int, str]]) -> bytes:
+    """A group value: :data:`GROUP_MARK` + zstd of msgpack ``[[docno, text], ...]``
+    (``members`` in increasing docno order)."""
+    import zstandard
+
+    body = codec.pack([[d, t] for d, t in members])
+    return GROUP_MARK + zstandard.ZstdCompressor(level=GROUP_LEVEL).compress(body)
+
+
+def unpack_group(value: bytes) -> list[tuple[int, str]]:
+    """Inverse of :func:`pack_group`.
+
+    Raises:
+        CorruptFileError: not a group, or not one that decodes to increasing docnos and texts.
+    """
+    import zstandard
+
+    if not value.startswith(GROUP_MARK):
+        raise CorruptFileError("an archive group has an unknown format", hint="upgrade engramdb, or restore from a dump")
+    try:
+        frame = value[len(GROUP_MARK):]
+        if zstandard.frame_content_size(frame) > _MAX_GROUP_BYTES:
+            raise CorruptFileError("an archive group declares a size beyond the cap")
+        body = zstandard.ZstdDecompressor().decompress(frame, max_output_size=_MAX_GROUP_BYTES)
+    except zstandard.ZstdError:
+        raise CorruptFileError("an archive group does not decompress") from None
+    data = codec.unpack(body)
+    out: list[tuple[int, str]] = []
+    if not isinstance(data, list):
+        raise CorruptFileError("an archive group is not a list of originals")
+    for item in data:
+        if (not isinstance(item, list) or len(item) != 2 or type(item[0]) is not int or not isinstance(item[1], str)
+                or not 0 <= item[0] < GROUP_BIT or (out and item[0] <= out[-1][0])):
+            raise CorruptFileError("an archive group holds a malformed original")
+        out.append((item[0], item[1]))
+    return out
+
+
+def _group_of(txn: Any, docno: int) -> tuple[bytes, list[tuple[int, str]]] | None:
+    """The group whose docno range holds ``docno`` (key, members), or None."""
+    for key, value in txn.items("archive", start=_group_key(docno)):
+        return key, unpack_group(value)
+    return None
+
+
+def read_original(txn: Any, docno: int) -> str | None:
+    """The archived original of memory ``docno`` (its own row or its group's), or None.
+
+    Raises:
+        CorruptFileError: the row or group does not decode.
+    """
+    raw = txn.get("archive", codec.u64(docno))
+    if raw is not None:
+        return codec.unpack_archive(raw)
+    group = _group_of(txn, docno)
+    if group is not None:
+        for d, text in group[1]:
+            if d == docno:
+                return text
+    return None
+
+
+def has_original(txn: Any, docno: int) -> bool:
+    """Whether memory ``docno`` has an archived original."""
+    return read_original(txn, docno) is not None
+
+
+def write_original(txn: Any, docno: int, text: str) -> None:
+    """Store ``text`` as the archived original of memory ``docno`` (its own row)."""
+    drop_original(txn, docno)
+    txn.put("archive", codec.u64(docno), codec.pack_archive(text))
+
+
+def drop_original(txn: Any, docno: int) -> bool:
+    """Remove the archived original of memory ``docno``: its row, or its place in a group
+    (the group is rewritten without it, deleted when empty). False when it had none."""
+    if txn.delete("archive", codec.u64(docno)):
+        return True
+    group = _group_of(txn, docno)
+    if group is None:
+        return False
+    key, members = group
+    rest = [(d, t) for d, t in members if d != docno]
+    if len(rest) == len(members):
+        return False
+    if rest:
+        txn.put("archive", key, pack_group(rest))
+    else:
+        txn.delete("archive", key)
+    return True
+
+
+def iter_originals(txn: Any) -> Iterator[tuple[int, str]]:
+    """Every archived original (docno, text), rows first then groups, each in key order."""
+    for key, value in txn.items("archive"):
+        number = codec.from_u64(key)
+        if number & GROUP_BIT:
+            yield from unpack_group(value)
+        else:
+            yield number, codec.unpack_archive(value)
+
+
+def pack_groups(txn: Any) -> int:
+    """Pack the archived originals into groups (``compact`` calls it before copying): one
+    zstd frame per run of up to :data:`GROUP_TEXT_BYTES` of text, so similar texts share
+    their compression. Nothing is rewritten when every original is already in a group at
+    least half full; otherwise every group is rebuilt, in docno order. Returns the number
+    of groups written."""
+    singles = groups = underfull = 0
+    for key in txn.keys("archive"):
+        if codec.from_u64(key) & GROUP_BIT:
+            groups += 1
+        else:
+            singles += 1
+    if not singles:
+        for _, value in txn.items("archive", start=codec.u64(GROUP_BIT)):
+            members = unpack_group(value)
+            size = sum(len(t.encode("utf-8", "surrogatepass")) for _, t in members)
+            underfull += size < GROUP_TEXT_BYTES // 2 and len(members) < GROUP_MEMBERS // 2
+        if underfull <= 1:  # the last group of a run may be small
+            return 0
+    originals = sorted(iter_originals(txn))
+    for key in list(txn.keys("archive")):
+        txn.delete("archive", key)
+    written = 0
+    run: list[tuple[int, str]] = []
+    size = 0
+    for docno, text in originals:
+        length = len(text.encode("utf-8", "surrogatepass"))
+        if run and (size + length > GROUP_TEXT_BYTES or len(run) >= GROUP_MEMBERS):
+            txn.put("archive", _group_key(run[-1][0]), pack_group(run))
+            written += 1
+            run, size = [], 0
+        run.append((docno, text))
+        size += length
+    if run:
+        txn.put("archive", _group_key(run[-1][0]), pack_group(run))
+        written += 1
+    return written
 
 
 class ArchiveTxn(Protocol):
@@ -178,24 +345,39 @@ def unarchive(tx: ArchiveTxn, id: str) -> Node:
 
 
 def problems(nodes: Mapping[int, Node], rows: Iterable[tuple[bytes, bytes]]) -> list[str]:
-    """What is wrong between the stubs and the archive rows (for ``Engram.verify``).
+    """What is wrong between the stubs and the archive table (for ``Engram.verify``).
 
-    ``nodes`` maps each docno to its decoded record; ``rows`` are the opened archive rows.
-    A row must belong to a memory and decompress to text; a stub archived without
-    truncation must have its row, and a truncated one must not.
+    ``nodes`` maps each docno to its decoded record; ``rows`` are the opened archive rows
+    and groups. A row must belong to a memory and decompress to text; a group must decode,
+    its docnos lie in its own range (after the previous group's last docno, at most its
+    key's) and belong to memories with no row of their own; a stub archived without
+    truncation must have its original, and a truncated one must not.
     """
     found: list[str] = []
     with_row: set[int] = set()
-    for key, value in rows:
+    previous_last = -1
+    for key, value in sorted(rows):
         try:
-            docno = codec.from_u64(key)
-            codec.unpack_archive(value)
+            number = codec.from_u64(key)
+            if number & GROUP_BIT:
+                members = unpack_group(value)
+            else:
+                codec.unpack_archive(value)
+                members = [(number, "")]
         except CorruptFileError as exc:
             found.append(f"archive row {key.hex()}: {exc.message}")
             continue
-        with_row.add(docno)
-        if docno not in nodes:
-            found.append(f"archive row {docno} belongs to no memory")
+        if number & GROUP_BIT:
+            last = number & ~GROUP_BIT
+            if not members or members[0][0] <= previous_last or members[-1][0] > last:
+                found.append(f"archive group {key.hex()} holds docnos outside its range")
+            previous_last = last
+        for docno, _ in members:
+            if docno in with_row:
+                found.append(f"memory {docno} has two archived originals")
+            with_row.add(docno)
+            if docno not in nodes:
+                found.append(f"archive row {docno} belongs to no memory")
     for docno, node in nodes.items():
         entry = info(node)
         if entry is None:

@@ -33,6 +33,7 @@ from numpy.typing import ArrayLike
 
 from .. import codec
 from . import run
+from .archive import has_original
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
 from ..store import Txn
 
@@ -164,7 +165,7 @@ def _plan(engram: Any, txn: Txn, docnos: list[int]) -> tuple[list[str], dict[str
                                    for name in sorted(wanted - still_used)) if txn.get("sources", key) is not None]
     counts = {
         "nodes": len(docnos), "ids": len(docnos),
-        "archive": sum(txn.get("archive", codec.u64(d)) is not None for d in docnos),
+        "archive": sum(has_original(txn, d) for d in docnos),
         "edges": 2 * len(_edge_keys(engram, txn, docnos)),
         "sources": len(source_keys),
     }
