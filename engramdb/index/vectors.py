@@ -22,7 +22,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -762,24 +762,41 @@ class VectorIndex:
         self._read_blocks(txn, name, prefix, d, 0, docnos, matrix, 0)
         return docnos, matrix
 
-    def _read_blocks(self, txn: Any, name: str, prefix: bytes, d: _Dir, first_block: int, docnos: np.ndarray,
-                     matrix: np.ndarray, pos: int) -> None:
-        """Decrypt the blocks from ``first_block`` on into ``docnos[pos:]``, ``matrix[pos:]``,
-        which must end exactly at the directory's count."""
+    def _blocks(self, txn: Txn, name: str, prefix: bytes, d: _Dir, first_block: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(docnos, rows) of each block from ``first_block`` on, in docno order.
+
+        Raises:
+            CorruptFileError: a block is damaged or has other dimensions than the space.
+        """
         for key, plain in txn.items("vectors", prefix + _TAG, start=prefix + _TAG + _U64BE.pack(first_block)):
             if len(key) != len(prefix) + 9:
                 continue
             offs, mat = decode_vector_block(plain)
-            end = pos + offs.size
-            if mat.shape[1] != d.dims or end > docnos.size:
+            if mat.shape[1] != d.dims:
                 raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
                                        hint="run `engramdb verify --fix FILE`")
-            docnos[pos:end] = offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows)
+            yield offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows), mat
+
+    def _read_blocks(self, txn: Txn, name: str, prefix: bytes, d: _Dir, first_block: int, docnos: np.ndarray,
+                     matrix: np.ndarray, pos: int) -> None:
+        """Decrypt the blocks from ``first_block`` on into ``docnos[pos:]``, ``matrix[pos:]``,
+        which must end exactly at the directory's count.
+
+        Raises:
+            CorruptFileError: a block is damaged, or the blocks do not add up to the count.
+        """
+        for docs, mat in self._blocks(txn, name, prefix, d, first_block):
+            end = pos + docs.size
+            if end > docnos.size:
+                break
+            docnos[pos:end] = docs
             matrix[pos:end] = mat
             pos = end
-        if pos != docnos.size:
-            raise CorruptFileError(f"the vector blocks of space {name!r} hold {pos} rows, its directory says "
-                                   f"{d.count}", hint="run `engramdb verify --fix FILE`")
+        else:
+            if pos == docnos.size:
+                return
+        raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory's count "
+                               f"({d.count})", hint="run `engramdb verify --fix FILE`")
 
     def _appended(self, txn: Any, name: str, prefix: bytes, d: _Dir, cache: _SpaceCache,
                   live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -920,28 +937,29 @@ class VectorIndex:
         return out
 
     def _stream_scores(self, txn: Txn, name: str, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Scores of every row, one block in memory at a time (a matrix over the cache limit)."""
+        """Scores of every row, one block in memory at a time (a matrix over the cache limit).
+
+        Raises:
+            CorruptFileError: a block is damaged, or the blocks do not add up to the count.
+        """
         prefix = self._prefix(name)
         d = _decode_dir(txn.get("vectors", prefix + _DIR))
         assert isinstance(d, _Dir)
         docnos = np.empty(d.count, np.uint64)
         scores = np.empty(d.count, np.float32)
         pos = 0
-        for key, plain in txn.items("vectors", prefix + _TAG):
-            if len(key) != len(prefix) + 9:
-                continue
-            offs, mat = decode_vector_block(plain)
-            end = pos + offs.size
-            if mat.shape[1] != d.dims or end > d.count:
-                raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
-                                       hint="run `engramdb verify --fix FILE`")
-            docnos[pos:end] = offs.astype(np.uint64) + np.uint64(_U64BE.unpack_from(key, len(prefix) + 1)[0] * d.rows)
+        for docs, mat in self._blocks(txn, name, prefix, d, 0):
+            end = pos + docs.size
+            if end > d.count:
+                break
+            docnos[pos:end] = docs
             scores[pos:end] = mat @ q
             pos = end
-        if pos != d.count:
-            raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory",
-                                   hint="run `engramdb verify --fix FILE`")
-        return docnos, scores
+        else:
+            if pos == d.count:
+                return docnos, scores
+        raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory's count "
+                               f"({d.count})", hint="run `engramdb verify --fix FILE`")
 
     def scores(self, txn: Txn, space: str, query: Any) -> tuple[np.ndarray, np.ndarray]:
         """Dot-product scores (cosine for normalised spaces) of every live row.
