@@ -141,6 +141,36 @@ class Changes:
 EVERYTHING = Changes(None, None)
 
 
+def encode_changes(changes: Changes) -> bytes:
+    """A change-log entry's plaintext: msgpack ``[1, nodes, edges]`` (sorted docnos), or
+    ``[1, nil, nil]`` for :data:`EVERYTHING`."""
+    if changes.nodes is None or changes.edges is None:
+        return codec.pack([1, None, None])
+    return codec.pack([1, sorted(changes.nodes), sorted(changes.edges)])
+
+
+def decode_changes(data: bytes) -> Changes:
+    """:func:`encode_changes` reversed.
+
+    Raises:
+        CorruptFileError: not a change-log entry of version 1.
+    """
+    fields = codec.unpack(data)
+    try:
+        version, nodes, edges = fields
+        if version != 1 or isinstance(version, bool):
+            raise ValueError
+        if nodes is None and edges is None:
+            return EVERYTHING
+        if not (isinstance(nodes, list) and isinstance(edges, list)) or not all(
+                type(d) is int and 0 <= d < 2**64 for d in nodes + edges):
+            raise ValueError
+        return Changes(frozenset(nodes), frozenset(edges))
+    except (TypeError, ValueError):
+        raise CorruptFileError("a change-log entry is malformed",
+                               hint="run `engramdb verify FILE`; restore from a dump or backup") from None
+
+
 class CommitListener(Protocol):
     """A cache of decoded records told about each commit made through this process."""
 
@@ -1042,9 +1072,8 @@ class Txn:
         """Write the change-log entry of commit ``seq`` and drop entries older than
         ``CHANGES_KEEP`` commits; returns what the entry says."""
         changes = self._touched()
-        body = [1, None, None] if changes.everything else [1, sorted(changes.nodes or ()), sorted(changes.edges or ())]
         key = CHANGES_PREFIX + seq.to_bytes(8, "big")
-        self._put_envelope("meta", key, self._seal("meta", key, codec.pack(body)), digest=False)
+        self._put_envelope("meta", key, self._seal("meta", key, encode_changes(changes)), digest=False)
         oldest = CHANGES_PREFIX + max(0, seq - CHANGES_KEEP + 1).to_bytes(8, "big")
         stale = []
         for old in self.keys("meta", CHANGES_PREFIX):
@@ -1074,17 +1103,11 @@ class Txn:
             if number != expected:
                 return EVERYTHING
             expected += 1
-            try:
-                version, n, e = codec.unpack(value)
-                if version != 1:
-                    raise ValueError
-                if n is None or e is None:
-                    return EVERYTHING
-                nodes.update(int(d) for d in n)
-                edges.update(int(d) for d in e)
-            except (TypeError, ValueError):
-                raise CorruptFileError("a change-log entry is malformed",
-                                       hint="run `engramdb verify FILE`; restore from a dump or backup") from None
+            entry = decode_changes(value)
+            if entry.nodes is None or entry.edges is None:
+                return EVERYTHING
+            nodes.update(entry.nodes)
+            edges.update(entry.edges)
         if expected != target + 1:
             return EVERYTHING
         return Changes(frozenset(nodes), frozenset(edges))

@@ -41,6 +41,7 @@ TOKENIZE = _target("fuzz_tokenize")
 TRANSCRIPT = _target("fuzz_transcript")
 COMPRESS = _target("fuzz_compress")
 VECTORS = _target("fuzz_vectors")
+CHANGES = _target("fuzz_changes")
 
 
 # --- the corpus replay ---------------------------------------------------------------
@@ -48,6 +49,7 @@ VECTORS = _target("fuzz_vectors")
 @pytest.mark.parametrize("name, target, minimum", [
     ("importers", IMPORTERS, 60), ("records", RECORDS, 30), ("header", HEADER, 40), ("tokenize", TOKENIZE, 30),
     ("transcript", TRANSCRIPT, 25), ("compress", COMPRESS, 40), ("vectors", VECTORS, 30),
+    ("changes", CHANGES, 20),
 ])
 def test_fuzz_corpus_replays_without_crashing(name, target, minimum):
     """Every seed (valid and invalid) goes through its target's oracle, as the fuzzer runs it."""

@@ -174,6 +174,22 @@ def test_a_large_commit_is_logged_as_everything(make_db, monkeypatch):
         assert txn.changes_since(seq).everything
 
 
+def test_the_change_log_fuzz_oracle_can_fail(monkeypatch):
+    """fuzz/fuzz_changes.py's oracle is not vacuous: an encoder that loses a docno is reported."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("fuzz_changes", Path(__file__).parent.parent / "fuzz" / "fuzz_changes.py")
+    target = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target)
+    entry = store_mod.encode_changes(store_mod.Changes(frozenset({1, 2}), frozenset({3})))
+    target.TestOneInput(entry)
+    real = store_mod.encode_changes
+    monkeypatch.setattr(store_mod, "encode_changes", lambda c: real(store_mod.Changes(c.nodes - {1}, c.edges)))
+    with pytest.raises(AssertionError):
+        target.TestOneInput(entry)
+
+
 def test_the_change_log_keys_are_reserved(make_db):
     db = make_db()
     with pytest.raises(store_mod.StoreError):
