@@ -20,12 +20,15 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from collections.abc import Callable, Collection
 
 from ..codec import decode_node
 from ..records import Node
 from .graph import Graph, hop_row
+
+if TYPE_CHECKING:  # annotations only
+    from ..store import Txn
 
 __all__ = ["DEFAULT_CACHE_MB", "NodeCache", "NodeView"]
 
@@ -101,7 +104,7 @@ class NodeCache:
         if entry is not None:
             self.nbytes -= entry[1]
 
-    def _sync(self, txn: Any) -> int | None:
+    def _sync(self, txn: Txn) -> int | None:
         """Bring the cache to ``txn``'s committed state; returns the generation that labels
         it, or None when the cache cannot serve ``txn`` (a write transaction, or an older
         snapshot than the cache holds)."""
@@ -118,7 +121,7 @@ class NodeCache:
             # first use, or the state was rebuilt (an older seq in a newer snapshot): start over
             changes = None if self._seq is None or seq < self._seq else txn.changes_since(self._seq)
             self._gen += 1
-            if changes is None or changes.everything:
+            if changes is None or changes.nodes is None or changes.edges is None:  # = changes.everything
                 self._entries.clear()
                 self.nbytes = 0
             else:
@@ -155,7 +158,7 @@ class NodeCache:
                 _, (_, size) = self._entries.popitem(last=False)
                 self.nbytes -= size
 
-    def view(self, txn: Any) -> NodeView:
+    def view(self, txn: Txn) -> NodeView:
         """The accessor of one read (one recall) of ``txn``."""
         return NodeView(self, txn, self._sync(txn))
 
@@ -164,7 +167,7 @@ class NodeView:
     """Nodes, hop rows and superseded flags of one snapshot, through the cache when it
     holds that snapshot's state (``gen`` not None), else read directly."""
 
-    def __init__(self, cache: NodeCache, txn: Any, gen: int | None) -> None:
+    def __init__(self, cache: NodeCache, txn: Txn, gen: int | None) -> None:
         self._cache = cache
         self._txn = txn
         self._gen = gen

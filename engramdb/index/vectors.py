@@ -798,7 +798,7 @@ class VectorIndex:
         raise CorruptFileError(f"the vector blocks of space {name!r} disagree with its directory's count "
                                f"({d.count})", hint="run `engramdb verify --fix FILE`")
 
-    def _appended(self, txn: Any, name: str, prefix: bytes, d: _Dir, cache: _SpaceCache,
+    def _appended(self, txn: Txn, name: str, prefix: bytes, d: _Dir, cache: _SpaceCache,
                   live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
         """The matrix of ``d`` from the cached one when the changes since only added rows
         after it (the add-then-search loop): the blocks from the lowest one changed are read,
