@@ -75,6 +75,7 @@ BUILTIN_DIMS = 256
 SIM_BAND = 1e-4  # float32 products this close to a threshold are recomputed exactly
 BLOCK_ROWS = 2048
 BLOCK_CELLS = 1 << 24
+PAIR_CHUNK = 1 << 16  # pairs whose cosine is recomputed at a time (two 100 MB gathers at 384 dims)
 # pivot pruning (_pivot_pairs): worth its set-up from this many rows on
 PIVOT_MIN_ROWS = 4096
 PRUNE_MIN_THRESHOLD = 0.2  # below, almost nothing is far enough to prune
@@ -561,7 +562,9 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         cl_r: list[np.ndarray] = []
         cl_c: list[np.ndarray] = []
         if sims_needed:
-            s = np.einsum("ij,ij->i", space.unit[pr], space.unit[pc])
+            # in chunks: at 100k x 384 there are millions of pairs, and their rows would be GBs
+            s = np.concatenate([np.einsum("ij,ij->i", space.unit[pr[k:k + PAIR_CHUNK]], space.unit[pc[k:k + PAIR_CHUNK]])
+                                for k in range(0, len(pr), PAIR_CHUNK)])
             for (thr, strict, out_r, out_c) in ((config.dedupe_threshold, True, dd_r, dd_c),
                                                  (config.cluster_threshold, False, cl_r, cl_c)):
                 keep = _above(space, s, pr, pc, thr, strict)
