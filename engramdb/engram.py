@@ -1001,7 +1001,7 @@ class Engram:
             self._store.write(pack_groups)
             # records that shrank in place (archived, truncated) leave part-empty pages, and so
             # do rows inserted one by one; the compacting copy keeps pages as they are: refill first
-            for table in ("nodes", "archive"):
+            for table in ("meta", "nodes", "archive"):
                 self._store.write(operator.methodcaller("repack", table))
         self._store.compact()
         # The compacted copy restarts LMDB's transaction ids, and the index caches are
