@@ -254,7 +254,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
          tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
-         repair: bool = False) -> Engram:
+         repair: bool = False, cache_mb: float | None = None) -> Engram:
     """Open (or create) a .engram file.
 
     Args:
@@ -279,6 +279,9 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
             it expires.
         repair: open a file whose sealed state is missing or was not written by the file's
             last commit (otherwise refused), only to run ``verify(fix=True)`` on it.
+        cache_mb: the limit, in MiB, of each of this handle's caches of decrypted data
+            (None: each cache's default; the postings cache's is 64 MiB): least recently
+            used entries are evicted beyond it (README, "Memory").
 
     Raises:
         ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
@@ -296,6 +299,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
     if kdf is not None:
         kdf.check()
+    cache_mb = _check_cache_mb(cache_mb)
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not os.path.isdir(parent):  # said plainly, not as a store error pointing at verify (issue 12, bug 11)
         raise FileMissingError(f"{os.fspath(path)}: the directory {parent} does not exist",
@@ -313,6 +317,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                                        hint="run `engramdb verify --fix FILE` (it rebuilds the state from the "
                                             "records), or restore from a dump or backup")
         engram._tokenizer_settings = dict(tokenizer) if tokenizer is not None else None
+        engram._cache_mb = cache_mb
         indexes = engram.indexes  # checks the requested tokenizer against the file's
         if not store.readonly:
             from .index import TOKENIZER_KEY
@@ -331,6 +336,20 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         raise
 
 
+def _check_cache_mb(cache_mb: Any) -> float | None:
+    """``open(cache_mb=)`` checked: None or a finite number >= 0.
+
+    Raises:
+        ValidationError: anything else.
+    """
+    if cache_mb is None:
+        return None
+    if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not 0 <= cache_mb < float("inf"):
+        raise ValidationError(f"cache_mb must be a number of MiB >= 0, not {cache_mb!r}",
+                              hint="pass e.g. cache_mb=64, or leave it out for the default")
+    return float(cache_mb)
+
+
 class Engram:
     """An open .engram file. Use as a context manager, or call :meth:`close`.
 
@@ -343,6 +362,7 @@ class Engram:
         self._store = store
         self._header = header
         self._tokenizer_settings: dict[str, Any] | None = None
+        self._cache_mb: float | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -446,7 +466,8 @@ class Engram:
 
             wanted = self._tokenizer_settings
             idx = self.__dict__["_indexes"] = Indexes.open(
-                self._store, Tokenizer.from_settings(wanted) if wanted is not None else None)
+                self._store, Tokenizer.from_settings(wanted) if wanted is not None else None,
+                cache_mb=self._cache_mb)
         return idx
 
     def recall(self, query: str, *, top_k: int = 5, hops: bool = True, expand_query: bool = True,

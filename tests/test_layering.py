@@ -15,6 +15,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "engramdb"
 # Module (dotted, relative to engramdb) or package prefix ending in ".*" -> rank.
 RANKS = {
     "errors": 0,
+    # byte-bounded LRU for the decoded-data caches (no engramdb imports)
+    "cache": 0,
     "records": 1, "tokens": 1,
     "codec": 2, "crypto": 2,
     "store": 3,

@@ -119,8 +119,8 @@ class Indexes:
     def __init__(self, store: Store, tokenizer: Tokenizer, *, cache_mb: float | None = None) -> None:
         self.store = store
         self.tokenizer = tokenizer
-        self.cache_mb = cache_mb
-        self.bm25 = SegmentedBM25(store.blind, store.last_txnid)
+        self.cache_mb = cache_mb  # each cache's limit in MiB (None: each cache's default)
+        self.bm25 = SegmentedBM25(store.blind, store.last_txnid, cache_mb=cache_mb)
         self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer, cache_mb=cache_mb)
         self.graph = Graph()
         self._node_cache: NodeCache | None = None
@@ -136,8 +136,9 @@ class Indexes:
         return cache
 
     @classmethod
-    def open(cls, store: Store, tokenizer: Tokenizer | None = None) -> Indexes:
-        """The indexes of a file, with the tokenizer recorded in its meta.
+    def open(cls, store: Store, tokenizer: Tokenizer | None = None, *, cache_mb: float | None = None) -> Indexes:
+        """The indexes of a file, with the tokenizer recorded in its meta; ``cache_mb``
+        limits each decoded-data cache (see :func:`engramdb.open`).
 
         A file that records no tokenizer yet (new, or never written) gets ``tokenizer``
         (default ``Tokenizer()``); its settings are recorded by the first :meth:`apply`.
@@ -147,8 +148,8 @@ class Indexes:
         """
         with store.read() as txn:
             if txn.get("meta", TOKENIZER_KEY) is not None:
-                return cls(store, load_tokenizer(txn, tokenizer.settings() if tokenizer else None))
-        return cls(store, tokenizer or Tokenizer())
+                return cls(store, load_tokenizer(txn, tokenizer.settings() if tokenizer else None), cache_mb=cache_mb)
+        return cls(store, tokenizer or Tokenizer(), cache_mb=cache_mb)
 
     def ensure_meta(self, txn: Txn) -> None:
         """Record this handle's tokenizer in meta if the file has none; refuse a different one.

@@ -45,6 +45,7 @@ import zstandard
 
 import msgpack
 
+from ..cache import LRUCache, mb_to_bytes
 from ..errors import CorruptFileError, ValidationError
 
 if TYPE_CHECKING:  # annotations only
@@ -97,6 +98,15 @@ LOOKUP_RATIO = 8.0
 # top(): each term's best documents are cached at least this deep (a recall asks for a few
 # times its top_k).
 TERM_TOP_CACHED = 64
+# The decoded-postings cache's default limit (MiB), settable with engramdb.open(cache_mb=).
+DEFAULT_CACHE_MB = 64.0
+# A term's cached postings keep the segments of at most this many documents (the ones the
+# automatic merges rewrite: MERGE_FACTOR of them fit in AUTO_MERGE_MAX_DOCS) in a small
+# "delta" run apart from the large segments' "base" run, so a commit or a small merge
+# never copies or rereads a long posting list.
+SMALL_SEGMENT_DOCS = AUTO_MERGE_MAX_DOCS // MERGE_FACTOR
+# Runs longer than this keep their postings grouped by (tf, dl) pair, for ranking.
+_GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
 
 _zc = zstandard.ZstdCompressor(level=1)
 _zd = zstandard.ZstdDecompressor()
@@ -386,45 +396,207 @@ def _check_distinct(docnos: np.ndarray, message: str) -> None:
             raise ValidationError(message.format(int(repeats[0])))
 
 
-class _Term:
-    """One query term's postings and weight, for scoring.
+def _check_weight(term: str, w: Any) -> float:
+    """``w`` as a float, when it is a positive finite number.
 
-    ``cache`` is the committed state's dict of decoded data (None inside a write
-    transaction, which may abort); ``blind`` keys the term in it.
+    Raises:
+        ValidationError: it is not.
+    """
+    if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
+        raise ValidationError(f"query term weight for {term!r} must be a positive number")
+    return float(w)
+
+
+class _Pairs:
+    """The distinct (tf, dl) pairs of one term's postings: a posting stores only the code
+    (index) of its pair, so length normalisation is computed at query time over the pairs,
+    a few hundred values, and gathered per posting (spec/bm25.md, "Caches").
+
+    Immutable once shared: :meth:`extend` returns a new table whose first codes are the same.
     """
 
-    __slots__ = ("docnos", "contrib", "w", "blind", "cache")
+    __slots__ = ("tf", "dl", "index")
 
-    def __init__(self, docnos: np.ndarray, contrib: np.ndarray, w: float, blind: bytes = b"",
-                 cache: dict[Any, Any] | None = None) -> None:
+    def __init__(self, tf: np.ndarray, dl: np.ndarray, index: dict[int, int]) -> None:
+        self.tf = tf  # float64 per pair
+        self.dl = dl  # float64 per pair
+        self.index = index  # (tf << 32 | dl) -> code
+
+    @classmethod
+    def empty(cls) -> _Pairs:
+        return cls(np.zeros(0), np.zeros(0), {})
+
+    def extend(self, tfs: np.ndarray, dls: np.ndarray) -> tuple[_Pairs, np.ndarray]:
+        """``(pairs, codes)``: the codes of the postings ``(tfs, dls)``, in a table holding
+        this one's pairs (same codes) plus any new ones."""
+        keys = (tfs.astype(np.uint64) << np.uint64(32)) | dls.astype(np.uint64)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        index = self.index
+        known = [index.get(key) for key in uniq.tolist()]
+        pairs = self
+        if None in known:
+            index = dict(index)
+            new_keys = []
+            for i, key in enumerate(uniq.tolist()):
+                if known[i] is None:
+                    known[i] = index[key] = len(index)
+                    new_keys.append(key)
+            new = np.asarray(new_keys, dtype=np.uint64)
+            pairs = _Pairs(np.concatenate([self.tf, (new >> np.uint64(32)).astype(np.float64)]),
+                           np.concatenate([self.dl, (new & np.uint64(0xFFFFFFFF)).astype(np.float64)]), index)
+        dtype = np.uint16 if len(index) <= 1 << 16 else np.uint32
+        return pairs, np.asarray(known, dtype=dtype)[inverse.reshape(-1)]
+
+    def values(self, idf: float, avgdl: float, w: float) -> np.ndarray:
+        """``w * idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` per pair: the same float
+        operations, in the same order, as :func:`lucene_tf_part` per posting."""
+        part: NDArray[np.float64] = idf * (self.tf / (K1 * ((1.0 - B) + B * self.dl / avgdl) + self.tf))
+        if w != 1:
+            part = w * part
+        return part
+
+
+class _Run:
+    """Postings of one term in a set of segments: docnos (int64, increasing) and pair codes.
+
+    A long run also keeps its postings grouped by pair (``order``, ``starts``: the postings
+    of pair ``c`` are ``order[starts[c]:starts[c + 1]]`` in docno order), so its best
+    documents are found by ranking pairs instead of postings.
+    """
+
+    __slots__ = ("segs", "docnos", "codes", "seg_of", "groups")
+
+    def __init__(self, segs: tuple[int, ...], docnos: np.ndarray, codes: np.ndarray, n_pairs: int,
+                 seg_of: np.ndarray | None = None) -> None:
+        self.segs = segs
         self.docnos = docnos
-        self.contrib = contrib
-        self.w = w
-        self.blind = blind
-        self.cache = cache
+        self.codes = codes
+        self.seg_of = seg_of  # each posting's segment (small runs only), or None
+        self.groups: tuple[np.ndarray, np.ndarray] | None = None
+        if seg_of is None and docnos.size > _GROUPED_MIN:  # a base run (built rarely)
+            order = np.argsort(codes, kind="stable").astype(np.int32 if codes.size < 1 << 31 else np.int64)
+            starts = np.zeros(n_pairs + 1, dtype=np.int64)
+            np.cumsum(np.bincount(codes, minlength=n_pairs), out=starts[1:])
+            self.groups = (order, starts)
 
-    def weighted(self) -> np.ndarray:
-        return self.contrib if self.w == 1 else self.w * self.contrib
+    def renamed(self, segs: tuple[int, ...]) -> _Run:
+        """The same postings, labelled as covering ``segs`` (arrays shared, nothing recomputed)."""
+        run = object.__new__(_Run)
+        run.segs, run.docnos, run.codes, run.seg_of, run.groups = segs, self.docnos, self.codes, self.seg_of, self.groups
+        return run
+
+    @property
+    def nbytes(self) -> int:
+        g = self.groups
+        return int(self.docnos.nbytes + self.codes.nbytes + (0 if g is None else g[0].nbytes + g[1].nbytes)
+                   + (0 if self.seg_of is None else self.seg_of.nbytes))
+
+    def best(self, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best (docnos, values[codes]) of this run, ties to the lower docno.
+
+        Ranks the pairs, not the postings: the pairs whose value reaches the k-th best
+        posting's hold every candidate (ties included), so only their postings are read."""
+        if self.groups is None or self.docnos.size <= 4 * k + 64:
+            return top_k(self.docnos, values[self.codes], k)
+        order, starts = self.groups
+        counts = np.zeros(values.size, dtype=np.int64)
+        counts[:starts.size - 1] = np.diff(starts)
+        ranked = np.argsort(-values, kind="stable")
+        cum = np.cumsum(counts[ranked])
+        j = min(int(np.searchsorted(cum, k)), ranked.size - 1)
+        chosen = np.flatnonzero((values >= values[ranked[j]]) & (counts > 0))
+        idx = np.concatenate([order[starts[c]:starts[c + 1]] for c in chosen.tolist()])
+        return top_k(self.docnos[idx], values[self.codes[idx]], k)
+
+
+class _TermPostings:
+    """A term's live postings over the live segments of one directory state: the ``base``
+    run of the large segments and the ``delta`` run of the small ones (which commits add and
+    automatic merges rewrite: updating the delta costs its few postings, never a copy of
+    the term's whole list), sharing one pair table.
+
+    Immutable: a newer state gets a new object built from this one, reusing its runs.
+    """
+
+    __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo")
+
+    def __init__(self, epoch: int, live: tuple[int, ...], dead: dict[int, np.ndarray], pairs: _Pairs,
+                 base: _Run, delta: _Run, dead_sizes: dict[int, int] | None = None) -> None:
+        self.epoch = epoch
+        self.live = live
+        self.dead = dead  # segno -> the dead docnos this state was filtered by (covered segments only)
+        self.dead_sizes = {s: int(a.size) for s, a in dead.items()} if dead_sizes is None else dead_sizes
+        self.pairs = pairs
+        self.base = base
+        self.delta = delta
+        # (n_docs, total_len, w) -> (pair values, {k: best k}); only the latest few states
+        self.memo: dict[tuple[int, int, float], tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
+
+    def runs(self) -> list[_Run]:
+        return [r for r in (self.base, self.delta) if r.docnos.size]
+
+    @property
+    def size(self) -> int:
+        return int(self.base.docnos.size + self.delta.docnos.size)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.base.nbytes + self.delta.nbytes
+                + self.pairs.tf.nbytes * 2 + 64 * len(self.pairs.index) + 4096)
+
+
+class _Term:
+    """One query term's postings and weight under one directory state, for scoring."""
+
+    __slots__ = ("postings", "runs", "w", "values", "best_memo", "size", "max_docno")
+
+    def __init__(self, postings: _TermPostings, n_docs: int, total_len: int, w: float,
+                 cached: bool) -> None:
+        self.postings = postings
+        self.runs = postings.runs()
+        self.w = w
+        self.size = postings.size
+        self.max_docno = max(int(r.docnos[-1]) for r in self.runs)
+        key = (n_docs, total_len, w)
+        memo = postings.memo.get(key) if cached else None
+        if memo is None:
+            idf = float(lucene_idf(n_docs, self.size))
+            memo = (postings.pairs.values(idf, total_len / n_docs, w), {})
+            if cached:
+                if len(postings.memo) >= 4:
+                    postings.memo.clear()
+                postings.memo[key] = memo
+        self.values, self.best_memo = memo
+
+    def weighted(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(docnos, w * part)`` per run."""
+        v = self.values
+        return [(r.docnos, v[r.codes]) for r in self.runs]
 
     def best(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` best (docnos, weighted contributions), ties to the lower docno.
+        """The ``k`` best (docnos, weighted parts), ties to the lower docno (memoised per
+        state and weight, at least :data:`TERM_TOP_CACHED` deep)."""
+        memo = self.best_memo
+        depth = max(k, TERM_TOP_CACHED)
+        got = memo.get(depth) or next((v for d, v in memo.items() if d >= k), None)
+        if got is None:
+            parts = [r.best(depth, self.values) for r in self.runs]
+            if len(parts) == 1:
+                got = parts[0]
+            else:
+                got = top_k(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), depth)
+            memo[depth] = got
+        return got[0][:k], got[1][:k]
 
-        For weight 1 the ranking depends only on the committed state, so it is cached
-        with the postings, at least :data:`TERM_TOP_CACHED` deep.
-        """
-        if self.w != 1 or self.cache is None:
-            return top_k(self.docnos, self.weighted(), k)
-        key = (b"t", self.blind)
-        cached = self.cache.get(key)
-        if cached is None or (cached[0].size < k and cached[0].size < self.docnos.size):
-            cached = self.cache[key] = top_k(self.docnos, self.contrib, max(k, TERM_TOP_CACHED))
-        return cached[0][:k], cached[1][:k]
+    def ranked(self, k: int) -> bool:
+        """Whether :meth:`best` of ``k`` is memoised already."""
+        return any(depth >= k for depth in self.best_memo)
 
     def kth_best(self, k: int) -> float:
-        """The k-th best weighted contribution when it is cached, else 0.0: a lower bound
+        """The k-th best weighted part (0.0 with fewer than ``k`` postings): a lower bound
         of the k-th best score of any query holding this term (the term's k best documents
-        each score at least their contribution from it, as contributions are positive)."""
-        if self.w != 1 or self.cache is None or self.docnos.size < k:
+        each score at least their part from it, as parts are positive)."""
+        if self.size < k:
             return 0.0
         return float(self.best(k)[1][k - 1])
 
@@ -435,7 +607,8 @@ class _Term:
 class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
-    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version", "terms")
+    __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
+                 "_sig", "terms_of", "diffs", "dead_live")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -453,9 +626,12 @@ class _Dir:
         # record was read: their records are immutable and safe to cache in the handle
         self.committed = next_segno
         self.version = DIR_VERSION  # as read (1: migrated by the next write)
-        # decoded postings valid for exactly this committed state (read transactions only);
-        # kept on the directory object so a thread on an older snapshot never feeds a newer one
-        self.terms: dict[Any, tuple[np.ndarray, ...]] = {}
+        self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
+        # read states only: small segment -> its terms; an older state's live segments ->
+        # what changed since (shared by every term cached at that state)
+        self.terms_of: dict[int, frozenset[bytes]] = {}
+        self.diffs: dict[tuple[int, ...], tuple[list[int], list[int], list[int]]] = {}
+        self.dead_live: dict[int, np.ndarray] | None = None
 
     @classmethod
     def decode(cls, data: bytes | None) -> _Dir:
@@ -504,6 +680,19 @@ class _Dir:
     def dead_counts(self) -> dict[int, int]:
         """segno -> dead documents, for the segments that have any."""
         return {s: n for s in self.segs if (n := self.dead_count(s))}
+
+    def signature(self) -> tuple[tuple[int, ...], dict[int, int]]:
+        """(live segments in order, segment -> number of tombstones): what a term's cached
+        postings are labelled with. Memoised: call it on a directory no longer changed (a
+        decoded committed state), or recompute after changes (:meth:`touch`)."""
+        sig = self._sig
+        if sig is None:
+            sig = self._sig = (tuple(sorted(self.segs)), self.dead_counts())
+        return sig
+
+    def touch(self) -> None:
+        """Forget the memoised :meth:`signature` (after changing segments or tombstones)."""
+        self._sig = None
 
     def live_count(self, segno: int) -> int:
         return self.segs[segno][0] - self.dead_count(segno)
@@ -563,22 +752,26 @@ class SegmentedBM25:
 
     Args:
         blind: ``store.blind`` (purpose, value) -> 16-byte blind index.
-        last_txnid: ``store.last_txnid``; a change drops the per-query caches.
+        last_txnid: ``store.last_txnid``; a change makes the next read check the directory.
+        cache_mb: the limit of the decoded-postings cache in MiB (None:
+            :data:`DEFAULT_CACHE_MB`); least recently used entries are evicted.
 
-    The caches hold decrypted postings: segments are immutable and their numbers are never
-    reused, so a decoded block stays valid until its segment is merged away. Only data read
-    through read transactions is cached, so an aborted write can never leave stale entries.
+    The cache holds decrypted postings, per term, labelled with the live segments (and
+    their tombstone counts) they cover: segments are immutable and their numbers never
+    reused, so a commit that adds a segment only appends that segment's postings to the
+    terms a query touches, and length normalisation is computed at query time
+    (spec/bm25.md, "Caches"). Only data read through read transactions is cached, so an
+    aborted write can never leave stale entries.
     """
 
-    def __init__(self, blind: Callable[[bytes, bytes], bytes], last_txnid: Callable[[], int]) -> None:
+    def __init__(self, blind: Callable[[bytes, bytes], bytes], last_txnid: Callable[[], int], *,
+                 cache_mb: float | None = None) -> None:
         self._blind_fn = blind
         self._last_txnid = last_txnid
         self._blinds: dict[str, bytes] = {}
         self._txnid: int | None = None
         self._dir: _Dir | None = None
-        self._segs: dict[int, _Seg] = {}
-        # segno -> blind -> decoded block (None: the term is not in that segment)
-        self._blocks: dict[int, dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray] | None]] = {}
+        self._cache = LRUCache(mb_to_bytes(cache_mb, DEFAULT_CACHE_MB))
         # committed tombstone runs (immutable, numbers never reused): run -> dead docnos
         self._runs: dict[int, np.ndarray] = {}
         # segno -> (its run numbers, the union of those runs), for the read path
@@ -592,14 +785,25 @@ class SegmentedBM25:
         self._txn_committed: weakref.WeakKeyDictionary[Txn, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._local = threading.local()
+        # posting blocks read and decoded by this handle's queries (a count of work for tests)
+        self.blocks_decoded = 0
 
     # --- keys and caches ----------------------------------------------------------------
+
+    @property
+    def cache(self) -> LRUCache:
+        """The decoded-postings cache (its ``nbytes`` never exceeds its ``max_bytes``)."""
+        return self._cache
+
+    def cache_nbytes(self) -> int:
+        """Bytes held by the decoded-postings cache now."""
+        return self._cache.nbytes
 
     def blind(self, term: str) -> bytes:
         """The blinded key of ``term`` (memoised per handle)."""
         b = self._blinds.get(term)
         if b is None:
-            if len(self._blinds) > 500_000:
+            if len(self._blinds) > 100_000:
                 self._blinds.clear()
             b = self._blinds[term] = self._blind_fn(b"term", term.encode("utf-8", "surrogatepass"))
         return b
@@ -612,14 +816,12 @@ class SegmentedBM25:
         with self._lock:
             if self._dir is None or sid != self._txnid:
                 d = _Dir.decode(txn.get("segments", DIR_KEY))
-                if self._dir is None or d.epoch != self._dir.epoch:
-                    self._segs.clear()
-                    self._blocks.clear()
-                else:  # merged-away segments never come back: drop their decoded data
-                    for segno in [s for s in self._segs if s not in d.segs]:
-                        del self._segs[segno]
-                    for segno in [s for s in self._blocks if s not in d.segs]:
-                        del self._blocks[segno]
+                if self._dir is not None and d.epoch != self._dir.epoch:
+                    self._cache.clear()
+                elif self._dir is not None:  # merged-away segments never come back
+                    for segno in self._dir.segs:
+                        if segno not in d.segs:
+                            self._cache.pop(("s", segno))
                 self._drop_old_runs(d)
                 self._dir, self._txnid = d, sid
             return self._dir
@@ -690,84 +892,197 @@ class SegmentedBM25:
         # a write transaction may decode a segment it created itself (and may abort), so it
         # caches only in ``local``, a dict that lives for one apply()/merge() call, except
         # segments numbered below ``committed`` (committed ones: immutable, never reused)
-        seg = self._segs.get(segno) if local is None else local.get(segno, self._segs.get(segno))
+        seg = local.get(segno) if local is not None else None
+        if seg is None:
+            seg = self._cache.get(("s", segno))
         if seg is None:
             data = txn.get("segments", _seg_key(b"s", segno))
             if data is None:
                 raise CorruptFileError(f"BM25 segment {segno} is missing", hint="run `engramdb verify --fix FILE`")
             seg = _Seg(*decode_block(data))
             if not txn.write or segno < committed:
-                self._segs[segno] = seg
+                self._cache.put(("s", segno), seg, seg.docnos.nbytes + seg.lens.nbytes)
             elif local is not None:
                 local[segno] = seg
         return seg
 
-    def _block(self, txn: Txn, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(docnos, tfs, doc lengths) of one term in one segment, or None."""
-        cached = self._blocks.get(segno)
-        if cached is not None and blind in cached:
-            return cached[blind]
+    def _dead_arrays(self, txn: Txn, d: _Dir, segnos: Iterable[int]) -> dict[int, np.ndarray]:
+        """segno -> its sorted dead docnos, for the segments of ``segnos`` that have any."""
+        out = {}
+        for segno in segnos:
+            if d.dead_count(segno):
+                dead = self._dead(txn, d, segno)
+                if dead is not None and dead.size:
+                    out[segno] = dead
+        return out
+
+    def _terms_of(self, txn: Txn, d: _Dir, segno: int) -> frozenset[bytes] | None:
+        """The blinded terms of a small segment (its ``v`` record as a set, cached), or None
+        for a large segment or inside a write transaction (then the postings table answers)."""
+        terms = d.terms_of.get(segno)
+        if terms is None and not txn.write and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
+            terms = self._cache.get(("v", segno))
+            if terms is None:
+                data = txn.get("segments", _seg_key(b"v", segno)) or b""
+                if len(data) % BLIND_LEN:
+                    return None  # damaged: let the postings table answer
+                terms = frozenset(data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN))
+                self._cache.put(("v", segno), terms, 100 * len(terms))
+            d.terms_of[segno] = terms
+        return cast("frozenset[bytes]", terms)
+
+    def _block(self, txn: Txn, d: _Dir, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A term's live (docnos int64, tfs, doc lengths) in one segment, or None when the
+        segment does not hold the term."""
+        terms = self._terms_of(txn, d, segno)
+        if terms is not None and blind not in terms:
+            return None
         data = txn.get("postings", blind + _SEG.pack(segno))
-        out = None
-        if data is not None:
-            docnos, tfs = decode_block(data)
-            seg = self._segment(txn, segno)
-            pos = np.searchsorted(seg.docnos, docnos)
-            if pos.size and (pos[-1] >= seg.docnos.size or not np.array_equal(seg.docnos[pos], docnos)):
-                raise CorruptFileError("a posting names a document missing from its segment",
-                                       hint="run `engramdb verify --fix FILE`")
-            out = (docnos, tfs, seg.lens[pos])
-        if not txn.write:
-            self._blocks.setdefault(segno, {})[blind] = out
-        return out
+        if data is None:
+            return None
+        self.blocks_decoded += 1
+        docnos, tfs = decode_block(data)
+        seg = self._segment(txn, segno)
+        pos = np.searchsorted(seg.docnos, docnos)
+        if pos.size and (pos[-1] >= seg.docnos.size or not np.array_equal(seg.docnos[pos], docnos)):
+            raise CorruptFileError("a posting names a document missing from its segment",
+                                   hint="run `engramdb verify --fix FILE`")
+        dls = seg.lens[pos]
+        dead = self._dead(txn, d, segno)
+        if dead is not None and dead.size:
+            keep = ~np.isin(docnos, dead)
+            docnos, tfs, dls = docnos[keep], tfs[keep], dls[keep]
+        return docnos.astype(np.int64), tfs, dls
 
-    def _postings(self, txn: Txn, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A term's live (docnos, tfs, lengths) over all segments, in docno order."""
-        cached = d.terms.get(blind) if not txn.write else None
-        if cached is not None:  # under the bare term: its (docnos, tfs, lengths)
-            return cast("tuple[np.ndarray, np.ndarray, np.ndarray]", cached)
-        parts = []
-        for segno in sorted(d.segs):
-            blk = self._block(txn, blind, segno)
-            if blk is None:
+    def _term_run(self, txn: Txn, d: _Dir, blind: bytes, segnos: Sequence[int], pairs: _Pairs,
+             prefix: _Run | None = None, kill: np.ndarray | None = None, gone: Sequence[int] = (),
+             track: bool = False) -> tuple[_Pairs, _Run]:
+        """One docno-ordered run: ``prefix`` without the docnos in ``kill`` and the postings
+        of segments ``gone``, then the term's live postings in ``segnos``. Segments with
+        larger docnos only append; a sort happens only when an update re-added an older
+        docno or a merge interleaved. ``track`` keeps each posting's segment (for removing
+        merged-away segments later)."""
+        docs: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        seg_of: list[np.ndarray] = []
+        segs: list[int] = []
+        if prefix is not None:
+            keep = None
+            if kill is not None and kill.size and prefix.docnos.size:
+                keep = ~np.isin(prefix.docnos, kill)
+            if gone and prefix.seg_of is not None and prefix.seg_of.size:
+                drop = np.isin(prefix.seg_of, np.asarray(gone, dtype=prefix.seg_of.dtype))
+                if drop.any():
+                    keep = ~drop if keep is None else keep & ~drop
+            docs.append(prefix.docnos if keep is None else prefix.docnos[keep])
+            codes.append(prefix.codes if keep is None else prefix.codes[keep])
+            if track and prefix.seg_of is not None:
+                seg_of.append(prefix.seg_of if keep is None else prefix.seg_of[keep])
+            segs.extend(s for s in prefix.segs if s not in gone)
+        found = []
+        for segno in segnos:
+            block = self._block(txn, d, blind, segno)
+            if block is not None and block[0].size:
+                found.append(block)
+                if track:
+                    seg_of.append(np.full(block[0].size, segno, dtype=np.uint32))
+        segs.extend(segnos)
+        if prefix is not None and not found and len(docs) == 1 and docs[0] is prefix.docnos:
+            return pairs, prefix.renamed(tuple(segs))
+        if found:
+            pairs, new_codes = pairs.extend(np.concatenate([b[1] for b in found]), np.concatenate([b[2] for b in found]))
+            at = 0
+            for b in found:
+                docs.append(b[0])
+                codes.append(new_codes[at:at + b[0].size])
+                at += b[0].size
+        dtype = np.uint16 if len(pairs.index) <= 1 << 16 else np.uint32
+        docs = [a for a in docs if a.size]
+        codes = [c.astype(dtype, copy=False) for c in codes if c.size]
+        seg_of = [a for a in seg_of if a.size]
+        if not docs:
+            return pairs, _Run(tuple(segs), np.zeros(0, np.int64), np.zeros(0, dtype), len(pairs.index),
+                               np.zeros(0, np.uint32) if track else None)
+        docnos = docs[0] if len(docs) == 1 else np.concatenate(docs)
+        all_codes = codes[0] if len(codes) == 1 else np.concatenate(codes)
+        all_segs = (seg_of[0] if len(seg_of) == 1 else np.concatenate(seg_of)) if track else None
+        if len(docs) > 1 and any(int(a[-1]) >= int(b[0]) for a, b in itertools.pairwise(docs)):
+            order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
+            docnos, all_codes = docnos[order], all_codes[order]
+            all_segs = None if all_segs is None else all_segs[order]
+        return pairs, _Run(tuple(segs), docnos, all_codes, len(pairs.index), all_segs)
+
+    def _term_postings(self, txn: Txn, d: _Dir, blind: bytes) -> _TermPostings:
+        """A term's live postings in ``d``'s state, from the cache when it covers that
+        state, else by updating the cached entry with what changed since (new segments,
+        new tombstones, merged segments), else read from the file."""
+        cached = not txn.write
+        live, dead_sizes = d.signature()
+        old = self._cache.get(("t", blind)) if cached else None
+        if old is not None and old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
+            return cast("_TermPostings", old)
+        entry = self._update(txn, d, blind, old) if old is not None and old.epoch == d.epoch else None
+        if entry is None:
+            small = [s for s in live if d.segs[s][0] <= SMALL_SEGMENT_DOCS]
+            pairs, base = self._term_run(txn, d, blind, [s for s in live if d.segs[s][0] > SMALL_SEGMENT_DOCS],
+                                    _Pairs.empty())
+            pairs, delta = self._term_run(txn, d, blind, small, pairs, track=True)
+            entry = _TermPostings(d.epoch, live, self._dead_arrays(txn, d, live), pairs, base, delta, dead_sizes)
+        if cached:
+            self._cache.put(("t", blind), entry, entry.nbytes)
+        return entry
+
+    def _update(self, txn: Txn, d: _Dir, blind: bytes, old: _TermPostings) -> _TermPostings | None:
+        """``old`` brought to ``d``'s state, or None when it cannot be (a large segment of
+        its base was merged away, or ``old`` is from a newer state than ``d``)."""
+        live, _ = d.signature()
+        if any(s not in d.segs for s in old.base.segs):
+            return None
+        _, dead_sizes = d.signature()
+        kill_parts = []
+        for segno, prev in old.dead.items():
+            if segno not in d.segs:
                 continue
-            dead = self._dead(txn, d, segno)
-            if dead is not None and dead.size:
-                keep = ~np.isin(blk[0], dead)
-                blk = (blk[0][keep], blk[1][keep], blk[2][keep])
-            if blk[0].size:
-                parts.append(blk)
-        if not parts:
-            out = (np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        elif len(parts) == 1:
-            out = parts[0]
-        else:
-            docnos = np.concatenate([p[0] for p in parts])
-            order = np.argsort(docnos, kind="stable")
-            out = (docnos[order], np.concatenate([p[1] for p in parts])[order],
-                   np.concatenate([p[2] for p in parts])[order])
-        if not txn.write:
-            d.terms[blind] = out
-        return out
-
-    def _term_scores(self, txn: Txn, d: _Dir, blind: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """A term's live docnos (int64) and their BM25 contributions ``idf * tf_part`` (weight 1).
-
-        Cached with the postings: both depend only on the committed state.
-        """
-        key = (b"s", blind)
-        cached = d.terms.get(key) if not txn.write else None
-        if cached is not None:  # under (b"s", term): its (docnos, scores)
-            return cast("tuple[np.ndarray, np.ndarray]", cached)
-        docnos, tfs, dls = self._postings(txn, d, blind)
-        if docnos.size and d.total_len > 0:
-            contrib = float(lucene_idf(d.n_docs, docnos.size)) * lucene_tf_part(tfs, dls, d.total_len / d.n_docs)
-        else:
-            contrib = np.zeros(docnos.size)
-        out = (docnos.astype(np.int64), contrib)
-        if not txn.write:
-            d.terms[key] = out
-        return out
+            count = dead_sizes.get(segno, 0)
+            if count < prev.size:
+                return None  # ``old`` saw tombstones this state does not have: a newer state
+            if count > prev.size:
+                now = self._dead(txn, d, segno)
+                if now is not None:
+                    kill_parts.append(np.setdiff1d(now, prev, assume_unique=True))
+        for segno, count in dead_sizes.items():
+            if count and segno not in old.dead and segno in old.live:
+                now = self._dead(txn, d, segno)
+                if now is not None:
+                    kill_parts.append(now)
+        kill = np.concatenate(kill_parts).astype(np.int64) if kill_parts else None
+        diff = d.diffs.get(old.live)
+        if diff is None:
+            old_live = set(old.live)
+            new = [s for s in live if s not in old_live]
+            diff = ([s for s in new if d.segs[s][0] > SMALL_SEGMENT_DOCS],
+                    [s for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS],
+                    [s for s in old.live if s not in d.segs])
+            if not txn.write:
+                d.diffs[old.live] = diff
+        new_big, new_small, gone = diff
+        base, pairs = old.base, old.pairs
+        if new_big or (kill is not None and base.docnos.size and np.isin(base.docnos, kill).any()):
+            pairs, base = self._term_run(txn, d, blind, new_big, pairs, base, kill)
+        delta = old.delta
+        # the new small segments that hold the term (their term sets are cached)
+        holding = [s for s in new_small if (t := self._terms_of(txn, d, s)) is None or blind in t]
+        if gone and delta.seg_of is None:
+            pairs, delta = self._term_run(txn, d, blind, [s for s in live if s not in base.segs], pairs, track=True)
+        elif gone or holding or (kill is not None and delta.docnos.size):
+            # the delta's label is not kept up to date: its postings carry their segments
+            pairs, delta = self._term_run(txn, d, blind, holding, pairs, delta, kill, gone, track=True)
+        dead = d.dead_live
+        if dead is None:
+            dead = self._dead_arrays(txn, d, live)
+            if not txn.write:
+                d.dead_live = dead
+        return _TermPostings(d.epoch, live, dead, pairs, base, delta, d.signature()[1])
 
     # --- queries --------------------------------------------------------------------------
 
@@ -782,15 +1097,12 @@ class SegmentedBM25:
         d = self._directory(txn)
         parts = []
         for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
-            w = weights[term]
-            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
-                raise ValidationError(f"query term weight for {term!r} must be a positive number")
+            w = _check_weight(term, weights[term])
             if d.n_docs <= 0:
                 continue
-            blind = self.blind(term)
-            docnos, contrib = self._term_scores(txn, d, blind)
-            if docnos.size:
-                parts.append(_Term(docnos, contrib, float(w), blind, None if txn.write else d.terms))
+            postings = self._term_postings(txn, d, self.blind(term))
+            if postings.size:
+                parts.append(_Term(postings, d.n_docs, d.total_len, w, not txn.write))
         return parts
 
     def ceiling(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> float:
@@ -801,7 +1113,7 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        return float(sum(self._idf_mass(txn, query_terms, None).values()))
+        return float(sum(mass for mass, _ in self._idf_mass(txn, query_terms).values()))
 
     def coverage(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
                  docnos: Sequence[int]) -> np.ndarray:
@@ -813,26 +1125,27 @@ class SegmentedBM25:
         """
         wanted = np.asarray(docnos, dtype=np.int64)
         out = np.zeros(wanted.size)
-        for (w_idf, postings) in self._idf_mass(txn, query_terms, wanted).values():
-            if postings.size:
-                pos = np.minimum(np.searchsorted(postings, wanted), postings.size - 1)
-                out += np.where(postings[pos] == wanted, w_idf, 0.0)
+        for w_idf, runs in self._idf_mass(txn, query_terms).values():
+            if runs:
+                hit = np.zeros(wanted.size, dtype=bool)
+                for run in runs:
+                    pos = np.minimum(np.searchsorted(run, wanted), run.size - 1)
+                    hit |= run[pos] == wanted
+                out += np.where(hit, w_idf, 0.0)
         return out
 
-    def _idf_mass(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
-                  with_postings: np.ndarray | None) -> dict[str, Any]:
+    def _idf_mass(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]
+                  ) -> dict[str, tuple[float, list[np.ndarray]]]:
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
-        out: dict[str, Any] = {}
+        out: dict[str, tuple[float, list[np.ndarray]]] = {}
         for term in sorted(weights):  # fixed summation order
-            w = weights[term]
-            if not isinstance(w, (int, float)) or isinstance(w, bool) or not (w > 0 and math.isfinite(w)):
-                raise ValidationError(f"query term weight for {term!r} must be a positive number")
+            w = _check_weight(term, weights[term])
             if d.n_docs <= 0:
                 continue
-            postings = self._term_scores(txn, d, self.blind(term))[0]
-            mass = float(w) * float(lucene_idf(d.n_docs, postings.size))
-            out[term] = mass if with_postings is None else (mass, postings)
+            postings = self._term_postings(txn, d, self.blind(term))
+            mass = w * float(lucene_idf(d.n_docs, postings.size))
+            out[term] = (mass, [r.docnos for r in postings.runs()])
         return out
 
     def scores(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -852,8 +1165,9 @@ class SegmentedBM25:
         parts = self._weighted(txn, query_terms)
         if not parts:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64)
-        docs = np.concatenate([p.docnos for p in parts])
-        contrib = np.concatenate([p.weighted() for p in parts])
+        runs = [run for p in parts for run in p.weighted()]
+        docs = np.concatenate([r[0] for r in runs])
+        contrib = np.concatenate([r[1] for r in runs])
         out_docs, inverse = np.unique(docs, return_inverse=True)
         # bincount adds in array order, i.e. term order: the same sums as top()
         return out_docs.astype(np.uint64), np.bincount(inverse, weights=contrib, minlength=out_docs.size)
@@ -879,8 +1193,8 @@ class SegmentedBM25:
           that term and is not among its ``k`` best is beaten by those ``k``, each of
           which scores at least as much (contributions are positive) and wins a tie on
           docno, so it cannot be in the top ``k``.
-        * Candidate entries below a floor are dropped first: the k-th best cached
-          contribution of any one term, which the k-th best score cannot be below.
+        * Candidate entries below a floor are dropped first: the k-th best contribution
+          of any one term, which the k-th best score cannot be below.
         * Only the best ``k * terms`` candidate entries are examined: a document fills at
           most one entry per list, so fewer entries than that can beat the k-th best
           document, and every tie is kept. A document's entries all carry its final score,
@@ -898,29 +1212,33 @@ class SegmentedBM25:
         if len(parts) == 1:
             docnos, scores = parts[0].best(k)
             return docnos.astype(np.uint64), scores
-        sizes = [p.docnos.size for p in parts]
+        sizes = [p.size for p in parts]
         longest = max(range(len(parts)), key=sizes.__getitem__)
         lookup = sizes[longest] > LOOKUP_RATIO * (sum(sizes) - sizes[longest])
         if lookup:
-            cand = np.concatenate([p.docnos for i, p in enumerate(parts) if i != longest]
+            cand = np.concatenate([r.docnos for i, p in enumerate(parts) if i != longest for r in p.runs]
                                   + [parts[longest].best(k)[0]])
         else:
-            cand = np.concatenate([p.docnos for p in parts])
-        acc = self._accumulator(max(int(p.docnos[-1]) for p in parts) + 1)
+            cand = np.concatenate([r.docnos for p in parts for r in p.runs])
+        acc = self._accumulator(max(p.max_docno for p in parts) + 1)
         try:
             for i, p in enumerate(parts):  # sorted term order: the same sums as scores()
-                if lookup and i == longest:
-                    # cand may repeat a docno; a fancy-indexed add then adds once, as it must
-                    pos = np.searchsorted(p.docnos, cand)
-                    pos[pos == p.docnos.size] = 0
-                    hit = p.docnos[pos] == cand
-                    acc[cand[hit]] += p.weighted()[pos[hit]]
-                else:
-                    acc[p.docnos] += p.weighted()
+                values = p.values
+                for r in p.runs:
+                    if lookup and i == longest:
+                        # cand may repeat a docno; a fancy-indexed add then adds once, as it must
+                        pos = np.searchsorted(r.docnos, cand)
+                        pos[pos == r.docnos.size] = 0
+                        hit = r.docnos[pos] == cand
+                        acc[cand[hit]] += values[r.codes[pos[hit]]]
+                    else:
+                        acc[r.docnos] += values[r.codes]
             cscores = acc[cand]
         finally:
             acc[cand] = 0.0  # every touched slot is a candidate
-        floor = max((p.kth_best(k) for p in parts), default=0.0)
+        # the floor from the terms whose ranking is at hand (computing the others' costs more
+        # than the candidates it drops)
+        floor = max(p.kth_best(k) if (lookup and i == longest) or p.ranked(k) else 0.0 for i, p in enumerate(parts))
         if floor > 0:
             keep = cscores >= floor
             cand, cscores = cand[keep], cscores[keep]

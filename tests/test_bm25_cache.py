@@ -1,0 +1,316 @@
+"""The decoded-postings cache (spec/bm25.md, "Caches"): it survives commits (a commit that
+adds a segment decodes only that segment's blocks), it stays within its byte limit, and
+cached answers always equal a fresh handle's, also when another process commits."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import engramdb
+from engramdb.cache import ENTRY_OVERHEAD, LRUCache, mb_to_bytes
+from engramdb.crypto import Sealer
+from engramdb.errors import ValidationError
+from engramdb.index.bm25 import SMALL_SEGMENT_DOCS, SegmentedBM25
+from engramdb.store import Store
+
+KEY = b"\x05" * 32
+WORDS = [f"w{i}" for i in range(40)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "raw.engram")
+    s.sealer = Sealer(KEY)
+    yield s
+    s.close()
+
+
+def _doc(rng: np.random.Generator, n: int = 12) -> list[str]:
+    return [WORDS[int(i)] for i in rng.zipf(1.3, size=n) % len(WORDS)]
+
+
+def _answer(idx: SegmentedBM25, txn, query) -> list[tuple[int, float]]:
+    return idx.search(txn, query, 7)
+
+
+def _fresh(store) -> SegmentedBM25:
+    return SegmentedBM25(store.blind, store.last_txnid)
+
+
+# --- the LRU itself ----------------------------------------------------------------------
+
+
+def test_lru_evicts_least_recently_used_and_stays_within_its_limit():
+    cache = LRUCache(3 * (100 + ENTRY_OVERHEAD))
+    for key in "abc":
+        cache.put(key, key.upper(), 100)
+    assert cache.get("a") == "A"  # a is now the most recently used
+    cache.put("d", "D", 100)
+    assert "b" not in cache and cache.keys() == ["c", "a", "d"]
+    assert cache.nbytes == 3 * (100 + ENTRY_OVERHEAD) and cache.evictions == 1
+    cache.put("huge", "X", 10_000)  # larger than the whole limit: not kept, nothing evicted
+    assert "huge" not in cache and len(cache) == 3
+    cache.put("a", "A2", 50)  # replacing re-charges
+    assert cache.get("a") == "A2" and cache.nbytes == 2 * (100 + ENTRY_OVERHEAD) + 50 + ENTRY_OVERHEAD
+    assert cache.pop("a") == "A2" and cache.pop("a", 7) == 7
+    cache.clear()
+    assert cache.nbytes == 0 and len(cache) == 0
+    assert LRUCache(0).max_bytes == 0 and mb_to_bytes(None, 2) == 2 << 20 and mb_to_bytes(-1, 2) == 0
+
+
+def test_open_checks_cache_mb(tmp_path):
+    with pytest.raises(ValidationError) as err:
+        engramdb.open(tmp_path / "x.engram", encrypted=False, cache_mb=-1)
+    assert "cache_mb" in str(err.value) and err.value.hint
+    with pytest.raises(ValidationError):
+        engramdb.open(tmp_path / "x.engram", encrypted=False, cache_mb="64")
+    with engramdb.open(tmp_path / "x.engram", encrypted=False, cache_mb=0.25) as db:
+        assert db.indexes.bm25.cache.max_bytes == 1 << 18
+        assert db.indexes.cache_mb == 0.25
+    with engramdb.open(tmp_path / "x.engram", encrypted=False) as db:
+        assert db.indexes.bm25.cache.max_bytes == 64 << 20
+
+
+# --- work after a commit -----------------------------------------------------------------
+
+
+def test_a_commit_decodes_only_the_new_segments_blocks(store):
+    rng = np.random.default_rng(3)
+    idx = _fresh(store)
+    big = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 50)]  # one large segment
+    store.write(lambda txn: idx.apply(txn, big, []))
+    small = [(len(big) + 1 + i, _doc(rng)) for i in range(5)]
+    for doc in small:  # five small segments
+        store.write(lambda txn, doc=doc: idx.apply(txn, [doc], []))
+    query = ["w0", "w1", "w5", "w9"]
+    with store.read() as txn:
+        idx.search(txn, query, 10)
+    before = idx.blocks_decoded
+    with store.read() as txn:
+        idx.search(txn, query, 10)
+    assert idx.blocks_decoded == before  # warm: nothing decoded
+    nxt = len(big) + len(small) + 1
+    store.write(lambda txn: idx.apply(txn, [(nxt, ["w0", "w5", "zz"])], []))  # one new segment, 2 query terms
+    with store.read() as txn:
+        got = idx.search(txn, query, 10)
+        assert idx.blocks_decoded - before == 2  # the new segment's blocks of w0 and w5, nothing else
+        assert got == _fresh(store).search(txn, query, 10)
+    # a commit holding none of the query terms decodes nothing
+    before = idx.blocks_decoded
+    store.write(lambda txn: idx.apply(txn, [(nxt + 1, ["zz", "yy"])], []))
+    with store.read() as txn:
+        assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+    assert idx.blocks_decoded == before
+
+
+def test_merges_of_small_segments_never_reread_the_large_ones(store):
+    """Ten one-document commits trigger an automatic merge of the small segments: the
+    term's large segment is not decoded again (only the merged segment's block is)."""
+    rng = np.random.default_rng(4)
+    idx = _fresh(store)
+    big = [(i + 1, _doc(rng) + ["w0"]) for i in range(SMALL_SEGMENT_DOCS + 10)]
+    store.write(lambda txn: idx.apply(txn, big, []))
+    with store.read() as txn:
+        idx.search(txn, ["w0"], 10)
+    start = idx.blocks_decoded
+    for i in range(25):
+        store.write(lambda txn, i=i: idx.apply(txn, [(len(big) + 1 + i, ["w0", "w3"])], []))
+        with store.read() as txn:
+            assert idx.search(txn, ["w0", "w3"], 10) == _fresh(store).search(txn, ["w0", "w3"], 10)
+    with store.read() as txn:
+        assert idx.layout(txn)["segments"] < 25  # merges did run
+    # w0: one block per new or merged small segment; w3 read once in full, then the same
+    assert idx.blocks_decoded - start < 3 * 25
+
+
+def test_tombstones_and_updates_after_caching(store):
+    rng = np.random.default_rng(5)
+    idx = _fresh(store)
+    docs = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 20)]
+    store.write(lambda txn: idx.apply(txn, docs, []))
+    queries = [["w0"], ["w1", "w2"], ["w3", "w0", "w7"]]
+    for _ in range(6):
+        with store.read() as txn:
+            for q in queries:
+                assert _answer(idx, txn, q) == _answer(_fresh(store), txn, q)
+        victims = [int(x) for x in rng.choice(len(docs), size=5, replace=False) + 1]
+        updated = [(v, _doc(rng)) for v in victims[:2]]  # an update: same docno, new segment
+        store.write(lambda txn, v=victims, u=updated: idx.apply(txn, u, v))
+    store.write(lambda txn: idx.merge(txn, 5, force=True))
+    with store.read() as txn:
+        for q in queries:
+            assert _answer(idx, txn, q) == _answer(_fresh(store), txn, q)
+
+
+# --- bounds ------------------------------------------------------------------------------
+
+
+def test_the_cache_stays_within_its_limit_and_a_tiny_one_answers_the_same(store):
+    rng = np.random.default_rng(6)
+    vocab = [f"t{i}" for i in range(600)]
+    docs = [(i + 1, [vocab[int(j)] for j in rng.integers(0, len(vocab), 20)] + _doc(rng, 4)) for i in range(3000)]
+    writer = _fresh(store)
+    for start in range(0, len(docs), 1000):
+        store.write(lambda txn, s=start: writer.apply(txn, docs[s:s + 1000], []))
+    tiny = SegmentedBM25(store.blind, store.last_txnid, cache_mb=0.05)
+    roomy = _fresh(store)
+    limit = tiny.cache.max_bytes
+    with store.read() as txn:
+        for i in range(0, len(vocab), 3):  # far more terms than the tiny cache holds
+            q = vocab[i:i + 3] + ["w0"]
+            assert tiny.search(txn, q, 10) == roomy.search(txn, q, 10)
+            assert tiny.cache.nbytes <= limit
+    assert tiny.cache.evictions > 0
+    assert roomy.cache.nbytes > limit  # the same work does not fit in the tiny one
+    zero = SegmentedBM25(store.blind, store.last_txnid, cache_mb=0)
+    with store.read() as txn:
+        assert zero.search(txn, ["t1", "t2"], 5) == roomy.search(txn, ["t1", "t2"], 5)
+    assert zero.cache.nbytes == 0
+
+
+# --- another process commits -------------------------------------------------------------
+
+WRITER = textwrap.dedent("""
+    import json, sys
+    from engramdb.crypto import Sealer
+    from engramdb.index.bm25 import SegmentedBM25
+    from engramdb.store import Store
+    store = Store.open(sys.argv[1])
+    store.sealer = Sealer(bytes.fromhex(sys.argv[2]))
+    idx = SegmentedBM25(store.blind, store.last_txnid)
+    for line in sys.stdin:
+        op = json.loads(line)
+        if op["op"] == "apply":
+            store.write(lambda txn: idx.apply(txn, [(d, t) for d, t in op["add"]], op["remove"]))
+        elif op["op"] == "merge":
+            store.write(lambda txn: idx.merge(txn, op["steps"], force=op["force"]))
+        print("ok", flush=True)
+    store.close()
+""")
+
+
+class _Writer:
+    """A second process applying index changes to the same file, one command at a time."""
+
+    def __init__(self, path) -> None:
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), KEY.hex()], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def send(self, **op) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(op) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def test_a_reader_sees_another_process_commits(store, tmp_path):
+    writer = _Writer(tmp_path / "raw.engram")
+    try:
+        reader = _fresh(store)
+        writer.send(op="apply", add=[[1, ["apple"]], [2, ["pear"]]], remove=[])
+        with store.read() as txn:
+            assert [d for d, _ in reader.search(txn, ["apple", "pear"], 5)] == [1, 2]
+        writer.send(op="apply", add=[[3, ["apple", "apple"]]], remove=[1])
+        with store.read() as txn:
+            assert [d for d, _ in reader.search(txn, ["apple"], 5)] == [3]
+            assert reader.search(txn, ["apple", "pear"], 5) == _fresh(store).search(txn, ["apple", "pear"], 5)
+        writer.send(op="merge", steps=3, force=True)
+        with store.read() as txn:
+            assert reader.search(txn, ["apple", "pear"], 5) == _fresh(store).search(txn, ["apple", "pear"], 5)
+    finally:
+        writer.close()
+
+
+QUERIES = [["w0"], ["w1", "w2"], ["w0", "w3", "w3"], ["w5", "w9", "w12", "w0"], {"w2": 0.5, "w4": 2.0}, ["zz"]]
+
+
+class CachedEqualsFresh(RuleBasedStateMachine):
+    """Commits from a second process interleaved with queries in long-lived handles (a
+    default cache and a tiny one): every answer equals a fresh handle's, bit for bit, and
+    equals full scoring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="engram-cache-")
+        self.path = os.path.join(self.dir, "raw.engram")
+        self.store = Store.open(self.path)
+        self.store.sealer = Sealer(KEY)
+        self.writer = _Writer(self.path)
+        self.cached = SegmentedBM25(self.store.blind, self.store.last_txnid)
+        self.tiny = SegmentedBM25(self.store.blind, self.store.last_txnid, cache_mb=0.002)
+        self.live: set[int] = set()
+        self.next = 1
+
+    @initialize(n=st.integers(0, 60), seed=st.integers(0, 2**16))
+    def start(self, n, seed):
+        rng = np.random.default_rng(seed)
+        docs = [[self.next + i, _doc(rng)] for i in range(n)]
+        if docs:
+            self.writer.send(op="apply", add=docs, remove=[])
+        self.live.update(d for d, _ in docs)
+        self.next += n
+
+    @rule(k=st.integers(1, 4), seed=st.integers(0, 2**16))
+    def add(self, k, seed):
+        rng = np.random.default_rng(seed)
+        docs = [[self.next + i, _doc(rng, int(rng.integers(0, 8)))] for i in range(k)]
+        self.writer.send(op="apply", add=docs, remove=[])
+        self.live.update(d for d, _ in docs)
+        self.next += k
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), update=st.booleans())
+    def delete_or_update(self, data, update):
+        victims = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=1, max_size=3, unique=True))
+        rng = np.random.default_rng(len(victims))
+        add = [[v, _doc(rng)] for v in victims] if update else []
+        self.writer.send(op="apply", add=add, remove=victims)
+        if not update:
+            self.live.difference_update(victims)
+
+    @rule(steps=st.integers(1, 3), force=st.booleans())
+    def merge(self, steps, force):
+        self.writer.send(op="merge", steps=steps, force=force)
+
+    @invariant()
+    def answers_equal_a_fresh_handle(self):
+        fresh = SegmentedBM25(self.store.blind, self.store.last_txnid)
+        with self.store.read() as txn:
+            for q in QUERIES:
+                want = fresh.search(txn, q, 6)
+                assert self.cached.search(txn, q, 6) == want
+                assert self.tiny.search(txn, q, 6) == want
+                docs, scores = fresh.scores(txn, q)
+                order = np.lexsort((docs, -scores))[:6]
+                assert want == [(int(docs[i]), float(scores[i])) for i in order]
+        assert self.tiny.cache.nbytes <= self.tiny.cache.max_bytes
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.writer.close()
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestCachedEqualsFresh = CachedEqualsFresh.TestCase
+TestCachedEqualsFresh.settings = settings(max_examples=5, stateful_step_count=12, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
