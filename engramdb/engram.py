@@ -1389,7 +1389,9 @@ class Transaction:
                                        hint="run `engramdb verify --fix FILE` to rebuild the id map")
             removed.append((docno, read(txn, docno, old)))
         txn.delete_many("ids", [id_key for id_key, _ in found])
-        txn.delete_many("archive", keys)
+        from .maintenance.archive import drop_originals
+
+        drop_originals(txn, [docno for _, docno in found])  # their archive rows, or places in groups
         self._index(removed=removed)  # index hook
         return len(found)
 

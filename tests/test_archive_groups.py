@@ -173,3 +173,22 @@ def test_the_fuzz_oracle_can_fail():
             target.TestOneInput(good)
     finally:
         archive.pack_group = real
+
+
+def test_delete_many_takes_the_originals_out_of_their_groups(make_db, now):
+    db = make_db()
+    db.add_many([{"id": f"m{i:02}", "content": f"memory {i} " + "some longer words " * 20} for i in range(40)],
+                now=now)
+    with db.transaction() as tx:
+        for i in range(0, 40, 2):
+            tx.archive(f"m{i:02}")
+    db.compact()
+    with db._store.read() as txn:
+        assert all(codec.from_u64(k) & archive.GROUP_BIT for k in txn.keys("archive"))
+    assert db.delete_many([f"m{i:02}" for i in range(0, 40, 3)]) == 14
+    assert db.verify() == []
+    for i in range(40):
+        if i % 3:
+            assert db.get(f"m{i:02}", full=True).content == f"memory {i} " + "some longer words " * 20
+    with db._store.read() as txn:
+        assert len(list(archive.iter_originals(txn))) == len([i for i in range(0, 40, 2) if i % 3])

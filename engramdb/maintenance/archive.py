@@ -42,6 +42,7 @@ __all__ = [
     "ArchiveTxn",
     "archive",
     "drop_original",
+    "drop_originals",
     "full",
     "full_of",
     "has_original",
@@ -167,6 +168,32 @@ def drop_original(txn: Any, docno: int) -> bool:
     else:
         txn.delete("archive", key)
     return True
+
+
+def drop_originals(txn: Any, docnos: Iterable[int]) -> None:
+    """:func:`drop_original` of many memories (``delete_many``): their rows in one call,
+    and each group that holds some of them rewritten once."""
+    wanted = sorted(set(docnos))
+    txn.delete_many("archive", [codec.u64(d) for d in wanted])
+    i = 0
+    while i < len(wanted):
+        found = next(txn.items("archive", start=_group_key(wanted[i])), None)
+        if found is None:
+            return
+        key, value = found
+        last = codec.from_u64(key) & ~GROUP_BIT
+        j = i
+        while j < len(wanted) and wanted[j] <= last:
+            j += 1
+        gone = set(wanted[i:j])
+        members = unpack_group(value)
+        rest = [(d, t) for d, t in members if d not in gone]
+        if len(rest) != len(members):
+            if rest:
+                txn.put("archive", key, pack_group(rest))
+            else:
+                txn.delete("archive", key)
+        i = j
 
 
 def iter_originals(txn: Any) -> Iterator[tuple[int, str]]:
