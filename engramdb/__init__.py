@@ -24,6 +24,7 @@ from .compress import (
 from .engram import Engram, Problem, Transaction, import_key, open
 from .index.tokenize import Tokenizer
 from .index.vectors import HASHED_MODEL, Embedder, EmbeddingSpace, HashedTfidfEmbedder, LocalModelEmbedder
+from .fusion import FusionWeights
 from .recall import Context, Hit, Passage
 from .maintenance.forget import ForgetReceipt
 from .maintenance.lifecycle import MaintenanceConfig, MaintenanceReport
@@ -58,6 +59,7 @@ __all__ = [
     "Hit",
     "Context",
     "Passage",
+    "FusionWeights",
     "Tokenizer",
     "EmbeddingSpace",
     "Embedder",

@@ -25,6 +25,7 @@ from .errors import (
     WrongPassphraseError, shown,
 )
 from .records import Edge, Node, new_id, now_ts
+from .fusion import FusionWeights, check_fusion
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
@@ -254,7 +255,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
          tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
-         repair: bool = False, cache_mb: float | None = None) -> Engram:
+         repair: bool = False, cache_mb: float | None = None, fusion: FusionWeights | None = None) -> Engram:
     """Open (or create) a .engram file.
 
     Args:
@@ -282,6 +283,9 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         cache_mb: the limit, in MiB, of each of this handle's caches of decrypted data
             (None: each cache's default; the postings cache's is 64 MiB): least recently
             used entries are evicted beyond it (README, "Memory").
+        fusion: the :class:`~engramdb.FusionWeights` every recall of this handle fuses its
+            retrievers with, unless a call passes its own (default: the documented defaults,
+            spec/recall.md "Fusion"). Not stored in the file.
 
     Raises:
         ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
@@ -300,6 +304,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
     if kdf is not None:
         kdf.check()
     cache_mb = _check_cache_mb(cache_mb)
+    fusion = check_fusion(fusion)
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not os.path.isdir(parent):  # said plainly, not as a store error pointing at verify (issue 12, bug 11)
         raise FileMissingError(f"{os.fspath(path)}: the directory {parent} does not exist",
@@ -318,6 +323,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                                             "records), or restore from a dump or backup")
         engram._tokenizer_settings = dict(tokenizer) if tokenizer is not None else None
         engram._cache_mb = cache_mb
+        engram.fusion = fusion
         indexes = engram.indexes  # checks the requested tokenizer against the file's
         if not store.readonly:
             from .index import TOKENIZER_KEY
@@ -363,6 +369,8 @@ class Engram:
         self._header = header
         self._tokenizer_settings: dict[str, Any] | None = None
         self._cache_mb: float | None = None
+        #: the FusionWeights of this handle's recalls (``open(fusion=)``; a call's ``fusion=`` wins)
+        self.fusion: FusionWeights | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -474,16 +482,19 @@ class Engram:
                after: TimeBound | None = None, before: TimeBound | None = None, tiers: NameSet | None = None,
                tags: NameSet | None = None, any_tags: NameSet | None = None, flags: NameSet | None = None,
                any_flags: NameSet | None = None, source: str | None = None, min_relevance: float = 0.0,
-               explain: bool = False, touch: bool = False, now: float | None = None) -> list[Hit]:
+               explain: bool = False, touch: bool = False, now: float | None = None,
+               fusion: FusionWeights | None = None) -> list[Hit]:
         """The memories that best answer ``query``, best first (see :func:`engramdb.recall.recall`).
 
         BM25 over the encrypted postings, plus vector search in every embedding space that
-        can embed the query, fused by reciprocal rank, boosted by tier and date proximity,
+        can embed the query, fused (weights: :class:`~engramdb.FusionWeights`), boosted by tier and date proximity,
         penalised when superseded, and widened by one tunnel hop. Ties break by insertion
         order. Reads take no write lock unless ``touch=True``. Each hit carries a
         ``relevance`` in [0, 1], comparable across queries; ``min_relevance`` drops hits below it.
         The filters (``after``, ``before``, ``tiers``, ``tags`` (all), ``any_tags``, ``flags``
         (all), ``any_flags``, ``source``) mean the same as in :meth:`scan` (see :mod:`engramdb.filters`).
+        ``fusion`` (a :class:`~engramdb.FusionWeights`) overrides the handle's weights
+        (``open(fusion=)``) for this call.
 
         Raises:
             ValidationError: bad arguments.
@@ -493,7 +504,7 @@ class Engram:
         return recall(self._store, self.indexes, query, top_k=top_k, hops=hops, expand_query=expand_query,
                       after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
                       any_flags=any_flags, source=source, min_relevance=min_relevance, explain=explain,
-                      touch=touch, now=now)
+                      touch=touch, now=now, fusion=self.fusion if fusion is None else fusion)
 
     def recall_context(self, query: str, *, top_k: int = 10, max_tokens: int = 2000, source: str | None = None,
                        source_text: str | None = None, **kwargs: Any) -> Context:
@@ -507,6 +518,8 @@ class Engram:
         """
         from .recall import recall_context
 
+        if kwargs.get("fusion") is None:
+            kwargs["fusion"] = self.fusion
         return recall_context(self._store, self.indexes, query, top_k=top_k, max_tokens=max_tokens,
                               source=source, source_text=source_text, **kwargs)
 

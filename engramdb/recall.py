@@ -11,8 +11,10 @@ Scoring (spec/bm25.md, "Recall"):
   candidates by its score plus ``HOP_WEIGHT`` times the score one step of personalised
   PageRank moves to them over edges and tunnels from the other candidates, so the
   neighbours of strong matches rise (and join the list);
-* ``rrf``: weighted reciprocal rank fusion ``sum w / (RRF_K + rank)`` over those rankings
-  (``w`` = 1 for BM25; for a space, its agreement with BM25: :func:`fusion_weight`);
+* ``rrf``: weighted fusion of those rankings (:mod:`engramdb.fusion`, weights from a
+  :class:`~engramdb.fusion.FusionWeights`, ``fusion=``): BM25 alone keeps reciprocal rank
+  fusion ``1 / (60 + rank)``; with spaces, each ranking's scores scaled to its best, a
+  space weighted by its agreement with BM25 (spec/recall.md, section 5);
 * multiplied by the tier boost, by ``SUPERSEDED_PENALTY`` when another memory
   supersedes this one, and by ``1 + DATE_WEIGHT * proximity`` when the query names a
   year or month near the memory's ``resolved_date``.
@@ -36,6 +38,7 @@ import numpy as np
 from .codec import decode_node, encode_node
 from .errors import ValidationError
 from .filters import Filter, NameSet, TimeBound
+from .fusion import DEFAULT_FUSION, FusionWeights, check_fusion, fuse_rankings, tied_ranks
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
@@ -54,19 +57,13 @@ __all__ = [
 ]
 
 _ARGS_HINT = "see help(engramdb.Engram.recall) for the arguments and their types"
-RRF_K = 60
-# Tier only breaks near-ties: with RRF_K = 60 two adjacent ranks at the top differ by
+# Tier only breaks near-ties: with rrf_k = 60 (FusionWeights) two adjacent ranks at the top differ by
 # about 1.6 %, so a factor below that never lets a colder tier lose a whole rank to a
 # hotter memory that matched worse (a 0.97 warm factor used to; tests/test_recall.py).
 TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
 HOP_WEIGHT = 0.6
 MIN_VECTOR_SCORE = 1e-5
-# Fusion weights of the vector spaces (spec/recall.md, "Fusion weights"; module settings a
-# caller may override): a space is trusted by its agreement with BM25's top results.
-VECTOR_WEIGHT = 1.0
-AGREEMENT_DEPTH = 10
-AGREEMENT_POWER = 2.0
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
 CANDIDATES_PER_K = 8
 MIN_CANDIDATES = 50
@@ -199,7 +196,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
            tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
            flags: NameSet | None = None, any_flags: NameSet | None = None,
            source: str | None = None, min_relevance: float = 0.0, explain: bool = False,
-           touch: bool = False, now: float | None = None) -> list[Hit]:
+           touch: bool = False, now: float | None = None, fusion: FusionWeights | None = None) -> list[Hit]:
     """The memories that best answer ``query``.
 
     Args:
@@ -224,6 +221,8 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
         explain: fill :attr:`Hit.parts` with the score's parts.
         touch: bump ``access_count`` and ``last_accessed`` of the hits (one write).
         now: the clock for ``touch`` (injectable).
+        fusion: the weights the retrievers are fused with (default
+            :data:`~engramdb.fusion.DEFAULT_FUSION`; spec/recall.md, "Fusion").
 
     Returns:
         Hits, best first; ties broken by docno (insertion order).
@@ -241,6 +240,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
     if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
             or not 0.0 <= min_relevance <= 1.0):
         raise ValidationError(f"min_relevance must be a number in [0, 1], got {min_relevance!r}", hint=_ARGS_HINT)
+    weights_of_fusion = check_fusion(fusion)
     if top_k == 0:
         return []
     expander = _expander(indexes)
@@ -273,7 +273,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
                 features.setdefault(docno, {})[f"match:vector:{name}"] = score + hop
         if weights:
             _bm25_features(txn, indexes, rankings, terms, weights, features)
-        hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance))
+        hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion)
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
     return hits
@@ -356,12 +356,8 @@ class _Run:
 
     def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
              features: dict[int, dict[str, float]], dates: Sequence[QueryDate], top_k: int, explain: bool,
-             min_relevance: float) -> list[Hit]:
-        fused: dict[int, float] = {}
-        for name, ranking in rankings:
-            weight = fusion_weight(name, ranking, rankings)
-            for rank, docno in _tied_ranks(ranking):
-                fused[docno] = fused.get(docno, 0.0) + weight / (RRF_K + rank)
+             min_relevance: float, fusion: FusionWeights = DEFAULT_FUSION) -> list[Hit]:
+        fused = fuse_rankings(rankings, _lexical_strength(rankings, features), fusion)
         relevance: dict[int, float] = {}  # of the candidates walked below (the rest cannot place)
         parts = _explain_parts(rankings) if explain else None
         if parts is not None:
@@ -406,38 +402,15 @@ class _Run:
         return base * tier * superseded * (1.0 + date)
 
 
-def _tied_ranks(ranking: Sequence[tuple[int, float, float]]) -> Iterator[tuple[int, int]]:
-    """(rank, docno) of a ranking, 1-based, where documents with the same score (base plus
-    hop) share the rank of the first of them: equal evidence earns equal RRF, so the tier
-    factor, not the docno order of a tie, decides between them (a live memory beats an
-    archived one that matched exactly as well; tests/test_archive.py)."""
-    rank, previous = 0, None
-    for position, (docno, base, hop) in enumerate(ranking, start=1):
-        score = base + hop
-        if score != previous:
-            rank, previous = position, score
-        yield rank, docno
-
-
-def fusion_weight(name: str, ranking: Sequence[tuple[int, float, float]],
-                  rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> float:
-    """The RRF weight of one retriever (spec/recall.md, "Fusion weights").
-
-    BM25 weighs 1. A vector space weighs ``VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) **
-    AGREEMENT_POWER``, where ``overlap`` is how many of its top ``AGREEMENT_DEPTH`` are also
-    in BM25's: a space that disagrees with the lexical match (a weak or unrelated model)
-    is trusted little, one that agrees adds its evidence. Without a BM25 ranking (no
-    query term matched) a space weighs ``VECTOR_WEIGHT``.
-    """
-    if name == "bm25":
-        return 1.0
+def _lexical_strength(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
+                      features: dict[int, dict[str, float]]) -> float:
+    """The BM25-only relevance of BM25's best match (0 without one): how strong the lexical
+    evidence is, for :attr:`FusionWeights.weak_match_trust`."""
     lexical = next((r for n, r in rankings if n == "bm25"), None)
     if not lexical:
-        return VECTOR_WEIGHT
-    lex_top = {docno for docno, _, _ in lexical[:AGREEMENT_DEPTH]}
-    overlap = sum(1 for docno, _, _ in ranking[:AGREEMENT_DEPTH] if docno in lex_top)
-    weight: float = VECTOR_WEIGHT * (overlap / AGREEMENT_DEPTH) ** AGREEMENT_POWER  # float ** float: typed Any
-    return weight
+        return 0.0
+    own = {k: v for k, v in features.get(lexical[0][0], {}).items() if not k.startswith("match:vector:")}
+    return relevance_of(own)
 
 
 def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
@@ -469,7 +442,7 @@ def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]
     for name, ranking in rankings:
         rank_key = name.replace(":", "_rank:") if ":" in name else name + "_rank"
         hop_key = "hop:" + name
-        for (rank, docno), (_, score, hop) in zip(_tied_ranks(ranking), ranking):
+        for (rank, docno), (_, score, hop) in zip(tied_ranks(ranking), ranking):
             p = parts.setdefault(docno, {})
             p[name] = score
             p[rank_key] = float(rank)  # the rank fusion used (ties share one)

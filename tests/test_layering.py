@@ -25,6 +25,8 @@ RANKS = {
     "compress.*": 6, "compress": 6,
     # one meaning for every filter over memories (scan, recall); dates compare as compress does
     "filters": 6,
+    # recall's fusion of its retrievers: the weights (public) and the arithmetic, no I/O
+    "fusion": 6,
     "recall": 7,
     "maintenance.*": 8, "maintenance": 8,
     # the agent layer works on an Engram through its public API (duck-typed, no import of it)

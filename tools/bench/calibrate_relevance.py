@@ -23,7 +23,6 @@ embedding space, so the vector retriever takes part. Deterministic (no timing).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -73,11 +72,7 @@ FLOORS = (0.1, 0.2, 0.3, 0.4)
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("locomo_eval", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return locomo_adapter.load_harness(HARNESS)
 
 
 def _bin(x: float) -> int:

@@ -1,0 +1,121 @@
+"""FusionWeights: the documented, overridable weights of recall's fusion (engramdb/fusion.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import engramdb
+from engramdb.errors import ValidationError
+from engramdb.fusion import DEFAULT_FUSION, FusionWeights, fuse_rankings, retriever_weight
+
+
+def test_defaults_are_the_documented_ones():
+    assert DEFAULT_FUSION == FusionWeights() == engramdb.FusionWeights(
+        bm25=1.0, vector=0.5, spaces=(), agreement_depth=10, agreement_power=2.0, weak_match_trust=0.5,
+        score_mix=1.0, rrf_k=60)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"bm25": -1.0}, {"vector": float("nan")}, {"vector": True}, {"agreement_power": math.inf},
+    {"weak_match_trust": 1.5}, {"score_mix": -0.1}, {"agreement_depth": 0}, {"rrf_k": 2.5},
+    {"spaces": (("model", -1.0),)}, {"spaces": [("model", 1.0)]}, {"spaces": (("model",),)},
+])
+def test_out_of_range_fields_are_validation_errors_with_a_hint(kwargs):
+    with pytest.raises(ValidationError) as err:
+        FusionWeights(**kwargs)
+    assert "FusionWeights" in err.value.hint
+
+
+def test_frozen_and_hashable():
+    w = FusionWeights(spaces=(("model", 0.5),))
+    with pytest.raises(AttributeError):
+        w.vector = 2.0  # type: ignore[misc]
+    assert hash(w) == hash(FusionWeights(spaces=(("model", 0.5),)))
+    assert w.space_weight("model") == 0.5 and FusionWeights(vector=1.0, spaces=(("a", 2.0),)).space_weight("b") == 1.0
+
+
+BM25 = [(1, 9.0, 0.0), (2, 8.0, 0.0), (3, 1.0, 0.0)]
+VEC = [(4, 0.9, 0.0), (2, 0.8, 0.0), (1, 0.1, 0.0)]
+
+
+def test_rank_fusion_is_weighted_rrf():
+    rrf = FusionWeights(vector=1.0, agreement_power=0.0, score_mix=0.0)
+    fused = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, rrf)
+    assert fused == {1: 1 / 61 + 1 / 63, 2: 1 / 62 + 1 / 62, 3: 1 / 63, 4: 1 / 61}
+
+
+def test_agreement_and_guard_lower_a_disagreeing_space():
+    w = FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=0.0)
+    assert retriever_weight("vector:m", VEC, BM25, 0.0, w) == pytest.approx((2 / 3) ** 2)
+    trusting = FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=0.5)
+    agree = (2 / 3) ** 2
+    # a strong lexical match (strength 1): agreement alone; a weak one (0.25): part of the rest back
+    assert retriever_weight("vector:m", VEC, BM25, 1.0, trusting) == pytest.approx(agree)
+    assert retriever_weight("vector:m", VEC, BM25, 0.25, trusting) == pytest.approx(agree + (1 - agree) * 0.5 * 0.75)
+    assert retriever_weight("vector:m", VEC, BM25, 0.0, FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=1.0)) == 1.0
+    # no lexical ranking: the space's own weight; BM25's weight is its field
+    assert retriever_weight("vector:m", VEC, [], 1.0, FusionWeights(spaces=(("m", 0.3),))) == 0.3
+    assert retriever_weight("bm25", BM25, BM25, 1.0, FusionWeights(bm25=0.25)) == 0.25
+
+
+def test_score_mix_keeps_the_credit_of_a_close_second():
+    w = FusionWeights(vector=1.0, agreement_power=0.0, score_mix=1.0)
+    fused = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, w)
+    assert fused[1] == pytest.approx(1 / 61 + 0.1 / 0.9 / 61)
+    assert fused[2] == pytest.approx(8 / 9 / 61 + 0.8 / 0.9 / 61)  # rank-only: 1/62 + 1/62
+    assert fused[3] == pytest.approx(1 / 9 / 61)
+    half = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0,
+                         FusionWeights(vector=1.0, agreement_power=0.0, score_mix=0.5))
+    assert half[3] == pytest.approx(0.5 / 63 + 0.5 * 1 / 9 / 61)
+
+
+def test_a_single_ranking_keeps_rank_fusion():
+    """BM25 alone (no space) ranks exactly as before score-aware fusion existed."""
+    assert fuse_rankings([("bm25", BM25)], 0.0, FusionWeights(score_mix=1.0)) == {1: 1 / 61, 2: 1 / 62, 3: 1 / 63}
+    assert fuse_rankings([("bm25", BM25), ("vector:m", [])], 0.0, FusionWeights(score_mix=1.0))[2] == 1 / 62
+
+
+def _store(make_db, name, **kwargs):
+    db = make_db(name, **kwargs)
+    vocab = ["apple", "river", "stone", "cloud", "ember", "frost", "grain", "harbor"]
+
+    def emb(texts):  # a fixed fake model: word counts over the vocabulary, plus one
+        out = np.ones((len(texts), len(vocab) + 1), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for j, w in enumerate(vocab):
+                out[i, j] += 2 * t.split().count(w)
+        return out
+
+    docs = ["apple river", "stone cloud", "ember frost", "grain harbor apple", "river stone frost"]
+    db.add_space("fake", dims=len(vocab) + 1, model="test/fake", embedder=emb)
+    db.add_many([{"id": f"d{i}", "content": d, "created_at": 1.0, "last_accessed": 1.0,
+                  "embeddings": {"fake": tuple(float(x) for x in emb([d])[0])}} for i, d in enumerate(docs)])
+    return db
+
+
+def test_recall_open_and_call_weights(make_db):
+    db = _store(make_db, "a.engram")
+    default = [(h.id, h.score) for h in db.recall("apple river", top_k=5)]
+    assert default == [(h.id, h.score) for h in db.recall("apple river", top_k=5, fusion=FusionWeights())]
+    model_only = FusionWeights(bm25=0.0, vector=1.0, agreement_power=0.0, score_mix=0.0)
+    only = db.recall("apple river", top_k=5, fusion=model_only, explain=True)
+    assert len(only) == 5  # every memory has a vector: the ranking is the space's alone
+    assert all(h.parts["rrf"] == pytest.approx(1 / (60 + h.parts["vector_rank:fake"])) for h in only)
+    db.close()
+    handle = _store(make_db, "b.engram", fusion=model_only)
+    assert handle.fusion == model_only
+    assert [h.id for h in handle.recall("apple river", top_k=5)] == [h.id for h in only]
+    # a call's own weights win over the handle's
+    assert [(h.id, h.score) for h in handle.recall("apple river", top_k=5, fusion=FusionWeights())] == default
+    # recall_context ranks with the handle's weights unless given its own
+    ctx = handle.recall_context("apple river", top_k=1, max_tokens=100)
+    ctx_default = handle.recall_context("apple river", top_k=1, max_tokens=100, fusion=FusionWeights())
+    assert ctx.text.endswith(only[0].node.content)
+    assert ctx_default.text.endswith(handle.get(default[0][0]).content)
+    with pytest.raises(ValidationError):
+        handle.recall("apple", fusion={"bm25": 1.0})
+    with pytest.raises(ValidationError):
+        make_db("c.engram", fusion="rank")
+
