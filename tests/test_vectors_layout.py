@@ -248,8 +248,7 @@ def test_a_matrix_over_the_cache_limit_is_streamed_with_the_same_answers(make_db
     rng = np.random.default_rng(5)
     rows = rng.standard_normal((40, DIMS)).astype(np.float32)
     cached = make_db("c.engram", encrypted=False, passphrase=None)
-    streamed = make_db("s.engram", encrypted=False, passphrase=None)
-    streamed.indexes.vectors.cache_bytes = int(0.1 * 2**20)  # 40 x 6 KiB > 0.1 MiB (open(cache_mb=0.1))
+    streamed = make_db("s.engram", encrypted=False, passphrase=None, cache_mb=0.1)  # 40 x 6 KiB > 0.1 MiB
     for db in (cached, streamed):
         db.add_space("s", dims=DIMS, model="m", normalize=False)
         db.add_many([{"id": f"n{i}", "content": "x", "embeddings": {"s": row}} for i, row in enumerate(rows)])
