@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import resource
 import stat
@@ -834,6 +835,63 @@ _META_MAGIC = 0xBEEFC0DE
 # Offsets in an LMDB 0.9 meta page: a 16-byte page header, then MDB_meta (magic, version,
 # address, mapsize, two 48-byte MDB_db records whose first holds the page size, last_pg, txnid).
 _META_PSIZE, _META_TXNID = 40, 144
+
+
+# LMDB 0.9 page and node layout, for scrub_unused_bytes.
+_PAGE_HEADER = 16  # pgno (8), pad (2), flags (2), lower/upper (2+2) or overflow page count (4)
+_P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_LEAF2 = 0x01, 0x02, 0x04, 0x20
+_F_BIGDATA = 0x01  # a leaf node whose value lives in overflow pages
+_META_LAST_PG = 136
+
+
+def scrub_unused_bytes(fd: int) -> int:
+    """Zero every byte of a compacting copy that no record uses; the number zeroed.
+
+    LMDB reuses the buffers of freed pages without clearing them, so the unused tail of an
+    overflow page (a large value's last page) and the gap between a page's pointers and its
+    nodes can hold bytes of a deleted record, and the compacting copy keeps those pages as they
+    are. Zeroing them is what makes a deleted memory's ciphertext (or plaintext, in an
+    unencrypted file) leave the file at ``compact()``. Only for a closed file nobody maps.
+    """
+    size = os.fstat(fd).st_size
+    if size < 2 * 4096:
+        return 0
+    zeroed = 0
+    with mmap.mmap(fd, size) as mm:
+        psize = struct.unpack_from("<I", mm, _META_PSIZE)[0]
+        if psize not in (4096, 8192, 16384, 32768, 65536):
+            return 0
+        metas = [struct.unpack_from("<QQ", mm, n * psize + _META_LAST_PG) for n in (0, 1)]
+        last_pg = max(metas, key=lambda meta: meta[1])[0]  # the meta page with the larger txnid
+        pages = min(size // psize, last_pg + 1)
+        pgno = 2
+        while pgno < pages:
+            base = pgno * psize
+            flags, lower, upper = struct.unpack_from("<HHH", mm, base + 10)
+            if flags & _P_OVERFLOW:  # reached through its leaf node below
+                pgno += max(lower | upper << 16, 1)
+                continue
+            pgno += 1
+            if not flags & (_P_BRANCH | _P_LEAF) or flags & _P_LEAF2 or not _PAGE_HEADER <= lower <= upper <= psize:
+                continue
+            mm[base + lower:base + upper] = bytes(upper - lower)
+            zeroed += upper - lower
+            if not flags & _P_LEAF:
+                continue
+            for ptr in range(base + _PAGE_HEADER, base + lower, 2):
+                node = base + struct.unpack_from("<H", mm, ptr)[0]
+                lo, hi, node_flags, key_size = struct.unpack_from("<HHHH", mm, node)
+                if not node_flags & _F_BIGDATA:
+                    continue
+                value_size = lo | hi << 16
+                first = struct.unpack_from("<Q", mm, node + 8 + key_size)[0]
+                start = first * psize + _PAGE_HEADER + value_size
+                end = first * psize + -(-(_PAGE_HEADER + value_size) // psize) * psize
+                if first < pages and end <= size:
+                    mm[start:end] = bytes(end - start)
+                    zeroed += end - start
+        mm.flush()
+    return zeroed
 
 
 def meta_problem(path: str) -> str | None:
@@ -1720,6 +1778,7 @@ class Store:
             fcntl.flock(fd, fcntl.LOCK_EX)  # ours while it is written
             try:
                 env.env.copyfd(fd, compact=True)
+                scrub_unused_bytes(fd)
                 os.fsync(fd)
             except lmdb.Error as exc:
                 raise _map_lmdb_error(exc, "compacting copy failed; the original is untouched", path=tmp) from None

@@ -388,3 +388,50 @@ def test_fork_while_another_thread_holds_the_registry_lock(tmp_engram):
         thread.join()
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_scrub_zeroes_what_no_record_uses_and_keeps_every_record(tmp_path):
+    """Regression: compact() left a deleted record's bytes in the unused tail of an overflow
+    page (LMDB reuses freed page buffers without clearing them), ~1 run in 10."""
+    import struct
+
+    import lmdb
+
+    from engramdb.store import scrub_unused_bytes
+
+    path = str(tmp_path / "raw.lmdb")
+    records = {b"big-%d" % i: bytes([65 + i]) * (3000 + 500 * i) for i in range(3)}
+    records.update({b"small-%02d" % i: b"value %d" % i for i in range(40)})
+    env = lmdb.open(path, subdir=False, map_size=1 << 22)
+    with env.begin(write=True) as txn:
+        for key, value in records.items():
+            txn.put(key, value)
+    env.close()
+    sentinel = b"deleted-sentinel"
+    with open(path, "r+b") as fh:
+        data = bytearray(fh.read())
+        psize = struct.unpack_from("<I", data, 40)[0]
+        planted = 0
+        for pgno in range(2, len(data) // psize):
+            base = pgno * psize
+            flags, lower, upper = struct.unpack_from("<HHH", data, base + 10)
+            if flags & 0x04 and lower == 1 and upper == 0:  # a one-page overflow run: plant in its tail
+                data[base + psize - len(sentinel):base + psize] = sentinel
+                planted += 1
+            elif flags & 0x02 and upper - lower > len(sentinel):  # a leaf page's gap
+                data[base + lower:base + lower + len(sentinel)] = sentinel
+                planted += 1
+        assert planted >= 2
+        fh.seek(0)
+        fh.write(data)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert scrub_unused_bytes(fd) > 0
+    finally:
+        os.close(fd)
+    with open(path, "rb") as fh:
+        assert sentinel not in fh.read()
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        assert dict(txn.cursor()) == records
+    env.close()
