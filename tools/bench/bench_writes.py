@@ -47,6 +47,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+from bench_search import _Tee  # noqa: E402 (after the path set-up)
+
 PASSPHRASE = "bench passphrase"
 SYSTEMS = ("engramdb", "fts5", "fts5mc")
 LABELS = {"engramdb": "engramdb (encrypted)", "fts5": "SQLite FTS5 (plaintext)", "fts5mc": "SQLite3MC FTS5 (encrypted)"}
@@ -336,20 +338,6 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
                  f"   ratio {_ratio(sec, statistics.median(d['seconds'] for d in dels['engramdb']))}"))
     if each:
         print(f"  engramdb, one tx.delete per memory in one transaction: {statistics.median(each):.2f} s")
-
-
-class _Tee:
-    def __init__(self, *streams: Any) -> None:
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
 
 
 def main() -> None:
