@@ -17,7 +17,9 @@ Scoring (spec/bm25.md, "Recall"):
   space weighted by its agreement with BM25 (spec/recall.md, section 5);
 * multiplied by the tier boost, by ``SUPERSEDED_PENALTY`` when another memory
   supersedes this one, and by ``1 + DATE_WEIGHT * proximity`` when the query names a
-  year or month near the memory's ``resolved_date``.
+  year or month near the memory's ``resolved_date``;
+* and by the query features of :mod:`engramdb.recall_features` (speaker, source, time:
+  spec/recall.md, section 6).
 
 The hop runs inside each retriever, before fusion, because RRF flattens scores: spread
 over ranks it lets weak neighbours overtake strong matches (on LoCoMo, R@10 0.48 against
@@ -45,6 +47,7 @@ from .index.bm25 import top_k as _top_k
 from .index.graph import spread as spread_one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from .records import Node, now_ts
+from .recall_features import QueryFeatures
 from .store import Store, Txn
 from .tokens import token_counter
 
@@ -247,9 +250,10 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
     terms = expander.drop_question_words(indexes.tokenizer(query))
     weights = expander.expand(terms) if expand_query else {t: float(c) for t, c in _counts(terms)}
     dates = query_dates(query) if expand_query else []
+    qfeatures = QueryFeatures.of(query, indexes.tokenizer)
     limit = max(MIN_CANDIDATES, CANDIDATES_PER_K * top_k)
     with store.read() as txn:
-        ctx = _Run(txn, indexes, keep, hops)
+        ctx = _Run(txn, indexes, keep, hops, qfeatures)
         rankings: list[tuple[str, list[tuple[int, float, float]]]] = []
         features: dict[int, dict[str, float]] = {}
         if weights:
@@ -273,6 +277,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
                 features.setdefault(docno, {})[f"match:vector:{name}"] = score + hop
         if weights:
             _bm25_features(txn, indexes, rankings, terms, weights, features)
+            _source_features(txn, indexes, ctx, qfeatures, rankings, terms)
         hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion)
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
@@ -289,8 +294,10 @@ def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:
 class _Run:
     """The state of one recall: its snapshot, node cache, filter and neighbour cache."""
 
-    def __init__(self, txn: Txn, indexes: Indexes, keep: Filter, hops: bool) -> None:
+    def __init__(self, txn: Txn, indexes: Indexes, keep: Filter, hops: bool,
+                 qfeatures: QueryFeatures | None = None) -> None:
         self.txn = txn
+        self.qfeatures = qfeatures
         self.indexes = indexes
         self.keep = keep
         self.hops = hops
@@ -367,6 +374,8 @@ class _Run:
         # fused score and stop once even the largest boost cannot lift the next one into
         # the top k (the result is the same as boosting every candidate).
         max_boost = max(TIER_BOOST.values()) * (1.0 + (DATE_WEIGHT if dates else 0.0))
+        if self.qfeatures is not None:
+            max_boost *= self.qfeatures.max_boost()
         scored: dict[int, float] = {}
         kth: list[tuple[float, int]] = []  # the best k (score, -docno) so far, ascending
         for docno, base in sorted(fused.items(), key=lambda item: (-item[1], item[0])):
@@ -399,7 +408,8 @@ class _Run:
         date = DATE_WEIGHT * _date_bonus(node, dates)
         if parts is not None:
             parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
-        return base * tier * superseded * (1.0 + date)
+        features = 1.0 if self.qfeatures is None else self.qfeatures.boost(node, parts, docno)
+        return base * tier * superseded * (1.0 + date) * features
 
 
 def _lexical_strength(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
@@ -434,6 +444,16 @@ def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, lis
         if name == "bm25":
             for docno, score, hop in ranking:
                 features[docno]["match:bm25"] = (score + hop) / ceiling
+
+
+def _source_features(txn: Txn, indexes: Indexes, ctx: _Run, qfeatures: QueryFeatures,
+                     rankings: Sequence[tuple[str, list[tuple[int, float, float]]]], terms: Sequence[str]) -> None:
+    """Score the candidates' sources by how much of the query they cover between them
+    (:meth:`QueryFeatures.score_sources`; spec/recall.md, section 6)."""
+    counts = dict(_counts(terms))
+    docnos = sorted({d for _, ranking in rankings for d, _, _ in ranking})
+    qfeatures.score_sources(ctx.node, lambda term, ds: indexes.bm25.coverage(txn, {term: counts[term]}, ds),
+                            counts, indexes.bm25.ceiling(txn, counts), docnos)
 
 
 def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> dict[int, dict[str, float]]:

@@ -27,6 +27,8 @@ RANKS = {
     "filters": 6,
     # recall's fusion of its retrievers: the weights (public) and the arithmetic, no I/O
     "fusion": 6,
+    # query-side recall features (speaker, ...): read nodes, imported by recall
+    "recall_features": 6,
     "recall": 7,
     "maintenance.*": 8, "maintenance": 8,
     # the agent layer works on an Engram through its public API (duck-typed, no import of it)

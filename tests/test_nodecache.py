@@ -234,7 +234,9 @@ def test_reader_process_sees_the_writer_process(make_db, tmp_path):
         for q in QUERIES:
             assert answer(db.recall(q, top_k=8)) == fresh_answer(path, q, top_k=8)
         # only the new memory is read (where it ranks): nothing cached before is read again
-        assert cache.decoded - decoded <= 1 and cache.edge_reads - edges <= 1
+        # (its node once; its edges at most twice: its hop row and, when fusion walks it for
+        # the boosts, its superseded flag)
+        assert cache.decoded - decoded <= 1 and cache.edge_reads - edges <= 2
         assert db.recall("kiwis", top_k=1)[0].id == "x1"
 
         victim = db.recall("boats word3", top_k=8)[0]
@@ -297,7 +299,7 @@ def test_a_tiny_cache_stays_within_its_limit_and_changes_no_result(make_db, tmp_
         assert answer(db.recall(q, top_k=6)) == expected[q]
         assert tiny.nbytes <= tiny.max_bytes
         evicted = evicted or tiny.decoded > len(tiny)
-    assert 0 < len(tiny) < 10 and evicted
+    assert 0 < len(tiny) < 20 and evicted  # a few entries (recall reads every candidate's node)
     none = with_cache(db, 0)
     assert answer(db.recall(queries[0], top_k=6)) == expected[queries[0]] and len(none) == 0
 

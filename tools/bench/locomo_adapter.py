@@ -20,7 +20,9 @@ defaults (for ``fused``).
 
 Each turn becomes one memory: content ``"speaker: text"`` (plus the shared image's caption,
 when the harness passes one), id = the turn's dia_id, ``resolved_date`` = the session date
-(for recall's date-proximity bonus), tag = the session. Consecutive turns of a session are
+(for recall's date-proximity bonus), tag and ``source`` = the session,
+``metadata["speaker"]`` = the speaker (recall's speaker and source features, spec/recall.md
+section 6). Consecutive turns of a session are
 linked by ``related`` edges so recall's one-hop expansion can bring the reply to a
 question's matching turn. The file is encrypted with a random raw key (no KDF cost: this
 measures retrieval, not key derivation) in a temporary directory removed at exit.
@@ -83,6 +85,8 @@ def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool 
         "content": t["doc"],
         "resolved_date": _iso(t["date_time"]),
         "tags": [f"session-{t['session']}"],
+        "metadata": {"speaker": t["speaker"]},
+        "source": f"session-{t['session']}",
         "created_at": float(t["turn_index"]),
         "last_accessed": float(t["turn_index"]),
     } for i, t in enumerate(turns)])
