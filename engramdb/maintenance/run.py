@@ -27,7 +27,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -108,6 +108,7 @@ class PassTxn(Protocol):
     def find(self, id: str) -> Node | None: ...
     def update(self, id: str, /, **changes: Any) -> Node: ...
     def delete(self, id: str, /, *, missing_ok: bool = False) -> bool: ...
+    def delete_many(self, ids: Iterable[str], /, *, missing_ok: bool = False) -> int: ...
     def put_new(self, node: Node) -> str: ...
     def link(self, src: str, dst: str, kind: str = ..., *, weight: float = ..., now: float | None = ...) -> None: ...
     def archived(self, id: str) -> str | None: ...
@@ -752,6 +753,19 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     return dropped
 
 
+def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
+    """The delete operations of one batch, in one ``delete_many``: each unless its memory
+    changed since the plan (as :func:`_apply_op`). No other operation of the pass changes a
+    memory that the pass deletes, so doing them first in their batch changes no outcome."""
+    txn = tx.txn
+    keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
+    due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2]]
+    if not due:
+        return
+    tx.delete_many([e[1] for e, _ in due])
+    txn.delete_many("meta", [key for _, key in due])  # our own changes: the new state accounts for them
+
+
 def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], op_docnos: set[int]) -> None:
     if tx.find(s["id"]) is not None:
         return
@@ -793,10 +807,13 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
             if done >= total:
                 _finish(tx.txn, plan)
                 break
+            batch = steps[done:done + batch_size]
+            _apply_deletes(tx, [item for kind, item in batch if kind == "op" and item[3].get("delete")])
             dropped = 0
-            for kind, item in steps[done:done + batch_size]:
+            for kind, item in batch:
                 if kind == "op":
-                    dropped += _apply_op(tx, plan, item)
+                    if not item[3].get("delete"):
+                        dropped += _apply_op(tx, plan, item)
                 else:
                     _apply_summary(tx, plan, item, op_docnos)
             report.bytes_dropped += dropped
