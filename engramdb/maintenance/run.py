@@ -726,29 +726,26 @@ def _decode_plan(raw: bytes) -> dict[str, Any]:
 
 
 def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int:
-    """Apply one memory's operation unless the memory changed since the plan; returns the
-    bytes of text dropped."""
+    """Apply one memory's non-delete operation (deletes go through :func:`_apply_deletes`)
+    unless the memory changed since the plan; returns the bytes of text dropped."""
     docno, id_, token, op = entry
     txn = tx.txn
     key = DIRTY_PREFIX + codec.u64(docno)
     if txn.get("meta", key) != token:
         return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
     dropped = 0
-    if op.get("delete"):
-        tx.delete(id_)
-    else:
-        changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
-        if "archive" in op:  # one record write: the changes, then the stub (index rebuilt from it)
-            dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"], changes=changes)
-        elif changes:
-            # none of these fields is indexed: patch the record in place (no decoding of its
-            # embeddings, no index entries rewritten). The change-log entry an update would
-            # write is the one dropped just below.
-            raw = txn.get("nodes", codec.u64(docno))
-            if raw is None:
-                tx.update(id_, **changes)  # raises NotFoundError, as before
-            else:
-                txn.put("nodes", codec.u64(docno), codec.patch_node(raw, changes))
+    changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
+    if "archive" in op:  # one record write: the changes, then the stub (index rebuilt from it)
+        dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"], changes=changes)
+    elif changes:
+        # none of these fields is indexed: patch the record in place (no decoding of its
+        # embeddings, no index entries rewritten). The change-log entry an update would
+        # write is the one dropped just below.
+        raw = txn.get("nodes", codec.u64(docno))
+        if raw is None:
+            tx.update(id_, **changes)  # raises NotFoundError, as before
+        else:
+            txn.put("nodes", codec.u64(docno), codec.patch_node(raw, changes))
     txn.delete("meta", key)  # our own change: the new state accounts for it
     return dropped
 
