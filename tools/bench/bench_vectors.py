@@ -5,14 +5,19 @@ Run (from the repository root):
     python tools/bench/bench_vectors.py --n 100000 --dims 384 --runs 3
     flock /work/coord/big.lock python tools/bench/bench_vectors.py --first-search 1000000 --dims 384
 
-The first form adds ``n`` random unit vectors (seeded; one memory each, with no text by
-default, like the vec0 table, or ``--text short``: a unique word ``"v<i>"`` each, which
-BM25 indexes) with ``Engram.add_many`` in batches of ``--batch``, and the same vectors into a
-sqlite-vec ``vec0`` table (plaintext; apsw loads the extension) in one transaction, then
-compares add time (wall and CPU) and file size, run after run, and prints medians and
-ratios. The second form builds an ``n``-vector file once, then opens it in a fresh process
-and times the first exact search (which loads the matrix) and the process's peak resident
-memory, beside the matrix's own size.
+The first form adds ``n`` random unit vectors (seeded), one memory each, with
+``Engram.add_many`` in batches of ``--batch`` (one write transaction each), and the same
+vectors into a sqlite-vec ``vec0`` table (plaintext; apsw loads the extension) in the same
+batches, one transaction each, then compares add time (wall and CPU) and file size, run
+after run, and prints medians and ratios. ``--text`` gives each memory a text: ``none`` (a
+bare vector), ``short`` (a unique word ``"v<i>"``), ``sentence`` (one short sentence,
+8-15 words) or ``doc`` (bench_search.py's ~60-word documents). engramdb stores the text in
+the node record and indexes it for BM25; the sqlite-vec side stores the same text in the
+same file, by ``--peer``: ``aux`` (an auxiliary column ``+content text`` of the ``vec0``
+table: stored, not searchable) or ``fts`` (that column plus an FTS5 table over the text,
+what a user who also wants keyword search writes). The second form builds an ``n``-vector
+file once, then opens it in a fresh process and times the first exact search (which loads
+the matrix) and the process's peak resident memory, beside the matrix's own size.
 
 Optional peer: ``pip install apsw-sqlite3mc sqlite-vec`` (skipped with a note when
 missing). Figures go into tools/bench/README.md by hand; never run inside pytest.
@@ -46,35 +51,71 @@ def vectors(n: int, dims: int, seed: int, start: int = 0) -> np.ndarray:
     return mat
 
 
-TEXT = {"none": lambda i: "", "short": lambda i: f"v{i}"}
+def texts(kind: str, n: int, seed: int) -> list[str]:
+    """The memories' texts for ``--text``: the same on both sides."""
+    if kind == "none":
+        return [""] * n
+    if kind == "short":
+        return [f"v{i}" for i in range(n)]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_search
+
+    if kind == "doc":
+        return list(bench_search.corpus(n, seed))
+    vocab, p = bench_search.vocabulary(seed)  # "sentence": 8-15 Zipf-drawn words
+    rng = np.random.default_rng([seed, 1])
+    lengths = rng.integers(8, 16, size=n)
+    words = rng.choice(len(vocab), size=int(lengths.sum()), p=p)
+    out, pos = [], 0
+    for ln in lengths:
+        out.append(" ".join(vocab[w] for w in words[pos:pos + ln]).capitalize() + ".")
+        pos += ln
+    return out
 
 
-def add_engramdb(path: str, n: int, dims: int, batch: int, seed: int, text: str = "none") -> tuple[float, float]:
+TEXTS = ("none", "short", "sentence", "doc")
+
+
+def add_engramdb(path: str, n: int, dims: int, batch: int, seed: int, text: list[str] | None = None,
+                 peer: str = "") -> tuple[float, float]:
     """(wall s, CPU s) of adding n vectors through the API (the KDF at creation excluded)."""
+    content = text or [""] * n
     with engramdb.open(path, passphrase=PASS) as db:
         db.add_space("s", dims=dims, model="bench-random", normalize=False)
         w0, c0 = time.perf_counter(), time.process_time()
         for start in range(0, n, batch):
             mat = vectors(min(batch, n - start), dims, seed, start)
-            db.add_many([{"id": f"v{start + i}", "content": TEXT[text](start + i), "embeddings": {"s": row}}
+            db.add_many([{"id": f"v{start + i}", "content": content[start + i], "embeddings": {"s": row}}
                          for i, row in enumerate(mat)], now=1.0)
         return time.perf_counter() - w0, time.process_time() - c0
 
 
-def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int, text: str = "none") -> tuple[float, float]:
+def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int, text: list[str] | None = None,
+                   peer: str = "aux") -> tuple[float, float]:
+    """The same vectors (and texts) into sqlite-vec, in the same batches, one transaction each."""
     import apsw
     import sqlite_vec
 
     con = apsw.Connection(path)
     con.enable_load_extension(True)
     con.load_extension(sqlite_vec.loadable_path())
-    con.execute(f"CREATE VIRTUAL TABLE v USING vec0(embedding float[{dims}])")
+    aux = ", +content text" if text else ""
+    con.execute(f"CREATE VIRTUAL TABLE v USING vec0(embedding float[{dims}]{aux})")
+    if text and peer == "fts":
+        con.execute("CREATE VIRTUAL TABLE t USING fts5(content, content='', contentless_delete=1)")
     w0, c0 = time.perf_counter(), time.process_time()
-    with con:
-        for start in range(0, n, batch):
-            mat = vectors(min(batch, n - start), dims, seed, start)
-            con.executemany("INSERT INTO v(rowid, embedding) VALUES (?, ?)",
-                            ((start + i + 1, row.tobytes()) for i, row in enumerate(mat)))
+    for start in range(0, n, batch):
+        mat = vectors(min(batch, n - start), dims, seed, start)
+        with con:
+            if text:
+                con.executemany("INSERT INTO v(rowid, embedding, content) VALUES (?, ?, ?)",
+                                ((start + i + 1, row.tobytes(), text[start + i]) for i, row in enumerate(mat)))
+                if peer == "fts":
+                    con.executemany("INSERT INTO t(rowid, content) VALUES (?, ?)",
+                                    ((start + i + 1, text[start + i]) for i in range(len(mat))))
+            else:
+                con.executemany("INSERT INTO v(rowid, embedding) VALUES (?, ?)",
+                                ((start + i + 1, row.tobytes()) for i, row in enumerate(mat)))
     out = time.perf_counter() - w0, time.process_time() - c0
     con.close()
     return out
@@ -86,12 +127,13 @@ def size(path: str) -> int:
 
 def add_runs(args: argparse.Namespace) -> None:
     rows: dict[str, list[tuple[float, float, int]]] = {"engramdb": [], "sqlite-vec": []}
+    text = texts(args.text, args.n, args.seed) if args.text != "none" else None
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         for run in range(args.runs):
             for name, fn, ext in (("engramdb", add_engramdb, "engram"), ("sqlite-vec", add_sqlite_vec, "sqlite")):
                 path = os.path.join(tmp, f"{run}.{ext}")
                 try:
-                    wall, cpu = fn(path, args.n, args.dims, args.batch, args.seed, args.text)
+                    wall, cpu = fn(path, args.n, args.dims, args.batch, args.seed, text, args.peer)
                 except ImportError as exc:
                     print(f"  {name}: skipped ({exc}; pip install apsw-sqlite3mc sqlite-vec)")
                     continue
@@ -100,7 +142,10 @@ def add_runs(args: argparse.Namespace) -> None:
                       flush=True)
                 os.remove(path)
     med = {name: tuple(statistics.median(r[i] for r in got) for i in range(3)) for name, got in rows.items() if got}
-    print(f"\n{args.n} x {args.dims} float32, text {args.text}, batches of {args.batch}, medians of {args.runs} runs "
+    words = sum(len(t.split()) for t in text) / args.n if text else 0.0
+    peer = f"sqlite-vec vec0 with the text in {'an auxiliary column' if args.peer == 'aux' else 'an auxiliary column and FTS5'}"
+    print(f"\n{args.n} x {args.dims} float32, text {args.text} ({words:.1f} words/memory; {peer if text else 'sqlite-vec vec0'}), "
+          f"batches of {args.batch} (one transaction each), medians of {args.runs} runs "
           f"(matrix {args.n * args.dims * 4 / 1e6:.1f} MB), load {os.getloadavg()[0]:.2f}")
     for name, (wall, cpu, nbytes) in med.items():
         print(f"  {name:10s} add {wall:7.2f} s wall {cpu:7.2f} s CPU  {args.n / wall:9.0f} vectors/s  "
@@ -197,7 +242,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--text", choices=sorted(TEXT), default="none", help="each memory's text (engramdb only)")
+    ap.add_argument("--text", choices=TEXTS, default="none", help="each memory's text (both sides)")
+    ap.add_argument("--peer", choices=("aux", "fts"), default="aux",
+                    help="how sqlite-vec stores the text: an auxiliary vec0 column, or that and an FTS5 index")
     ap.add_argument("--tmp", default=None, help="directory for the temporary files")
     ap.add_argument("--first-search", type=int, default=0, metavar="N",
                     help="build an N-vector file, then time the first search in fresh processes")
