@@ -226,14 +226,14 @@ def main(argv: list[str] | None = None) -> None:
                     + ", ".join(sorted(PARAMS)))
     ap.add_argument("--objective", default="sum", choices=["sum", "r10", "r1"])
     ap.add_argument("--data", default=None, help="the dev file (default: the harness's)")
-    ap.add_argument("--json", help="write the report (and every point's overall figures) here")
+    ap.add_argument("--json", help="write the report (and every point's figures per category) here")
     args = ap.parse_args(argv)
     grid = parse_grid(args.grid) if args.grid else DEFAULT_GRID
     results = evaluate_grid(grid, data=args.data)
     rep = report(results, args.objective)
     print(markdown(rep))
     if args.json:
-        rep["grid"] = {_label(p): summary(s)["overall"] for p, s in results.items()}
+        rep["grid"] = {_label(p): summary(s) for p, s in results.items()}
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=1)
 
