@@ -1344,11 +1344,15 @@ class Txn:
         # meta values carry no state digest (the change log writes one per deleted memory)
         self._put_envelopes(table, [(key, env) for (key, _), env in zip(items, envelopes)], digest=not meta)
 
-    def insert_many(self, table: str, items: list[tuple[bytes, bytes]]) -> None:
+    def insert_many(self, table: str, items: list[tuple[bytes, bytes]], *, append: bool = False) -> None:
         """Seal and store ``(key, plaintext)`` pairs whose keys are new: absent from the
         table and distinct (a freshly allocated docno or segment number, or ids the caller
         has just checked with :meth:`contains`). One LMDB call writes them all, and no old
         value needs reading for the state digest.
+
+        ``append``: the keys are ascending and sort after every key of the table (LMDB's
+        append mode: it fills each page before it starts the next and never touches an
+        older page).
 
         Raises:
             CorruptFileError: a key exists after all (the file's counters are behind its
@@ -1365,7 +1369,7 @@ class Txn:
             while True:
                 try:
                     with self._lt.cursor(db=db) as cur:
-                        _, added = cur.putmulti(pairs, overwrite=False)
+                        _, added = cur.putmulti(pairs, overwrite=False, append=append)
                     break
                 except lmdb.MapFullError:
                     self._regrow_and_replay()
