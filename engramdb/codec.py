@@ -8,10 +8,14 @@ schema version, so fields can be appended in later versions without breaking old
 Schema 1 (a memory without vectors, and every record of the first vector layout) ends
 with ``{space: float32 LE bytes}``; schema 2 (a memory with vectors) ends with the sorted
 list of its spaces, the vectors themselves living once, in the vector blocks
-(spec/vectors.md).
+(spec/vectors.md). Schema 3 (what engramdb writes since issue 15) stores the same fields
+compactly: the fields at their default are left out and a bit mask says which are there
+(``[3, mask, id, created_at, *the others present]``); :func:`record_fields` expands it to
+the schema-1/2 array, so every reader sees one shape (spec/file-format.md, "Node record").
 """
 from __future__ import annotations
 
+import math
 import operator
 import struct
 import threading
@@ -27,6 +31,7 @@ from .records import STORED, Node
 
 NODE_SCHEMA = 1
 NODE_SCHEMA_VECTORS = 2  # the record lists its spaces; the vectors are in the blocks
+NODE_SCHEMA_COMPACT = 3  # the fields at their default left out (a mask says which are there)
 CODEC_MSGPACK = 1
 CODEC_ZSTD = 2
 ZSTD_THRESHOLD = 2048
@@ -139,6 +144,142 @@ _MSGPACK_PREFIX = bytes((CODEC_MSGPACK,))
 _ZSTD_PREFIX = bytes((CODEC_ZSTD,))
 
 
+# Schema 3. The record's fields after the schema version, in order: ``id`` and
+# ``created_at`` always, then each of these with its bit (1 << position) in the mask when
+# it differs from its default (``last_accessed``'s default is ``created_at``; ``spaces`` is
+# the sorted list of the memory's vector spaces). A value equals its default when it has
+# the default's type and value (so 0 is not 0.0, and -0.0 is stored).
+# The two most common first, so a memory with a text and a vector has a one-byte mask.
+_OPTIONAL = (
+    "content", "spaces", "entities", "topics", "quote", "weight", "flags", "emotions", "source_start", "source_end",
+    "resolved_date", "tier", "importance", "last_accessed", "access_count", "pinned", "tags", "source", "metadata")
+_OPTIONAL_DEFAULTS: tuple[Any, ...] = ("", (), (), (), "", 0.0, (), (), None, None, None, "hot", 0.5, None, 0, False,
+                                       (), "", {})
+_LAST_ACCESSED = _OPTIONAL.index("last_accessed")
+_SPACES = _OPTIONAL.index("spaces")
+_OPTIONAL_FIELDS = operator.itemgetter(*_OPTIONAL[_SPACES + 1:])  # from a node's instance dict
+# where each optional field sits in record_fields' array (after the schema version)
+_OPTIONAL_AT = tuple(1 + (_NODE_RECORD_NAMES.index(name) if name != "spaces" else len(_NODE_RECORD_NAMES))
+                     for name in _OPTIONAL)
+_ID_AT, _CREATED_AT = 1 + _NODE_RECORD_NAMES.index("id"), 1 + _NODE_RECORD_NAMES.index("created_at")
+_MASK_ALL = (1 << len(_OPTIONAL)) - 1
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if type(default) is tuple:  # a list field: empty (a Node holds tuples, a decoded record lists)
+        return type(value) in (tuple, list) and not value
+    if type(default) is dict:
+        return type(value) is dict and not value
+    if type(value) is not type(default) or value != default:
+        return False
+    return type(value) is not float or math.copysign(1.0, value) == math.copysign(1.0, default)  # -0.0 == 0.0
+
+
+def _compact(id_: Any, created: Any, optional: list[Any]) -> list[Any]:
+    """The schema-3 array of a record's fields (``optional`` in ``_OPTIONAL`` order, with
+    ``last_accessed`` as stored)."""
+    mask = 0
+    present: list[Any] = [NODE_SCHEMA_COMPACT, 0, id_, created]
+    defaults = list(_OPTIONAL_DEFAULTS)
+    defaults[_LAST_ACCESSED] = created
+    for bit, (value, default) in enumerate(zip(optional, defaults)):
+        if not _is_default(value, default):
+            mask |= 1 << bit
+            present.append(value)
+    present[1] = mask
+    return present
+
+
+# The fields after ``spaces`` of a memory that sets none of them (the usual bulk-added one),
+# ``last_accessed`` aside: two tuple comparisons find it. A Node's fields have their exact
+# types (validated: floats are float, counts int, flags bool, lists tuples), so equal means
+# the default but for the sign of a zero (0.0 == -0.0), checked for the two floats that may
+# be zero at their default.
+_REST = _OPTIONAL[_SPACES + 1:]
+_REST_LAST = _REST.index("last_accessed")
+_REST_HEAD = _OPTIONAL_DEFAULTS[_SPACES + 1:][:_REST_LAST]
+_REST_TAIL = _OPTIONAL_DEFAULTS[_SPACES + 1:][_REST_LAST + 1:]
+_REST_WEIGHT = _REST.index("weight")
+_copysign = math.copysign
+
+
+def _compact_node(values: dict[str, Any], spaces: list[str]) -> list[Any]:
+    """The schema-3 array of a node (its instance dict), as :func:`_compact`."""
+    rest = _OPTIONAL_FIELDS(values)
+    created, content, last = values["created_at"], values["content"], values["last_accessed"]
+    if (content and rest[:_REST_LAST] == _REST_HEAD and rest[_REST_LAST + 1:] == _REST_TAIL and last == created
+            and _copysign(1.0, rest[_REST_WEIGHT]) > 0 and (last or _copysign(1.0, last) == _copysign(1.0, created))):
+        return [NODE_SCHEMA_COMPACT, 0b11, values["id"], created, content, spaces] if spaces \
+            else [NODE_SCHEMA_COMPACT, 0b01, values["id"], created, content]
+    return _compact(values["id"], created, [content, spaces, *rest])
+
+
+def _compact_fields(fields: list[Any]) -> list[Any]:
+    """A schema-1/2 array (record_fields' shape) in schema 3; a first-layout record that
+    holds its vectors (schema 1 with a non-empty map) stays as it is."""
+    vectors = fields[-1]
+    if fields[0] == NODE_SCHEMA and vectors:
+        return fields
+    optional = [fields[at] for at in _OPTIONAL_AT]
+    optional[_SPACES] = vectors if fields[0] == NODE_SCHEMA_VECTORS else ()
+    return _compact(fields[_ID_AT], fields[_CREATED_AT], optional)
+
+
+_EMPTY_LIST = tuple(i for i, d in enumerate(_OPTIONAL_DEFAULTS) if type(d) is tuple)
+_EMPTY_MAP = tuple(i for i, d in enumerate(_OPTIONAL_DEFAULTS) if type(d) is dict)
+_TEMPLATE: list[Any] = [None] * (2 + len(_NODE_RECORD_NAMES))
+for _at, _default in zip(_OPTIONAL_AT, _OPTIONAL_DEFAULTS):
+    _TEMPLATE[_at] = None if type(_default) in (tuple, dict) else _default
+_plans: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]] = {}
+
+
+def _plan(mask: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]:
+    """For a mask: where its fields go, where fresh empty lists and maps go, and whether
+    ``last_accessed`` is ``created_at`` (computed once per mask: a file has few)."""
+    plan = _plans.get(mask)
+    if plan is None:
+        bits = range(len(_OPTIONAL))
+        plan = (tuple(_OPTIONAL_AT[b] for b in bits if mask >> b & 1),
+                tuple(_OPTIONAL_AT[b] for b in _EMPTY_LIST if not mask >> b & 1),
+                tuple(_OPTIONAL_AT[b] for b in _EMPTY_MAP if not mask >> b & 1),
+                not mask >> _LAST_ACCESSED & 1)
+        if len(_plans) < 4096:
+            _plans[mask] = plan
+    return plan
+
+
+def _expand(fields: list[Any]) -> list[Any]:
+    """A schema-3 array -> the schema-1/2 array of the same record.
+
+    Raises:
+        CorruptFileError: the mask or the number of fields disagree.
+    """
+    mask = fields[1] if len(fields) >= 4 else None
+    if type(mask) is not int or not 0 <= mask <= _MASK_ALL:
+        raise CorruptFileError("a compact node record's field mask does not match its fields")
+    present, lists, maps, same_time = _plan(mask)
+    if len(fields) != 4 + len(present):
+        raise CorruptFileError("a compact node record's field mask does not match its fields")
+    out = _TEMPLATE[:]
+    out[_ID_AT] = fields[2]
+    out[_CREATED_AT] = fields[3]
+    for at, value in zip(present, fields[4:]):
+        out[at] = value
+    for at in lists:
+        out[at] = []
+    for at in maps:
+        out[at] = {}
+    if same_time:
+        out[_OPTIONAL_AT[_LAST_ACCESSED]] = fields[3]
+    if out[-1]:  # a present spaces field: checked as schema 2's (non-empty, sorted, distinct)
+        out[0] = NODE_SCHEMA_VECTORS
+    else:
+        if mask >> _SPACES & 1:
+            raise CorruptFileError("a compact node record lists an empty set of vector spaces")
+        out[0], out[-1] = NODE_SCHEMA, {}
+    return out
+
+
 def encode_node(node: Node) -> bytes:
     """Node -> record bytes.
 
@@ -155,17 +296,14 @@ def encode_nodes(nodes: list[Node]) -> list[bytes]:
         ValidationError: a field holds a value msgpack cannot store.
     """
     pack = _packer().pack
-    get_fields = _NODE_RECORD_FIELDS
     out = []
     try:
         for node in nodes:
             values = node.__dict__
             # tuples pack as msgpack arrays, exactly like lists
             embeddings = values["embeddings"]
-            if embeddings:  # the vectors are written to the vector blocks by the index
-                body = pack([NODE_SCHEMA_VECTORS, *get_fields(values), sorted(embeddings)])
-            else:
-                body = pack([NODE_SCHEMA, *get_fields(values), {}])
+            spaces = sorted(embeddings)  # the vectors are written to the vector blocks by the index
+            body = pack(_compact_node(values, spaces))
             if len(body) > ZSTD_THRESHOLD:
                 out.append(_ZSTD_PREFIX + _compressor.compress(body))
             else:
@@ -191,6 +329,8 @@ def record_fields(data: bytes) -> list[Any]:
     elif kind != CODEC_MSGPACK:
         raise CorruptFileError(f"unknown record codec {kind}", hint="upgrade engramdb, or restore from a dump")
     fields = unpack(body)
+    if isinstance(fields, list) and fields and fields[0] == NODE_SCHEMA_COMPACT:
+        return _expand(fields)
     if not isinstance(fields, list) or not fields or fields[0] not in (NODE_SCHEMA, NODE_SCHEMA_VECTORS) \
             or len(fields) < 22:
         raise CorruptFileError("a node record has an unknown schema", hint="upgrade engramdb to read this file")
@@ -273,7 +413,7 @@ def patch_node(data: bytes, changes: dict[str, Any]) -> bytes:
     for name, value in values.items():
         fields[_FIELD_POSITION[name]] = value
     try:
-        out = _packer().pack(fields)
+        out = _packer().pack(_compact_fields(fields))
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValidationError(f"cannot encode value: {exc}") from None
     return _ZSTD_PREFIX + _compressor.compress(out) if len(out) > ZSTD_THRESHOLD else _MSGPACK_PREFIX + out

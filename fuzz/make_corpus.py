@@ -235,6 +235,11 @@ def record_seeds() -> list[bytes]:
 
     target = _load_target("fuzz_records")
     records = [codec.encode_node(node) for node in _seed_nodes()]
+    # records of the schemas written before schema 3 (every field, in order), still read
+    legacy = ["old", "text", [], [], "", 0.0, [], [], None, None, None, "hot", 0.5, 1.0, 1.0, 0, False, [], "", {}]
+    records += [bytes([codec.CODEC_MSGPACK]) + codec.pack([1, *legacy, {}]),
+                bytes([codec.CODEC_MSGPACK]) + codec.pack([2, *legacy, ["s"]]),
+                bytes([codec.CODEC_MSGPACK]) + codec.pack([1, *legacy, {"s": b"\x00\x00\x80?"}])]
     seeds: list[bytes] = []
     for record in records:
         seeds.append(b"\x00" + record)
@@ -252,7 +257,7 @@ def record_seeds() -> list[bytes]:
         b"\x01\xdd\xff\xff\xff\xff",  # an array claiming 4 billion items
         b"\x01\xdc\x00\x16\x01\xa1x" + b"\xc0" * 20,  # 22 fields, all nil
     )]
-    for i, record in enumerate(records):
+    for i, record in enumerate(records[:3]):  # sealed: the first three
         table, key = (b"nodes", b"archive", b"meta")[i], codec.u64(i + 1)
         sealed = target.SEALER._seal_with_nonce(table, key, record, i, bytes(range(i, i + 12)))
         for mode in (1, 3):

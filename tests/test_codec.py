@@ -139,3 +139,89 @@ def test_patch_node_refuses_indexed_fields_and_bad_values():
         codec.patch_node(raw, {"tier": "lukewarm"})
     with pytest.raises(CorruptFileError):
         codec.patch_node(b"\x07junk", {"tier": "hot"})
+
+
+# --- schema 3: the fields at their default are left out ------------------------------
+
+_LEGACY_DEFAULTS = ["", [], [], "", 0.0, [], [], None, None, None, "hot", 0.5]
+
+
+def _legacy(schema: int, node: Node, vectors) -> bytes:
+    """The schema-1/2 record engramdb wrote before schema 3 (every field, in order)."""
+    fields = [schema, node.id, node.content, list(node.entities), list(node.topics), node.quote, node.weight,
+              list(node.flags), list(node.emotions), node.source_start, node.source_end, node.resolved_date, node.tier,
+              node.importance, node.created_at, node.last_accessed, node.access_count, node.pinned, list(node.tags),
+              node.source, dict(node.metadata), vectors]
+    return bytes([codec.CODEC_MSGPACK]) + msgpack.packb(fields, use_bin_type=True)
+
+
+@st.composite
+def sparse_nodes(draw) -> Node:
+    """Nodes whose fields are mostly at their defaults, or at values equal to a default in
+    Python but not the same (-0.0 for 0.0, last_accessed == created_at or not)."""
+    full = draw(nodes())
+    keep = draw(st.sets(st.sampled_from(sorted(set(Node.__dataclass_fields__) - {"id"}))))
+    node = Node(id=full.id, **{name: getattr(full, name) for name in keep})
+    tweak = draw(st.sampled_from(["none", "neg-zero-weight", "neg-zero-created", "same-times"]))
+    if tweak == "neg-zero-weight":
+        node = node.replace(weight=-0.0)
+    elif tweak == "neg-zero-created":
+        node = node.replace(created_at=-0.0, last_accessed=0.0)
+    elif tweak == "same-times":
+        node = node.replace(last_accessed=node.created_at)
+    return node
+
+
+@settings(max_examples=200, deadline=None)
+@given(sparse_nodes())
+def test_compact_records_round_trip_bit_for_bit(node):
+    data = codec.encode_node(node)
+    got = codec.decode_node(data, fetch=lambda names: {n: node.embeddings[n] for n in names})
+    assert got == node
+    for name in ("weight", "created_at", "last_accessed", "importance"):  # the sign of a zero too
+        assert repr(getattr(got, name)) == repr(getattr(node, name))
+    assert codec.encode_node(got) == data
+    # a record of the older schemas (what files written before hold) is the same memory
+    old = _legacy(2, node, sorted(node.embeddings)) if node.embeddings else _legacy(1, node, {})
+    assert codec.decode_node(old, fetch=lambda names: {n: node.embeddings[n] for n in names}) == node
+    assert codec.record_fields(old) == codec.record_fields(data)
+    assert codec.encode_node(codec.decode_node(old)) == data  # rewritten, it becomes schema 3
+
+
+def test_the_usual_memory_record_is_small():
+    """A memory added with a text and one vector: its id, time, text and space only
+    (schema 2 took 75 bytes for this one)."""
+    node = Node.from_fields({"id": "v12345", "content": "v12345", "embeddings": {"s": np.ones(4, np.float32)},
+                             "created_at": 1.7e9, "last_accessed": 1.7e9})
+    data = codec.encode_node(node)
+    assert len(data) == 30
+    assert msgpack.unpackb(data[1:])[:2] == [codec.NODE_SCHEMA_COMPACT, 0b11]  # content and spaces present
+
+
+def test_patch_node_of_an_older_record_writes_schema_3():
+    node = Node(id="x", content="text", embeddings={"s": (1.0, 2.0)}, created_at=5.0, last_accessed=5.0)
+    old = _legacy(2, node, ["s"])
+    assert codec.patch_node(old, {"access_count": 3}) == codec.encode_node(node.replace(access_count=3))
+    first_layout = _legacy(1, node, {"s": np.asarray([1.0, 2.0], "<f4").tobytes()})
+    patched = codec.patch_node(first_layout, {"access_count": 3})  # its vectors stay in the record
+    assert msgpack.unpackb(patched[1:])[0] == codec.NODE_SCHEMA
+    assert codec.decode_node(patched).embeddings["s"].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("fields", [
+    [3],  # no mask
+    [3, 1, "id"],  # no created_at
+    [3, 0b1, "id", 1.0],  # a bit set, no value
+    [3, 0, "id", 1.0, "extra"],  # a value without its bit
+    [3, 1 << 19, "id", 1.0, "x"],  # a bit past the last field
+    [3, -1, "id", 1.0],
+    [3, "1", "id", 1.0],
+    [3, 0b10, "id", 1.0, []],  # spaces present but empty
+    [3, 0b10, "id", 1.0, ["b", "a"]],  # spaces not sorted
+    [3, 0b10, "id", 1.0, {"s": b"1234"}],  # spaces of the wrong type
+    [3, 0, 5, 1.0],  # an id that is not a string
+    [3, 0b1, "id", 1.0, 7],  # content that is not a string
+])
+def test_malformed_compact_records_are_corrupt(fields):
+    with pytest.raises(CorruptFileError):
+        codec.decode_node(bytes([codec.CODEC_MSGPACK]) + msgpack.packb(fields, use_bin_type=True))

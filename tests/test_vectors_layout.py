@@ -114,7 +114,13 @@ def test_a_vector_is_stored_once_in_a_block_not_in_its_record(tmp_path):
         db.add_space("s", dims=DIMS, model="m", normalize=False)
         db.add("with a vector", id="v", embeddings={"s": vec})
         db.add("without one", id="w")
-    assert sorted(_record_schemas(path)) == [codec.NODE_SCHEMA, codec.NODE_SCHEMA_VECTORS]
+    # schema 3 (compact) records; read, the one with a vector names its space as schema 2 did
+    assert _record_schemas(path) == [codec.NODE_SCHEMA_COMPACT] * 2
+    env = _raw_env(path)
+    with env.begin() as txn:
+        expanded = [codec.record_fields(bytes(v)[1:]) for _, v in txn.cursor(db=env.open_db(b"t1", txn=txn, create=False))]
+    env.close()
+    assert sorted((f[0], f[-1] or None) for f in expanded) == [(codec.NODE_SCHEMA, None), (codec.NODE_SCHEMA_VECTORS, ["s"])]
     raw = b"".join(_vector_values(path))
     assert raw.count(vec.tobytes()) == 1
     env = _raw_env(path)
