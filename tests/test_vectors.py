@@ -227,3 +227,38 @@ def test_forced_merge_of_a_space_whose_only_block_was_deleted(make_db):
     db.delete(db.add(""))  # the stateful test's example: an empty memory
     db.merge_indexes(force=True)
     assert db.recall("lonely") == [] and db.verify() == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["s", "t", "none", "both", "short", "list"]), min_size=1, max_size=12),
+       st.integers(0, 2**31))
+def test_the_one_space_column_path_gives_the_rows_of_the_node_by_node_path(tmp_path_factory, kinds, seed):
+    """vectors_for's bulk path (one vector each, one space) and the general one agree, and
+    the general one still rejects what the bulk path leaves to it."""
+    rng = np.random.default_rng(seed)
+    s = Store.open(tmp_path_factory.mktemp("col") / "v.engram")
+    s.sealer = Sealer(b"\x05" * 32)
+    vi = VectorIndex(s.blind, s.last_txnid)
+    s.write(lambda txn: (vi.add_space(txn, EmbeddingSpace("s", "m", 4, normalize=False)),
+                         vi.add_space(txn, EmbeddingSpace("t", "m", 4, normalize=True))))
+
+    def vec(n: int = 4) -> np.ndarray:
+        return rng.normal(size=n).astype(np.float32) + 0.5
+
+    emb = {"s": lambda: {"s": vec()}, "t": lambda: {"t": vec()}, "none": dict, "both": lambda: {"s": vec(), "t": vec()},
+           "short": lambda: {"s": vec(3)}, "list": lambda: {"s": vec().tolist()}}
+    nodes = [(i + 1, Node(id=f"n{i}", embeddings=emb[kind]())) for i, kind in enumerate(kinds)]
+    with s.read() as txn:
+        spaces = vi._read_spaces(txn)
+        try:
+            want = vi._rows_one_by_one(spaces, nodes)
+        except EmbeddingError:
+            with pytest.raises(EmbeddingError):
+                vi.vectors_for(txn, nodes, [""] * len(nodes))
+            return
+        got = vi.vectors_for(txn, nodes, [""] * len(nodes))
+    s.close()
+    assert sorted(got) == sorted(want)
+    for name in got:
+        assert got[name][0] == want[name][0]
+        assert got[name][1].dtype == np.float32 and got[name][1].tobytes() == want[name][1].tobytes()
