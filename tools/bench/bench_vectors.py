@@ -121,6 +121,27 @@ def add_sqlite_vec(path: str, n: int, dims: int, batch: int, seed: int, text: li
     return out
 
 
+def table_pages(path: str) -> str:
+    """Where an engramdb file's bytes are: pages per table (LMDB's own counts) and the free
+    pages (copy-on-write: what the last commits freed), read with lmdb directly."""
+    import lmdb
+
+    from engramdb.store import TABLES
+
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False, max_dbs=32)
+    out, used = [], 0
+    with env.begin() as txn:
+        for i, name in enumerate(TABLES):
+            st = txn.stat(env.open_db(b"t%d" % i, txn=txn, create=False))
+            pages = st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+            used += pages
+            if st["entries"]:
+                out.append(f"{name} {pages * 4096 / 1e6:.1f}")
+        total = env.info()["last_pgno"] + 1
+    env.close()
+    return f"MB per table: {', '.join(out)}; free and LMDB's own {(total - used) * 4096 / 1e6:.1f}"
+
+
 def size(path: str) -> int:
     return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
 
@@ -140,6 +161,8 @@ def add_runs(args: argparse.Namespace) -> None:
                 rows[name].append((wall, cpu, size(path)))
                 print(f"  run {run} {name:10s} add {wall:7.2f} s wall {cpu:7.2f} s CPU  file {size(path) / 1e6:8.1f} MB",
                       flush=True)
+                if name == "engramdb" and run == 0:
+                    print(f"    {table_pages(path)}", flush=True)
                 os.remove(path)
     med = {name: tuple(statistics.median(r[i] for r in got) for i in range(3)) for name, got in rows.items() if got}
     words = sum(len(t.split()) for t in text) / args.n if text else 0.0
