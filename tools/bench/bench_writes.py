@@ -5,7 +5,13 @@ Run (from the repository root; 1M documents only under the shared lock):
 
     python tools/bench/bench_writes.py --sizes 10000 100000 --runs 3 \\
         --out tools/bench/results/$(date +%F)-$(hostname)-writes.txt
-    flock /work/coord/big.lock python tools/bench/bench_writes.py --sizes 1000000 --runs 1
+    flock /work/coord/big.lock python tools/bench/bench_writes.py --sizes 1000000 --runs 1 \\
+        --texts texts-1M.txt --extra extra-3000.txt --workdir DIR --systems engramdb,fts5,fts5mc
+
+``--texts``/``--extra`` read the documents from files (one a line) instead of generating
+them; ``--workdir`` keeps each system's ingested file (``engram-1M.engram``,
+``fts5-1M.sqlite``, ``fts5mc-1M.sqlite``, with ``NAME.done`` when finished) and reuses the
+finished ones on the next run, whose ingest is then not measured again.
 
 Per size N, for every system:
 
@@ -51,6 +57,7 @@ from bench_search import _Tee  # noqa: E402 (after the path set-up)
 
 PASSPHRASE = "bench passphrase"
 SYSTEMS = ("engramdb", "fts5", "fts5mc")
+FILE_PREFIX = {"engramdb": "engram", "fts5": "fts5", "fts5mc": "fts5mc"}  # --workdir file names
 LABELS = {"engramdb": "engramdb (encrypted)", "fts5": "SQLite FTS5 (plaintext)", "fts5mc": "SQLite3MC FTS5 (encrypted)"}
 
 
@@ -159,9 +166,9 @@ class _Sampler(threading.Thread):
             self.anon, self.file = max(self.anon, vals["RssAnon"]), max(self.file, vals["RssFile"])
 
 
-def child_ingest(system: str, texts_path: str, path: str) -> None:
+def child_ingest(system: str, texts_path: str, path: str, n: str) -> None:
     with open(texts_path, encoding="utf-8") as fh:
-        texts = fh.read().split("\n")
+        texts = fh.read().split("\n")[:int(n)]
     if system == "engramdb":
         db = _engram_open(path)
         items = [_item(i, t) for i, t in enumerate(texts)]
@@ -198,8 +205,8 @@ def child_ingest(system: str, texts_path: str, path: str) -> None:
                       "anon": anon, "file": file}))
 
 
-def ingest(system: str, texts_path: str, path: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, texts_path, path],
+def ingest(system: str, texts_path: str, path: str, n: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", system, texts_path, path, str(n)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -271,28 +278,53 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
     from bench_search import corpus
 
     print(f"\n## N = {n:,}  (load average {os.getloadavg()[0]:.1f} at start)", flush=True)
-    texts = corpus(n + 1000 * args.runs, args.seed)
-    base, extra = texts[:n], texts[n:]
-    texts_path = os.path.join(tmp, f"texts{n}.txt")
-    with open(texts_path, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(base))
-    files = {s: os.path.join(tmp, f"{s}{n}." + ("engram" if s == "engramdb" else "sqlite")) for s in systems}
-    ing = {}
+    if args.texts:  # one document per line: the first N, and the adds from --extra
+        with open(args.texts, encoding="utf-8") as fh:
+            base = fh.read().split("\n")[:n]
+        with open(args.extra, encoding="utf-8") as fh:
+            extra = fh.read().split("\n")
+        if len(base) < n or len(extra) < 1000 * args.runs:
+            raise SystemExit(f"--texts holds fewer than {n:,} lines or --extra fewer than {1000 * args.runs:,}")
+    else:
+        texts = corpus(n + 1000 * args.runs, args.seed)
+        base, extra = texts[:n], texts[n:]
+    texts_path = args.texts or os.path.join(tmp, f"texts{n}.txt")
+    if not args.texts:
+        with open(texts_path, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(base))
+    label = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    where = args.workdir or tmp
+    files = {s: os.path.join(where, f"{FILE_PREFIX[s]}-{label}." + ("engram" if s == "engramdb" else "sqlite"))
+             for s in systems}
+    ing: dict[str, dict[str, Any]] = {}
     for s in systems:
-        ing[s] = ingest(s, texts_path, files[s])
+        if args.workdir and os.path.exists(files[s] + ".done"):  # built by an earlier run: reused
+            ing[s] = {"reused": True}
+        else:
+            if os.path.exists(files[s]):
+                raise SystemExit(f"{files[s]} exists without {files[s]}.done: being built, or an unfinished "
+                                 "build (remove it)")
+            ing[s] = ingest(s, texts_path, files[s], n)
+            if args.workdir:
+                open(files[s] + ".done", "w").close()
         ing[s]["size"] = _size(s, files[s])
     print("\nbulk ingest (one transaction, child process per system)")
     print(f"  {'system':<30} {'docs/s':>10} {'CPU s':>8} {'extra memory':>14} {'(heap':>9} {'mapped file)':>13}"
           f" {'file':>10}")
     for s in systems:
         r = ing[s]
+        if r.get("reused"):
+            print(f"  {LABELS[s]:<30} {'file reused from ' + files[s] + ' (ingest not measured)':>59}"
+                  f" {r['size'] / 2**20:>7,.1f} MB")
+            continue
         print(f"  {LABELS[s]:<30} {n / r['seconds']:>10,.0f} {r['cpu']:>8.1f} "
               f"{(r['peak'] - r['before']) / 2**20:>11,.0f} MB {r['anon'] / 2**20:>6,.0f} MB {r['file'] / 2**20:>10,.0f} MB"
               f" {r['size'] / 2**20:>7,.1f} MB"
               + ("" if r["reset"] else "  (peak not reset: includes the set-up)"))
-    rates = {s: n / ing[s]["seconds"] for s in systems}
-    print("  engramdb / peer docs/s: " + ", ".join(f"{s} {rates['engramdb'] / rates[s]:.2f}x"
-                                                   for s in systems if s != "engramdb"))
+    rates = {s: n / ing[s]["seconds"] for s in systems if "seconds" in ing[s]}
+    if "engramdb" in rates:
+        print("  engramdb / peer docs/s: " + ", ".join(f"{s} {rates['engramdb'] / rates[s]:.2f}x"
+                                                       for s in rates if s != "engramdb"))
 
     rng = random.Random(args.seed)
     victims = rng.sample(range(n), n // 10)
@@ -301,19 +333,19 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
     each: list[float] = []
     for r in range(args.runs):
         for s in systems:
-            work = files[s] + f".add{r}"
+            work = os.path.join(tmp, os.path.basename(files[s]) + f".add{r}")
             _copy(s, files[s], work)
             adds[s].append(add_1000(s, work, extra[1000 * r:1000 * (r + 1)], n + 1000 * r))
             for f in _files(s, work):
                 os.remove(f)
         for s in systems:
-            work = files[s] + f".del{r}"
+            work = os.path.join(tmp, os.path.basename(files[s]) + f".del{r}")
             _copy(s, files[s], work)
             dels[s].append(delete_10pct(s, work, victims))
             for f in _files(s, work):
                 os.remove(f)
-        if n <= args.each_max:
-            work = files["engramdb"] + f".each{r}"
+        if n <= args.each_max and "engramdb" in systems:
+            work = os.path.join(tmp, os.path.basename(files["engramdb"]) + f".each{r}")
             _copy("engramdb", files["engramdb"], work)
             each.append(delete_10pct("engramdb", work, victims, each=True)["seconds"])
             for f in _files("engramdb", work):
@@ -322,7 +354,8 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
     print(f"\nadd 1,000 documents to the {n:,}-document file (one transaction; medians of {args.runs})")
     for s in systems:
         print(f"  {LABELS[s]:<30} {med_add[s] * 1e3:>9.1f} ms  (runs: {', '.join(f'{x * 1e3:.1f}' for x in adds[s])})"
-              + ("" if s == "engramdb" else f"   ratio {_ratio(med_add[s], med_add['engramdb'])}"))
+              + ("" if s == "engramdb" or "engramdb" not in systems
+                 else f"   ratio {_ratio(med_add[s], med_add['engramdb'])}"))
     print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction: engramdb's delete_many, SQLite's "
           f"DELETE per rowid; medians of {args.runs})")
     print(f"  {'system':<30} {'delete':>10} {'file before':>12} {'after delete':>13} {'compacted':>10} {'compaction':>11}")
@@ -334,14 +367,14 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
         size = ing[s]["size"]
         print(f"  {LABELS[s]:<30} {sec:>8.2f} s {size / 2**20:>9.1f} MB {after / 2**20:>7.1f} MB "
               f"({after / size:.2f}x) {comp / 2**20:>7.1f} MB {comp_s:>9.1f} s"
-              + ("" if s == "engramdb" else
+              + ("" if s == "engramdb" or "engramdb" not in systems else
                  f"   ratio {_ratio(sec, statistics.median(d['seconds'] for d in dels['engramdb']))}"))
     if each:
         print(f"  engramdb, one tx.delete per memory in one transaction: {statistics.median(each):.2f} s")
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
         child_ingest(*sys.argv[2:])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -351,15 +384,25 @@ def main() -> None:
     ap.add_argument("--each-max", type=int, default=100_000,
                     help="also time one tx.delete per memory up to this N")
     ap.add_argument("--out", help="also write the report to this file")
+    ap.add_argument("--texts", help="the documents, one a line (the first N are ingested); default: generated")
+    ap.add_argument("--extra", help="with --texts: the documents to add, one a line (1,000 per run)")
+    ap.add_argument("--workdir", help="keep the ingested files here (engram-1M.engram, fts5-1M.sqlite, ...; "
+                                      "NAME.done when finished) and reuse those already there")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     args = ap.parse_args()
+    if bool(args.texts) != bool(args.extra):
+        ap.error("--texts and --extra go together")
     if args.out:
         sys.stdout = _Tee(sys.stdout, open(args.out, "w", encoding="utf-8"))  # noqa: SIM115 (closed at exit)
     import numpy as np
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"numpy {np.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    systems = ["engramdb", "fts5"] + (["fts5mc"] if _mc_available() else [])
-    if "fts5mc" not in systems:
+    wanted = args.systems.split(",")
+    if not set(wanted) <= set(SYSTEMS):
+        ap.error(f"--systems: choose from {','.join(SYSTEMS)}")
+    systems = [s for s in SYSTEMS if s in wanted and (s != "fts5mc" or _mc_available())]
+    if "fts5mc" in wanted and "fts5mc" not in systems:
         print("SQLite3MC: skipped (pip install apsw-sqlite3mc)")
     tmp = tempfile.mkdtemp(prefix="engram-bench-writes-")
     try:
