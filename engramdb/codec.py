@@ -337,6 +337,21 @@ def record_fields(data: bytes) -> list[Any]:
     return fields
 
 
+def record_spaces(data: bytes) -> tuple[str, ...]:
+    """The names of the vector spaces record ``data`` has a vector in, without building the
+    node (what the indexes need of a deleted memory's record).
+
+    Raises:
+        CorruptFileError: the record does not decode, or its list of spaces is malformed.
+    """
+    embeddings = record_fields(data)[21]
+    if isinstance(embeddings, dict):  # schema 1: the vectors themselves, keyed by space
+        embeddings = list(embeddings)
+    if not isinstance(embeddings, list) or not all(isinstance(n, str) for n in embeddings):
+        raise CorruptFileError("a node record holds invalid fields: the record's list of vector spaces")
+    return tuple(embeddings)
+
+
 def field_position(name: str) -> int:
     """Where field ``name`` sits in :func:`record_fields`' array."""
     return 1 + _NODE_RECORD_NAMES.index(name)

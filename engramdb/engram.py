@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or besid
     from numpy.typing import ArrayLike
 
     from .filters import Filter, NameSet, TimeBound
-    from .index import IndexBatch, Indexes
+    from .index import IndexBatch, Indexed, Indexes
     from .index.vectors import Embedder, EmbeddingSpace
     from .maintenance.run import Progress
     from .maintenance.forget import ForgetReceipt
@@ -1237,7 +1237,7 @@ class Transaction:
         """The store transaction underneath (for the maintenance pass)."""
         return self._txn
 
-    def _index(self, *, added: Sequence[tuple[int, Node]] = (), removed: Sequence[tuple[int, Node]] = ()) -> None:
+    def _index(self, *, added: Sequence[tuple[int, Node]] = (), removed: Sequence[tuple[int, Indexed]] = ()) -> None:
         if removed:  # maintenance hook: the change log an incremental pass starts from
             from .maintenance.run import log_changes
 
@@ -1258,8 +1258,7 @@ class Transaction:
     def _load(self, docno: int) -> Node:
         raw = self._txn.get("nodes", codec.u64(docno))
         if raw is None:
-            raise CorruptFileError("the id map points at a missing record",
-                                   hint="run `engramdb verify --fix FILE` to rebuild the id map")
+            raise _missing_record()
         return self._engram.indexes.read_node(self._txn, docno, raw)
 
     def link(self, src: str, dst: str, kind: str = "related", *, weight: float = 1.0, label: str = "",
@@ -1372,8 +1371,10 @@ class Transaction:
                 return False
             raise NotFoundError(f"no memory with id {shown(id)}")
         docno = codec.from_u64(raw)
-        old = self._load(docno)
-        self._txn.delete("nodes", codec.u64(docno))
+        record = self._txn.pop("nodes", codec.u64(docno))
+        if record is None:
+            raise _missing_record()
+        old = self._engram.indexes.read_removed(record)  # the indexes need only its vector spaces
         self._txn.delete("ids", id_key)
         from .maintenance.archive import drop_original
 
@@ -1385,31 +1386,34 @@ class Transaction:
         """As :meth:`Engram.delete_many`, inside this transaction. Every id is looked up
         before anything is deleted."""
         ids = list(dict.fromkeys(ids))
-        id_keys = self._engram._id_keys(ids)
         txn = self._txn
-        found: list[tuple[bytes, int]] = []
-        for id_, id_key in zip(ids, id_keys):
-            raw = txn.get("ids", id_key)
-            if raw is None:
-                if missing_ok:
-                    continue
-                raise NotFoundError(f"no memory with id {shown(id_)}")
-            found.append((id_key, codec.from_u64(raw)))
+        # Every table is read and written in key order: pages are visited once, in order.
+        by_key = sorted(zip(self._engram._id_keys(ids), ids))
+        docnos = [txn.get("ids", id_key) for id_key, _ in by_key]
+        if not missing_ok and None in docnos:
+            missing = {id_ for (_, id_), raw in zip(by_key, docnos) if raw is None}
+            raise NotFoundError(f"no memory with id {shown(next(i for i in ids if i in missing))}")
+        found = sorted((codec.from_u64(raw), id_key) for (id_key, _), raw in zip(by_key, docnos) if raw is not None)
         if not found:
             return 0
-        keys = [codec.u64(docno) for _, docno in found]
-        olds = txn.pop_many("nodes", keys)
-        read = self._engram.indexes.read_node
-        removed: list[tuple[int, Node]] = []
-        for (_, docno), old in zip(found, olds):
-            if old is None:
-                raise CorruptFileError("the id map points at a missing record",
-                                       hint="run `engramdb verify --fix FILE` to rebuild the id map")
-            removed.append((docno, read(txn, docno, old)))
-        txn.delete_many("ids", [id_key for id_key, _ in found])
+        keys = [codec.u64(docno) for docno, _ in found]
+        indexes = self._engram.indexes
+        removed: list[tuple[int, Indexed]]
+        if indexes.removal_reads_records(txn):  # the indexes need the records' vector spaces
+            olds = txn.pop_many("nodes", keys)
+            if None in olds:
+                raise _missing_record()
+            removed = [(docno, indexes.read_removed(old)) for (docno, _), old in zip(found, olds) if old is not None]
+        else:  # nothing to read: the records are removed unopened
+            from .index import NO_VECTORS
+
+            if txn.delete_many("nodes", keys) != len(keys):
+                raise _missing_record()
+            removed = [(docno, NO_VECTORS) for docno, _ in found]
+        txn.delete_many("ids", sorted(id_key for _, id_key in found))
         from .maintenance.archive import drop_originals
 
-        drop_originals(txn, [docno for _, docno in found])  # their archive rows, or places in groups
+        drop_originals(txn, [docno for docno, _ in found])  # their archive rows, or places in groups
         self._index(removed=removed)  # index hook
         return len(found)
 
@@ -1478,6 +1482,11 @@ class Transaction:
         from .maintenance import archive
 
         return archive.full(self, id)
+
+
+def _missing_record() -> CorruptFileError:
+    return CorruptFileError("the id map points at a missing record",
+                            hint="run `engramdb verify --fix FILE` to rebuild the id map")
 
 
 def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:

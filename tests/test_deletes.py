@@ -80,3 +80,62 @@ def test_delete_many_counts_of_work(tmp_path):
         assert bm.tombstones_written <= 20 + 5 * 2  # the small runs merge among themselves only
     finally:
         db.close()
+
+
+def _count_opens(monkeypatch):
+    """Count Sealer.open calls per table (the records a write decrypts)."""
+    from engramdb import crypto
+
+    counts: dict[bytes, int] = {}
+    real = crypto.Sealer.open
+
+    def counting(self, table, key, envelope):
+        counts[table] = counts.get(table, 0) + 1
+        return real(self, table, key, envelope)
+
+    monkeypatch.setattr(crypto.Sealer, "open", counting)
+    return counts
+
+
+def test_delete_many_without_vectors_opens_no_record(tmp_path, monkeypatch):
+    """With no embedding space, the indexes need nothing of a deleted record: delete_many
+    decrypts each id once (its docno) and no node record (regression: it decrypted and
+    decoded every record, validating every field, ~40 % of a bulk delete)."""
+    db = _open(tmp_path / "a.engram")
+    try:
+        _fill(db, 200)
+        counts = _count_opens(monkeypatch)
+        assert db.delete_many([f"m{i}" for i in range(0, 200, 2)]) == 100
+        assert counts.get(b"nodes", 0) == 0
+        assert counts.get(b"ids", 0) == 100
+        assert len(db) == 100 and [str(p) for p in db.verify()] == []
+    finally:
+        db.close()
+
+
+def test_delete_many_reads_only_the_records_of_a_space(tmp_path, monkeypatch):
+    """A space that is not auto: each deleted record is opened once for the names of its
+    spaces (not its vectors), and the deleted memories' vectors are gone."""
+    import numpy as np
+
+    db = _open(tmp_path / "a.engram")
+    try:
+        db.add_space("s", dims=4, model="test", normalize=False)
+        rng = np.random.default_rng(3)
+        vecs = rng.standard_normal((60, 4)).astype(np.float32)
+        db.add_many([{"id": f"m{i}", "content": f"text {i}", **({"embeddings": {"s": vecs[i]}} if i % 2 else {})}
+                     for i in range(60)], now=1.7e9)
+        counts = _count_opens(monkeypatch)
+        victims = list(range(0, 60, 3))
+        assert db.delete_many([f"m{i}" for i in victims]) == 20
+        assert counts.get(b"nodes", 0) == 20
+        assert counts.get(b"vectors", 0) <= 2  # the blocks rewritten, no vector read per memory
+        with db._store.read() as txn:
+            hits = db.indexes.vectors.search(txn, "s", vecs[3], 60)
+        kept = [i for i in range(1, 60, 2) if i not in victims]
+        assert len(hits) == len(kept)
+        assert {f"m{i}" for i in kept} == {db.get(f"m{i}").id for i in kept}  # still there, with their vectors
+        assert all(db.get(f"m{i}").embeddings for i in kept)
+        assert [str(p) for p in db.verify()] == []
+    finally:
+        db.close()

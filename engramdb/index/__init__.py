@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import TYPE_CHECKING, Any
-from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import msgpack
 
-from ..codec import decode_node, encode_node
+from ..codec import decode_node, encode_node, record_spaces
 from ..errors import ConfigMismatchError, CorruptFileError
 from ..records import Node
 from .bm25 import SegmentedBM25, TermDocs
@@ -34,7 +35,10 @@ if TYPE_CHECKING:  # annotations only
 __all__ = [
     "TOKENIZER_KEY",
     "IndexBatch",
+    "Indexed",
     "Indexes",
+    "NO_VECTORS",
+    "Removed",
     "init_meta",
     "iter_nodes",
     "load_tokenizer",
@@ -44,6 +48,24 @@ __all__ = [
 TOKENIZER_KEY = b"index.tokenizer"
 _U64 = struct.Struct(">Q")
 _docno_of = operator.itemgetter(0)
+
+
+class Indexed(Protocol):
+    """What the indexes read of a memory's old version when it is removed: the names of
+    the vector spaces it has a vector in (a :class:`~engramdb.records.Node` is one)."""
+
+    @property
+    def embeddings(self) -> Collection[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """A deleted memory as the indexes see it (:meth:`Indexes.read_removed`)."""
+
+    embeddings: tuple[str, ...]
+
+
+NO_VECTORS = Removed(())  # a deleted memory when no space needs its record (removal_reads_records)
 
 
 def node_text(node: Node) -> str:
@@ -177,6 +199,20 @@ class Indexes:
         """
         return decode_node(data, fetch=lambda names: self.vectors.fetch(txn, docno, names))
 
+    def removal_reads_records(self, txn: Txn) -> bool:
+        """Whether removing memories needs their records (:meth:`read_removed`): only a
+        vector space that is not ``auto`` holds rows for some memories and not others."""
+        return any(not space.auto for space in self.vectors.spaces(txn).values())
+
+    def read_removed(self, data: bytes) -> Removed:
+        """What the indexes need of a memory being deleted, from its record ``data``: the
+        names of its vector spaces (no decoding of the rest, no vector read).
+
+        Raises:
+            CorruptFileError: the record does not decode.
+        """
+        return Removed(record_spaces(data))
+
     def batch(self, txn: Txn) -> IndexBatch:
         """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
         one :meth:`apply` call (one segment however many memories the transaction adds)."""
@@ -190,7 +226,7 @@ class Indexes:
         """Tokenize ``texts`` (of documents ``docnos``) in one batch, for the BM25 index."""
         return TermDocs(docnos, *self.tokenizer.encode_many(texts))
 
-    def apply(self, txn: Txn, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Node]]) -> None:
+    def apply(self, txn: Txn, added: Sequence[tuple[int, Node]], removed: Sequence[tuple[int, Indexed]]) -> None:
         """Index one write transaction's changes (an update is in both lists, same docno).
 
         Creates at most one BM25 segment and one vector block per space, then runs at most
@@ -299,7 +335,7 @@ class IndexBatch:
         self._indexes = indexes
         self._txn = txn
         self._added: dict[int, Node] = {}
-        self._removed: dict[int, Node] = {}
+        self._removed: dict[int, Indexed] = {}
         self._fresh: set[int] = set()
 
     def add(self, docno: int, node: Node) -> None:
@@ -318,8 +354,9 @@ class IndexBatch:
         for docno, node in items:
             self.add(docno, node)
 
-    def remove(self, docno: int, node: Node) -> None:
-        """Drop the indexed version of ``docno``."""
+    def remove(self, docno: int, node: Indexed) -> None:
+        """Drop the indexed version of ``docno`` (``node``: that version, or what
+        :meth:`Indexes.read_removed` gives of it)."""
         if docno in self._added:
             del self._added[docno]
         if docno in self._fresh:
