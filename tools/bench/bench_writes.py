@@ -214,57 +214,77 @@ def ingest(system: str, texts_path: str, path: str, n: int) -> dict[str, Any]:
 # --- operations on a copy ----------------------------------------------------------------
 
 
-def add_1000(system: str, path: str, texts: list[str], first: int) -> float:
+def add_docs(system: str, path: str, texts: list[str], first: int) -> tuple[float, float]:
+    """Add ``texts`` (ids from ``first``) in one transaction; (wall s, CPU s), open and close excluded."""
     if system == "engramdb":
         db = _engram_open(path)
         items = [_item(first + i, t) for i, t in enumerate(texts)]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         db.add_many(items)
-        seconds = time.perf_counter() - t
+        out = time.perf_counter() - t, time.process_time() - cpu
         db.close()
-        return seconds
+        return out
     c = _sql_connect(system, path)
     rows = [(first + i + 1, t) for i, t in enumerate(texts)]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     _sql_write(c, "INSERT INTO docs(rowid, body) VALUES (?, ?)", rows)
-    seconds = time.perf_counter() - t
+    out = time.perf_counter() - t, time.process_time() - cpu
     _sql_close(c)
-    return seconds
+    return out
 
 
-def delete_10pct(system: str, path: str, victims: list[int], each: bool = False) -> dict[str, float]:
+def _delete(system: str, path: str, victims: list[int], each: bool = False) -> tuple[float, float]:
+    """Delete ``victims`` in one transaction; (wall s, CPU s) of the delete, open and close excluded."""
     if system == "engramdb":
         db = _engram_open(path)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         if each:  # one Transaction.delete per memory, one transaction
             with db.transaction() as tx:
                 for i in victims:
                     tx.delete(f"d{i}")
         else:
             db.delete_many([f"d{i}" for i in victims])
-        seconds = time.perf_counter() - t
+        out = time.perf_counter() - t, time.process_time() - cpu
         db.close()
-        after = _size(system, path)
+        return out
+    c = _sql_connect(system, path)
+    t, cpu = time.perf_counter(), time.process_time()
+    _sql_write(c, "DELETE FROM docs WHERE rowid = ?", [(i + 1,) for i in victims])
+    out = time.perf_counter() - t, time.process_time() - cpu
+    _sql_close(c)
+    return out
+
+
+def delete_10pct(system: str, path: str, victims: list[int], each: bool = False) -> dict[str, float]:
+    seconds, cpu = _delete(system, path, victims, each)
+    after = _size(system, path)
+    if system == "engramdb":
         db = _engram_open(path)
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), time.process_time()
         db.merge_indexes(force=True)
         db.compact()
-        compact_s = time.perf_counter() - t
+        compact_s, compact_cpu = time.perf_counter() - t, time.process_time() - c0
         db.close()
     else:
         c = _sql_connect(system, path)
-        t = time.perf_counter()
-        _sql_write(c, "DELETE FROM docs WHERE rowid = ?", [(i + 1,) for i in victims])
-        seconds = time.perf_counter() - t
-        _sql_close(c)
-        after = _size(system, path)
-        c = _sql_connect(system, path)
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), time.process_time()
         c.execute("INSERT INTO docs(docs) VALUES ('optimize')")
         c.execute("VACUUM")
-        compact_s = time.perf_counter() - t
+        compact_s, compact_cpu = time.perf_counter() - t, time.process_time() - c0
         _sql_close(c)
-    return {"seconds": seconds, "after": after, "compacted": _size(system, path), "compact_s": compact_s}
+    return {"seconds": seconds, "cpu": cpu, "after": after, "compacted": _size(system, path), "compact_s": compact_s,
+            "compact_cpu": compact_cpu}
+
+
+def refill(system: str, path: str, victims: list[int], texts: list[str], first: int) -> dict[str, float]:
+    """Free-page reuse: delete ``victims`` (one transaction), commit one small change (LMDB
+    reuses a commit's freed pages once no snapshot needs them), then add as many documents
+    as were deleted (``texts``, new ids from ``first``) in one transaction: the file sizes."""
+    _delete(system, path, victims)
+    after = _size(system, path)
+    add_docs(system, path, texts[:1], first)
+    add_docs(system, path, texts, first + 1)
+    return {"after": after, "refilled": _size(system, path)}
 
 
 # --- the report ----------------------------------------------------------------------
@@ -328,14 +348,14 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
 
     rng = random.Random(args.seed)
     victims = rng.sample(range(n), n // 10)
-    adds: dict[str, list[float]] = {s: [] for s in systems}
+    adds: dict[str, list[tuple[float, float]]] = {s: [] for s in systems}
     dels: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     each: list[float] = []
     for r in range(args.runs):
         for s in systems:
             work = os.path.join(tmp, os.path.basename(files[s]) + f".add{r}")
             _copy(s, files[s], work)
-            adds[s].append(add_1000(s, work, extra[1000 * r:1000 * (r + 1)], n + 1000 * r))
+            adds[s].append(add_docs(s, work, extra[1000 * r:1000 * (r + 1)], n + 1000 * r))
             for f in _files(s, work):
                 os.remove(f)
         for s in systems:
@@ -350,27 +370,43 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
             each.append(delete_10pct("engramdb", work, victims, each=True)["seconds"])
             for f in _files("engramdb", work):
                 os.remove(f)
-    med_add = {s: statistics.median(adds[s]) for s in systems}
+    med_add = {s: statistics.median(w for w, _ in adds[s]) for s in systems}
+    med_cpu = {s: statistics.median(c for _, c in adds[s]) for s in systems}
     print(f"\nadd 1,000 documents to the {n:,}-document file (one transaction; medians of {args.runs})")
     for s in systems:
-        print(f"  {LABELS[s]:<30} {med_add[s] * 1e3:>9.1f} ms  (runs: {', '.join(f'{x * 1e3:.1f}' for x in adds[s])})"
+        print(f"  {LABELS[s]:<30} {med_add[s] * 1e3:>9.1f} ms wall {med_cpu[s] * 1e3:>8.1f} ms CPU  (runs, wall: "
+              f"{', '.join(f'{w * 1e3:.1f}' for w, _ in adds[s])})"
               + ("" if s == "engramdb" or "engramdb" not in systems
-                 else f"   ratio {_ratio(med_add[s], med_add['engramdb'])}"))
+                 else f"   ratio {_ratio(med_add[s], med_add['engramdb'])} wall, "
+                      f"{_ratio(med_cpu[s], med_cpu['engramdb'])} CPU"))
     print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction: engramdb's delete_many, SQLite's "
           f"DELETE per rowid; medians of {args.runs})")
-    print(f"  {'system':<30} {'delete':>10} {'file before':>12} {'after delete':>13} {'compacted':>10} {'compaction':>11}")
+    print(f"  {'system':<30} {'delete':>10} {'(CPU)':>9} {'file before':>12} {'after delete':>13} {'compacted':>10}"
+          f" {'compaction':>11} {'(CPU)':>8}")
+    med = {s: {k: statistics.median(d[k] for d in dels[s]) for k in dels[s][0]} for s in systems}
     for s in systems:
-        sec = statistics.median(d["seconds"] for d in dels[s])
-        after = statistics.median(d["after"] for d in dels[s])
-        comp = statistics.median(d["compacted"] for d in dels[s])
-        comp_s = statistics.median(d["compact_s"] for d in dels[s])
-        size = ing[s]["size"]
-        print(f"  {LABELS[s]:<30} {sec:>8.2f} s {size / 2**20:>9.1f} MB {after / 2**20:>7.1f} MB "
-              f"({after / size:.2f}x) {comp / 2**20:>7.1f} MB {comp_s:>9.1f} s"
+        m, size = med[s], ing[s]["size"]
+        print(f"  {LABELS[s]:<30} {m['seconds']:>8.2f} s {m['cpu']:>7.2f} s {size / 2**20:>9.1f} MB "
+              f"{m['after'] / 2**20:>7.1f} MB ({m['after'] / size:.2f}x) {m['compacted'] / 2**20:>7.1f} MB "
+              f"{m['compact_s']:>9.1f} s {m['compact_cpu']:>6.1f} s"
               + ("" if s == "engramdb" or "engramdb" not in systems else
-                 f"   ratio {_ratio(sec, statistics.median(d['seconds'] for d in dels['engramdb']))}"))
+                 f"   ratio {_ratio(m['seconds'], med['engramdb']['seconds'])} wall, "
+                 f"{_ratio(m['cpu'], med['engramdb']['cpu'])} CPU"))
     if each:
         print(f"  engramdb, one tx.delete per memory in one transaction: {statistics.median(each):.2f} s")
+    if args.refill:
+        print(f"\nfree-page reuse: delete the same {n // 10:,}, commit one document, then add {n // 10:,} documents "
+              "(the deleted texts, new ids) in one transaction")
+        for s in systems:
+            work = os.path.join(tmp, os.path.basename(files[s]) + ".refill")
+            _copy(s, files[s], work)
+            got = refill(s, work, victims, [base[i] for i in victims], n + 1000 * args.runs)
+            for f in _files(s, work):
+                os.remove(f)
+            size = ing[s]["size"]
+            print(f"  {LABELS[s]:<30} file {size / 2**20:>8.1f} MB -> after the delete {got['after'] / 2**20:>8.1f} MB "
+                  f"({got['after'] / size:.2f}x) -> after adding them back {got['refilled'] / 2**20:>8.1f} MB "
+                  f"({got['refilled'] / size:.2f}x)", flush=True)
 
 
 def main() -> None:
@@ -388,6 +424,8 @@ def main() -> None:
     ap.add_argument("--extra", help="with --texts: the documents to add, one a line (1,000 per run)")
     ap.add_argument("--workdir", help="keep the ingested files here (engram-1M.engram, fts5-1M.sqlite, ...; "
                                       "NAME.done when finished) and reuse those already there")
+    ap.add_argument("--refill", action="store_true",
+                    help="also measure free-page reuse: after the delete, add back as many documents")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
     args = ap.parse_args()
     if bool(args.texts) != bool(args.extra):
