@@ -1,6 +1,7 @@
-"""Incremental equals rebuilt: after any sequence of adds, updates, deletes, merges, reopen
-and compaction, every query (BM25, and recall fusing BM25 with an auto vector space)
-answers exactly what indexes rebuilt from scratch answer."""
+"""Incremental equals rebuilt: after any sequence of adds, updates, deletes (one by one or
+``delete_many``), merges, reopen and compaction, every query (BM25, recall fusing BM25 with
+an auto vector space, and exact search in a user space only some memories have a vector
+in) answers exactly what indexes rebuilt from scratch answer."""
 from __future__ import annotations
 
 import shutil
@@ -39,6 +40,16 @@ def _bm25(db):
         return [db.indexes.bm25.search(txn, db.indexes.tokenizer(q), 10) for q in QUERIES]
 
 
+def _user_vector(n):
+    """The vector of memory number ``n`` in the user space ``u`` (only even numbers have one)."""
+    return [float(n % 7) - 3.0, float(n % 5) + 0.5, 1.0]
+
+
+def _vectors(db):
+    with db._store.read() as txn:
+        return [db.indexes.vectors.search(txn, "u", _user_vector(n), 10) for n in (2, 3, 4)]
+
+
 class IncrementalEqualsRebuilt(RuleBasedStateMachine):
     ids = Bundle("ids")
 
@@ -48,6 +59,7 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
         self.path = f"{self.dir}/s.engram"
         self.db = self._open()
         self.db.add_space("h", dims=16)  # an auto space: every memory also gets a vector
+        self.db.add_space("u", dims=3, model="test", normalize=False)  # given by the caller, to some
         self.model: dict[str, str] = {}
         self.n = 0
 
@@ -58,7 +70,8 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
     def add(self, content):
         self.n += 1
         id_ = f"m{self.n}"
-        self.db.add(content, id=id_, now=1_700_000_000.0 + self.n)
+        vector = {"embeddings": {"u": _user_vector(self.n)}} if self.n % 2 == 0 else {}
+        self.db.add(content, id=id_, now=1_700_000_000.0 + self.n, **vector)
         self.model[id_] = content
         return id_
 
@@ -84,9 +97,11 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
             del self.model[id_]
 
     @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=8), also_update=st.booleans(),
-          content=text)
-    def delete_many(self, picks, also_update, content):
-        """Several deletes (and an update) in one transaction: one run of tombstones per segment."""
+          content=text, bulk=st.booleans())
+    def delete_many(self, picks, also_update, content, bulk):
+        """Several deletes (and an update) in one transaction: one run of tombstones per
+        segment; ``bulk``: through ``delete_many`` (records removed in key order, the indexes
+        given only their vector spaces)."""
         live = sorted(self.model, key=lambda i: int(i[1:]))
         if not live:
             return
@@ -96,8 +111,11 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
                 tx.update(victims[0], content=content)
                 self.model[victims[0]] = content
                 victims = victims[1:]
+            if bulk:
+                assert tx.delete_many(victims) == len(victims)
             for id_ in victims:
-                tx.delete(id_)
+                if not bulk:
+                    tx.delete(id_)
                 del self.model[id_]
 
     @rule(steps=st.integers(1, 5), force=st.booleans())
@@ -118,19 +136,21 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
     def incremental_equals_rebuilt(self):
         incremental = _answers(self.db)
         bm25_inc = _bm25(self.db)
+        vectors_inc = _vectors(self.db)
         for hits in incremental:
             assert {i for i, _ in hits} <= set(self.model)  # deleted memories never come back
 
         def rebuild(txn):
             self.db.indexes.rebuild(txn)
-            raise _Rebuilt((_answers(self.db), _bm25(self.db)))
+            raise _Rebuilt((_answers(self.db), _bm25(self.db), _vectors(self.db)))
 
         try:
             self.db._store.write(rebuild)
         except _Rebuilt as done:
-            answers, bm25_rebuilt = done.answers
+            answers, bm25_rebuilt, vectors_rebuilt = done.answers
         assert incremental == answers
         assert bm25_inc == bm25_rebuilt
+        assert vectors_inc == vectors_rebuilt
 
     def teardown(self):
         try:
