@@ -65,7 +65,10 @@ _ARGS_HINT = "see help(engramdb.Engram.recall) for the arguments and their types
 # hotter memory that matched worse (a 0.97 warm factor used to; tests/test_recall.py).
 TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
-HOP_WEIGHT = 0.6
+# The hop's weight: a neighbour gains HOP_WEIGHT times the score one PageRank step moves to it.
+# Below 1, so a memory linked only to one match never ties it; 0.9 was chosen by leave-one-
+# conversation-out cross-validation on LoCoMo (spec/recall.md, section 7; tools/bench/locomo_cv.py).
+HOP_WEIGHT = 0.9
 MIN_VECTOR_SCORE = 1e-5
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
 CANDIDATES_PER_K = 8
