@@ -49,8 +49,11 @@ RECOVERY_PREFIX = "ERK1-"
 _NODE_FIELDS = set(Node.__dataclass_fields__)
 _first = operator.itemgetter(0)
 # add_many builds, writes and indexes this many memories at a time (one BM25 segment each):
-# its extra memory is a chunk's (~200 MB at ~60 words a memory), whatever the batch's size
-INGEST_CHUNK = 65_536
+# its own extra memory is a chunk's, whatever the batch's size. Measured at ~60 words a
+# memory (tools/bench/README.md, "Writes"): ~215 MB of Python and numpy objects at 65,536,
+# ~110 MB at 32,768, ~57 MB at 16,384; smaller chunks make more segments for queries to read
+# until they merge, so 32,768 is the middle
+INGEST_CHUNK = 32_768
 
 
 def _text_length(item: Any) -> int:

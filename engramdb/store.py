@@ -64,7 +64,9 @@ _EDGE_KEY = struct.Struct(">cQBQ")  # b"f"|b"r", docno, kind, docno (engramdb/in
 # A write transaction keeps its bulk writes for a replay after map growth up to this many
 # bytes; past it, map growth re-runs the transaction instead (WriteConflictError, which
 # Store.write retries), so a large ingest does not hold every envelope it wrote in memory.
-_REPLAY_LOG_LIMIT = 64 << 20
+# (16 MiB: at 64 MiB the log was ~30 MB of a 200k-memory add_many's peak; add_many grows
+# the map up front, so a growth mid-transaction, and with it a re-run, is rare)
+_REPLAY_LOG_LIMIT = 16 << 20
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
     (b"ENGRAMDB-KEY", "an engramdb key file (from export-key)",

@@ -1,0 +1,86 @@
+"""Bounded memory (issue 15): what a query process and a bulk ingest hold does not grow
+with the work done. The caches' own bounds are in tests/test_bm25_cache.py and
+tests/test_nodecache.py; these check the rest that engramdb controls: the per-thread score
+accumulator, and add_many's working set per chunk (the Python and numpy objects it holds;
+LMDB's page buffers are outside tracemalloc and are bounded by LMDB, README "Memory")."""
+from __future__ import annotations
+
+import random
+import threading
+import tracemalloc
+
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb.engram as engram
+from engramdb.index import bm25 as bm25_mod
+
+WORDS = [f"w{i}" for i in range(300)]
+
+
+def _items(n: int, seed: int, prefix: str = "m") -> list[dict]:
+    rnd = random.Random(seed)
+    return [{"id": f"{prefix}{i}", "content": " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(20, 40)))}
+            for i in range(n)]
+
+
+def _top(db, terms):
+    with db._store.read() as txn:
+        return db.indexes.bm25.search(txn, terms, 10)
+
+
+def test_the_accumulator_is_sized_to_the_documents_not_doubled(tmp_path):
+    with engram.open(tmp_path / "a.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many(_items(3000, 1), now=1.0)
+        bm25 = db.indexes.bm25
+        expected = _top(db, ["w1", "w2", "w3"])
+        assert len(expected) == 10
+        acc = bm25._local.acc
+        slots = 3000 + int(3000 * bm25_mod._ACC_HEADROOM)
+        assert acc.size <= max(slots + 8, 1024)  # docnos start near 0: the largest is ~3000
+        assert not acc.any()  # left zeroed for the next query
+        db.add_many(_items(50, 2, "n"), now=1.0)  # within the headroom: no new array
+        _top(db, ["w1", "w2", "w3"])
+        assert bm25._local.acc is acc
+        db.add_many(_items(2000, 3, "o"), now=1.0)  # past it: one array for the new size
+        _top(db, ["w1", "w2", "w3"])
+        assert bm25._local.acc.size <= max(int(5050 * (1 + bm25_mod._ACC_HEADROOM)) + 8, 1024)
+        # the answers do not depend on the accumulator's size
+        bm25._local.acc = None
+        db.delete_many([f"o{i}" for i in range(2000)] + [f"n{i}" for i in range(50)])
+        assert _top(db, ["w1", "w2", "w3"]) == expected
+
+
+def test_each_thread_has_its_own_accumulator(tmp_path):
+    with engram.open(tmp_path / "t.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many(_items(1500, 4), now=1.0)
+        main = _top(db, ["w5", "w6"])
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append((_top(db, ["w5", "w6"]), db.indexes.bm25._local.acc)))
+        thread.start()
+        thread.join()
+        assert seen[0][0] == main
+        assert seen[0][1] is not db.indexes.bm25._local.acc
+
+
+def _ingest_peak(path, items, chunk, monkeypatch) -> int:
+    monkeypatch.setattr(engram, "INGEST_CHUNK", chunk)
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            db.add_many(items, now=1.0)
+            return tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+
+
+def test_add_many_holds_a_chunk_not_the_batch(tmp_path, monkeypatch):
+    """Eight chunks' ingest peaks within a small factor of one chunk's: the working set
+    (nodes, encoded records, tokens, the segment being built) is freed chunk by chunk.
+    Before add_many worked in chunks, the peak grew with the batch (8x here)."""
+    one = _ingest_peak(tmp_path / "one.engram", _items(400, 5), 400, monkeypatch)
+    items = _items(3200, 5)
+    eight = _ingest_peak(tmp_path / "eight.engram", items, 400, monkeypatch)
+    whole = _ingest_peak(tmp_path / "whole.engram", items, 3200, monkeypatch)
+    assert eight < 2.5 * one, (one, eight)
+    assert whole > 4 * one, (one, whole)  # the measure sees a batch held at once
