@@ -67,6 +67,12 @@ _EDGE_KEY = struct.Struct(">cQBQ")  # b"f"|b"r", docno, kind, docno (engramdb/in
 # (16 MiB: at 64 MiB the log was ~30 MB of a 200k-memory add_many's peak; add_many grows
 # the map up front, so a growth mid-transaction, and with it a re-run, is rare)
 _REPLAY_LOG_LIMIT = 16 << 20
+# After this many bytes of values read through the map, a read transaction's end asks the
+# kernel to take back the map's pages this process holds (release_mapped_pages): what was
+# read is decoded and cached by then, so the pages would only count in the resident set.
+RELEASE_MAP_EVERY = 32 << 20
+_MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)  # Linux 5.4+
+_libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
     (b"ENGRAMDB-KEY", "an engramdb key file (from export-key)",
@@ -420,6 +426,38 @@ RESTORE_SUFFIX = ".restore-tmp"
 DEFAULT_TIMEOUT = 30.0
 
 
+def release_mapped_pages(path: str) -> int:
+    """Ask the kernel to reclaim this process's resident pages of ``path``'s memory maps
+    (``madvise(MADV_PAGEOUT)``, Linux 5.4+); returns the bytes of mappings advised (0 where
+    unsupported).
+
+    Only a hint, never a loss: the map is a read-only shared mapping of the file, so a page
+    read again is read back from the page cache or the file. The advice is harmless even if
+    the map moved meanwhile (a growth remaps it): MADV_PAGEOUT never discards anonymous
+    memory (unlike MADV_DONTNEED, which would zero it), it only pages it out to swap, if any.
+    """
+    global _libc
+    if not os.path.exists("/proc/self/maps"):
+        return 0
+    try:
+        if _libc is None:
+            import ctypes
+
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        real = os.path.realpath(path)
+        advised = 0
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            ranges = [row.split(None, 1)[0] for row in fh if row.rstrip("\n").endswith(" " + real)]
+        for span in ranges:
+            start, end = (int(x, 16) for x in span.split("-"))
+            if _libc.madvise(start, end - start, _MADV_PAGEOUT) == 0:
+                advised += end - start
+        return advised
+    except (OSError, AttributeError, ValueError):  # no libc to load, no madvise: nothing released
+        return 0
+
+
 class _Env:
     """One LMDB environment shared by every handle of a path in this process.
 
@@ -445,6 +483,7 @@ class _Env:
         self.write_mutex = threading.Lock()
         self.active_readers = 0
         self.active_writers = 0
+        self.read_bytes = 0  # bytes read through the map since its pages were last released
         self.unclean = False
         self.changed = False
         self.checked = False
@@ -1311,9 +1350,11 @@ class Txn:
         Raises:
             DecryptionError: the stored value does not authenticate.
         """
-        raw = self._lt.get(key, db=self.store._env.dbs[table])
+        env = self.store._env
+        raw = self._lt.get(key, db=env.dbs[table])
         if raw is None:
             return None
+        env.read_bytes += len(raw)
         return self.store.sealer.open(table.encode(), key, raw)
 
     def get_present(self, table: str, key: bytes) -> bytes:
@@ -1667,6 +1708,9 @@ class Store:
             with env.resize_lock:
                 env.active_readers -= 1
                 env.resize_lock.notify_all()
+            if env.read_bytes > RELEASE_MAP_EVERY:
+                env.read_bytes = 0
+                release_mapped_pages(env.path)
 
     @contextlib.contextmanager
     def transaction(self, *, reserve: int = 0) -> Iterator[Txn]:

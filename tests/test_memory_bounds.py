@@ -5,13 +5,16 @@ accumulator, and add_many's working set per chunk (the Python and numpy objects 
 LMDB's page buffers are outside tracemalloc and are bounded by LMDB, README "Memory")."""
 from __future__ import annotations
 
+import os
 import random
 import threading
 import tracemalloc
 
+import pytest
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
+from engramdb import store as store_mod
 from engramdb.index import bm25 as bm25_mod
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -84,3 +87,49 @@ def test_add_many_holds_a_chunk_not_the_batch(tmp_path, monkeypatch):
     whole = _ingest_peak(tmp_path / "whole.engram", items, 3200, monkeypatch)
     assert eight < 2.5 * one, (one, eight)
     assert whole > 4 * one, (one, whole)  # the measure sees a batch held at once
+
+
+def _resident_map_bytes(path) -> int:
+    real, total, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                inside = line.rstrip("\n").endswith(" " + real)
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="/proc/self/smaps (Linux) is not available")
+def test_released_map_pages_leave_the_resident_set_and_answers_unchanged(tmp_path):
+    path = tmp_path / "m.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many(_items(3000, 6), now=1.0)
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, readonly=True) as db:
+        expected = [_top(db, [w, "w7"]) for w in WORDS[:40]]
+        assert _resident_map_bytes(path) > 0
+        if store_mod.release_mapped_pages(str(path)) == 0:
+            pytest.skip("madvise(MADV_PAGEOUT) is not supported by this kernel")
+        assert _resident_map_bytes(path) < 64 * 1024  # what the kernel left (none, here)
+        db.indexes.bm25.cache.clear()  # read everything again, through the map
+        assert [_top(db, [w, "w7"]) for w in WORDS[:40]] == expected
+
+
+def test_reads_release_the_map_after_so_many_bytes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(store_mod, "RELEASE_MAP_EVERY", 64 * 1024)
+    monkeypatch.setattr(store_mod, "release_mapped_pages", lambda path: calls.append(path) or 0)
+    path = tmp_path / "r.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many(_items(3000, 7), now=1.0)
+        db.indexes.bm25.cache.clear()
+        env = db._store._env
+        env.read_bytes = 0
+        for w in WORDS[:5]:
+            _top(db, [w])
+        assert not calls and env.read_bytes > 0  # under the threshold: nothing released yet
+        for w in WORDS[5:]:
+            _top(db, [w])
+        assert calls and all(c == env.path for c in calls)
+        assert env.read_bytes <= 64 * 1024  # counted again from 0 after each release

@@ -20,8 +20,9 @@ queries (bench_search.py's ``mid`` and ``common`` sets, ``--queries`` of each). 
 * ``code``: the other file-backed pages (the interpreter's and libraries' code).
 
 Then the postings cache's bytes by kind (term postings, segment tables, term sets), the
-node cache's, the per-thread accumulator, and the largest transient allocation of one query
-(tracemalloc: numpy registers its buffers with it) over a second pass of the queries.
+node cache's, the per-thread accumulator, and with ``--transient`` the largest transient
+allocation of one query (tracemalloc: numpy registers its buffers with it) over a second
+pass of the queries with the cache cleared.
 Figures go into tools/bench/README.md by hand; this script never runs inside pytest.
 """
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--api", choices=("bm25", "recall"), default="bm25",
                     help="bm25: tokenize + BM25 top-10 in a read transaction; recall: db.recall(q, top_k=10, "
                          "hops=False) (the public call, decodes the hits' nodes)")
+    ap.add_argument("--transient", action="store_true",
+                    help="also run the queries again under tracemalloc (slow) for the largest transient allocation")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     # the query texts come from a child process: the vocabulary behind them is not ours to count
@@ -126,17 +129,20 @@ def main() -> None:
           f"term sets {kinds.get('v', 0) / MB:.1f}; {len(cache)} entries, {cache.evictions} evictions); "
           f"accumulator {0 if acc is None else acc.nbytes / MB:.1f} MB; node cache "
           f"{0 if node_cache is None else node_cache.nbytes / MB:.1f} MB", flush=True)
-    import tracemalloc
-
-    tracemalloc.start()
     worst = 0
-    for q in qs:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        run(q)
-        worst = max(worst, tracemalloc.get_traced_memory()[1] - base)
-    tracemalloc.stop()
-    print(f"  largest transient allocation of one query (tracemalloc, second pass): {worst / MB:.1f} MB")
+    if args.transient:
+        import tracemalloc
+
+        cache.clear()  # every query reads its terms again, as the first pass's did
+        tracemalloc.start()
+        for q in qs:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            run(q)
+            worst = max(worst, tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.stop()
+        print(f"  largest transient allocation of one query (tracemalloc, a second pass with the cache "
+              f"cleared): {worst / MB:.1f} MB")
     db.close()
     rows.append(stage("after close", args.file))
     print(f"  load average {os.getloadavg()[0]:.2f}")
