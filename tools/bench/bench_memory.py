@@ -86,6 +86,8 @@ def main() -> None:
                          "hops=False) (the public call, decodes the hits' nodes)")
     ap.add_argument("--transient", action="store_true",
                     help="also run the queries again under tracemalloc (slow) for the largest transient allocation")
+    ap.add_argument("--trim", action="store_true",
+                    help="after the queries, glibc's malloc_trim(0): the heap that was free but kept")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     # the query texts come from a child process: the vocabulary behind them is not ours to count
@@ -118,6 +120,11 @@ def main() -> None:
         if i + 1 in (10, len(qs) // 2):
             rows.append(stage(f"+ {i + 1} queries", args.file))
     rows.append(stage(f"+ {len(qs)} queries", args.file))
+    if args.trim:  # how much of the heap is freed memory glibc kept (fragmentation), not live data
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+        rows.append(stage("+ malloc_trim(0)", args.file))
     cache = idx.bm25.cache
     kinds: dict[str, int] = {}
     for key, (_, nbytes) in list(cache._data.items()):
