@@ -6,16 +6,20 @@ score per candidate (spec/recall.md, "Fusion"). It is pure arithmetic over the r
 no I/O, no hashing order, so it is deterministic.
 
 For one retriever ``i`` with weight ``w_i`` and a candidate at rank ``r`` whose score
-(plus hop share) is ``s``, out of a ranking whose best score is ``s_max``::
+(plus hop share) is ``s``, with ``n(s)`` that score normalised over the ranking::
 
-    part_i = w_i * ((1 - score_mix) / (rrf_k + r) + score_mix * (s / s_max) / (rrf_k + 1))
+    part_i = w_i * ((1 - score_mix) / (rrf_k + r) + score_mix * n(s) / (rrf_k + 1))
 
-``score_mix = 0`` is weighted reciprocal rank fusion; ``score_mix = 1`` a weighted sum of
-the scores scaled to the ranking's best (score-aware: a close second keeps most of its
-credit, a distant tail keeps little). Both parts top out at ``1 / (rrf_k + 1)``, so the
-fused values stay on one scale whatever the mix. With a single non-empty ranking (BM25
-alone, or one space alone) the mix is not applied: the order is that retriever's own and
-the boosts act on rank spacing, as they were calibrated.
+``normalize = "z"``: ``n(s) = max(0, (s - mean) / std)`` over the ranking's candidates (how
+far a candidate stands out of its own retriever's pool; BM25's and a model's scores have
+unrelated scales, their standard scores do not); ``"max"``: ``n(s) = s / s_max``.
+``score_mix = 0`` is weighted reciprocal rank fusion, 1 a weighted sum of normalised
+scores. The candidates are ordered by the sum of their parts, and the fused score is
+``1 / (rrf_k + rank)`` of that order (equal sums share a rank): the boosts applied after fusion (tier, date, the query
+features) act on the same rank spacing whatever the signals, so a space that counts for
+nothing leaves BM25's order and boosts as they are alone. With a single non-empty
+ranking (BM25 alone, or one space alone) the fused score is that ranking's weighted rank
+fusion ``w / (rrf_k + r)``.
 
 BM25 weighs ``bm25``. A space weighs its own weight (``spaces``, else ``vector``) times
 its trust::
@@ -25,10 +29,9 @@ its trust::
 
 with ``overlap`` the number of its top ``agreement_depth`` also in BM25's, and
 ``strength`` in [0, 1] the calibrated relevance of BM25's best match (spec/recall.md,
-"Relevance"). A space that agrees with BM25 keeps its weight; one that disagrees keeps
-``weak_match_trust * (1 - strength)`` of it: a dense signal is trusted less the stronger
-the lexical match it contradicts, and, when no word matched well, it is trusted. With no
-BM25 ranking at all (no query word matched) a space weighs its own weight.
+"Relevance"). A space that agrees with BM25 keeps its weight; one that shares nothing
+with it (a random or unrelated model) keeps ``weak_match_trust * (1 - strength)`` of it.
+With no BM25 ranking at all (no query word matched) a space weighs its own weight.
 """
 from __future__ import annotations
 
@@ -38,10 +41,12 @@ from dataclasses import dataclass
 
 from .errors import ValidationError
 
-__all__ = ["FusionWeights", "DEFAULT_FUSION", "retriever_weight", "fuse_rankings", "tied_ranks"]
+__all__ = ["FusionWeights", "DEFAULT_FUSION", "NORMALIZATIONS", "retriever_weight", "normalized_scores", "fusion_values",
+           "fuse_rankings", "tied_ranks"]
 
 _HINT = "see help(engramdb.FusionWeights) for the fields and their ranges"
 Ranking = Sequence[tuple[int, float, float]]  # (docno, score, hop share), best first
+NORMALIZATIONS = ("max", "z", "z-floor")
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ class FusionWeights:
 
     Pass one to ``recall(..., fusion=)`` / ``recall_context(..., fusion=)``, or to
     ``engramdb.open(..., fusion=)`` for every recall of that handle. The defaults were
-    chosen on the LoCoMo dev conversations (spec/recall.md, "Choosing the weights").
+    chosen on the LoCoMo dev conversations and the document corpus (spec/recall.md,
+    "Choosing the weights").
 
     Attributes:
         bm25: the weight of the BM25 ranking (0 leaves it out of the fused score; its
@@ -63,8 +69,11 @@ class FusionWeights:
         weak_match_trust: in [0, 1], how much of its weight a space that disagrees with BM25
             keeps when BM25's best match is weak (scaled by ``1 - strength``; 0: agreement
             alone decides).
-        score_mix: in [0, 1], 0 fuses ranks only (reciprocal rank fusion), 1 fuses scores
-            scaled to each ranking's best, in between a blend.
+        score_mix: in [0, 1], 0 fuses ranks only (reciprocal rank fusion), 1 fuses
+            normalised scores, in between a blend.
+        normalize: how a ranking's scores are normalised before they are summed: ``"z"``
+            (standard score over the ranking's candidates, negatives 0) or ``"max"``
+            (scaled to the ranking's best).
         rrf_k: the rank offset of reciprocal rank fusion.
 
     Raises:
@@ -72,12 +81,13 @@ class FusionWeights:
     """
 
     bm25: float = 1.0
-    vector: float = 0.5
+    vector: float = 1.5
     spaces: tuple[tuple[str, float], ...] = ()
     agreement_depth: int = 10
-    agreement_power: float = 2.0
-    weak_match_trust: float = 0.5
+    agreement_power: float = 1.0
+    weak_match_trust: float = 0.0
     score_mix: float = 1.0
+    normalize: str = "z"
     rrf_k: int = 60
 
     def __post_init__(self) -> None:
@@ -94,6 +104,9 @@ class FusionWeights:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"FusionWeights.{name} must be an integer >= 1, got {value!r}", hint=_HINT)
+        if self.normalize not in NORMALIZATIONS:
+            raise ValidationError(f"FusionWeights.normalize must be one of {', '.join(NORMALIZATIONS)}, "
+                                  f"got {self.normalize!r}", hint=_HINT)
         if not isinstance(self.spaces, tuple) or not all(
                 isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
                 and not isinstance(p[1], bool) and isinstance(p[1], (int, float))
@@ -151,9 +164,28 @@ def retriever_weight(name: str, ranking: Ranking, lexical: Ranking | None, stren
     return own * (agree + (1.0 - agree) * fusion.weak_match_trust * weak)
 
 
-def fuse_rankings(rankings: Sequence[tuple[str, Ranking]], strength: float,
+def normalized_scores(ranking: Ranking, normalize: str) -> list[float]:
+    """Each candidate's score plus hop share on the scale ``normalize`` names (module doc):
+    ``"max"`` over the ranking's best; ``"z"`` its standard score over the ranking, 0 below
+    the ranking's mean; ``"z-floor"`` its distance above the ranking's last candidate in
+    standard deviations. A ranking of equal scores: 1 each."""
+    values = [score + hop for _, score, hop in ranking]
+    if normalize == "max":
+        best = max(values)
+        return [v / best if best > 0 else 0.0 for v in values]
+    mean = math.fsum(values) / len(values)
+    spread = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    if spread <= 1e-12 * max(1.0, abs(mean)):
+        return [1.0] * len(values)
+    if normalize == "z":
+        return [max(0.0, (v - mean) / spread) for v in values]
+    floor = min(values)
+    return [(v - floor) / spread for v in values]
+
+
+def fusion_values(rankings: Sequence[tuple[str, Ranking]], strength: float,
                   fusion: FusionWeights) -> dict[int, float]:
-    """The fused score of every candidate of any ranking (module docstring)."""
+    """The weighted sum of every candidate's parts (module doc), before rank spacing."""
     lexical = next((r for n, r in rankings if n == "bm25"), None)
     k = fusion.rrf_k
     # one retriever alone keeps its rank fusion: the boosts (tier, date) were set against rank spacing
@@ -163,11 +195,26 @@ def fuse_rankings(rankings: Sequence[tuple[str, Ranking]], strength: float,
         weight = retriever_weight(name, ranking, lexical, strength, fusion)
         if not ranking:
             continue
-        best = max(score + hop for _, score, hop in ranking)
-        for (rank, docno), (_, score, hop) in zip(tied_ranks(ranking), ranking):
-            if mix:
-                part = weight * ((1.0 - mix) / (k + rank) + mix * ((score + hop) / best if best > 0 else 0.0) / (k + 1))
-            else:
-                part = weight / (k + rank)
+        scaled = normalized_scores(ranking, fusion.normalize) if mix else [0.0] * len(ranking)
+        for (rank, docno), value in zip(tied_ranks(ranking), scaled):
+            part = weight * ((1.0 - mix) / (k + rank) + mix * value / (k + 1))
             fused[docno] = fused.get(docno, 0.0) + part
     return fused
+
+
+def fuse_rankings(rankings: Sequence[tuple[str, Ranking]], strength: float,
+                  fusion: FusionWeights) -> dict[int, float]:
+    """The fused score of every candidate of any ranking (module doc): with one ranking its
+    weighted rank fusion; with more, ``1 / (rrf_k + rank)`` of the order of
+    :func:`fusion_values` (equal values share a rank), so the boosts after fusion act on
+    the rank spacing they were set against."""
+    fused = fusion_values(rankings, strength, fusion)
+    if sum(1 for _, r in rankings if r) <= 1:
+        return fused
+    out: dict[int, float] = {}
+    rank, previous = 0, None
+    for position, (docno, value) in enumerate(sorted(fused.items(), key=lambda item: (-item[1], item[0])), start=1):
+        if value != previous:
+            rank, previous = position, value
+        out[docno] = 1.0 / (fusion.rrf_k + rank)
+    return out

@@ -13,8 +13,9 @@ Scoring (spec/bm25.md, "Recall"):
   neighbours of strong matches rise (and join the list);
 * ``rrf``: weighted fusion of those rankings (:mod:`engramdb.fusion`, weights from a
   :class:`~engramdb.fusion.FusionWeights`, ``fusion=``): BM25 alone keeps reciprocal rank
-  fusion ``1 / (60 + rank)``; with spaces, each ranking's scores scaled to its best, a
-  space weighted by its agreement with BM25 (spec/recall.md, section 5);
+  fusion ``1 / (60 + rank)``; with spaces, each ranking's standard scores summed, a space
+  weighted by its agreement with BM25, and the sum's order turned back into
+  ``1 / (60 + rank)`` (spec/recall.md, section 5);
 * multiplied by the tier boost, by ``SUPERSEDED_PENALTY`` when another memory
   supersedes this one, and by ``1 + DATE_WEIGHT * proximity`` when the query names a
   year or month near the memory's ``resolved_date``;

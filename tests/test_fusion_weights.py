@@ -8,19 +8,20 @@ import pytest
 
 import engramdb
 from engramdb.errors import ValidationError
-from engramdb.fusion import DEFAULT_FUSION, FusionWeights, fuse_rankings, retriever_weight
+from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, fuse_rankings, fusion_values, normalized_scores,
+                             retriever_weight)
 
 
 def test_defaults_are_the_documented_ones():
     assert DEFAULT_FUSION == FusionWeights() == engramdb.FusionWeights(
-        bm25=1.0, vector=0.5, spaces=(), agreement_depth=10, agreement_power=2.0, weak_match_trust=0.5,
-        score_mix=1.0, rrf_k=60)
+        bm25=1.0, vector=1.5, spaces=(), agreement_depth=10, agreement_power=1.0, weak_match_trust=0.0,
+        score_mix=1.0, normalize="z", rrf_k=60)
 
 
 @pytest.mark.parametrize("kwargs", [
     {"bm25": -1.0}, {"vector": float("nan")}, {"vector": True}, {"agreement_power": math.inf},
     {"weak_match_trust": 1.5}, {"score_mix": -0.1}, {"agreement_depth": 0}, {"rrf_k": 2.5},
-    {"spaces": (("model", -1.0),)}, {"spaces": [("model", 1.0)]}, {"spaces": (("model",),)},
+    {"normalize": "minmax"}, {"normalize": None}, {"spaces": (("model", -1.0),)}, {"spaces": [("model", 1.0)]}, {"spaces": (("model",),)},
 ])
 def test_out_of_range_fields_are_validation_errors_with_a_hint(kwargs):
     with pytest.raises(ValidationError) as err:
@@ -42,32 +43,65 @@ VEC = [(4, 0.9, 0.0), (2, 0.8, 0.0), (1, 0.1, 0.0)]
 
 def test_rank_fusion_is_weighted_rrf():
     rrf = FusionWeights(vector=1.0, agreement_power=0.0, score_mix=0.0)
-    fused = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, rrf)
-    assert fused == {1: 1 / 61 + 1 / 63, 2: 1 / 62 + 1 / 62, 3: 1 / 63, 4: 1 / 61}
+    values = fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0, rrf)
+    assert values == {1: 1 / 61 + 1 / 63, 2: 1 / 62 + 1 / 62, 3: 1 / 63, 4: 1 / 61}
+    # the fused score is the rank spacing of that order: 1 (0.03227) > 2 (0.03226) > 4 > 3
+    assert fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, rrf) == {1: 1 / 61, 2: 1 / 62, 4: 1 / 63, 3: 1 / 64}
+
+
+def test_fused_scores_are_rank_spaced_with_shared_ranks():
+    """Equal sums share a rank; a candidate only a zero-weight retriever ranked comes after
+    all the others (the space alone: BM25 weighs 0)."""
+    model_only = FusionWeights(bm25=0.0, vector=1.0, agreement_power=0.0, score_mix=0.0)
+    fused = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, model_only)
+    assert fused == {4: 1 / 61, 2: 1 / 62, 1: 1 / 63, 3: 1 / 64}
+    tied = [(5, 1.0, 0.0), (6, 1.0, 0.0)]
+    assert fuse_rankings([("bm25", tied), ("vector:m", tied)], 0.0, FusionWeights(agreement_power=0.0)) == {
+        5: 1 / 61, 6: 1 / 61}
+
+
+def test_a_space_that_counts_for_nothing_leaves_bm25s_order():
+    """With the space's weight 0 (no overlap with BM25, no weak-match trust: the defaults),
+    BM25's candidates keep exactly BM25's rank fusion; the space's own share the next rank."""
+    unrelated = [(7, 0.9, 0.0), (8, 0.8, 0.0)]
+    fused = fuse_rankings([("bm25", BM25), ("vector:m", unrelated)], 0.0, FusionWeights(normalize="max"))
+    assert fused == {1: 1 / 61, 2: 1 / 62, 3: 1 / 63, 7: 1 / 64, 8: 1 / 64}
+    assert {d: fused[d] for d in (1, 2, 3)} == fuse_rankings([("bm25", BM25)], 0.0, FusionWeights())
+
+
+def test_normalized_scores():
+    assert normalized_scores(BM25, "max") == pytest.approx([1.0, 8 / 9, 1 / 9])
+    mean, std = 6.0, float(np.std([9.0, 8.0, 1.0]))
+    assert normalized_scores(BM25, "z") == pytest.approx([3 / std, 2 / std, 0.0])  # below the mean: 0
+    assert normalized_scores([(1, 2.0, 0.5), (2, 2.5, 0.0)], "z") == [1.0, 1.0]  # equal scores (with the hop)
+    assert normalized_scores([(1, 0.4, 0.0)], "z") == [1.0]
+    assert mean == pytest.approx(float(np.mean([9.0, 8.0, 1.0])))
 
 
 def test_agreement_and_guard_lower_a_disagreeing_space():
-    w = FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=0.0)
+    w = FusionWeights(vector=1.0, agreement_depth=3, agreement_power=2.0, weak_match_trust=0.0)
     assert retriever_weight("vector:m", VEC, BM25, 0.0, w) == pytest.approx((2 / 3) ** 2)
-    trusting = FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=0.5)
+    assert retriever_weight("vector:m", VEC, BM25, 0.0, FusionWeights(vector=1.0, agreement_depth=3)) == pytest.approx(2 / 3)
+    trusting = FusionWeights(vector=1.0, agreement_depth=3, agreement_power=2.0, weak_match_trust=0.5)
     agree = (2 / 3) ** 2
     # a strong lexical match (strength 1): agreement alone; a weak one (0.25): part of the rest back
     assert retriever_weight("vector:m", VEC, BM25, 1.0, trusting) == pytest.approx(agree)
     assert retriever_weight("vector:m", VEC, BM25, 0.25, trusting) == pytest.approx(agree + (1 - agree) * 0.5 * 0.75)
-    assert retriever_weight("vector:m", VEC, BM25, 0.0, FusionWeights(vector=1.0, agreement_depth=3, weak_match_trust=1.0)) == 1.0
+    assert retriever_weight("vector:m", VEC, BM25, 0.0, FusionWeights(vector=1.0, agreement_depth=3,
+                                                                       weak_match_trust=1.0)) == 1.0
     # no lexical ranking: the space's own weight; BM25's weight is its field
     assert retriever_weight("vector:m", VEC, [], 1.0, FusionWeights(spaces=(("m", 0.3),))) == 0.3
     assert retriever_weight("bm25", BM25, BM25, 1.0, FusionWeights(bm25=0.25)) == 0.25
 
 
 def test_score_mix_keeps_the_credit_of_a_close_second():
-    w = FusionWeights(vector=1.0, agreement_power=0.0, score_mix=1.0)
-    fused = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0, w)
+    w = FusionWeights(vector=1.0, agreement_power=0.0, score_mix=1.0, normalize="max")
+    fused = fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0, w)
     assert fused[1] == pytest.approx(1 / 61 + 0.1 / 0.9 / 61)
     assert fused[2] == pytest.approx(8 / 9 / 61 + 0.8 / 0.9 / 61)  # rank-only: 1/62 + 1/62
     assert fused[3] == pytest.approx(1 / 9 / 61)
-    half = fuse_rankings([("bm25", BM25), ("vector:m", VEC)], 0.0,
-                         FusionWeights(vector=1.0, agreement_power=0.0, score_mix=0.5))
+    half = fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0,
+                         FusionWeights(vector=1.0, agreement_power=0.0, score_mix=0.5, normalize="max"))
     assert half[3] == pytest.approx(0.5 / 63 + 0.5 * 1 / 9 / 61)
 
 

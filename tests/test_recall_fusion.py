@@ -154,13 +154,18 @@ def signal_scores(db, queries, fusion=None) -> tuple[float, float]:
     return r1 / len(queries), r10 / len(queries)
 
 
-def test_fusion_is_at_least_its_best_signal_with_a_useful_fake_model_and_with_the_hashed_space(make_db):
-    """BM25 alone, the space alone (BM25's weight 0, no agreement gate) and fused,
-    on the paraphrased queries: fused must not lose to the better of its parts by more than
-    MARGIN, in R@1 and R@10, with the concept model (a good dense signal) and with the
-    built-in hashed space (a weak one). Measured 2026-12-01 (R@1 / R@10): BM25 0.26 / 0.48;
-    concept model alone 0.29 / 0.75, fused 0.31 / 0.76 (with the earlier defaults, agreement
-    alone: 0.25 / 0.53); hashed alone 0.21 / 0.39, fused 0.25 / 0.48."""
+def test_fusion_with_a_useful_fake_model_and_with_the_hashed_space(make_db):
+    """BM25 alone, the space alone (BM25's weight 0, no agreement gate) and fused, on the
+    paraphrased queries (a synthetic regime unlike the benchmarks: BM25 matches one or two
+    of four words, the concept model knows every synonym, the hashed space folds a 400-word
+    vocabulary into 256 dimensions). Measured 2026-12-01 with the defaults chosen on LoCoMo
+    and the document corpus (R@1 / R@10): BM25 0.26 / 0.48; concept model alone 0.29 /
+    0.75, fused 0.31 / 0.64; hashed alone 0.21 / 0.39, fused 0.25 / 0.42. Known gaps of the
+    defaults, bounded here so they cannot grow unnoticed: a strong model that contradicts a
+    weak lexical match on almost every query keeps only its agreement's share of its weight
+    (fused R@10 0.64 against its 0.75; ``weak_match_trust=0.5`` recovers it: 0.41 / 0.80,
+    but costs a random space on LoCoMo, spec/recall.md section 5), and the hashed space's
+    collisions cost R@10 0.06 here (LoCoMo and the documents: within noise)."""
     from engramdb import FusionWeights
 
     model_only = FusionWeights(bm25=0.0, vector=1.0, agreement_power=0.0, score_mix=0.0)
@@ -181,9 +186,14 @@ def test_fusion_is_at_least_its_best_signal_with_a_useful_fake_model_and_with_th
                      for i, t in enumerate(docs)])
     seen = {"bm25": bm25}
     for name, db in (("concept", concept), ("hashed", hashed)):
-        model, fused = signal_scores(db, queries, model_only), signal_scores(db, queries)
-        seen[name] = {"model": model, "fused": fused}
-        for metric in (0, 1):
-            assert fused[metric] >= max(bm25[metric], model[metric]) - MARGIN, seen
-    # the fake model is a real signal here (else the test would not test fusion of two)
+        seen[name] = {"model": signal_scores(db, queries, model_only), "fused": signal_scores(db, queries)}
+    seen["concept"]["trusting"] = signal_scores(concept, queries, FusionWeights(weak_match_trust=0.5))
+    for name in ("concept", "hashed"):  # R@1: at least the better part
+        assert seen[name]["fused"][0] >= max(bm25[0], seen[name]["model"][0]) - MARGIN, seen
+    # R@10, the bounded gaps of the docstring
+    assert seen["concept"]["fused"][1] >= bm25[1] + 0.14 and seen["concept"]["fused"][1] >= seen["concept"]["model"][1] - 0.12, seen
+    assert seen["hashed"]["fused"][1] >= bm25[1] - 0.07, seen
+    # trusting the model when BM25's match is weak: at least the better part on both
+    for metric in (0, 1):
+        assert seen["concept"]["trusting"][metric] >= max(bm25[metric], seen["concept"]["model"][metric]) - MARGIN, seen
     assert seen["concept"]["model"][1] > bm25[1], seen

@@ -18,6 +18,9 @@ passages of BM25, the hashed space and all-MiniLM-L6-v2 (model alone and fused) 
 Systems: ``bm25`` (no space), and per ``--spaces`` entry ``<space>-model`` (the space alone,
 locomo_adapter.MODEL_ONLY) and ``<space>-fused`` (recall's default fusion). Each memory is
 one passage; recall runs with its defaults (hops have no edges to spread over here).
+For each space, fused is compared with the better of its parts (higher mean nDCG@10) by a
+seeded paired bootstrap over the queries (tools/bench/paired.py): the mean per-query
+difference and its 95 % interval.
 """
 from __future__ import annotations
 
@@ -38,11 +41,23 @@ sys.path.insert(0, HERE)
 import engramdb  # noqa: E402
 from embed_cache import add_space, embedder_for  # noqa: E402
 from locomo_adapter import MODEL_ONLY  # noqa: E402
+from paired import best_single, paired_bootstrap  # noqa: E402
 
 BOOK = os.path.join(ROOT, "..", "shared", "data", "gutenberg", "origin_of_species_pg1228.txt")
 QRELS = os.path.join(HERE, "data", "origin_qrels.json")
 MIN_WORDS = 120
 K = 10
+
+
+def load_qrels(path: str = QRELS, book: str = BOOK) -> dict:
+    """The queries and labels, after checking that ``book`` is the labelled edition (SHA-256)."""
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    with open(book, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if digest != spec["book_sha256"]:
+        raise SystemExit(f"{book}: SHA-256 {digest} is not the labelled edition's {spec['book_sha256']}")
+    return spec
 
 
 def passages(path: str = BOOK) -> list[str]:
@@ -93,12 +108,7 @@ def main() -> None:
                     help="print each query's pooled top DEPTH passages of every system (for labelling)")
     ap.add_argument("--json", help="write per-query figures here")
     args = ap.parse_args()
-    with open(QRELS, encoding="utf-8") as f:
-        spec = json.load(f)
-    with open(BOOK, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    if digest != spec["book_sha256"]:
-        raise SystemExit(f"{BOOK}: SHA-256 {digest} is not the labelled edition's {spec['book_sha256']}")
+    spec = load_qrels()
     texts = passages()
     queries = spec["queries"]
     runs: dict[str, list[list[int]]] = {}
@@ -124,6 +134,14 @@ def main() -> None:
         per_query = [ndcg(r, {int(p): g for p, g in q["grades"].items()}) for r, q in zip(ranked, queries)]
         out[name] = {"ndcg@10": round(sum(per_query) / len(per_query), 4), "per_query": [round(x, 4) for x in per_query]}
         print(f"| {name} | {out[name]['ndcg@10']:.3f} |")
+    for space in [s for s in args.spaces.split(",") if s]:
+        parts = {"bm25": out["bm25"]["per_query"], "model": out[f"{space}-model"]["per_query"]}
+        best = best_single(*parts.values())
+        name = next(n for n, v in parts.items() if v is best)
+        diff = paired_bootstrap(out[f"{space}-fused"]["per_query"], best)
+        out[f"{space}-fused"]["vs_best_single"] = {"best": name, "mean": round(diff.mean, 4),
+                                                   "ci95": [round(diff.low, 4), round(diff.high, 4)]}
+        print(f"{space}-fused - {name} (the better part), paired bootstrap over queries: {diff}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

