@@ -152,6 +152,38 @@ def test_tombstones_and_updates_after_caching(store):
             assert _answer(idx, txn, q) == _answer(_fresh(store), txn, q)
 
 
+def test_a_tombstone_in_a_small_segment_reuses_its_decoded_blocks(store):
+    """The small segments' blocks are decoded once per handle: a delete or an update that
+    tombstones a document of a small segment rebuilds the term's small-segment postings
+    from the cached blocks (no block decoded again), and the answer equals a fresh handle's."""
+    rng = np.random.default_rng(8)
+    idx = _fresh(store)
+    big = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 5)]
+    store.write(lambda txn: idx.apply(txn, big, []))
+    small = [(len(big) + 1 + i, ["w0", "w1"] + _doc(rng, 3)) for i in range(12)]
+    for at in range(0, len(small), 4):  # three small segments of 4 documents (one dead: under half)
+        store.write(lambda txn, at=at: idx.apply(txn, small[at:at + 4], []))
+    query = ["w0", "w1"]
+    with store.read() as txn:
+        first = idx.search(txn, query, 10)
+    before = idx.blocks_decoded
+    store.write(lambda txn: idx.apply(txn, [], [small[1][0]]))  # a delete in a small segment
+    with store.read() as txn:
+        assert idx.layout(txn) == {"segments": 4, "live_docs": len(big) + 11, "dead_docs": 1, "tombstone_runs": 1}
+    with store.read() as txn:
+        got = idx.search(txn, query, 10)
+        assert got == _fresh(store).search(txn, query, 10) and got != first
+        assert small[1][0] not in [docno for docno, _ in idx.search(txn, query, 50)]
+    assert idx.blocks_decoded == before
+    # an update of a small segment's document: its old posting goes, the new one (another
+    # segment, same docno) comes; only the new segment's blocks are decoded
+    store.write(lambda txn: idx.apply(txn, [(small[6][0], ["w1", "w1", "w1"])], [small[6][0]]))
+    with store.read() as txn:
+        got = idx.search(txn, query, 10)
+        assert got == _fresh(store).search(txn, query, 10)
+    assert idx.blocks_decoded - before == 1  # w1 in the new segment; w0's old posting dropped from cache
+
+
 # --- bounds ------------------------------------------------------------------------------
 
 
@@ -314,3 +346,30 @@ class CachedEqualsFresh(RuleBasedStateMachine):
 TestCachedEqualsFresh = CachedEqualsFresh.TestCase
 TestCachedEqualsFresh.settings = settings(max_examples=5, stateful_step_count=12, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
+
+
+class CachedEqualsFreshWithLargeSegments(CachedEqualsFresh):
+    """The same, with the reader's small-segment threshold at 6 documents, so segments of
+    both kinds (the large ones' postings coded by (tf, dl) pair, the small ones' kept per
+    segment) hold the terms, merges turn small segments into large ones, and tombstones
+    and updates hit both."""
+
+    SMALL = 6
+
+    def __init__(self) -> None:
+        import engramdb.index.bm25 as bm25
+
+        self._saved = bm25.SMALL_SEGMENT_DOCS
+        bm25.SMALL_SEGMENT_DOCS = self.SMALL
+        super().__init__()
+
+    def teardown(self) -> None:
+        import engramdb.index.bm25 as bm25
+
+        bm25.SMALL_SEGMENT_DOCS = self._saved
+        super().teardown()
+
+
+TestCachedEqualsFreshWithLargeSegments = CachedEqualsFreshWithLargeSegments.TestCase
+TestCachedEqualsFreshWithLargeSegments.settings = settings(max_examples=5, stateful_step_count=12, deadline=None,
+                                                           suppress_health_check=[HealthCheck.too_slow])

@@ -410,10 +410,21 @@ def _check_weight(term: str, w: Any) -> float:
     return float(w)
 
 
+def _part(tf: np.ndarray, dl: np.ndarray, idf: float, avgdl: float, w: float) -> np.ndarray:
+    """``w * idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` elementwise: the same float
+    operations, in the same order, as :func:`lucene_tf_part` per posting (so per pair and per
+    posting give the same bits)."""
+    part: NDArray[np.float64] = idf * (tf / (K1 * ((1.0 - B) + B * dl / avgdl) + tf))
+    if w != 1:
+        part = w * part
+    return part
+
+
 class _Pairs:
-    """The distinct (tf, dl) pairs of one term's postings: a posting stores only the code
-    (index) of its pair, so length normalisation is computed at query time over the pairs,
-    a few hundred values, and gathered per posting (spec/bm25.md, "Caches").
+    """The distinct (tf, dl) pairs of one term's postings in the large segments: a posting
+    stores only the code (index) of its pair, so length normalisation is computed at query
+    time over the pairs, a few hundred values, and gathered per posting (spec/bm25.md,
+    "Caches").
 
     Immutable once shared: :meth:`extend` returns a new table whose first codes are the same.
     """
@@ -451,32 +462,26 @@ class _Pairs:
         return pairs, np.asarray(known, dtype=dtype)[inverse.reshape(-1)]
 
     def values(self, idf: float, avgdl: float, w: float) -> np.ndarray:
-        """``w * idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` per pair: the same float
-        operations, in the same order, as :func:`lucene_tf_part` per posting."""
-        part: NDArray[np.float64] = idf * (self.tf / (K1 * ((1.0 - B) + B * self.dl / avgdl) + self.tf))
-        if w != 1:
-            part = w * part
-        return part
+        """:func:`_part` per pair."""
+        return _part(self.tf, self.dl, idf, avgdl, w)
 
 
 class _Run:
-    """Postings of one term in a set of segments: docnos (int64, increasing) and pair codes.
+    """A term's postings in the large segments: docnos (int64, increasing) and pair codes.
 
     A long run also keeps its postings grouped by pair (``order``, ``starts``: the postings
     of pair ``c`` are ``order[starts[c]:starts[c + 1]]`` in docno order), so its best
     documents are found by ranking pairs instead of postings.
     """
 
-    __slots__ = ("segs", "docnos", "codes", "seg_of", "groups")
+    __slots__ = ("segs", "docnos", "codes", "groups")
 
-    def __init__(self, segs: tuple[int, ...], docnos: np.ndarray, codes: np.ndarray, n_pairs: int,
-                 seg_of: np.ndarray | None = None) -> None:
+    def __init__(self, segs: tuple[int, ...], docnos: np.ndarray, codes: np.ndarray, n_pairs: int) -> None:
         self.segs = segs
         self.docnos = docnos
         self.codes = codes
-        self.seg_of = seg_of  # each posting's segment (small runs only), or None
         self.groups: tuple[np.ndarray, np.ndarray] | None = None
-        if seg_of is None and docnos.size > _GROUPED_MIN:  # a base run (built rarely)
+        if docnos.size > _GROUPED_MIN:  # built rarely: only when a large segment comes or goes
             order = np.argsort(codes, kind="stable").astype(np.int32 if codes.size < 1 << 31 else np.int64)
             starts = np.zeros(n_pairs + 1, dtype=np.int64)
             np.cumsum(np.bincount(codes, minlength=n_pairs), out=starts[1:])
@@ -485,14 +490,13 @@ class _Run:
     def renamed(self, segs: tuple[int, ...]) -> _Run:
         """The same postings, labelled as covering ``segs`` (arrays shared, nothing recomputed)."""
         run = object.__new__(_Run)
-        run.segs, run.docnos, run.codes, run.seg_of, run.groups = segs, self.docnos, self.codes, self.seg_of, self.groups
+        run.segs, run.docnos, run.codes, run.groups = segs, self.docnos, self.codes, self.groups
         return run
 
     @property
     def nbytes(self) -> int:
         g = self.groups
-        return int(self.docnos.nbytes + self.codes.nbytes + (0 if g is None else g[0].nbytes + g[1].nbytes)
-                   + (0 if self.seg_of is None else self.seg_of.nbytes))
+        return int(self.docnos.nbytes + self.codes.nbytes + (0 if g is None else g[0].nbytes + g[1].nbytes))
 
     def best(self, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best (docnos, values[codes]) of this run, ties to the lower docno.
@@ -512,35 +516,60 @@ class _Run:
         return top_k(self.docnos[idx], values[self.codes[idx]], k)
 
 
+class _Delta:
+    """A term's live postings in the small segments holding it (the segments commits add and
+    automatic merges rewrite): per posting its docno (int64, increasing), tf and dl (float64),
+    so a new segment's postings are appended without coding pairs, and the term's part is
+    computed per posting (:func:`_part`; there are few).
+
+    ``key`` is what it was built from: the small segments holding the term, in order, and
+    their tombstone counts. Immutable.
+    """
+
+    __slots__ = ("key", "docnos", "tf", "dl")
+
+    def __init__(self, key: tuple[tuple[int, ...], tuple[int, ...]], docnos: np.ndarray, tf: np.ndarray,
+                 dl: np.ndarray) -> None:
+        self.key = key
+        self.docnos = docnos
+        self.tf = tf
+        self.dl = dl
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.docnos.nbytes + self.tf.nbytes + self.dl.nbytes)
+
+
 class _TermPostings:
     """A term's live postings over the live segments of one directory state: the ``base``
-    run of the large segments and the ``delta`` run of the small ones (which commits add and
-    automatic merges rewrite: updating the delta costs its few postings, never a copy of
-    the term's whole list), sharing one pair table.
+    run of the large segments and the ``delta`` of the small ones (which commits add and
+    automatic merges rewrite: updating the delta concatenates a few cached small blocks,
+    never a copy of the term's whole list).
 
-    Immutable: a newer state gets a new object built from this one, reusing its runs.
+    Immutable: a newer state gets a new object built from this one, reusing its parts.
     """
 
     __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo")
 
     def __init__(self, epoch: int, live: tuple[int, ...], dead: dict[int, np.ndarray], pairs: _Pairs,
-                 base: _Run, delta: _Run, dead_sizes: dict[int, int] | None = None) -> None:
+                 base: _Run, delta: _Delta, dead_sizes: dict[int, int] | None = None) -> None:
         self.epoch = epoch
         self.live = live
         self.dead = dead  # segno -> the dead docnos this state was filtered by (covered segments only)
         self.dead_sizes = {s: int(a.size) for s, a in dead.items()} if dead_sizes is None else dead_sizes
-        self.pairs = pairs
+        self.pairs = pairs  # the base run's pair table
         self.base = base
         self.delta = delta
-        # (n_docs, total_len, w) -> (pair values, {k: best k}); only the latest few states
-        self.memo: dict[tuple[int, int, float], tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
-
-    def runs(self) -> list[_Run]:
-        return [r for r in (self.base, self.delta) if r.docnos.size]
+        # (n_docs, total_len, w) -> (base pair values, delta parts, {k: best k}); the latest few states
+        self.memo: dict[tuple[int, int, float],
+                        tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
 
     @property
     def size(self) -> int:
         return int(self.base.docnos.size + self.delta.docnos.size)
+
+    def docnos(self) -> list[np.ndarray]:
+        return [a for a in (self.base.docnos, self.delta.docnos) if a.size]
 
     @property
     def nbytes(self) -> int:
@@ -549,32 +578,41 @@ class _TermPostings:
 
 
 class _Term:
-    """One query term's postings and weight under one directory state, for scoring."""
+    """One query term's postings and weight under one directory state, for scoring.
 
-    __slots__ = ("postings", "runs", "w", "values", "best_memo", "size", "max_docno")
+    ``runs`` holds ``(docnos, codes, values)`` per non-empty part: the base run's pair codes
+    and pair values, or the delta's ``codes`` None and its parts per posting."""
+
+    __slots__ = ("postings", "runs", "w", "best_memo", "size", "max_docno")
 
     def __init__(self, postings: _TermPostings, n_docs: int, total_len: int, w: float,
                  cached: bool) -> None:
         self.postings = postings
-        self.runs = postings.runs()
         self.w = w
         self.size = postings.size
-        self.max_docno = max(int(r.docnos[-1]) for r in self.runs)
         key = (n_docs, total_len, w)
         memo = postings.memo.get(key) if cached else None
+        base, delta = postings.base, postings.delta
         if memo is None:
             idf = float(lucene_idf(n_docs, self.size))
-            memo = (postings.pairs.values(idf, total_len / n_docs, w), {})
+            avgdl = total_len / n_docs
+            memo = (postings.pairs.values(idf, avgdl, w) if base.docnos.size else base.docnos,
+                    _part(delta.tf, delta.dl, idf, avgdl, w) if delta.docnos.size else delta.tf, {})
             if cached:
                 if len(postings.memo) >= 4:
                     postings.memo.clear()
                 postings.memo[key] = memo
-        self.values, self.best_memo = memo
+        self.runs: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
+        if base.docnos.size:
+            self.runs.append((base.docnos, base.codes, memo[0]))
+        if delta.docnos.size:
+            self.runs.append((delta.docnos, None, memo[1]))
+        self.best_memo = memo[2]
+        self.max_docno = max(int(r[0][-1]) for r in self.runs)
 
     def weighted(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(docnos, w * part)`` per run."""
-        v = self.values
-        return [(r.docnos, v[r.codes]) for r in self.runs]
+        return [(docnos, values if codes is None else values[codes]) for docnos, codes, values in self.runs]
 
     def best(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best (docnos, weighted parts), ties to the lower docno (memoised per
@@ -583,7 +621,8 @@ class _Term:
         depth = max(k, TERM_TOP_CACHED)
         got = memo.get(depth) or next((v for d, v in memo.items() if d >= k), None)
         if got is None:
-            parts = [r.best(depth, self.values) for r in self.runs]
+            parts = [top_k(docnos, values, depth) if codes is None else self.postings.base.best(depth, values)
+                     for docnos, codes, values in self.runs]
             if len(parts) == 1:
                 got = parts[0]
             else:
@@ -633,7 +672,7 @@ class _Dir:
         # read states only: small segment -> its terms; an older state's live segments ->
         # what changed since (shared by every term cached at that state)
         self.terms_of: dict[int, frozenset[bytes]] = {}
-        self.diffs: dict[tuple[int, ...], tuple[list[int], list[int], list[int]]] = {}
+        self.diffs: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
         self.dead_live: dict[int, np.ndarray] | None = None
 
     @classmethod
@@ -934,9 +973,10 @@ class SegmentedBM25:
             d.terms_of[segno] = terms
         return cast("frozenset[bytes]", terms)
 
-    def _block(self, txn: Txn, d: _Dir, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """A term's live (docnos int64, tfs, doc lengths) in one segment, or None when the
-        segment does not hold the term."""
+    def _raw_block(self, txn: Txn, d: _Dir, blind: bytes,
+                   segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A term's postings in one segment, dead ones included: (docnos int64, tfs, doc
+        lengths), or None when the segment does not hold the term."""
         terms = self._terms_of(txn, d, segno)
         if terms is not None and blind not in terms:
             return None
@@ -950,45 +990,96 @@ class SegmentedBM25:
         if pos.size and (pos[-1] >= seg.docnos.size or not np.array_equal(seg.docnos[pos], docnos)):
             raise CorruptFileError("a posting names a document missing from its segment",
                                    hint="run `engramdb verify --fix FILE`")
-        dls = seg.lens[pos]
+        return docnos.astype(np.int64), tfs, seg.lens[pos]
+
+    def _block(self, txn: Txn, d: _Dir, blind: bytes, segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A term's live (docnos int64, tfs, doc lengths) in one segment, or None when the
+        segment does not hold the term."""
+        block = self._raw_block(txn, d, blind, segno)
+        if block is None:
+            return None
+        docnos, tfs, dls = block
         dead = self._dead(txn, d, segno)
         if dead is not None and dead.size:
             keep = ~np.isin(docnos, dead)
             docnos, tfs, dls = docnos[keep], tfs[keep], dls[keep]
-        return docnos.astype(np.int64), tfs, dls
+        return docnos, tfs, dls
+
+    def _small_block(self, txn: Txn, d: _Dir, blind: bytes,
+                     segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A term's postings in a small segment, dead ones included, as (docnos int64, tf
+        float64, dl float64), decoded once per handle (a read transaction's segments are
+        committed: immutable, their numbers never reused), or None when it has none."""
+        key = ("b", blind, segno)
+        hit = None if txn.write else self._cache.get(key)
+        if hit is None:
+            block = self._raw_block(txn, d, blind, segno)
+            if block is None:
+                return None
+            hit = (block[0], block[1].astype(np.float64), block[2].astype(np.float64))
+            if not txn.write:
+                self._cache.put(key, hit, 3 * hit[0].nbytes)
+        return cast("tuple[np.ndarray, np.ndarray, np.ndarray]", hit)
+
+    def _holds(self, txn: Txn, d: _Dir, blind: bytes, segno: int) -> bool:
+        """Whether small segment ``segno`` may hold the term (its cached term set says so, or
+        there is none to ask: a write transaction, a damaged ``v`` record)."""
+        terms = d.terms_of.get(segno)
+        if terms is None:
+            terms = self._terms_of(txn, d, segno)
+        return terms is None or blind in terms
+
+    def _delta(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], old: _Delta | None) -> _Delta:
+        """The term's live postings in the small segments ``holders`` (increasing segnos);
+        ``old`` itself when it was built from the same segments and tombstones."""
+        dead_sizes = d.signature()[1]
+        counts = tuple(dead_sizes.get(s, 0) for s in holders)
+        if old is not None and old.key[0] == holders and old.key[1] == counts:
+            return old
+        parts = []
+        for segno, count in zip(holders, counts):
+            block = self._small_block(txn, d, blind, segno)
+            if block is None:
+                continue
+            if count:
+                dead = self._dead(txn, d, segno)
+                if dead is not None and dead.size:
+                    keep = ~np.isin(block[0], dead)
+                    block = (block[0][keep], block[1][keep], block[2][keep])
+            if block[0].size:
+                parts.append(block)
+        if not parts:
+            return _Delta((holders, counts), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        if len(parts) == 1:
+            docnos, tf, dl = parts[0]
+        else:
+            docnos, tf, dl = (np.concatenate([p[i] for p in parts]) for i in range(3))
+            if any(int(a[0][-1]) >= int(b[0][0]) for a, b in itertools.pairwise(parts)):
+                order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
+                docnos, tf, dl = docnos[order], tf[order], dl[order]
+        return _Delta((holders, counts), docnos, tf, dl)
 
     def _term_run(self, txn: Txn, d: _Dir, blind: bytes, segnos: Sequence[int], pairs: _Pairs,
-             prefix: _Run | None = None, kill: np.ndarray | None = None, gone: Sequence[int] = (),
-             track: bool = False) -> tuple[_Pairs, _Run]:
-        """One docno-ordered run: ``prefix`` without the docnos in ``kill`` and the postings
-        of segments ``gone``, then the term's live postings in ``segnos``. Segments with
-        larger docnos only append; a sort happens only when an update re-added an older
-        docno or a merge interleaved. ``track`` keeps each posting's segment (for removing
-        merged-away segments later)."""
+                  prefix: _Run | None = None, kill: np.ndarray | None = None) -> tuple[_Pairs, _Run]:
+        """One docno-ordered run over large segments: ``prefix`` without the docnos in
+        ``kill``, then the term's live postings in ``segnos``. Segments with larger docnos
+        only append; a sort happens only when an update re-added an older docno or a merge
+        interleaved."""
         docs: list[np.ndarray] = []
         codes: list[np.ndarray] = []
-        seg_of: list[np.ndarray] = []
         segs: list[int] = []
         if prefix is not None:
             keep = None
             if kill is not None and kill.size and prefix.docnos.size:
                 keep = ~np.isin(prefix.docnos, kill)
-            if gone and prefix.seg_of is not None and prefix.seg_of.size:
-                drop = np.isin(prefix.seg_of, np.asarray(gone, dtype=prefix.seg_of.dtype))
-                if drop.any():
-                    keep = ~drop if keep is None else keep & ~drop
             docs.append(prefix.docnos if keep is None else prefix.docnos[keep])
             codes.append(prefix.codes if keep is None else prefix.codes[keep])
-            if track and prefix.seg_of is not None:
-                seg_of.append(prefix.seg_of if keep is None else prefix.seg_of[keep])
-            segs.extend(s for s in prefix.segs if s not in gone)
+            segs.extend(prefix.segs)
         found = []
         for segno in segnos:
             block = self._block(txn, d, blind, segno)
             if block is not None and block[0].size:
                 found.append(block)
-                if track:
-                    seg_of.append(np.full(block[0].size, segno, dtype=np.uint32))
         segs.extend(segnos)
         if prefix is not None and not found and len(docs) == 1 and docs[0] is prefix.docnos:
             return pairs, prefix.renamed(tuple(segs))
@@ -1002,18 +1093,14 @@ class SegmentedBM25:
         dtype = np.uint16 if len(pairs.index) <= 1 << 16 else np.uint32
         docs = [a for a in docs if a.size]
         codes = [c.astype(dtype, copy=False) for c in codes if c.size]
-        seg_of = [a for a in seg_of if a.size]
         if not docs:
-            return pairs, _Run(tuple(segs), np.zeros(0, np.int64), np.zeros(0, dtype), len(pairs.index),
-                               np.zeros(0, np.uint32) if track else None)
+            return pairs, _Run(tuple(segs), np.zeros(0, np.int64), np.zeros(0, dtype), len(pairs.index))
         docnos = docs[0] if len(docs) == 1 else np.concatenate(docs)
         all_codes = codes[0] if len(codes) == 1 else np.concatenate(codes)
-        all_segs = (seg_of[0] if len(seg_of) == 1 else np.concatenate(seg_of)) if track else None
         if len(docs) > 1 and any(int(a[-1]) >= int(b[0]) for a, b in itertools.pairwise(docs)):
             order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
             docnos, all_codes = docnos[order], all_codes[order]
-            all_segs = None if all_segs is None else all_segs[order]
-        return pairs, _Run(tuple(segs), docnos, all_codes, len(pairs.index), all_segs)
+        return pairs, _Run(tuple(segs), docnos, all_codes, len(pairs.index))
 
     def _term_postings(self, txn: Txn, d: _Dir, blind: bytes) -> _TermPostings:
         """A term's live postings in ``d``'s state, from the cache when it covers that
@@ -1026,11 +1113,11 @@ class SegmentedBM25:
             return cast("_TermPostings", old)
         entry = self._update(txn, d, blind, old) if old is not None and old.epoch == d.epoch else None
         if entry is None:
-            small = [s for s in live if d.segs[s][0] <= SMALL_SEGMENT_DOCS]
+            holders = tuple(s for s in live if d.segs[s][0] <= SMALL_SEGMENT_DOCS and self._holds(txn, d, blind, s))
             pairs, base = self._term_run(txn, d, blind, [s for s in live if d.segs[s][0] > SMALL_SEGMENT_DOCS],
-                                    _Pairs.empty())
-            pairs, delta = self._term_run(txn, d, blind, small, pairs, track=True)
-            entry = _TermPostings(d.epoch, live, self._dead_arrays(txn, d, live), pairs, base, delta, dead_sizes)
+                                         _Pairs.empty())
+            entry = _TermPostings(d.epoch, live, self._dead_arrays(txn, d, live), pairs, base,
+                                  self._delta(txn, d, blind, holders, None), dead_sizes)
         if cached:
             self._cache.put(("t", blind), entry, entry.nbytes)
         return entry
@@ -1038,10 +1125,9 @@ class SegmentedBM25:
     def _update(self, txn: Txn, d: _Dir, blind: bytes, old: _TermPostings) -> _TermPostings | None:
         """``old`` brought to ``d``'s state, or None when it cannot be (a large segment of
         its base was merged away, or ``old`` is from a newer state than ``d``)."""
-        live, _ = d.signature()
+        live, dead_sizes = d.signature()
         if any(s not in d.segs for s in old.base.segs):
             return None
-        _, dead_sizes = d.signature()
         kill_parts = []
         for segno, prev in old.dead.items():
             if segno not in d.segs:
@@ -1049,12 +1135,12 @@ class SegmentedBM25:
             count = dead_sizes.get(segno, 0)
             if count < prev.size:
                 return None  # ``old`` saw tombstones this state does not have: a newer state
-            if count > prev.size:
+            if count > prev.size and d.segs[segno][0] > SMALL_SEGMENT_DOCS:
                 now = self._dead(txn, d, segno)
                 if now is not None:
                     kill_parts.append(np.setdiff1d(now, prev, assume_unique=True))
         for segno, count in dead_sizes.items():
-            if count and segno not in old.dead and segno in old.live:
+            if count and segno not in old.dead and segno in old.live and d.segs[segno][0] > SMALL_SEGMENT_DOCS:
                 now = self._dead(txn, d, segno)
                 if now is not None:
                     kill_parts.append(now)
@@ -1064,28 +1150,28 @@ class SegmentedBM25:
             old_live = set(old.live)
             new = [s for s in live if s not in old_live]
             diff = ([s for s in new if d.segs[s][0] > SMALL_SEGMENT_DOCS],
-                    [s for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS],
-                    [s for s in old.live if s not in d.segs])
+                    [s for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS])
             if not txn.write:
                 d.diffs[old.live] = diff
-        new_big, new_small, gone = diff
+        new_big, new_small = diff
         base, pairs = old.base, old.pairs
         if new_big or (kill is not None and base.docnos.size and np.isin(base.docnos, kill).any()):
             pairs, base = self._term_run(txn, d, blind, new_big, pairs, base, kill)
-        delta = old.delta
-        # the new small segments that hold the term (their term sets are cached)
-        holding = [s for s in new_small if (t := self._terms_of(txn, d, s)) is None or blind in t]
-        if gone and delta.seg_of is None:
-            pairs, delta = self._term_run(txn, d, blind, [s for s in live if s not in base.segs], pairs, track=True)
-        elif gone or holding or (kill is not None and delta.docnos.size):
-            # the delta's label is not kept up to date: its postings carry their segments
-            pairs, delta = self._term_run(txn, d, blind, holding, pairs, delta, kill, gone, track=True)
+        # the small segments holding the term: the old ones still live, and the new ones
+        # whose (cached) term sets hold it
+        segs = d.segs
+        held = [s for s in old.delta.key[0] if s in segs]
+        if new_small:
+            sets = d.terms_of
+            held.extend(s for s in new_small
+                        if ((t := sets.get(s)) is not None and blind in t) or (t is None and self._holds(txn, d, blind, s)))
+        delta = self._delta(txn, d, blind, tuple(sorted(held)), old.delta)
         dead = d.dead_live
         if dead is None:
             dead = self._dead_arrays(txn, d, live)
             if not txn.write:
                 d.dead_live = dead
-        return _TermPostings(d.epoch, live, dead, pairs, base, delta, d.signature()[1])
+        return _TermPostings(d.epoch, live, dead, pairs, base, delta, dead_sizes)
 
     # --- queries --------------------------------------------------------------------------
 
@@ -1148,7 +1234,7 @@ class SegmentedBM25:
                 continue
             postings = self._term_postings(txn, d, self.blind(term))
             mass = w * float(lucene_idf(d.n_docs, postings.size))
-            out[term] = (mass, [r.docnos for r in postings.runs()])
+            out[term] = (mass, postings.docnos())
         return out
 
     def scores(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -1223,23 +1309,23 @@ class SegmentedBM25:
         longest = max(range(len(parts)), key=sizes.__getitem__)
         lookup = sizes[longest] > LOOKUP_RATIO * (sum(sizes) - sizes[longest])
         if lookup:
-            cand = np.concatenate([r.docnos for i, p in enumerate(parts) if i != longest for r in p.runs]
+            cand = np.concatenate([r[0] for i, p in enumerate(parts) if i != longest for r in p.runs]
                                   + [parts[longest].best(k)[0]])
         else:
-            cand = np.concatenate([r.docnos for p in parts for r in p.runs])
+            cand = np.concatenate([r[0] for p in parts for r in p.runs])
         acc = self._accumulator(max(p.max_docno for p in parts) + 1)
         try:
             for i, p in enumerate(parts):  # sorted term order: the same sums as scores()
-                values = p.values
-                for r in p.runs:
+                for docnos, codes, values in p.runs:
                     if lookup and i == longest:
                         # cand may repeat a docno; a fancy-indexed add then adds once, as it must
-                        pos = np.searchsorted(r.docnos, cand)
-                        pos[pos == r.docnos.size] = 0
-                        hit = r.docnos[pos] == cand
-                        acc[cand[hit]] += values[r.codes[pos[hit]]]
+                        pos = np.searchsorted(docnos, cand)
+                        pos[pos == docnos.size] = 0
+                        hit = docnos[pos] == cand
+                        at = pos[hit]
+                        acc[cand[hit]] += values[at if codes is None else codes[at]]
                     else:
-                        acc[r.docnos] += values[r.codes]
+                        acc[docnos] += values if codes is None else values[codes]
             cscores = acc[cand]
         finally:
             acc[cand] = 0.0  # every touched slot is a candidate

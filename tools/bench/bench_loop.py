@@ -10,8 +10,12 @@ Run (from the repository root; 1M documents only under the shared lock):
 Per size: build the three files with the same generated corpus (tools/bench/bench_search.py's
 ``corpus``, seeded), warm every system on the query set once, then for each round ``i`` and
 each system in turn: add memory ``i`` (its own commit), run query ``i`` (*after commit*),
-run query ``i`` again (*warm*: nothing committed in between). Prints p50 / p99 per system and
-variant, the ratio after-commit / warm for engramdb, and engramdb against the peers.
+run query ``i`` again (*warm*: nothing committed in between). engramdb then adds memory ``i``
+to a scratch file and runs query ``i`` once more (*control*: its own file did not change, but a
+commit, with its fsync wait, leaves the CPU's caches as cold as one to its file; on this shared
+VM that alone costs a query 2-4x in CPU time). Prints p50 / p99 per system and variant, the
+ratios after-commit / warm and after-commit / control for engramdb, and engramdb against the
+peers.
 ``--rss`` also opens the file in a fresh process, runs every query of both sets and prints
 its resident memory (VmRSS / VmHWM from /proc).
 
@@ -130,15 +134,24 @@ class Engram:
                 self.db.add_many([{"id": f"d{i}", "content": texts[i], "created_at": 0.0, "last_accessed": 0.0}
                                   for i in range(start, min(len(texts), start + 100_000))], now=0.0)
         self._query = query
+        # the control: a commit of the same kind to another file, which changes nothing this
+        # handle caches but leaves the CPU's caches as cold as a commit to this file does
+        self._scratch_dir = tempfile.mkdtemp(prefix="engram-loop-scratch-")
+        self.scratch = engramdb.open(os.path.join(self._scratch_dir, "scratch.engram"), passphrase=PASS)
 
     def add(self, key: str, text: str) -> None:
         self.db.add({"id": key, "content": text, "created_at": 0.0, "last_accessed": 0.0}, now=0.0)
+
+    def add_elsewhere(self, key: str, text: str) -> None:
+        self.scratch.add({"id": key, "content": text, "created_at": 0.0, "last_accessed": 0.0}, now=0.0)
 
     def query(self, text: str) -> Any:
         return self._query(self.db, text)
 
     def close(self) -> None:
         self.db.close()
+        self.scratch.close()
+        shutil.rmtree(self._scratch_dir, ignore_errors=True)
 
 
 class _Fts:
@@ -226,8 +239,11 @@ def build(workdir: str, n: int, seed: int, variant_query: Callable[[Any, str], A
 def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str,
          clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, list[float]]]:
     """Round ``i``, each system in turn: add ``adds[i]`` (own commit), query ``qs[i]`` (after
-    commit), query ``qs[i]`` again (warm)."""
-    out: dict[str, dict[str, list[float]]] = {name: {"add": [], "after": [], "warm": []} for name in systems}
+    commit), query ``qs[i]`` again (warm); engramdb then adds ``adds[i]`` to a scratch file
+    and queries ``qs[i]`` once more (*control*: nothing changed in its file, but the CPU's
+    caches are as cold as after its own commit)."""
+    out: dict[str, dict[str, list[float]]] = {name: {"add": [], "after": [], "warm": [], "control": []}
+                                              for name in systems}
     for i, (text, q) in enumerate(zip(adds, qs)):
         for name, sys_ in systems.items():
             t0 = clock()
@@ -241,6 +257,11 @@ def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str,
             rec["add"].append(t1 - t0)
             rec["after"].append(t2 - t1)
             rec["warm"].append(t3 - t2)
+            if hasattr(sys_, "add_elsewhere"):
+                sys_.add_elsewhere(f"{tag}{i}", text)
+                t4 = clock()
+                sys_.query(q)
+                rec["control"].append(clock() - t4)
     return out
 
 
@@ -295,12 +316,16 @@ def run_size(args: argparse.Namespace, n: int, workdir: str) -> None:
                     print(line(f"{label}: add 1 (own commit)", rec["add"]))
                     print(line(f"{label}: query after commit", rec["after"]))
                     print(line(f"{label}: warm query", rec["warm"]))
+                    if rec["control"]:
+                        print(line(f"{label}: control (commit elsewhere)", rec["control"]))
                 ours = res["engramdb"]
                 m = {k: statistics.median(v) for k, v in ours.items()}
-                print(f"  engramdb query after commit / warm: {m['after'] / m['warm']:.2f}x")
+                print(f"  engramdb query after commit / warm: {m['after'] / m['warm']:.2f}x; "
+                      f"after commit / control: {m['after'] / m['control']:.2f}x; control / warm: "
+                      f"{m['control'] / m['warm']:.2f}x")
                 for peer in ("fts5", "fts5mc"):
                     if peer in res:
-                        p = {k: statistics.median(v) for k, v in res[peer].items()}
+                        p = {k: statistics.median(v) for k, v in res[peer].items() if v}
                         print(f"  {systems[peer].label} / engramdb (p50): add {p['add'] / m['add']:.2f}x, "
                               f"query after commit {p['after'] / m['after']:.2f}x, "
                               f"add + query {(p['add'] + p['after']) / (m['add'] + m['after']):.2f}x")
