@@ -30,6 +30,7 @@ break by docno ascending.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
@@ -144,6 +145,14 @@ def snapshot_id(txn: Txn, fallback: Callable[[], int]) -> int:
 def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
     """Lucene's idf: ``ln(1 + (N - df + 0.5) / (df + 0.5))`` (always positive)."""
     return np.log1p((n_docs - np.asarray(df, dtype=np.float64) + 0.5) / (np.asarray(df, dtype=np.float64) + 0.5))
+
+
+@functools.lru_cache(maxsize=4096)
+def _idf(n_docs: int, df: int) -> float:
+    """:func:`lucene_idf` of one term as a float, memoised (a numpy call on a scalar costs
+    microseconds, and every query term asks for it; ``math.log1p`` would differ from numpy's
+    in the last bit for some inputs, and scores must not depend on the path)."""
+    return float(lucene_idf(n_docs, df))
 
 
 def lucene_tf_part(tf: np.ndarray, dl: np.ndarray, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
@@ -594,7 +603,7 @@ class _Term:
         memo = postings.memo.get(key) if cached else None
         base, delta = postings.base, postings.delta
         if memo is None:
-            idf = float(lucene_idf(n_docs, self.size))
+            idf = _idf(n_docs, self.size)
             avgdl = total_len / n_docs
             memo = (postings.pairs.values(idf, avgdl, w) if base.docnos.size else base.docnos,
                     _part(delta.tf, delta.dl, idf, avgdl, w) if delta.docnos.size else delta.tf, {})
@@ -1233,7 +1242,7 @@ class SegmentedBM25:
             if d.n_docs <= 0:
                 continue
             postings = self._term_postings(txn, d, self.blind(term))
-            mass = w * float(lucene_idf(d.n_docs, postings.size))
+            mass = w * _idf(d.n_docs, postings.size)
             out[term] = (mass, postings.docnos())
         return out
 
