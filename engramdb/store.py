@@ -74,7 +74,7 @@ _REPLAY_LOG_LIMIT = 16 << 20
 # Each value read maps its neighbours too (the kernel's fault-around, 64 KiB): at 1M
 # documents 400 queries left ~80 MB of the map resident for ~15 MB of postings read.
 RELEASE_MAP_EVERY = 4 << 20
-_MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21)  # Linux 5.4+
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
@@ -430,14 +430,17 @@ DEFAULT_TIMEOUT = 30.0
 
 
 def release_mapped_pages(path: str) -> int:
-    """Ask the kernel to reclaim this process's resident pages of ``path``'s memory maps
-    (``madvise(MADV_PAGEOUT)``, Linux 5.4+); returns the bytes of mappings advised (0 where
+    """Drop this process's page-table entries for ``path``'s memory maps
+    (``madvise(MADV_DONTNEED)``, Linux); returns the bytes of mappings advised (0 where
     unsupported).
 
-    Only a hint, never a loss: the map is a read-only shared mapping of the file, so a page
-    read again is read back from the page cache or the file. The advice is harmless even if
-    the map moved meanwhile (a growth remaps it): MADV_PAGEOUT never discards anonymous
-    memory (unlike MADV_DONTNEED, which would zero it), it only pages it out to swap, if any.
+    Nothing is lost: LMDB's map is a read-only shared mapping of the file, so the pages stay
+    in the page cache, and a page read again is mapped back (a minor fault, no disk read).
+    The caller must keep the map from moving meanwhile (a growth or a compaction remaps it,
+    and MADV_DONTNEED on whatever took its place would zero that memory): :meth:`Store.read`
+    calls it holding the resize lock while it still counts as an active reader, which both
+    wait for. (MADV_PAGEOUT would be safe without that, but it also evicts the pages from
+    the page cache: the next reads of the B-tree went to the disk, 2-3x slower here.)
     """
     global _libc
     if not os.path.exists("/proc/self/maps"):
@@ -454,7 +457,7 @@ def release_mapped_pages(path: str) -> int:
             ranges = [row.split(None, 1)[0] for row in fh if row.rstrip("\n").endswith(" " + real)]
         for span in ranges:
             start, end = (int(x, 16) for x in span.split("-"))
-            if _libc.madvise(start, end - start, _MADV_PAGEOUT) == 0:
+            if _libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
                 advised += end - start
         return advised
     except (OSError, AttributeError, ValueError):  # no libc to load, no madvise: nothing released
@@ -1709,11 +1712,11 @@ class Store:
         finally:
             txn._abort()
             with env.resize_lock:
+                if env.read_bytes > RELEASE_MAP_EVERY:  # still a reader here: the map cannot move
+                    env.read_bytes = 0
+                    release_mapped_pages(env.path)
                 env.active_readers -= 1
                 env.resize_lock.notify_all()
-            if env.read_bytes > RELEASE_MAP_EVERY:
-                env.read_bytes = 0
-                release_mapped_pages(env.path)
 
     @contextlib.contextmanager
     def transaction(self, *, reserve: int = 0) -> Iterator[Txn]:
