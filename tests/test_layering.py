@@ -17,6 +17,8 @@ RANKS = {
     "errors": 0,
     # byte-bounded LRU for the decoded-data caches (no engramdb imports)
     "cache": 0,
+    # the optional C extension (engramdb/_native.c) and its loader
+    "_accel": 0, "_native": 0,
     "records": 1, "tokens": 1,
     "codec": 2, "crypto": 2,
     "store": 3,

@@ -1,0 +1,43 @@
+"""The optional C extension, ``engramdb._native``, or None.
+
+``pip install .`` builds the extension with the machine's C compiler and OpenSSL's
+libcrypto (setup.py; it is optional, so an install without them still succeeds). It
+batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
+state-digest terms) over OpenSSL's EVP API: the same algorithms and the same bytes as the
+pure-Python path, which runs when the extension is missing or when the environment
+variable ``ENGRAMDB_PURE_PYTHON=1`` is set before engramdb is imported.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+PURE_ENV = "ENGRAMDB_PURE_PYTHON"
+
+Pairs = Sequence[tuple[bytes, bytes]]
+
+
+class Native(NamedTuple):
+    """The extension's functions (engramdb/_native.c describes each)."""
+
+    seal_many: Callable[[bytes, bytes, bytes, bytes, Pairs], list[bytes]]
+    hmac_many: Callable[[bytes, bytes, Sequence[bytes], int], list[bytes]]
+    state_sum: Callable[[bytes, bytes, Pairs], bytes]
+
+
+def load(environ: dict[str, str] | None = None) -> Native | None:
+    """The extension, unless ``ENGRAMDB_PURE_PYTHON`` is set (to anything but ``0``) or it
+    is not built."""
+    env = os.environ if environ is None else environ
+    if env.get(PURE_ENV, "").strip() not in ("", "0"):
+        return None
+    try:
+        from ._native import hmac_many, seal_many, state_sum
+    except ImportError:
+        return None
+    return Native(seal_many, hmac_many, state_sum)
+
+
+# What new Sealers use (tests swap it to run both paths in one process).
+NATIVE: Native | None = load()

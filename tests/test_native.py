@@ -1,0 +1,149 @@
+"""The optional C extension (engramdb/_native.c) against the pure-Python path: the same
+envelopes, blind keys and state digests on generated inputs, and the same stored records
+and rankings for generated corpora written both ways (spec/encryption.md, "The C
+extension").
+
+The tests run both paths whatever ``ENGRAMDB_PURE_PYTHON`` says (they load the extension
+directly). They skip when the extension is not built, unless ``ENGRAMDB_REQUIRE_NATIVE=1``
+(CI sets it), which makes a missing build a failure.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engramdb.engram as engram_mod
+from engramdb import _accel
+from engramdb.crypto import _ENV_HEADER, ENVELOPE_VERSION, NONCE_BYTES, Sealer, _aad_prefix
+from engramdb.store import TABLES
+
+from conftest import PASSPHRASE, TEST_KDF
+
+NATIVE = _accel.load({})
+if NATIVE is None and os.environ.get("ENGRAMDB_REQUIRE_NATIVE") == "1":
+    raise RuntimeError("ENGRAMDB_REQUIRE_NATIVE=1 but engramdb._native is not built (pip install . with a C compiler "
+                       "and OpenSSL's headers)")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="engramdb._native is not built")
+
+keys = st.binary(max_size=40)
+values = st.binary(max_size=700)
+
+
+def sealers(dek: bytes) -> tuple[Sealer, Sealer]:
+    """Two sealers over one key: the extension's and the pure-Python path's."""
+    native, pure = Sealer(dek), Sealer(dek)
+    native._native, pure._native = NATIVE, None
+    return native, pure
+
+
+def test_pure_python_switch() -> None:
+    assert _accel.load({_accel.PURE_ENV: "1"}) is None
+    assert _accel.load({_accel.PURE_ENV: "yes"}) is None
+    assert _accel.load({_accel.PURE_ENV: "0"}) == NATIVE
+    assert _accel.load({}) == NATIVE
+    if os.environ.get(_accel.PURE_ENV, "").strip() not in ("", "0"):
+        assert _accel.NATIVE is None
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(dek=st.binary(min_size=32, max_size=32), table=st.sampled_from([t.encode() for t in TABLES]),
+       items=st.lists(st.tuples(keys, values), max_size=20), epoch=st.integers(0, 2**32 - 1), data=st.data())
+def test_seal_many_matches_the_pure_path(dek, table, items, epoch, data) -> None:
+    native, pure = sealers(dek)
+    nonces = data.draw(st.binary(min_size=NONCE_BYTES * len(items), max_size=NONCE_BYTES * len(items)))
+    header = _ENV_HEADER.pack(ENVELOPE_VERSION, epoch)
+    got = native._seal_many_with_nonces(_aad_prefix(table), header, items, epoch, nonces)
+    assert got == pure._seal_many_with_nonces(_aad_prefix(table), header, items, epoch, nonces)
+    # and each is the one-value path's envelope, which opens to the plaintext
+    for i, ((key, plaintext), envelope) in enumerate(zip(items, got)):
+        assert envelope == pure._seal_with_nonce(table, key, plaintext, epoch, nonces[i * NONCE_BYTES:(i + 1) * NONCE_BYTES])
+        assert pure.open(table, key, envelope) == plaintext
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(dek=st.binary(min_size=32, max_size=32), purpose=st.binary(max_size=12), values=st.lists(values, max_size=20))
+def test_blind_many_matches_the_pure_path(dek, purpose, values) -> None:
+    native, pure = sealers(dek)
+    assert native.blind_many(purpose, values) == pure.blind_many(purpose, values) \
+        == [pure.blind(purpose, v) for v in values]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(key=st.binary(max_size=200), head=st.binary(max_size=20), values=st.lists(values, max_size=8),
+       size=st.integers(0, 32))
+def test_hmac_many_is_hmac_sha256(key, head, values, size) -> None:
+    assert NATIVE.hmac_many(key, head, values, size) == [hmac.digest(key, head + v, "sha256")[:size] for v in values]
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(dek=st.binary(min_size=32, max_size=32), table=st.sampled_from([t.encode() for t in TABLES]),
+       pairs=st.lists(st.tuples(keys, values), max_size=30))
+def test_state_terms_match_the_pure_path(dek, table, pairs) -> None:
+    native, pure = sealers(dek)
+    assert native.state_terms(table, pairs) == pure.state_terms(table, pairs) % 2**256 \
+        == sum(pure.state_term(table, k, e) for k, e in pairs) % 2**256
+
+
+@needs_native
+def test_state_sum_carries_across_limbs() -> None:
+    # many terms near 2**256: the 64-bit limbs' carries must propagate, and the sum wrap
+    dek = bytes(range(32))
+    native, pure = sealers(dek)
+    pairs = [(i.to_bytes(4, "big"), hashlib.sha256(i.to_bytes(4, "big")).digest()) for i in range(5000)]
+    assert native.state_terms(b"nodes", pairs) == pure.state_terms(b"nodes", pairs) % 2**256
+
+
+@needs_native
+def test_native_refuses_bad_input() -> None:
+    with pytest.raises(TypeError):
+        NATIVE.seal_many(bytes(32), b"h", b"p", bytes(12), [(b"k", "text")])
+    with pytest.raises(TypeError):
+        NATIVE.state_sum(b"k", b"p", [b"not a pair"])
+    with pytest.raises(ValueError):
+        NATIVE.seal_many(bytes(31), b"h", b"p", b"", [])
+    with pytest.raises(ValueError):
+        NATIVE.seal_many(bytes(32), b"h", b"p", bytes(11), [(b"k", b"v")])
+    with pytest.raises(ValueError):
+        NATIVE.hmac_many(b"k", b"", [b"v"], 33)
+
+
+def _written(tmp_path, name: str, native: _accel.Native | None, docs: list[str], monkeypatch) -> tuple[dict, list]:
+    """Every table's stored (key, envelope) pairs and a few rankings, for ``docs`` added
+    with ``native`` (None: the pure-Python path). Randomness (salt, keys, nonces) is seeded,
+    so both paths see the same random bytes."""
+    rng = random.Random(1234)
+    monkeypatch.setattr(os, "urandom", lambda n: rng.randbytes(n))
+    monkeypatch.setattr(_accel, "NATIVE", native)
+    with engram_mod.open(tmp_path / name, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"d{i}", "content": text, "created_at": 0.0, "last_accessed": 0.0}
+                     for i, text in enumerate(docs)])
+        db.add(docs[0] + " again", id="single", now=1.0)  # the one-record path after a bulk one
+        with db._store.read() as txn:
+            tables = {table: list(txn.raw_items(table)) for table in TABLES}
+        words = sorted({w for text in docs for w in text.split()})
+        rankings = [[(h.id, h.score) for h in db.recall(" ".join(words[i:i + 3]), top_k=10, now=2.0)] for i in range(0, 30, 3)]
+    monkeypatch.undo()
+    return tables, rankings
+
+
+@needs_native
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=st.lists(st.lists(st.sampled_from(
+    "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega rivers running ran über café naïve 42 x"
+    .split()), min_size=1, max_size=30).map(" ".join), min_size=1, max_size=60))
+def test_files_written_both_ways_are_identical(tmp_path_factory, monkeypatch, docs) -> None:
+    tmp_path = tmp_path_factory.mktemp("diff")
+    native_tables, native_rank = _written(tmp_path, "native.engram", NATIVE, docs, monkeypatch)
+    pure_tables, pure_rank = _written(tmp_path, "pure.engram", None, docs, monkeypatch)
+    assert native_tables == pure_tables
+    assert native_rank == pure_rank
