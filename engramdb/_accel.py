@@ -3,8 +3,8 @@
 ``pip install .`` builds the extension with the machine's C compiler and OpenSSL's
 libcrypto (setup.py; it is optional, so an install without them still succeeds). It
 batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
-state-digest terms) over OpenSSL's EVP API: the same algorithms and the same bytes as the
-pure-Python path, which runs when the extension is missing or when the environment
+state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan: the
+same algorithms and the same bytes as the pure-Python path, which runs when the extension is missing or when the environment
 variable ``ENGRAMDB_PURE_PYTHON=1`` is set before engramdb is imported.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ class Native(NamedTuple):
     seal_many: Callable[[bytes, bytes, bytes, bytes, Pairs], list[bytes]]
     hmac_many: Callable[[bytes, bytes, Sequence[bytes], int], list[bytes]]
     state_sum: Callable[[bytes, bytes, Pairs], bytes]
+    scan_words: Callable[[bytes, bytes], tuple[list[int | bytes], bytes, bytes]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -33,10 +34,10 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import hmac_many, seal_many, state_sum
+        from ._native import hmac_many, scan_words, seal_many, state_sum
     except ImportError:
         return None
-    return Native(seal_many, hmac_many, state_sum)
+    return Native(seal_many, hmac_many, state_sum, scan_words)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -15,6 +15,13 @@
  *   state_sum(key, prefix, pairs) -> int
  *       sum of int.from_bytes(HMAC-SHA256(key, prefix | k | SHA-256(envelope)), "big")
  *       over (k, envelope) of pairs, modulo 2**256
+ *   scan_words(data, offsets) -> (keys, inverse, firsts)
+ *       the bulk tokenizer's word scan (engramdb/index/tokenize.py, _token_values): the
+ *       words of `data` (already translated: a space ends a word) of two bytes or more,
+ *       grouped by a hash table; keys are the distinct words in first-seen order (the int
+ *       of up to 16 bytes read little-endian, or the bytes of a longer word), inverse the
+ *       int64 key index of every word in order, firsts (int64) per offset the number of
+ *       words starting before it
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -325,11 +332,192 @@ done:
     return out;
 }
 
+/* ---- the bulk tokenizer's word scan ------------------------------------------------ */
+
+typedef struct {
+    Py_ssize_t start;  /* -1: an empty slot */
+    Py_ssize_t len;
+    Py_ssize_t index;
+    unsigned long long low, high;  /* a word of up to 16 bytes: its bytes, little-endian (0 beyond) */
+} word_slot;
+
+/* Up to 8 bytes at w as a little-endian integer (bytes beyond `len` are not read). */
+static unsigned long long
+load_le(const unsigned char *w, Py_ssize_t len, int whole)
+{
+    unsigned long long v = 0;
+    Py_ssize_t i;
+    if (whole) {  /* 8 readable bytes: one load, masked */
+        unsigned char b[8];
+        memcpy(b, w, 8);
+        for (i = 7; i >= 0; i--)
+            v = (v << 8) | b[i];  /* compilers turn this into one load on little-endian machines */
+        return len >= 8 ? v : v & ((1ULL << (8 * len)) - 1);
+    }
+    for (i = (len < 8 ? len : 8) - 1; i >= 0; i--)
+        v = (v << 8) | w[i];
+    return v;
+}
+
+static unsigned long long
+mix(unsigned long long h)
+{
+    h ^= h >> 33;  /* murmur3's finaliser: the table indexes by the low bits */
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
+}
+
+/* The Python key of a word: the int low | high << 64 of up to 16 bytes, else its bytes. */
+static PyObject *
+word_key(const unsigned char *w, Py_ssize_t len, unsigned long long low, unsigned long long high)
+{
+    PyObject *hi, *shift, *shifted, *lo, *key;
+    if (len > 16)
+        return PyBytes_FromStringAndSize((const char *)w, len);
+    if (high == 0)
+        return PyLong_FromUnsignedLongLong(low);
+    hi = PyLong_FromUnsignedLongLong(high);
+    shift = PyLong_FromLong(64);
+    shifted = (hi && shift) ? PyNumber_Lshift(hi, shift) : NULL;
+    lo = PyLong_FromUnsignedLongLong(low);
+    key = (shifted && lo) ? PyNumber_Or(shifted, lo) : NULL;
+    Py_XDECREF(hi);
+    Py_XDECREF(shift);
+    Py_XDECREF(shifted);
+    Py_XDECREF(lo);
+    return key;
+}
+
+static int
+grow_table(word_slot **table, Py_ssize_t *cap)
+{
+    Py_ssize_t newcap = *cap * 2, i, j;
+    word_slot *bigger = PyMem_Malloc((size_t)newcap * sizeof(word_slot)), *old = *table;
+    if (bigger == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < newcap; i++)
+        bigger[i].start = -1;
+    for (i = 0; i < *cap; i++) {
+        if (old[i].start < 0)
+            continue;
+        j = (Py_ssize_t)(mix(old[i].low ^ (old[i].high * 0x9E3779B97F4A7C15ULL) ^ (unsigned long long)old[i].len)
+                         & (unsigned long long)(newcap - 1));
+        while (bigger[j].start >= 0)
+            j = (j + 1) & (newcap - 1);
+        bigger[j] = old[i];
+    }
+    PyMem_Free(old);
+    *table = bigger;
+    *cap = newcap;
+    return 0;
+}
+
+static PyObject *
+scan_words(PyObject *self, PyObject *args)
+{
+    Py_buffer data, offs;
+    const unsigned char *d;
+    const long long *offsets;
+    Py_ssize_t n, noffs, pos = 0, nwords = 0, o = 0, cap = 4096, i, used = 0;
+    word_slot *table = NULL;
+    long long *inverse = NULL, *firsts = NULL;
+    PyObject *keys = NULL, *inv_obj = NULL, *firsts_obj = NULL, *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &offs))
+        return NULL;
+    d = (const unsigned char *)data.buf;
+    n = data.len;
+    offsets = (const long long *)offs.buf;
+    noffs = offs.len / (Py_ssize_t)sizeof(long long);
+    table = PyMem_Malloc((size_t)cap * sizeof(word_slot));
+    /* a word of two bytes or more and the space after it take three bytes */
+    inverse = PyMem_Malloc((size_t)(n / 3 + 2) * sizeof(long long));
+    firsts = PyMem_Malloc((size_t)(noffs + 1) * sizeof(long long));
+    keys = PyList_New(0);
+    if (!table || !inverse || !firsts || !keys) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < cap; i++)
+        table[i].start = -1;
+    while (pos < n) {
+        Py_ssize_t start, len, slot, mask = cap - 1;
+        unsigned long long low, high = 0, h;
+        while (pos < n && d[pos] == 0x20)
+            pos++;
+        if (pos >= n)
+            break;
+        start = pos;
+        while (pos < n && d[pos] != 0x20)
+            pos++;
+        len = pos - start;
+        while (o < noffs && offsets[o] <= start)  /* the texts that start at or before this word */
+            firsts[o++] = nwords;
+        if (len < 2)
+            continue;
+        if (len <= 16) {
+            low = load_le(d + start, len, start + 8 <= n);
+            if (len > 8)
+                high = load_le(d + start + 8, len - 8, start + 16 <= n);
+        } else {  /* longer words (rare): hashed by their bytes, numbered by their bytes */
+            low = 0xcbf29ce484222325ULL;
+            for (i = 0; i < len; i++)
+                low = (low ^ d[start + i]) * 0x100000001b3ULL;
+            high = 0;
+        }
+        h = mix(low ^ (high * 0x9E3779B97F4A7C15ULL) ^ (unsigned long long)len);
+        slot = (Py_ssize_t)(h & (unsigned long long)mask);
+        while (table[slot].start >= 0
+               && !(table[slot].low == low && table[slot].high == high && table[slot].len == len
+                    && (len <= 16 || memcmp(d + table[slot].start, d + start, (size_t)len) == 0)))
+            slot = (slot + 1) & mask;
+        if (table[slot].start < 0) {
+            PyObject *key = word_key(d + start, len, low, high);
+            if (key == NULL || PyList_Append(keys, key) < 0) {
+                Py_XDECREF(key);
+                goto done;
+            }
+            Py_DECREF(key);
+            table[slot].start = start;
+            table[slot].len = len;
+            table[slot].low = low;
+            table[slot].high = high;
+            table[slot].index = used++;
+            inverse[nwords++] = used - 1;
+            if (2 * used > cap && grow_table(&table, &cap) < 0)  /* keep the table at most half full */
+                goto done;
+            continue;
+        }
+        inverse[nwords++] = table[slot].index;
+    }
+    while (o < noffs)
+        firsts[o++] = nwords;
+    inv_obj = PyBytes_FromStringAndSize((const char *)inverse, nwords * (Py_ssize_t)sizeof(long long));
+    firsts_obj = PyBytes_FromStringAndSize((const char *)firsts, noffs * (Py_ssize_t)sizeof(long long));
+    if (inv_obj && firsts_obj)
+        result = PyTuple_Pack(3, keys, inv_obj, firsts_obj);
+done:
+    Py_XDECREF(keys);
+    Py_XDECREF(inv_obj);
+    Py_XDECREF(firsts_obj);
+    PyMem_Free(table);
+    PyMem_Free(inverse);
+    PyMem_Free(firsts);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
     {"hmac_many", hmac_many, METH_VARARGS, "HMAC-SHA256(key, head | v)[:size] of each value v."},
     {"state_sum", state_sum, METH_VARARGS, "The sum of the state-digest terms of (key, envelope) pairs, mod 2**256, "
                                            "as 32 big-endian bytes."},
+    {"scan_words", scan_words, METH_VARARGS, "The bulk tokenizer's word scan: (keys, inverse, firsts)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -354,9 +354,9 @@ class Sealer:
 
     def state_terms(self, table: bytes, pairs: list[tuple[bytes, bytes]]) -> int:
         """The sum of :meth:`state_term` over ``(key, envelope)`` pairs of one table, modulo
-        2**256 (the digest's modulus) with the extension, not reduced without it."""
+        2**256 (the digest's modulus)."""
         sha, prefix = hashlib.sha256, table + b"\x00"
         if self._native is not None:
             return int.from_bytes(self._native.state_sum(self.state_key, prefix, pairs), "big")
         macs = self._state_hmac.digests([prefix + key + sha(envelope).digest() for key, envelope in pairs])
-        return sum(int.from_bytes(mac, "big") for mac in macs)
+        return sum(int.from_bytes(mac, "big") for mac in macs) % 2**256

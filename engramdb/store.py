@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import mmap
+import operator
 import os
 import resource
 import stat
@@ -44,6 +46,7 @@ T = TypeVar("T")
 
 # Generic one-byte sub-database names: the names of LMDB's tables are stored in the clear
 # in the main database, so they must leak nothing. Append only; never reorder.
+_first = operator.itemgetter(0)
 TABLES = ("meta", "nodes", "ids", "postings", "segments", "vectors", "edges", "archive", "procedures", "sources")
 _DB_NAMES = {name: b"t%d" % i for i, name in enumerate(TABLES)}
 MAX_DBS = 32
@@ -1165,10 +1168,9 @@ class Txn:
             if key is not None:
                 _docnos_of(table, (key,), first_new, out)
             elif isinstance(value, list):  # an insert_many batch: usually new docnos only
-                keys = [k for k, _ in value]
-                if table == "nodes" and keys and min(keys) >= first_new.to_bytes(8, "big"):
+                if table == "nodes" and value and min(map(_first, value)) >= first_new.to_bytes(8, "big"):
                     continue
-                _docnos_of(table, keys, first_new, out)
+                _docnos_of(table, [k for k, _ in value], first_new, out)
             if len(out) > CHANGES_MAX:
                 return EVERYTHING
         return Changes(frozenset(found["nodes"]), frozenset(found["edges"]))
@@ -1435,7 +1437,7 @@ class Txn:
         bytes of them; past it, drop the batches (a growth then re-runs the transaction)."""
         if self._unlogged:
             return
-        self._log_bytes += sum(len(key) + len(value) for key, value in pairs)
+        self._log_bytes += sum(map(len, itertools.chain.from_iterable(pairs)))
         if self._log_bytes > _REPLAY_LOG_LIMIT:
             self._unlogged = True
             self._log = [op for op in self._log if op[1] is not None]

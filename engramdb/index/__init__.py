@@ -244,8 +244,8 @@ class Indexes:
         texts = [node_text(node) for _, node in added]
         self.vectors.apply(txn, added, texts, removed)
         self.bm25.apply(txn, self.term_docs([docno for docno, _ in added], texts), removed_docnos)
-        re_added = {docno for docno, _ in added}
         if removed_docnos and txn.count("edges"):  # a file without edges skips the scans
+            re_added = {docno for docno, _ in added}
             for docno in removed_docnos:
                 if docno not in re_added:
                     self.graph.remove_node(txn, docno)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .. import _accel
 from ..errors import ConfigMismatchError, ValidationError
 
 __all__ = [
@@ -200,6 +201,19 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[Sequence
     return values, firsts
 
 
+def _token_values_native(scan: Callable[[bytes, bytes], tuple[list[int | bytes], bytes, bytes]], joined: bytes,
+                         offsets: np.ndarray, lookup: Callable[[Sequence[int | bytes]], np.ndarray]
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_token_values` with the C extension's word scan (engramdb/_native.c): one pass
+    that finds the words and groups them in a hash table. Stopwords are not dropped before
+    grouping (``lookup`` gives them ``_DROP``, as it does the stopwords the table misses);
+    the terms and lengths :meth:`Tokenizer.encode_many` returns are the same.
+    """
+    keys, inverse, firsts = scan(joined.translate(_BATCH_TABLE), offsets.astype("=i8").tobytes())
+    values = lookup(keys)[np.frombuffer(inverse, dtype="=i8")] if keys else np.zeros(0, np.int64)
+    return values, np.frombuffer(firsts, dtype="=i8")
+
+
 def _load_stemmer(language: str) -> Callable[[str], str]:
     try:
         import Stemmer
@@ -367,14 +381,18 @@ class Tokenizer:
 
         parts, doc_starts = [], []
         ntok = 0
+        native = _accel.NATIVE
         for start in range(0, len(texts), _CHUNK_DOCS):
             chunk = texts[start:start + _CHUNK_DOCS]
             sizes = np.fromiter(map(len, chunk if all(ascii_[start:start + _CHUNK_DOCS]) else  # UTF-8 bytes
                                     [text.encode("utf-8", "surrogatepass") for text in chunk]),
                                 dtype=np.int64, count=len(chunk))
             offsets = np.concatenate(([0], np.cumsum(sizes[:-1] + 1)))  # each text's first byte, joined by spaces
-            values, firsts = _token_values(" ".join(chunk).encode("utf-8", "surrogatepass"), offsets, lookup,
-                                           self._stop_keys)
+            joined = " ".join(chunk).encode("utf-8", "surrogatepass")
+            if native is not None:
+                values, firsts = _token_values_native(native.scan_words, joined, offsets, lookup)
+            else:
+                values, firsts = _token_values(joined, offsets, lookup, self._stop_keys)
             parts.append(values)
             doc_starts.append(firsts + ntok)
             ntok += values.size

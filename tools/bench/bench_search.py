@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import engramdb.engram as engram_mod
+from engramdb import _accel
 from engramdb.index.vectors import EmbeddingSpace, VectorIndex
 from engramdb.crypto import Sealer
 from engramdb.store import Store
@@ -143,6 +144,7 @@ def main() -> None:
     ap.add_argument("--dims", type=int, default=384)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--ingest-rounds", type=int, default=3)
+    ap.add_argument("--ingest-only", action="store_true", help="stop after the bulk-ingest comparison")
     ap.add_argument("--out", help="also write the report to this file (e.g. tools/bench/results/DATE-HOST-search.txt)")
     args = ap.parse_args()
     if args.out:
@@ -169,23 +171,28 @@ def run(args, tmp: str) -> None:
     db = engram_mod.open(path, passphrase="bench passphrase")  # default argon2id (t=3, m=64 MiB, p=4)
     kdf_s = time.perf_counter() - t0
 
+    cpu: dict[str, list[float]] = {"engramdb": [], "fts5": [], "fts5mc": []}  # process CPU seconds per round
+
     def ingest_engramdb(rnd: int) -> float:
         target = db if rnd == 0 else engram_mod.open(os.path.join(tmp, f"r{rnd}.engram"), passphrase="bench passphrase")
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         target.add_many([{"id": f"d{i}", "content": text, "created_at": 0.0, "last_accessed": 0.0}
                          for i, text in enumerate(texts)])
         seconds = time.perf_counter() - t
+        cpu["engramdb"].append(time.process_time() - c)
         if rnd:  # the first round's file serves the queries below
             target.close()
         return seconds
 
-    def ingest_sql(connect, rnd: int):
+    def ingest_sql(connect, rnd: int, name: str):
         c = connect(rnd)
         c.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
-        t = time.perf_counter()
+        t, cp = time.perf_counter(), time.process_time()
         with c:
             c.executemany("INSERT INTO docs(rowid, body) VALUES (?, ?)", ((i + 1, text) for i, text in enumerate(texts)))
-        return time.perf_counter() - t, c
+        seconds = time.perf_counter() - t
+        cpu[name].append(time.process_time() - cp)
+        return seconds, c
 
     def fts_connect(rnd: int):
         c = sqlite3.connect(os.path.join(tmp, f"fts{rnd}.sqlite"))
@@ -207,22 +214,31 @@ def run(args, tmp: str) -> None:
     con = mc = None
     for rnd in range(args.ingest_rounds):
         times["engramdb"].append(ingest_engramdb(rnd))
-        seconds, con = ingest_sql(fts_connect, rnd)
+        seconds, con = ingest_sql(fts_connect, rnd, "fts5")
         times["fts5"].append(seconds)
         if mc_connect is not None:
-            seconds, mc = ingest_sql(mc_connect, rnd)
+            seconds, mc = ingest_sql(mc_connect, rnd, "fts5mc")
             times["fts5mc"].append(seconds)
     rates = {name: sorted(len(texts) / s for s in ts) for name, ts in times.items() if ts}
     for name, label in (("engramdb", "engramdb (encrypted, postings)"), ("fts5", "sqlite3 FTS5 (plaintext)"),
                         ("fts5mc", "SQLite3MC FTS5 (encrypted)")):
         if name in rates:
             print(f"  {label:<34} median {statistics.median(rates[name]):8.0f} docs/s  "
-                  f"(rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
+                  f"(rounds: {', '.join(f'{r:.0f}' for r in rates[name])}); "
+                  f"CPU median {statistics.median(cpu[name]):.2f} s = {statistics.median(cpu[name]) / len(texts) * 1e6:.1f} us/doc")
     if mc_connect is None:
         print("  SQLite3MC FTS5: skipped (pip install apsw-sqlite3mc)")
     ours_rate = statistics.median(rates["engramdb"])
     print(f"  ratio of medians engramdb / FTS5 insert: {ours_rate / statistics.median(rates['fts5']):.2f}x"
           + (f"; engramdb / SQLite3MC: {ours_rate / statistics.median(rates['fts5mc']):.2f}x" if "fts5mc" in rates else ""))
+    ours_cpu = statistics.median(cpu["engramdb"])
+    print(f"  ratio of CPU medians (peer / engramdb; above 1: engramdb uses less): FTS5 "
+          f"{statistics.median(cpu['fts5']) / ours_cpu:.2f}x"
+          + (f", SQLite3MC {statistics.median(cpu['fts5mc']) / ours_cpu:.2f}x" if cpu["fts5mc"] else ""))
+    print(f"  engramdb C extension: {'yes' if _accel.NATIVE is not None else 'no (pure Python)'}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.ingest_only:
+        return
 
     # --- BM25 queries ------------------------------------------------------------------------
     idx = db.indexes
