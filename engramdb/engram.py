@@ -1353,8 +1353,7 @@ class Transaction:
         for start in range(0, len(nodes), 1024):
             txn.insert_many("nodes", list(zip(keys[start:start + 1024], codec.encode_nodes(nodes[start:start + 1024]))),
                             append=True)
-        # key order fills LMDB pages (the id keys are distinct: the tuples sort by them alone)
-        txn.insert_many("ids", sorted(zip(id_keys, keys)))
+        txn.insert_many("ids", codec.sorted_id_rows(id_keys, docnos))  # key order fills LMDB pages
         self._index(added=list(zip(docnos, nodes)))  # index hook
         return ids
 

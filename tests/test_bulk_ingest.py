@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import random
 
 import numpy as np
 import pytest
@@ -217,3 +218,16 @@ def test_decode_blocks_rejects_what_decode_block_rejects():
     for bad in (good[:3], good[:-1], b"\x09" + good[1:], good[:6] + b"\x00" + good[7:], repeated):
         with pytest.raises(CorruptFileError):
             decode_blocks([good, bad])
+
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 3000])
+def test_sorted_id_rows_equals_sorting_the_pairs(n):
+    rng = random.Random(n)
+    # random keys, and keys that share their first 8 bytes (the sort's second column decides)
+    keys = {rng.randbytes(16) if i % 3 else rng.choice([bytes(8), b"\xff" * 8]) + rng.randbytes(8) for i in range(n)}
+    id_keys = sorted(keys)
+    rng.shuffle(id_keys)
+    for first in (0, 2**40):
+        docnos = range(first, first + len(id_keys))
+        assert codec.sorted_id_rows(id_keys, docnos) == sorted(zip(id_keys, map(codec.u64, docnos)))
