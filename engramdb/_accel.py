@@ -4,8 +4,9 @@
 libcrypto (setup.py; it is optional, so an install without them still succeeds). It
 batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
 state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan: the
-same algorithms and the same bytes as the pure-Python path, which runs when the extension is missing or when the environment
-variable ``ENGRAMDB_PURE_PYTHON=1`` is set before engramdb is imported.
+same algorithms and the same bytes as the pure-Python path, which runs when the extension
+is missing or when the environment variable ``ENGRAMDB_PURE_PYTHON=1`` is set before
+engramdb is imported.
 """
 from __future__ import annotations
 
