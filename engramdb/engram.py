@@ -352,8 +352,8 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
             if not recorded:  # a new file records its tokenizer at once
                 store.write(indexes.ensure_meta)
             with store.read() as txn:
-                legacy = not repair and indexes.vectors.needs_migration(txn)
-            if legacy:  # vectors of the first layout move to one copy in the blocks (spec/vectors.md)
+                legacy = not repair and indexes.needs_migration(txn)
+            if legacy:  # older index layouts: vectors (spec/vectors.md), postings keys (spec/bm25.md)
                 store.write(indexes.migrate)
         return engram
     except BaseException:

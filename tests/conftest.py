@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
 from engramdb.crypto import KDFParams
+from engramdb.index import bm25
 from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node
 
 PASSPHRASE = "correct horse battery staple"
@@ -54,6 +55,16 @@ def make_db(tmp_path):
 def tmp_engram(make_db):
     """One open encrypted file, verified clean on teardown."""
     return make_db()
+
+
+def postings_to_term_first(txn) -> None:
+    """Rewrite a file's BM25 postings in the layout of directory version 2, keyed
+    ``blind | segno`` (what files written before 2026-12-01 hold): a test-made old file."""
+    d = bm25._Dir.decode(txn.get("segments", bm25.DIR_KEY))
+    assert d.seg_first
+    txn.rekey("postings", lambda key: key[4:] + key[:4])
+    d.version = 2
+    txn.put("segments", bm25.DIR_KEY, d.encode())
 
 
 # --- hypothesis strategies shared by the round-trip tests ----------------------------

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 import engramdb.engram as engram_mod
+from conftest import postings_to_term_first
 from engramdb.crypto import KDFParams
+from engramdb.index import bm25
 
 WORDS = ["apple", "pear", "moving", "moved", "relocate", "job", "career", "lake", "sunrise", "new", "york",
          "nyc", "the", "caroline", "melanie", "painting", "2023", "may", "wedding", "spouse"]
@@ -124,8 +126,20 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
 
     @rule()
     def reopen(self):
+        """A writable open; it converts postings keyed term first (spec/bm25.md, "postings")."""
         self.db.close()
         self.db = self._open()
+        with self.db._store.read() as txn:
+            assert not self.db.indexes.needs_migration(txn)
+
+    @rule()
+    def key_postings_term_first(self):
+        """The file becomes one written before postings were keyed segment first: this handle
+        (its caches kept) reads and writes it in that layout until a reopen converts it."""
+        with self.db._store.read() as txn:
+            data = txn.get("segments", bm25.DIR_KEY)
+        if data is not None and bm25._Dir.decode(data).seg_first:
+            self.db._store.write(postings_to_term_first)
 
     @precondition(lambda self: self.n % 3 == 0)
     @rule()

@@ -119,6 +119,7 @@ def test_version_1_directory_reads_and_migrates(tmp_path_factory, seed, kill):
 
         def to_v1(txn):  # rewrite the directory as version 1, dropping the run records
             d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
+            txn.rekey("postings", lambda key: key[4:] + key[:4])  # version 1 keyed postings term first
             dead = {}
             for segno, runs in d.runs.items():
                 dead[segno] = np.sort(np.concatenate([bm.decode_block(txn.get("segments", bm._seg_key(b"d", r)))[0]
@@ -138,6 +139,9 @@ def test_version_1_directory_reads_and_migrates(tmp_path_factory, seed, kill):
             raw = bm._unpack(txn.get("segments", bm.DIR_KEY))
             assert raw["v"] == 2 and "dead" not in raw
             assert idx.layout(txn)["dead_docs"] == len(kill)
+        assert s.write(idx.migrate)  # a writable open converts the postings keys (version 3)
+        with s.read() as txn:
+            assert bm._unpack(txn.get("segments", bm.DIR_KEY))["v"] == 3
             assert idx.verify(txn, live) == []
         assert _answers(s, idx) == _answers(s, SegmentedBM25(s.blind, s.last_txnid)) == expected
         assert expected == _rebuilt_answers(s, live)

@@ -268,19 +268,31 @@ class Indexes:
         if rewrite:
             txn.put_many("nodes", [(_U64.pack(docno), encode_node(node)) for docno, node in rewrite])
 
+    def needs_migration(self, txn: Txn) -> bool:
+        """Whether an index is in an older layout that a writable open converts
+        (:meth:`migrate`).
+
+        Raises:
+            CorruptFileError: a vector directory or the space settings are damaged.
+        """
+        return self.vectors.needs_migration(txn) or self.bm25.needs_migration(txn)
+
     def migrate(self, txn: Txn) -> bool:
-        """Convert a file whose vectors are in the first layout (in the node records and
-        in tombstoned blocks) to one copy in docno-range blocks; returns whether it did.
-        A writable open calls it (spec/vectors.md, "Layouts").
+        """Convert the indexes of older layouts, in this transaction; returns whether
+        anything changed. A writable open calls it. Vectors of the first layout (in the
+        node records and in tombstoned blocks) move to one copy in docno-range blocks
+        (spec/vectors.md, "Layouts"); BM25 postings keyed term first are keyed segment
+        first (spec/bm25.md, "postings").
 
         Raises:
             CorruptFileError: a record or directory does not decode.
             EmbeddingError: a record's vector does not fit its space.
         """
-        if not self.vectors.needs_migration(txn):
-            return False
-        self._rebuild_vectors(txn, list(iter_nodes(txn)))
-        return True
+        done = self.bm25.migrate(txn)
+        if self.vectors.needs_migration(txn):
+            self._rebuild_vectors(txn, list(iter_nodes(txn)))
+            done = True
+        return done
 
     def link_tunnels(self, txn: Txn, *, now: float = 0.0) -> int:
         """Recompute the derived tunnel edges over all nodes; returns their number."""

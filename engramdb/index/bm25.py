@@ -3,7 +3,9 @@
 Layout (every value is sealed by the store; keys never hold a plaintext term or id):
 
 ``postings`` table
-    ``blind(term) (16 bytes) | segno (u32 BE)`` -> posting block of that term in that segment.
+    ``segno (u32 BE) | blind(term) (16 bytes)`` -> posting block of that term in that segment
+    (segment first, so a new segment's blocks are one contiguous run of keys and pages;
+    directories of version 1 and 2 keyed ``blind | segno``, converted by :meth:`SegmentedBM25.migrate`).
 ``segments`` table
     ``b"dir"``                -> the directory: live segments, tombstones, corpus statistics.
     ``b"s" | segno (u32 BE)`` -> the segment's documents: docnos and lengths (a posting block
@@ -86,7 +88,10 @@ _HEAD = struct.Struct("<BIBB")  # kind, count, docno-delta width, value width
 _SEG = struct.Struct(">I")
 BLIND_LEN = 16
 DIR_KEY = b"dir"
-DIR_VERSION = 2  # 1: tombstones inline in the directory (read, and migrated by the next write)
+# 3: postings keyed segment first. 2: keyed ``blind | segno`` (read; a writable open converts
+# it, SegmentedBM25.migrate). 1: also tombstones inline in the directory (migrated by any write).
+DIR_VERSION = 3
+SEG_FIRST_VERSION = 3
 RUN_PREFIX = b"d"  # b"d" | u32be(run) -> a run of one segment's dead docnos
 # A new run of tombstones absorbs the segment's newest runs while they are smaller than this
 # many times its size: runs then shrink geometrically (at most ~log2(dead) of them) and each
@@ -690,7 +695,7 @@ class _Dir:
             return cls()
         raw = _unpack(data)
         try:
-            if raw["v"] not in (1, DIR_VERSION):
+            if raw["v"] not in (1, 2, DIR_VERSION):
                 raise CorruptFileError("the BM25 directory has an unknown version", hint="upgrade engramdb")
             d = cls(int(raw["epoch"]), int(raw["next"]))
             d.version = raw["v"]
@@ -714,7 +719,7 @@ class _Dir:
         if any(self.pending.values()):
             raise AssertionError("tombstones not stored as runs")  # a bug: every write stores them first
         return _pack({
-            "v": DIR_VERSION,
+            "v": DIR_VERSION if self.seg_first else 2,
             "epoch": self.epoch,
             "next": self.next,
             "n": self.n_docs,
@@ -722,6 +727,15 @@ class _Dir:
             "segs": [[s, n, ln] for s, (n, ln) in sorted(self.segs.items())],
             "runs": [[s, run, count] for s, runs in sorted(self.runs.items()) for run, count in runs],
         })
+
+    @property
+    def seg_first(self) -> bool:
+        """Whether postings are keyed segment first (version 3), else ``blind | segno``."""
+        return self.version >= SEG_FIRST_VERSION
+
+    def posting_key(self, blind: bytes, segno: int) -> bytes:
+        """The ``postings`` key of a term's block in segment ``segno``, in this directory's layout."""
+        return _SEG.pack(segno) + blind if self.version >= SEG_FIRST_VERSION else blind + _SEG.pack(segno)
 
     def dead_count(self, segno: int) -> int:
         """Dead documents of segment ``segno`` (stored runs and pending)."""
@@ -989,7 +1003,7 @@ class SegmentedBM25:
         terms = self._terms_of(txn, d, segno)
         if terms is not None and blind not in terms:
             return None
-        data = txn.get("postings", blind + _SEG.pack(segno))
+        data = txn.get("postings", d.posting_key(blind, segno))
         if data is None:
             return None
         self.blocks_decoded += 1
@@ -1375,11 +1389,9 @@ class SegmentedBM25:
             return None
         segno = d.next
         d.next += 1
-        suffix = _SEG.pack(segno)
         words, docnos, tfs, bounds = count_postings(docs)
         blinds = [self.blind(word) for word in words]
-        # keys of a fresh segment number are new
-        txn.insert_many("postings", [(b + suffix, block) for b, block in zip(blinds, encode_blocks(docnos, tfs, bounds))])
+        self._insert_postings(txn, d, segno, blinds, encode_blocks(docnos, tfs, bounds))
         blinds.sort()
         order = np.argsort(docs.docnos, kind="stable")
         seg_docnos = docs.docnos[order]
@@ -1391,6 +1403,13 @@ class SegmentedBM25:
         d.n_docs += len(docs)
         d.total_len += total
         return segno
+
+    def _insert_postings(self, txn: Txn, d: _Dir, segno: int, blinds: Sequence[bytes], blocks: Sequence[bytes]) -> None:
+        """Write a new segment's blocks (keys of a fresh segment number are new). Segment
+        first, the keys sort after every key in the table (``segno`` is the largest yet), so
+        they are appended in key order: pages filled in turn, none of the old ones touched."""
+        items = sorted(zip((d.posting_key(b, segno) for b in blinds), blocks))
+        txn.insert_many("postings", items, append=d.seg_first)
 
     def _tombstone(self, txn: Txn, d: _Dir, docnos: Iterable[int], local: dict[int, _Seg]) -> int:
         """Mark the live versions of ``docnos`` dead (pending in ``d`` until
@@ -1536,9 +1555,8 @@ class SegmentedBM25:
         # Every old block is read and removed; the live postings of all terms are gathered
         # into flat columns (term rank, docno, tf) and encoded in one encode_blocks call.
         ordered = sorted(blinds)
-        suffixes = [_SEG.pack(segno) for segno in segnos]
         deads = [self._dead(txn, d, segno) for segno in segnos]
-        datas = txn.pop_many("postings", [blind + suffix for blind in ordered for suffix in suffixes])
+        datas = txn.pop_many("postings", [d.posting_key(blind, segno) for blind in ordered for segno in segnos])
         found = [i for i, data in enumerate(datas) if data is not None]  # i = term * len(segnos) + segment
         col_d, col_t, counts = decode_blocks([data for data in datas if data is not None])
         found_at = np.asarray(found, dtype=np.int64)
@@ -1557,8 +1575,7 @@ class SegmentedBM25:
             bounds = np.concatenate(([0], np.cumsum(per_term[present])))
             blocks = encode_blocks(col_d[order], col_t[order], bounds)
             new_blinds = [ordered[j] for j in present.tolist()]
-            suffix = _SEG.pack(new)
-            txn.insert_many("postings", [(blind + suffix, block) for blind, block in zip(new_blinds, blocks)])
+            self._insert_postings(txn, d, new, new_blinds, blocks)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
             txn.delete("segments", _seg_key(b"v", segno))
@@ -1571,6 +1588,34 @@ class SegmentedBM25:
             txn.put("segments", _seg_key(b"s", new), encode_block(docnos, lens))
             txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
             d.segs[new] = [int(docnos.size), int(lens.sum())]
+
+    def needs_migration(self, txn: Txn) -> bool:
+        """Whether the postings are keyed ``blind | segno`` (directory version 1 or 2): a
+        writable open converts them (:meth:`migrate`). A damaged directory says no (verify
+        reports it; ``verify --fix`` rebuilds the index in the current layout)."""
+        try:
+            data = txn.get("segments", DIR_KEY)
+            return data is not None and not _Dir.decode(data).seg_first
+        except CorruptFileError:
+            return False
+
+    def migrate(self, txn: Txn) -> bool:
+        """Convert postings keyed ``blind | segno`` to ``segno | blind`` (directory version 3)
+        in this transaction; returns whether it did. Every block moves to its new key
+        (sealed again: an envelope is bound to its key), tombstones of a version-1
+        directory become runs, and segments, docnos and blocks stay as they are, so scores
+        and cached postings do not change.
+
+        Raises:
+            CorruptFileError: the directory or a block is damaged.
+        """
+        if not self.needs_migration(txn):
+            return False
+        d = self._write_directory(txn)
+        txn.rekey("postings", lambda key: key[BLIND_LEN:] + key[:BLIND_LEN])
+        d.version = DIR_VERSION
+        self._put_directory(txn, d)
+        return True
 
     def rebuild(self, txn: Txn, docs: TermDocs | Sequence[tuple[int, Sequence[str]]]) -> None:
         """Drop every posting and segment and index ``docs`` as one segment.
@@ -1587,13 +1632,16 @@ class SegmentedBM25:
         except CorruptFileError:
             epoch, next_segno = 1, 1
         for table in ("postings", "segments"):
-            keys = [k for k, _ in txn.items(table)]
+            keys = list(txn.keys(table))
             for key in keys:
                 if table == "segments" and key[:1] in (b"s", b"v", RUN_PREFIX) and len(key) == 5:
                     next_segno = max(next_segno, _SEG.unpack(key[1:])[0] + 1)
                 if table == "postings" and len(key) == BLIND_LEN + 4:
-                    next_segno = max(next_segno, _SEG.unpack(key[BLIND_LEN:])[0] + 1)
-                txn.delete(table, key)
+                    # either layout (the directory may be unreadable): the segment number is
+                    # the small end, the other is a random blind
+                    segno = min(_SEG.unpack(key[:4])[0], _SEG.unpack(key[BLIND_LEN:])[0])
+                    next_segno = max(next_segno, segno + 1)
+            txn.delete_many(table, keys)
         docs = _term_docs(docs)
         _check_distinct(docs.docnos, "docno {} appears twice in the documents to index")
         d = _Dir(epoch, next_segno)
@@ -1635,7 +1683,7 @@ class SegmentedBM25:
                 terms = txn.get("segments", _seg_key(b"v", segno)) or b""
                 for i in range(0, len(terms), BLIND_LEN):
                     blind = terms[i:i + BLIND_LEN]
-                    data = txn.get("postings", blind + _SEG.pack(segno))
+                    data = txn.get("postings", d.posting_key(blind, segno))
                     if data is None:
                         problems.append(f"bm25: segment {segno} lists a term with no posting block")
                         continue
