@@ -320,7 +320,11 @@ def test_a_pass_then_compact_makes_a_file_with_archivable_memories_smaller(make_
     assert report.archived == 300 and report.deduplicated == 0
     db.compact()
     after = os.path.getsize(db.path)
-    assert after < 0.9 * before, (before, after)
+    # archiving's own saving, 8 % here: nodes 97 -> 56 pages, archive groups +20 (of 256).
+    # Until postings were keyed segment first (spec/bm25.md) this also counted ~20 pages of
+    # half-empty postings pages that compaction repacked (12 % in all); they are now written
+    # full, so `before` is smaller by those pages.
+    assert after < 0.93 * before, (before, after)
     with db._store.read() as txn:
         keys = [codec.from_u64(k) for k in txn.keys("archive")]
     assert keys and all(k & archive.GROUP_BIT for k in keys)  # packed: no row of its own left

@@ -54,6 +54,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from bench_search import _Tee  # noqa: E402 (after the path set-up)
+from engramdb.store import page_owners, pages_written  # noqa: E402 (after the path set-up)
 
 PASSPHRASE = "bench passphrase"
 SYSTEMS = ("engramdb", "fts5", "fts5mc")
@@ -349,13 +350,18 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
     rng = random.Random(args.seed)
     victims = rng.sample(range(n), n // 10)
     adds: dict[str, list[tuple[float, float]]] = {s: [] for s in systems}
+    pages: list[dict[str, int]] = []
     dels: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     each: list[float] = []
     for r in range(args.runs):
         for s in systems:
             work = os.path.join(tmp, os.path.basename(files[s]) + f".add{r}")
             _copy(s, files[s], work)
+            count = s == "engramdb" and n <= args.pages_max
+            before = page_owners(work) if count else {}
             adds[s].append(add_docs(s, work, extra[1000 * r:1000 * (r + 1)], n + 1000 * r))
+            if count:  # not timed: the pages the commit wrote (page numbers not in use before it)
+                pages.append(pages_written(before, page_owners(work)))
             for f in _files(s, work):
                 os.remove(f)
         for s in systems:
@@ -379,6 +385,10 @@ def run_size(n: int, args: argparse.Namespace, tmp: str, systems: list[str]) -> 
               + ("" if s == "engramdb" or "engramdb" not in systems
                  else f"   ratio {_ratio(med_add[s], med_add['engramdb'])} wall, "
                       f"{_ratio(med_cpu[s], med_cpu['engramdb'])} CPU"))
+    if pages:
+        per = {t: statistics.median(w.get(t, 0) for w in pages) for t in {t for w in pages for t in w}}
+        print(f"  engramdb pages written by the commit (4 KiB; median): {sum(per.values()):,.0f}: "
+              + ", ".join(f"{t} {c:,.0f}" for t, c in sorted(per.items(), key=lambda kv: -kv[1])))
     print(f"\ndelete 10 % ({n // 10:,} random documents, one transaction: engramdb's delete_many, SQLite's "
           f"DELETE per rowid; medians of {args.runs})")
     print(f"  {'system':<30} {'delete':>10} {'(CPU)':>9} {'file before':>12} {'after delete':>13} {'compacted':>10}"
@@ -417,6 +427,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--pages-max", type=int, default=100_000,
+                    help="count the pages engramdb's add of 1,000 writes up to this N (walks the file)")
     ap.add_argument("--each-max", type=int, default=100_000,
                     help="also time one tx.delete per memory up to this N")
     ap.add_argument("--out", help="also write the report to this file")
