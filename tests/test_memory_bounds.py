@@ -85,8 +85,11 @@ def test_add_many_holds_a_chunk_not_the_batch(tmp_path, monkeypatch):
     items = _items(3200, 5)
     eight = _ingest_peak(tmp_path / "eight.engram", items, 400, monkeypatch)
     whole = _ingest_peak(tmp_path / "whole.engram", items, 3200, monkeypatch)
-    assert eight < 2.5 * one, (one, eight)
-    assert whole > 4 * one, (one, whole)  # the measure sees a batch held at once
+    assert whole > 3 * one, (one, whole)  # the measure sees a batch held at once
+    # what eight chunks hold beyond one chunk's working set (the replay log's records, the
+    # ids) is a fraction of what the whole batch adds; a ratio to one chunk's peak alone
+    # would depend on how lean that working set is (the C extension's is half the numpy's)
+    assert eight - one < (whole - one) / 2, (one, eight, whole)
 
 
 def _resident_map_bytes(path) -> int:
