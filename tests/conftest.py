@@ -6,6 +6,8 @@ set here before anything opens a file; tests of the floor remove it with ``monke
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
 
@@ -20,6 +22,16 @@ from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node
 PASSPHRASE = "correct horse battery staple"
 NOW = 1_700_000_000.0
 TEST_KDF = KDFParams.for_tests()
+GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN_PASSPHRASE = "golden-passphrase"
+
+
+def golden_copy(tmp_path: Path) -> Path:
+    """A writable copy of tests/golden/store-v1.engram (the first layout, written by the first
+    release; opened with GOLDEN_PASSPHRASE)."""
+    target = tmp_path / "golden.engram"
+    shutil.copyfile(GOLDEN / "store-v1.engram", target)
+    return target
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ and 2) are read as they are and converted by the first writable open, answering 
 from __future__ import annotations
 
 import io
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +14,9 @@ from hypothesis import strategies as st
 import engramdb
 import engramdb.engram as engram_mod
 import engramdb.index.bm25 as bm
-from conftest import PASSPHRASE, TEST_KDF, postings_to_term_first
+from conftest import GOLDEN, PASSPHRASE, TEST_KDF, golden_copy, postings_to_term_first
 from engramdb.store import page_owners, pages_written
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 QUERIES = ["where did alice move", "tea preference", "berlin", "the full original text", "emoji newlines tabs",
            "zzz nothing"]
 
@@ -86,14 +83,9 @@ def test_adding_1000_documents_to_a_20k_file_writes_pages_for_what_it_adds(tmp_p
     assert sum(written.values()) <= 1_200  # 1,041 measured; 2,556 keyed term first
 
 
-def _golden(tmp_path) -> Path:
-    target = tmp_path / "golden.engram"
-    shutil.copyfile(GOLDEN / "store-v1.engram", target)
-    return target
-
 
 def test_the_golden_file_keyed_term_first_reads_then_converts_and_answers_identically(tmp_path):
-    path = _golden(tmp_path)
+    path = golden_copy(tmp_path)
     with engramdb.open(path, passphrase="golden-passphrase", readonly=True) as db:
         assert _directory(db)["v"] == 1
         with db._store.read() as txn:

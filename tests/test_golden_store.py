@@ -5,23 +5,15 @@ Made once by tests/golden/make_golden_store.py (never regenerated for a released
 from __future__ import annotations
 
 import io
-import shutil
-from pathlib import Path
 
 import engramdb
+from conftest import GOLDEN, golden_copy
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 PASSPHRASE = "golden-passphrase"
 
 
-def _copy(tmp_path) -> Path:
-    target = tmp_path / "golden.engram"
-    shutil.copyfile(GOLDEN / "store-v1.engram", target)
-    return target
-
-
 def test_golden_store_opens_verifies_and_dumps_byte_identically(tmp_path):
-    with engramdb.open(_copy(tmp_path), passphrase=PASSPHRASE, readonly=True, verify=True) as db:
+    with engramdb.open(golden_copy(tmp_path), passphrase=PASSPHRASE, readonly=True, verify=True) as db:
         assert db.verify() == []
         buf = io.StringIO()
         db.dump(buf)
@@ -42,7 +34,7 @@ def test_golden_dump_restores_to_the_same_bytes(tmp_path):
 
 
 def test_golden_store_stays_writable(tmp_path):
-    with engramdb.open(_copy(tmp_path), passphrase=PASSPHRASE) as db:
+    with engramdb.open(golden_copy(tmp_path), passphrase=PASSPHRASE) as db:
         db.add("a new memory in an old file", id="new")
         assert db.recall("new memory old file", top_k=1)[0].id == "new"
         assert db.verify() == []

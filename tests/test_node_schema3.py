@@ -3,15 +3,13 @@ schema-1 records): the old records read as they are, a record written again (an 
 added is schema 3, and the file verifies clean with both kinds side by side."""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 
 import msgpack
 
 import engramdb
+from conftest import golden_copy
 from engramdb import codec
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 def _schemas(db) -> dict[str, int]:
@@ -26,8 +24,7 @@ def _schemas(db) -> dict[str, int]:
 
 
 def test_old_records_read_beside_new_ones_and_become_schema_3_when_written(tmp_path):
-    path = tmp_path / "golden.engram"
-    shutil.copyfile(GOLDEN / "store-v1.engram", path)
+    path = golden_copy(tmp_path)
     with engramdb.open(path, passphrase="golden-passphrase", readonly=True) as db:
         before = {n.id: n for n in db}
         old = _schemas(db)

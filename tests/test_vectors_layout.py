@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import io
 import itertools
-import shutil
-from pathlib import Path
 
 import lmdb
 import msgpack
 import numpy as np
 import pytest
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import GOLDEN, PASSPHRASE, TEST_KDF, golden_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +19,6 @@ from engramdb.errors import DecryptionError, EmbeddingError
 from engramdb.index import vectors as vec_mod
 from engramdb.records import Node
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 DIMS = 1536  # rows_per_block(1536) == 9: a few dozen memories span several blocks
 _FILES = itertools.count()  # a new file for every hypothesis example
 
@@ -192,14 +189,9 @@ def test_dump_and_restore_are_byte_identical_and_lossless(make_db, tmp_path):
 
 # --- the first layout ---------------------------------------------------------------------------
 
-def _golden(tmp_path) -> Path:
-    target = tmp_path / "golden.engram"
-    shutil.copyfile(GOLDEN / "store-v1.engram", target)
-    return target
-
 
 def test_a_first_layout_file_reads_the_same_before_and_after_its_conversion(tmp_path):
-    path = _golden(tmp_path)
+    path = golden_copy(tmp_path)
     with engramdb.open(path, passphrase="golden-passphrase", readonly=True) as db:
         with db._store.read() as txn:
             assert db.indexes.vectors.needs_migration(txn)
