@@ -1,26 +1,33 @@
 """A document-corpus retrieval benchmark with graded relevance: nDCG@10 of recall.
 
-    python tools/bench/doc_corpus.py --spaces hashed,minilm
+    python tools/bench/doc_corpus.py --spaces hashed
+    /work/venv-embed/bin/python tools/bench/doc_corpus.py --spaces hashed,random,minilm --json out.json
 
-The corpus is *On the Origin of Species* (Project Gutenberg #1228, public domain in the
-USA), read at run time from ../shared/data/gutenberg (the shared data is never copied into
-the repository) and cut into passages: the paragraphs between the Gutenberg START and END
-lines, consecutive paragraphs joined until a passage has at least ``MIN_WORDS`` words.
-Passage ``n`` is the n-th such passage; the book's SHA-256 is checked so the ids mean the
-same text.
+The corpus is two public-domain books (in the USA) from Project Gutenberg: *On the Origin
+of Species* (#1228) and *Pride and Prejudice* (#1342), read at run time from
+../shared/data/gutenberg (the shared data is never copied into the repository) and cut into
+passages: the paragraphs of each book's body (``BOOKS``: where it starts and ends; the
+novel's ``[Illustration: ...]`` blocks dropped), consecutive paragraphs joined until a
+passage has at least ``MIN_WORDS`` words. Passage ``<book>/<n>`` is that book's n-th
+passage; each book file's SHA-256 and its passages' digest are checked against the labels
+file, so an id always means the same text. Both books go into one store (1,292 passages),
+so each book's passages are distractors for the other's questions.
 
-The queries and their graded labels (tools/bench/data/origin_qrels.json) were written for
-this project: 2 = the passage answers the question, 1 = it bears on it (same subject, part
-of the answer), every unlabelled passage 0. Labels were judged by reading the pooled top 5
-passages of BM25, the hashed space and all-MiniLM-L6-v2 (model alone and fused) per query
-(``--pool 5`` prints that pool).
+The questions and their graded labels (tools/bench/data/gutenberg_qrels.json; its
+``about``, ``styles`` and ``batches`` say what each field means, how and when it was
+built) were written for this project: 2 = the passage answers the question, 1 = it bears
+on it, every unlabelled passage 0. Each question has a style (``lexical``, ``paraphrase``,
+``multi``); figures are given overall and per style. ``check_labels`` validates the file
+without the books (tests/test_doc_corpus_labels.py); ``--pool DEPTH`` prints each
+question's pooled top passages of every system, for labelling.
 
 Systems: ``bm25`` (no space), and per ``--spaces`` entry ``<space>-model`` (the space alone,
 locomo_adapter.MODEL_ONLY) and ``<space>-fused`` (recall's default fusion). Each memory is
 one passage; recall runs with its defaults (hops have no edges to spread over here).
-For each space, fused is compared with the better of its parts (higher mean nDCG@10) by a
-seeded paired bootstrap over the queries (tools/bench/paired.py): the mean per-query
-difference and its 95 % interval.
+For each space, fused is compared with the better of its parts (higher mean nDCG@10 over
+the queries compared) by a seeded paired bootstrap over the queries
+(tools/bench/paired.py): the mean per-query difference and its 95 % interval, overall and
+within each style.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import os
 import re
 import sys
 import tempfile
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -41,34 +49,106 @@ sys.path.insert(0, HERE)
 import engramdb  # noqa: E402
 from embed_cache import add_space, embedder_for  # noqa: E402
 from locomo_adapter import MODEL_ONLY  # noqa: E402
-from paired import best_single, paired_bootstrap  # noqa: E402
+from paired import Paired, best_single, paired_bootstrap  # noqa: E402
 
-BOOK = os.path.join(ROOT, "..", "shared", "data", "gutenberg", "origin_of_species_pg1228.txt")
-QRELS = os.path.join(HERE, "data", "origin_qrels.json")
+GUTENBERG = os.path.join(ROOT, "..", "shared", "data", "gutenberg")
+QRELS = os.path.join(HERE, "data", "gutenberg_qrels.json")
 MIN_WORDS = 120
 K = 10
+STYLES = ("lexical", "paraphrase", "multi")
+ILLUSTRATION = re.compile(r"\[Illustration(?:[^\[\]]|\[[^\[\]]*\])*\]")
 
 
-def load_qrels(path: str = QRELS, book: str = BOOK) -> dict:
-    """The queries and labels, after checking that ``book`` is the labelled edition (SHA-256)."""
+@dataclass(frozen=True)
+class Book:
+    """One book of the corpus: where its text starts and ends, and what to drop from it."""
+
+    key: str  # the prefix of its passage ids ("origin/12")
+    file: str  # under ../shared/data/gutenberg
+    start: str  # the body starts after the line holding this (``after``) or at it
+    end: str  # the body ends at the last occurrence of this
+    after: bool
+    illustrations: bool  # drop "[Illustration: ...]" blocks
+
+
+BOOKS = (
+    Book("origin", "origin_of_species_pg1228.txt", "*** START OF", "*** END OF", True, False),
+    Book("pride", "pride_and_prejudice_pg1342.txt", "It is a truth universally acknowledged",
+         "CHISWICK PRESS", False, True),
+)
+
+
+def read_labels(path: str = QRELS) -> dict:
+    """The labels file as it is (no book needed): books, passage counts, queries (module doc)."""
     with open(path, encoding="utf-8") as f:
-        spec = json.load(f)
-    with open(book, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    if digest != spec["book_sha256"]:
-        raise SystemExit(f"{book}: SHA-256 {digest} is not the labelled edition's {spec['book_sha256']}")
+        text = f.read()
+    spec = json.loads(text)
+    errors = check_labels(spec, text)
+    if errors:
+        raise SystemExit(f"{path}: " + "; ".join(errors[:10]))
     return spec
 
 
-def passages(path: str = BOOK) -> list[str]:
+def passage_key(pid: str) -> tuple[int, int]:
+    """Sort key of a passage id ``"<book>/<n>"``: the book's place in ``BOOKS``, then ``n``."""
+    book, _, n = pid.partition("/")
+    return [b.key for b in BOOKS].index(book), int(n)
+
+
+def canonical(spec: dict) -> str:
+    """The labels file's one text for ``spec``: grades sorted by passage, one-space indent,
+    UTF-8 as is, a final newline (``check_labels`` insists on it, so diffs stay small)."""
+    queries = [{**q, "grades": dict(sorted(q["grades"].items(), key=lambda kv: passage_key(kv[0])))}
+               for q in spec["queries"]]
+    return json.dumps({**spec, "queries": queries}, indent=1, ensure_ascii=False) + "\n"
+
+
+def check_labels(spec: dict, text: str | None = None) -> list[str]:
+    """What is wrong with a labels file (empty: nothing), without reading the books: every
+    labelled passage exists, every query has a grade-2 passage, grades are 1 or 2,
+    styles are known, no id or question twice; ``text``, the file as read, is canonical."""
+    errors: list[str] = []
+    sizes = {b.key: spec.get("books", {}).get(b.key, {}).get("passages", 0) for b in BOOKS}
+    seen_ids: set[str] = set()
+    seen_queries: set[str] = set()
+
+    def exists(pid: str) -> bool:
+        book, _, n = pid.partition("/")
+        return book in sizes and n.isdigit() and str(int(n)) == n and int(n) < sizes[book]
+
+    for q in spec.get("queries", []):
+        qid = q.get("id", "?")
+        if qid in seen_ids:
+            errors.append(f"{qid}: id used twice")
+        seen_ids.add(qid)
+        question = " ".join(q.get("query", "").lower().split())
+        if not question or question in seen_queries:
+            errors.append(f"{qid}: question empty or asked twice")
+        seen_queries.add(question)
+        if q.get("style") not in STYLES:
+            errors.append(f"{qid}: style {q.get('style')!r} is not one of {STYLES}")
+        grades = q.get("grades", {})
+        errors += [f"{qid}: {pid} is not a passage" for pid in grades if not exists(pid)]
+        errors += [f"{qid}: {pid} graded {g!r} (1 or 2)" for pid, g in grades.items() if g not in (1, 2)]
+        if 2 not in grades.values():
+            errors.append(f"{qid}: no passage answers it (grade 2)")
+    if text is not None and text != canonical(spec):
+        errors.append("the file is not in canonical form (doc_corpus.canonical)")
+    return errors
+
+
+def book_passages(book: Book, directory: str = GUTENBERG) -> list[str]:
     """The book's passages (module doc), whitespace inside a passage collapsed to single spaces."""
-    with open(path, encoding="utf-8") as f:
+    with open(os.path.join(directory, book.file), encoding="utf-8") as f:
         text = f.read()
-    start = text.index("\n", text.index("*** START OF")) + 1
-    end = text.index("*** END OF")
+    at = text.index(book.start)
+    start = text.index("\n", at) + 1 if book.after else at
+    body = text[start:text.rindex(book.end)]
+    if book.illustrations:
+        body = ILLUSTRATION.sub("", body)
     out: list[str] = []
     current: list[str] = []
-    for para in re.split(r"\n\s*\n", text[start:end]):
+    for para in re.split(r"\n\s*\n", body):
         words = para.split()
         if not words:
             continue
@@ -79,6 +159,45 @@ def passages(path: str = BOOK) -> list[str]:
     if current:
         out.append(" ".join(current))
     return out
+
+
+def passages_digest(texts: list[str]) -> str:
+    """SHA-256 of a book's passages, one per line: the labels' ids mean these very texts."""
+    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()
+
+
+def corpus(directory: str = GUTENBERG, path: str = QRELS) -> tuple[list[str], list[str]]:
+    """``(ids, texts)`` of every book's passages, in ``BOOKS`` order, after checking each book
+    file's SHA-256 and its passages' digest against the labels file."""
+    spec = read_labels(path)
+    ids: list[str] = []
+    texts: list[str] = []
+    for book in BOOKS:
+        meta = spec["books"][book.key]
+        with open(os.path.join(directory, book.file), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != meta["sha256"]:
+            raise SystemExit(f"{book.file}: SHA-256 {digest} is not the labelled edition's {meta['sha256']}")
+        got = book_passages(book, directory)
+        if len(got) != meta["passages"] or passages_digest(got) != meta["passages_sha256"]:
+            raise SystemExit(f"{book.file}: cut into {len(got)} passages that are not the labelled ones")
+        ids += [f"{book.key}/{n}" for n in range(len(got))]
+        texts += got
+    return ids, texts
+
+
+def passages() -> list[str]:
+    """Every passage of the corpus; memory ``p<i>`` holds ``passages()[i]``."""
+    return corpus()[1]
+
+
+def load_qrels(path: str = QRELS) -> dict:
+    """The labels file with each query's ``grades`` keyed by the passage's position in
+    ``passages()`` (as a string), after checking the books (``corpus``)."""
+    spec = read_labels(path)
+    position = {pid: str(i) for i, pid in enumerate(corpus(path=path)[0])}
+    queries = [{**q, "grades": {position[p]: g for p, g in q["grades"].items()}} for q in spec["queries"]]
+    return {**spec, "queries": queries}
 
 
 def ndcg(ranked: list[int], grades: dict[int, int], k: int = K) -> float:
@@ -101,6 +220,15 @@ def run(db: engramdb.Engram, queries: list[dict], fusion: engramdb.FusionWeights
     return [[int(h.id[1:]) for h in db.recall(q["query"], top_k=K, fusion=fusion)] for q in queries]
 
 
+def compare(out: dict, space: str, mask: list[bool]) -> tuple[str, Paired]:
+    """``space``'s fused against the better of BM25 and the space alone over the queries in ``mask``."""
+    def pick(name: str) -> list[float]:
+        return [x for x, m in zip(out[name]["per_query"], mask) if m]
+    parts = {"bm25": pick("bm25"), "model": pick(f"{space}-model")}
+    best = best_single(*parts.values())
+    return next(n for n, v in parts.items() if v is best), paired_bootstrap(pick(f"{space}-fused"), best)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spaces", default="hashed")
@@ -109,12 +237,13 @@ def main() -> None:
     ap.add_argument("--json", help="write per-query figures here")
     args = ap.parse_args()
     spec = load_qrels()
-    texts = passages()
+    ids, texts = corpus()
     queries = spec["queries"]
+    spaces = [s for s in args.spaces.split(",") if s]
     runs: dict[str, list[list[int]]] = {}
     with tempfile.TemporaryDirectory(prefix="engram-docs-") as tmp:
         runs["bm25"] = run(build(texts, tmp), queries, None)
-        for space in [s for s in args.spaces.split(",") if s]:
+        for space in spaces:
             emb = embedder_for(space).embedder
             if emb is not None:
                 emb([q["query"] for q in queries])
@@ -124,24 +253,36 @@ def main() -> None:
     if args.pool:
         for qi, q in enumerate(queries):
             pool = sorted({d for r in runs.values() for d in r[qi][:args.pool]})
-            print(f"\n=== Q{qi} {q['query']}  labelled: {q['grades']}")
+            labelled = {ids[int(p)]: g for p, g in q["grades"].items()}
+            print(f"\n=== {q['id']} ({q['style']}) {q['query']}  labelled: {labelled}")
             for d in pool:
-                print(f"--- p{d}: {texts[d]}")
+                print(f"--- {ids[d]}: {texts[d]}")
         return
-    print(f"{len(texts)} passages, {len(queries)} queries, load {os.getloadavg()[0]:.1f}")
-    out = {}
+    styles = [q["style"] for q in queries]
+    counts = ", ".join(f"{styles.count(s)} {s}" for s in STYLES)
+    print(f"{len(texts)} passages, {len(queries)} queries ({counts}), load {os.getloadavg()[0]:.1f}")
+    out: dict = {}
     for name, ranked in runs.items():
         per_query = [ndcg(r, {int(p): g for p, g in q["grades"].items()}) for r, q in zip(ranked, queries)]
-        out[name] = {"ndcg@10": round(sum(per_query) / len(per_query), 4), "per_query": [round(x, 4) for x in per_query]}
-        print(f"| {name} | {out[name]['ndcg@10']:.3f} |")
-    for space in [s for s in args.spaces.split(",") if s]:
-        parts = {"bm25": out["bm25"]["per_query"], "model": out[f"{space}-model"]["per_query"]}
-        best = best_single(*parts.values())
-        name = next(n for n, v in parts.items() if v is best)
-        diff = paired_bootstrap(out[f"{space}-fused"]["per_query"], best)
-        out[f"{space}-fused"]["vs_best_single"] = {"best": name, "mean": round(diff.mean, 4),
-                                                   "ci95": [round(diff.low, 4), round(diff.high, 4)]}
-        print(f"{space}-fused - {name} (the better part), paired bootstrap over queries: {diff}")
+        out[name] = {"ndcg@10": round(sum(per_query) / len(per_query), 4),
+                     "per_query": [round(x, 4) for x in per_query]}
+    print("| signals | all | " + " | ".join(STYLES) + " |")
+    print("|---|---:|" + "---:|" * len(STYLES))
+    for name in runs:
+        per_style = [sum(x for x, s in zip(out[name]["per_query"], styles) if s == style) / max(1, styles.count(style))
+                     for style in STYLES]
+        out[name]["by_style"] = {s: round(v, 4) for s, v in zip(STYLES, per_style)}
+        print(f"| {name} | {out[name]['ndcg@10']:.3f} | " + " | ".join(f"{v:.3f}" for v in per_style) + " |")
+    for space in spaces:
+        for group in ("all",) + STYLES:
+            mask = [group in ("all", s) for s in styles]
+            if not any(mask):
+                continue
+            name, diff = compare(out, space, mask)
+            out[f"{space}-fused"].setdefault("vs_best_single", {})[group] = {
+                "best": name, "mean": round(diff.mean, 4), "ci95": [round(diff.low, 4), round(diff.high, 4)],
+                "better": diff.better, "worse": diff.worse}
+            print(f"{space}-fused - {name} (the better part), {group} ({sum(mask)}), paired bootstrap: {diff}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
