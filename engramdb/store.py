@@ -1071,6 +1071,7 @@ class Txn:
         self._unlogged = False  # a bulk write went unlogged (_REPLAY_LOG_LIMIT): no replay possible
         self._begin_seq: int | None = None
         self._begin_next_docno = 0  # the snapshot's next_docno: docnos from here on are new
+        self._after_commit: list[Callable[[int], None]] = []
 
     @property
     def _lt(self) -> lmdb.Transaction[bytes]:
@@ -1078,6 +1079,13 @@ class Txn:
         if self._ltxn is None:
             raise StoreError("this transaction has ended", hint="use the transaction inside its `with` block")
         return self._ltxn
+
+    def after_commit(self, fn: Callable[[int], None]) -> None:
+        """Have ``fn(snapshot_id)`` called once this write transaction has committed, with
+        the :attr:`snapshot_id` read transactions of the committed state report; never called
+        when it rolls back. Lets a cache adopt what the transaction wrote (``fn`` must not
+        raise: the commit has happened)."""
+        self._after_commit.append(fn)
 
     # -- lifecycle (used by Store) -----------------------------------------------------
     def _begin(self) -> None:
@@ -1116,12 +1124,15 @@ class Txn:
                 if changed:
                     self.store._env.check_identity()  # never commit into a file replaced under us
                     unchanged = self.store._env.unchanged()
+                snapshot = self._lt.id()  # what read transactions of the committed state report
                 self._lt.commit()
                 self._ltxn = None
                 if changed:
                     self.store._env.note_commit(unchanged)
                 if changes is not None:
                     self.store._env.committed(changes)
+                for fn in self._after_commit:
+                    fn(snapshot)
                 return
             except lmdb.MapFullError:
                 if self._state is not None:

@@ -85,32 +85,58 @@ def test_open_checks_cache_mb(tmp_path):
 
 
 def test_a_commit_decodes_only_the_new_segments_blocks(store):
+    """A reader (not the handle that wrote) decodes the new segment's blocks of the query
+    terms and nothing else; the writing handle decodes nothing at all: it keeps the small
+    segments it committed as it wrote them, and the directory too."""
     rng = np.random.default_rng(3)
-    idx = _fresh(store)
+    idx, writer = _fresh(store), _fresh(store)
     big = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 50)]  # one large segment
-    store.write(lambda txn: idx.apply(txn, big, []))
+    store.write(lambda txn: writer.apply(txn, big, []))
     small = [(len(big) + 1 + i, _doc(rng)) for i in range(5)]
     for doc in small:  # five small segments
-        store.write(lambda txn, doc=doc: idx.apply(txn, [doc], []))
+        store.write(lambda txn, doc=doc: writer.apply(txn, [doc], []))
     query = ["w0", "w1", "w5", "w9"]
     with store.read() as txn:
         idx.search(txn, query, 10)
-    before = idx.blocks_decoded
+        writer.search(txn, query, 10)
+    before, wrote = idx.blocks_decoded, writer.blocks_decoded
     with store.read() as txn:
         idx.search(txn, query, 10)
     assert idx.blocks_decoded == before  # warm: nothing decoded
     nxt = len(big) + len(small) + 1
-    store.write(lambda txn: idx.apply(txn, [(nxt, ["w0", "w5", "zz"])], []))  # one new segment, 2 query terms
+    store.write(lambda txn: writer.apply(txn, [(nxt, ["w0", "w5", "zz"])], []))  # one new segment, 2 query terms
     with store.read() as txn:
         got = idx.search(txn, query, 10)
         assert idx.blocks_decoded - before == 2  # the new segment's blocks of w0 and w5, nothing else
         assert got == _fresh(store).search(txn, query, 10)
+        assert writer.search(txn, query, 10) == got
+        assert writer.blocks_decoded == wrote  # its own commit: nothing read back
+        assert writer._dir is not None and writer._txnid == txn.snapshot_id  # the directory adopted
     # a commit holding none of the query terms decodes nothing
     before = idx.blocks_decoded
-    store.write(lambda txn: idx.apply(txn, [(nxt + 1, ["zz", "yy"])], []))
+    store.write(lambda txn: writer.apply(txn, [(nxt + 1, ["zz", "yy"])], []))
     with store.read() as txn:
         assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
     assert idx.blocks_decoded == before
+
+
+def test_an_aborted_write_leaves_nothing_to_adopt(store):
+    """Only a commit hands the written segment and directory to the read path: a write
+    that rolls back leaves the handle reading the file (the next commit reuses the segment
+    number with other postings)."""
+    idx = _fresh(store)
+    store.write(lambda txn: idx.apply(txn, [(1, ["w0", "w1"]), (2, ["w1"])], []))
+
+    def fail(txn):
+        idx.apply(txn, [(3, ["w0", "w0", "w0"])], [])
+        raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        store.write(fail)
+    store.write(lambda txn: idx.apply(txn, [(3, ["w1", "w2"])], []))
+    with store.read() as txn:
+        for q in (["w0"], ["w1"], ["w2"], ["w0", "w1", "w2"]):
+            assert idx.search(txn, q, 5) == _fresh(store).search(txn, q, 5)
 
 
 def test_merges_of_small_segments_never_reread_the_large_ones(store):
@@ -157,17 +183,17 @@ def test_a_tombstone_in_a_small_segment_reuses_its_decoded_blocks(store):
     tombstones a document of a small segment rebuilds the term's small-segment postings
     from the cached blocks (no block decoded again), and the answer equals a fresh handle's."""
     rng = np.random.default_rng(8)
-    idx = _fresh(store)
+    idx, writer = _fresh(store), _fresh(store)  # the writer reads nothing back (its own commits)
     big = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 5)]
-    store.write(lambda txn: idx.apply(txn, big, []))
+    store.write(lambda txn: writer.apply(txn, big, []))
     small = [(len(big) + 1 + i, ["w0", "w1"] + _doc(rng, 3)) for i in range(12)]
     for at in range(0, len(small), 4):  # three small segments of 4 documents (one dead: under half)
-        store.write(lambda txn, at=at: idx.apply(txn, small[at:at + 4], []))
+        store.write(lambda txn, at=at: writer.apply(txn, small[at:at + 4], []))
     query = ["w0", "w1"]
     with store.read() as txn:
         first = idx.search(txn, query, 10)
     before = idx.blocks_decoded
-    store.write(lambda txn: idx.apply(txn, [], [small[1][0]]))  # a delete in a small segment
+    store.write(lambda txn: writer.apply(txn, [], [small[1][0]]))  # a delete in a small segment
     with store.read() as txn:
         assert idx.layout(txn) == {"segments": 4, "live_docs": len(big) + 11, "dead_docs": 1, "tombstone_runs": 1}
     with store.read() as txn:
@@ -177,7 +203,7 @@ def test_a_tombstone_in_a_small_segment_reuses_its_decoded_blocks(store):
     assert idx.blocks_decoded == before
     # an update of a small segment's document: its old posting goes, the new one (another
     # segment, same docno) comes; only the new segment's blocks are decoded
-    store.write(lambda txn: idx.apply(txn, [(small[6][0], ["w1", "w1", "w1"])], [small[6][0]]))
+    store.write(lambda txn: writer.apply(txn, [(small[6][0], ["w1", "w1", "w1"])], [small[6][0]]))
     with store.read() as txn:
         got = idx.search(txn, query, 10)
         assert got == _fresh(store).search(txn, query, 10)
@@ -322,6 +348,27 @@ class CachedEqualsFresh(RuleBasedStateMachine):
     def merge(self, steps, force):
         self.writer.send(op="merge", steps=steps, force=force)
 
+    # the long-lived handles write too: each then reads its own commits back from what it
+    # wrote (the directory and the small segments it keeps), never from the file
+
+    @rule(k=st.integers(0, 3), seed=st.integers(0, 2**16), tiny=st.booleans(), data=st.data())
+    def write_here(self, k, seed, tiny, data):
+        rng = np.random.default_rng(seed)
+        docs = [(self.next + i, _doc(rng, int(rng.integers(0, 8)))) for i in range(k)]
+        victims = data.draw(st.lists(st.sampled_from(sorted(self.live)), max_size=2, unique=True)) if self.live else []
+        updated = victims[:1] if data.draw(st.booleans()) else []
+        docs += [(v, _doc(rng)) for v in updated]
+        handle = self.tiny if tiny else self.cached
+        self.store.write(lambda txn: handle.apply(txn, docs, victims))
+        self.live.update(d for d, _ in docs)
+        self.live.difference_update(set(victims) - set(updated))
+        self.next += k
+
+    @rule(steps=st.integers(1, 3), force=st.booleans(), tiny=st.booleans())
+    def merge_here(self, steps, force, tiny):
+        handle = self.tiny if tiny else self.cached
+        self.store.write(lambda txn: handle.merge(txn, steps, force=force))
+
     @invariant()
     def answers_equal_a_fresh_handle(self):
         fresh = SegmentedBM25(self.store.blind, self.store.last_txnid)
@@ -344,7 +391,7 @@ class CachedEqualsFresh(RuleBasedStateMachine):
 
 
 TestCachedEqualsFresh = CachedEqualsFresh.TestCase
-TestCachedEqualsFresh.settings = settings(max_examples=5, stateful_step_count=12, deadline=None,
+TestCachedEqualsFresh.settings = settings(max_examples=8, stateful_step_count=14, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -40,7 +40,7 @@ import threading
 import weakref
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, cast
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -156,8 +156,10 @@ def lucene_idf(n_docs: int, df: np.ndarray | int) -> np.ndarray | float:
 def _idf(n_docs: int, df: int) -> float:
     """:func:`lucene_idf` of one term as a float, memoised (a numpy call on a scalar costs
     microseconds, and every query term asks for it; ``math.log1p`` would differ from numpy's
-    in the last bit for some inputs, and scores must not depend on the path)."""
-    return float(lucene_idf(n_docs, df))
+    in the last bit for some inputs, and scores must not depend on the path). The same
+    float operations as :func:`lucene_idf`, on scalars (its 0-d arrays cost more)."""
+    fdf = float(df)
+    return float(np.log1p((n_docs - fdf + 0.5) / (fdf + 0.5)))
 
 
 def lucene_tf_part(tf: np.ndarray, dl: np.ndarray, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
@@ -428,9 +430,17 @@ def _part(tf: np.ndarray, dl: np.ndarray, idf: float, avgdl: float, w: float) ->
     """``w * idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))`` elementwise: the same float
     operations, in the same order, as :func:`lucene_tf_part` per posting (so per pair and per
     posting give the same bits)."""
-    part: NDArray[np.float64] = idf * (tf / (K1 * ((1.0 - B) + B * dl / avgdl) + tf))
+    # in place, one temporary: B * dl / avgdl, + (1 - B), * K1, + tf, tf / that, * idf, * w
+    # (the same operations in the same order as ``idf * (tf / (K1 * ((1 - B) + B * dl / avgdl) + tf))``)
+    part: NDArray[np.float64] = np.multiply(dl, B, dtype=np.float64)
+    part /= avgdl
+    part += 1.0 - B
+    part *= K1
+    part += tf
+    np.divide(tf, part, out=part)
+    part *= idf
     if w != 1:
-        part = w * part
+        part *= w
     return part
 
 
@@ -685,8 +695,8 @@ class _Dir:
         self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
         # read states only: small segment -> its terms; an older state's live segments ->
         # what changed since (shared by every term cached at that state)
-        self.terms_of: dict[int, frozenset[bytes]] = {}
-        self.diffs: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+        self.terms_of: dict[int, Container[bytes]] = {}
+        self.diffs: dict[tuple[int, ...], tuple[list[int], list[tuple[int, Container[bytes] | None]]]] = {}
         self.dead_live: dict[int, np.ndarray] | None = None
 
     @classmethod
@@ -728,6 +738,16 @@ class _Dir:
             "runs": [[s, run, count] for s, runs in sorted(self.runs.items()) for run, count in runs],
         })
 
+    def committed_copy(self) -> _Dir:
+        """What a reader decodes from :meth:`encode`'s record, without encoding and decoding
+        it: a fresh copy with every number committed and nothing memoised."""
+        c = _Dir(self.epoch, self.next)
+        c.version = DIR_VERSION if self.seg_first else 2
+        c.n_docs, c.total_len = self.n_docs, self.total_len
+        c.segs = {s: [n, ln] for s, (n, ln) in sorted(self.segs.items())}
+        c.runs = {s: [[run, count] for run, count in runs] for s, runs in sorted(self.runs.items()) if runs}
+        return c
+
     @property
     def seg_first(self) -> bool:
         """Whether postings are keyed segment first (version 3), else ``blind | segno``."""
@@ -744,7 +764,7 @@ class _Dir:
 
     def dead_counts(self) -> dict[int, int]:
         """segno -> dead documents, for the segments that have any."""
-        return {s: n for s in self.segs if (n := self.dead_count(s))}
+        return {s: n for s in sorted(self.runs.keys() | self.pending.keys()) if s in self.segs and (n := self.dead_count(s))}
 
     def signature(self) -> tuple[tuple[int, ...], dict[int, int]]:
         """(live segments in order, segment -> number of tombstones): what a term's cached
@@ -812,6 +832,51 @@ class _Seg:
         self.lens = lens
 
 
+class _Fresh:
+    """A small segment this handle wrote, as it wrote it: per term, its postings as
+    (docnos int64, tf float64, dl float64) views of flat columns. Adopted once the write
+    transaction commits, so a query after this handle's own commit reads the new segment
+    without an LMDB read, a decryption or a decode (spec/bm25.md, "Caches").
+
+    Supports ``blind in fresh`` (the segment's term set, as its ``v`` record lists it)."""
+
+    __slots__ = ("rows", "docnos", "tf", "dl")
+
+    def __init__(self, blinds: Sequence[bytes], docnos: np.ndarray, tfs: np.ndarray, bounds: np.ndarray,
+                 seg: _Seg) -> None:
+        self.rows = dict(zip(blinds, itertools.pairwise(bounds.tolist())))
+        self.docnos = docnos.astype(np.int64)
+        self.tf = tfs.astype(np.float64)
+        self.dl = seg.lens[np.searchsorted(seg.docnos, docnos)].astype(np.float64)
+
+    def __contains__(self, blind: object) -> bool:
+        return blind in self.rows
+
+    def block(self, blind: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The term's postings in the segment (dead ones included), or None without any."""
+        at = self.rows.get(blind)
+        if at is None:
+            return None
+        a, b = at
+        return self.docnos[a:b], self.tf[a:b], self.dl[a:b]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.docnos.nbytes * 3) + 120 * len(self.rows)
+
+
+class _Written:
+    """What a write transaction wrote, for the read path to adopt once it commits: the
+    directory as last written and the small segments it created (their columns)."""
+
+    __slots__ = ("dir", "segments")
+
+    def __init__(self) -> None:
+        self.dir: _Dir | None = None
+        # segno -> (blinds, docnos, tfs, bounds) as count_postings / a merge gave them, and the segment
+        self.segments: dict[int, tuple[Sequence[bytes], np.ndarray, np.ndarray, np.ndarray, _Seg]] = {}
+
+
 class SegmentedBM25:
     """The BM25 index of one open file.
 
@@ -848,6 +913,8 @@ class SegmentedBM25:
         # write transaction -> the directory's ``next`` when it first read it: numbers below
         # are committed (later ones were written by the transaction itself, which may abort)
         self._txn_committed: weakref.WeakKeyDictionary[Txn, int] = weakref.WeakKeyDictionary()
+        # write transaction -> what it wrote, adopted by the read path once it commits
+        self._written: weakref.WeakKeyDictionary[Txn, _Written] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._local = threading.local()
         # posting blocks read and decoded by this handle's queries (a count of work for tests)
@@ -880,16 +947,62 @@ class SegmentedBM25:
         sid = snapshot_id(txn, self._last_txnid)
         with self._lock:
             if self._dir is None or sid != self._txnid:
-                d = _Dir.decode(txn.get("segments", DIR_KEY))
-                if self._dir is not None and d.epoch != self._dir.epoch:
-                    self._cache.clear()
-                elif self._dir is not None:  # merged-away segments never come back
-                    for segno in self._dir.segs:
-                        if segno not in d.segs:
-                            self._cache.pop(("s", segno))
-                self._drop_old_runs(d)
-                self._dir, self._txnid = d, sid
+                self._switch(_Dir.decode(txn.get("segments", DIR_KEY)), sid)
+            assert self._dir is not None
             return self._dir
+
+    def _switch(self, d: _Dir, sid: int) -> None:
+        """Make ``d``, the committed state of snapshot ``sid``, the read path's directory
+        (under ``_lock``)."""
+        prev = self._dir
+        if prev is not None and d.epoch != prev.epoch:
+            self._cache.clear()
+        elif prev is not None:
+            for segno in prev.segs:
+                if segno not in d.segs:  # merged-away segments never come back
+                    self._cache.pop(("s", segno))
+                    self._cache.pop(("f", segno))
+            # the term sets of the small segments still live (immutable) carry over
+            d.terms_of.update((segno, t) for segno, t in prev.terms_of.items() if segno in d.segs)
+        self._drop_old_runs(d)
+        self._dir, self._txnid = d, sid
+
+    def _written_by(self, txn: Txn) -> _Written | None:
+        """The record of what write transaction ``txn`` wrote (None: a transaction object
+        that cannot report its commit, e.g. a test double)."""
+        w = self._written.get(txn)
+        if w is None:
+            hook = getattr(txn, "after_commit", None)
+            if hook is None:
+                return None
+            w = self._written[txn] = _Written()
+            hook(functools.partial(self._adopt, w))
+        return w
+
+    def _adopt(self, w: _Written, sid: int) -> None:
+        """After this handle's write transaction committed as snapshot ``sid``: its
+        directory becomes the read path's (no record to read and decode at the next query),
+        and the small segments it created are kept as written (:class:`_Fresh`), so the
+        next query reads none of them from the file. Both are exactly what the file now
+        holds: segment numbers are never reused."""
+        d = w.dir
+        if d is None:
+            return
+        with self._lock:
+            if self._txnid is None or sid > self._txnid:
+                self._switch(d, sid)
+        for segno, (blinds, docnos, tfs, bounds, seg) in w.segments.items():
+            if segno in d.segs and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
+                fresh = _Fresh(blinds, docnos, tfs, bounds, seg)
+                self._cache.put(("s", segno), seg, seg.docnos.nbytes + seg.lens.nbytes)
+                self._cache.put(("f", segno), fresh, fresh.nbytes)
+        w.segments.clear()
+
+    def _remember(self, txn: Txn, segno: int, blinds: Sequence[bytes], docnos: np.ndarray, tfs: np.ndarray,
+                  bounds: np.ndarray, seg_docnos: np.ndarray, seg_lens: np.ndarray) -> None:
+        """Keep a small segment's columns as this transaction writes them (see :meth:`_adopt`)."""
+        if seg_docnos.size <= SMALL_SEGMENT_DOCS and (w := self._written_by(txn)) is not None:
+            w.segments[segno] = (blinds, docnos, tfs, bounds, _Seg(seg_docnos, seg_lens.astype(np.int64)))
 
     def _write_directory(self, txn: Txn) -> _Dir:
         """The directory inside a write transaction, its ``committed`` mark set to what was
@@ -974,19 +1087,20 @@ class SegmentedBM25:
     def _dead_arrays(self, txn: Txn, d: _Dir, segnos: Iterable[int]) -> dict[int, np.ndarray]:
         """segno -> its sorted dead docnos, for the segments of ``segnos`` that have any."""
         out = {}
+        with_dead = d.runs.keys() | d.pending.keys()
         for segno in segnos:
-            if d.dead_count(segno):
+            if segno in with_dead and d.dead_count(segno):
                 dead = self._dead(txn, d, segno)
                 if dead is not None and dead.size:
                     out[segno] = dead
         return out
 
-    def _terms_of(self, txn: Txn, d: _Dir, segno: int) -> frozenset[bytes] | None:
+    def _terms_of(self, txn: Txn, d: _Dir, segno: int) -> Container[bytes] | None:
         """The blinded terms of a small segment (its ``v`` record as a set, cached), or None
         for a large segment or inside a write transaction (then the postings table answers)."""
         terms = d.terms_of.get(segno)
         if terms is None and not txn.write and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
-            terms = self._cache.get(("v", segno))
+            terms = self._cache.get(("v", segno)) or self._cache.get(("f", segno))
             if terms is None:
                 data = txn.get("segments", _seg_key(b"v", segno)) or b""
                 if len(data) % BLIND_LEN:
@@ -994,7 +1108,7 @@ class SegmentedBM25:
                 terms = frozenset(data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN))
                 self._cache.put(("v", segno), terms, 100 * len(terms))
             d.terms_of[segno] = terms
-        return cast("frozenset[bytes]", terms)
+        return cast("Container[bytes]", terms)
 
     def _raw_block(self, txn: Txn, d: _Dir, blind: bytes,
                    segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -1035,6 +1149,10 @@ class SegmentedBM25:
         committed: immutable, their numbers never reused), or None when it has none."""
         key = ("b", blind, segno)
         hit = None if txn.write else self._cache.get(key)
+        if hit is None and not txn.write:
+            fresh = self._cache.get(("f", segno))
+            if fresh is not None:  # written by this handle: the columns as written, no read
+                return cast("_Fresh", fresh).block(blind)
         if hit is None:
             block = self._raw_block(txn, d, blind, segno)
             if block is None:
@@ -1172,8 +1290,10 @@ class SegmentedBM25:
         if diff is None:
             old_live = set(old.live)
             new = [s for s in live if s not in old_live]
+            # the new small segments with their term sets (None: ask the postings table),
+            # looked up once per pair of states, not per term
             diff = ([s for s in new if d.segs[s][0] > SMALL_SEGMENT_DOCS],
-                    [s for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS])
+                    [(s, self._terms_of(txn, d, s)) for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS])
             if not txn.write:
                 d.diffs[old.live] = diff
         new_big, new_small = diff
@@ -1185,9 +1305,7 @@ class SegmentedBM25:
         segs = d.segs
         held = [s for s in old.delta.key[0] if s in segs]
         if new_small:
-            sets = d.terms_of
-            held.extend(s for s in new_small
-                        if ((t := sets.get(s)) is not None and blind in t) or (t is None and self._holds(txn, d, blind, s)))
+            held.extend(s for s, t in new_small if t is None or blind in t)
         delta = self._delta(txn, d, blind, tuple(sorted(held)), old.delta)
         dead = d.dead_live
         if dead is None:
@@ -1392,10 +1510,11 @@ class SegmentedBM25:
         words, docnos, tfs, bounds = count_postings(docs)
         blinds = [self.blind(word) for word in words]
         self._insert_postings(txn, d, segno, blinds, encode_blocks(docnos, tfs, bounds))
-        blinds.sort()
         order = np.argsort(docs.docnos, kind="stable")
         seg_docnos = docs.docnos[order]
         seg_lens = docs.lengths[order].astype(np.uint64)
+        self._remember(txn, segno, blinds, docnos, tfs, bounds, seg_docnos, seg_lens)
+        blinds = sorted(blinds)
         txn.put("segments", _seg_key(b"s", segno), encode_block(seg_docnos, seg_lens))
         txn.put("segments", _seg_key(b"v", segno), b"".join(blinds))
         total = int(seg_lens.sum())
@@ -1473,6 +1592,9 @@ class SegmentedBM25:
         self._store_tombstones(txn, d)
         txn.put("segments", DIR_KEY, d.encode())
         self._drop_old_runs(d)
+        w = self._written_by(txn)
+        if w is not None:
+            w.dir = d.committed_copy()
 
     def apply(self, txn: Txn, added: TermDocs | Sequence[tuple[int, Sequence[str]]], removed: Iterable[int],
               *, auto_merge: bool = True) -> None:
@@ -1576,6 +1698,8 @@ class SegmentedBM25:
             blocks = encode_blocks(col_d[order], col_t[order], bounds)
             new_blinds = [ordered[j] for j in present.tolist()]
             self._insert_postings(txn, d, new, new_blinds, blocks)
+            if docnos.size <= SMALL_SEGMENT_DOCS:
+                self._remember(txn, new, new_blinds, col_d[order], col_t[order], bounds, docnos, lens)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
             txn.delete("segments", _seg_key(b"v", segno))
