@@ -25,7 +25,8 @@ class Native(NamedTuple):
     seal_many: Callable[[bytes, bytes, bytes, bytes, Pairs], list[bytes]]
     hmac_many: Callable[[bytes, bytes, Sequence[bytes], int], list[bytes]]
     state_sum: Callable[[bytes, bytes, Pairs], bytes]
-    scan_words: Callable[[bytes, bytes], tuple[list[int | bytes], bytes, bytes]]
+    scan_texts: Callable[[Sequence[str | bytes], bytes], tuple[list[str], bytes, bytes]]
+    keep_tokens: Callable[[bytes, bytes, bytes], tuple[bytes, bytes]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -35,10 +36,10 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import hmac_many, scan_words, seal_many, state_sum
+        from ._native import hmac_many, keep_tokens, scan_texts, seal_many, state_sum
     except ImportError:
         return None
-    return Native(seal_many, hmac_many, state_sum, scan_words)
+    return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

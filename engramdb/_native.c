@@ -15,13 +15,17 @@
  *   state_sum(key, prefix, pairs) -> int
  *       sum of int.from_bytes(HMAC-SHA256(key, prefix | k | SHA-256(envelope)), "big")
  *       over (k, envelope) of pairs, modulo 2**256
- *   scan_words(data, offsets) -> (keys, inverse, firsts)
- *       the bulk tokenizer's word scan (engramdb/index/tokenize.py, _token_values): the
- *       words of `data` (already translated: a space ends a word) of two bytes or more,
- *       grouped by a hash table; keys are the distinct words in first-seen order (the int
- *       of up to 16 bytes read little-endian, or the bytes of a longer word), inverse the
- *       int64 key index of every word in order, firsts (int64) per offset the number of
- *       words starting before it
+ *   scan_texts(texts, table) -> (words, inverse, firsts)
+ *       the bulk tokenizer's word scan (engramdb/index/tokenize.py, Tokenizer.encode_many):
+ *       each text (an ASCII str, or the UTF-8 bytes of another) mapped byte by byte through
+ *       the 256-byte `table` (a space ends a word), its words of two bytes or more grouped
+ *       by a hash table; words are the distinct words (str, decoded from UTF-8 with
+ *       surrogatepass) in first-seen order, inverse the int64 word number of every word in
+ *       order, firsts (int64) per text the number of words before it
+ *   keep_tokens(inverse, firsts, values) -> (ids, lengths)
+ *       ids (int64) = values[w] for each word number w of inverse whose value is >= 0, in
+ *       order; lengths (int64) per text the number of those among its words (firsts as
+ *       scan_texts gives them)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -335,29 +339,11 @@ done:
 /* ---- the bulk tokenizer's word scan ------------------------------------------------ */
 
 typedef struct {
-    Py_ssize_t start;  /* -1: an empty slot */
+    Py_ssize_t at;     /* the word's first byte in the arena; -1: an empty slot */
     Py_ssize_t len;
-    Py_ssize_t index;
-    unsigned long long low, high;  /* a word of up to 16 bytes: its bytes, little-endian (0 beyond) */
+    Py_ssize_t index;  /* the word's number: its place in first-seen order */
+    unsigned long long hash;
 } word_slot;
-
-/* Up to 8 bytes at w as a little-endian integer (bytes beyond `len` are not read). */
-static unsigned long long
-load_le(const unsigned char *w, Py_ssize_t len, int whole)
-{
-    unsigned long long v = 0;
-    Py_ssize_t i;
-    if (whole) {  /* 8 readable bytes: one load, masked */
-        unsigned char b[8];
-        memcpy(b, w, 8);
-        for (i = 7; i >= 0; i--)
-            v = (v << 8) | b[i];  /* compilers turn this into one load on little-endian machines */
-        return len >= 8 ? v : v & ((1ULL << (8 * len)) - 1);
-    }
-    for (i = (len < 8 ? len : 8) - 1; i >= 0; i--)
-        v = (v << 8) | w[i];
-    return v;
-}
 
 static unsigned long long
 mix(unsigned long long h)
@@ -369,25 +355,20 @@ mix(unsigned long long h)
     return h ^ (h >> 33);
 }
 
-/* The Python key of a word: the int low | high << 64 of up to 16 bytes, else its bytes. */
-static PyObject *
-word_key(const unsigned char *w, Py_ssize_t len, unsigned long long low, unsigned long long high)
+static unsigned long long
+word_hash(const unsigned char *w, Py_ssize_t len)
 {
-    PyObject *hi, *shift, *shifted, *lo, *key;
-    if (len > 16)
-        return PyBytes_FromStringAndSize((const char *)w, len);
-    if (high == 0)
-        return PyLong_FromUnsignedLongLong(low);
-    hi = PyLong_FromUnsignedLongLong(high);
-    shift = PyLong_FromLong(64);
-    shifted = (hi && shift) ? PyNumber_Lshift(hi, shift) : NULL;
-    lo = PyLong_FromUnsignedLongLong(low);
-    key = (shifted && lo) ? PyNumber_Or(shifted, lo) : NULL;
-    Py_XDECREF(hi);
-    Py_XDECREF(shift);
-    Py_XDECREF(shifted);
-    Py_XDECREF(lo);
-    return key;
+    unsigned long long h = (unsigned long long)len * 0x9E3779B97F4A7C15ULL, v;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&v, w + i, 8);
+        h = (h ^ v) * 0xC2B2AE3D27D4EB4FULL;
+        h ^= h >> 29;
+    }
+    v = 0;
+    for (; i < len; i++)
+        v = (v << 8) | w[i];
+    return mix(h ^ v);
 }
 
 static int
@@ -400,13 +381,12 @@ grow_table(word_slot **table, Py_ssize_t *cap)
         return -1;
     }
     for (i = 0; i < newcap; i++)
-        bigger[i].start = -1;
+        bigger[i].at = -1;
     for (i = 0; i < *cap; i++) {
-        if (old[i].start < 0)
+        if (old[i].at < 0)
             continue;
-        j = (Py_ssize_t)(mix(old[i].low ^ (old[i].high * 0x9E3779B97F4A7C15ULL) ^ (unsigned long long)old[i].len)
-                         & (unsigned long long)(newcap - 1));
-        while (bigger[j].start >= 0)
+        j = (Py_ssize_t)(old[i].hash & (unsigned long long)(newcap - 1));
+        while (bigger[j].at >= 0)
             j = (j + 1) & (newcap - 1);
         bigger[j] = old[i];
     }
@@ -416,99 +396,207 @@ grow_table(word_slot **table, Py_ssize_t *cap)
     return 0;
 }
 
-static PyObject *
-scan_words(PyObject *self, PyObject *args)
+/* Grow a PyMem buffer of `size` bytes to hold at least `need`. */
+static int
+reserve(unsigned char **buf, Py_ssize_t *size, Py_ssize_t need)
 {
-    Py_buffer data, offs;
-    const unsigned char *d;
-    const long long *offsets;
-    Py_ssize_t n, noffs, pos = 0, nwords = 0, o = 0, cap = 4096, i, used = 0;
+    unsigned char *bigger;
+    Py_ssize_t newsize = *size ? *size : 4096;
+    if (need <= *size)
+        return 0;
+    while (newsize < need)
+        newsize *= 2;
+    bigger = PyMem_Realloc(*buf, (size_t)newsize);
+    if (bigger == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = bigger;
+    *size = newsize;
+    return 0;
+}
+
+static PyObject *
+scan_texts(PyObject *self, PyObject *args)
+{
+    PyObject *texts, *seq, *words = NULL, *inv_obj = NULL, *firsts_obj = NULL, *result = NULL;
+    Py_buffer tab;
+    const unsigned char *map;
+    unsigned char *scratch = NULL, *arena = NULL;
+    Py_ssize_t nscratch = 0, narena = 0, arena_used = 0, ntexts, t, nwords = 0, cap_words = 0, cap = 4096, used = 0, i;
     word_slot *table = NULL;
     long long *inverse = NULL, *firsts = NULL;
-    PyObject *keys = NULL, *inv_obj = NULL, *firsts_obj = NULL, *result = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*", &data, &offs))
+    if (!PyArg_ParseTuple(args, "Oy*", &texts, &tab))
         return NULL;
-    d = (const unsigned char *)data.buf;
-    n = data.len;
-    offsets = (const long long *)offs.buf;
-    noffs = offs.len / (Py_ssize_t)sizeof(long long);
+    if (tab.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "the translation table is 256 bytes");
+        PyBuffer_Release(&tab);
+        return NULL;
+    }
+    map = (const unsigned char *)tab.buf;
+    seq = PySequence_Fast(texts, "texts must be a sequence of str or bytes");
+    if (seq == NULL) {
+        PyBuffer_Release(&tab);
+        return NULL;
+    }
+    ntexts = PySequence_Fast_GET_SIZE(seq);
     table = PyMem_Malloc((size_t)cap * sizeof(word_slot));
-    /* a word of two bytes or more and the space after it take three bytes */
-    inverse = PyMem_Malloc((size_t)(n / 3 + 2) * sizeof(long long));
-    firsts = PyMem_Malloc((size_t)(noffs + 1) * sizeof(long long));
-    keys = PyList_New(0);
-    if (!table || !inverse || !firsts || !keys) {
+    firsts = PyMem_Malloc((size_t)(ntexts + 1) * sizeof(long long));
+    words = PyList_New(0);
+    if (!table || !firsts || !words) {
         PyErr_NoMemory();
         goto done;
     }
     for (i = 0; i < cap; i++)
-        table[i].start = -1;
-    while (pos < n) {
-        Py_ssize_t start, len, slot, mask = cap - 1;
-        unsigned long long low, high = 0, h;
-        while (pos < n && d[pos] == 0x20)
-            pos++;
-        if (pos >= n)
-            break;
-        start = pos;
-        while (pos < n && d[pos] != 0x20)
-            pos++;
-        len = pos - start;
-        while (o < noffs && offsets[o] <= start)  /* the texts that start at or before this word */
-            firsts[o++] = nwords;
-        if (len < 2)
-            continue;
-        if (len <= 16) {
-            low = load_le(d + start, len, start + 8 <= n);
-            if (len > 8)
-                high = load_le(d + start + 8, len - 8, start + 16 <= n);
-        } else {  /* longer words (rare): hashed by their bytes, numbered by their bytes */
-            low = 0xcbf29ce484222325ULL;
-            for (i = 0; i < len; i++)
-                low = (low ^ d[start + i]) * 0x100000001b3ULL;
-            high = 0;
+        table[i].at = -1;
+    for (t = 0; t < ntexts; t++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, t);
+        const unsigned char *src;
+        Py_ssize_t n, pos = 0;
+        if (PyUnicode_Check(item) && PyUnicode_IS_ASCII(item)) {
+            src = (const unsigned char *)PyUnicode_DATA(item);
+            n = PyUnicode_GET_LENGTH(item);
+        } else if (PyBytes_Check(item)) {
+            src = (const unsigned char *)PyBytes_AS_STRING(item);
+            n = PyBytes_GET_SIZE(item);
+        } else {
+            PyErr_SetString(PyExc_TypeError, "texts must be ASCII str or UTF-8 bytes");
+            goto done;
         }
-        h = mix(low ^ (high * 0x9E3779B97F4A7C15ULL) ^ (unsigned long long)len);
-        slot = (Py_ssize_t)(h & (unsigned long long)mask);
-        while (table[slot].start >= 0
-               && !(table[slot].low == low && table[slot].high == high && table[slot].len == len
-                    && (len <= 16 || memcmp(d + table[slot].start, d + start, (size_t)len) == 0)))
-            slot = (slot + 1) & mask;
-        if (table[slot].start < 0) {
-            PyObject *key = word_key(d + start, len, low, high);
-            if (key == NULL || PyList_Append(keys, key) < 0) {
-                Py_XDECREF(key);
+        firsts[t] = nwords;
+        if (reserve(&scratch, &nscratch, n + 1) < 0)
+            goto done;
+        for (i = 0; i < n; i++)
+            scratch[i] = map[src[i]];
+        /* a word of two bytes or more and the space after it take three bytes */
+        if (nwords + n / 2 + 1 > cap_words) {
+            Py_ssize_t newcap = cap_words ? cap_words : 65536;
+            long long *bigger;
+            while (newcap < nwords + n / 2 + 1)
+                newcap *= 2;
+            bigger = PyMem_Realloc(inverse, (size_t)newcap * sizeof(long long));
+            if (bigger == NULL) {
+                PyErr_NoMemory();
                 goto done;
             }
-            Py_DECREF(key);
-            table[slot].start = start;
-            table[slot].len = len;
-            table[slot].low = low;
-            table[slot].high = high;
-            table[slot].index = used++;
-            inverse[nwords++] = used - 1;
-            if (2 * used > cap && grow_table(&table, &cap) < 0)  /* keep the table at most half full */
-                goto done;
-            continue;
+            inverse = bigger;
+            cap_words = newcap;
         }
-        inverse[nwords++] = table[slot].index;
+        while (pos < n) {
+            Py_ssize_t start, len, slot, mask = cap - 1;
+            unsigned long long h;
+            while (pos < n && scratch[pos] == 0x20)
+                pos++;
+            if (pos >= n)
+                break;
+            start = pos;
+            while (pos < n && scratch[pos] != 0x20)
+                pos++;
+            len = pos - start;
+            if (len < 2)
+                continue;
+            h = word_hash(scratch + start, len);
+            slot = (Py_ssize_t)(h & (unsigned long long)mask);
+            while (table[slot].at >= 0
+                   && !(table[slot].hash == h && table[slot].len == len
+                        && memcmp(arena + table[slot].at, scratch + start, (size_t)len) == 0))
+                slot = (slot + 1) & mask;
+            if (table[slot].at < 0) {
+                PyObject *word = PyUnicode_DecodeUTF8((const char *)scratch + start, len, "surrogatepass");
+                if (word == NULL || PyList_Append(words, word) < 0) {
+                    Py_XDECREF(word);
+                    goto done;
+                }
+                Py_DECREF(word);
+                if (reserve(&arena, &narena, arena_used + len) < 0)
+                    goto done;
+                memcpy(arena + arena_used, scratch + start, (size_t)len);
+                table[slot].at = arena_used;
+                table[slot].len = len;
+                table[slot].hash = h;
+                table[slot].index = used;
+                arena_used += len;
+                inverse[nwords++] = used++;
+                if (2 * used > cap && grow_table(&table, &cap) < 0)  /* keep the table at most half full */
+                    goto done;
+                continue;
+            }
+            inverse[nwords++] = table[slot].index;
+        }
     }
-    while (o < noffs)
-        firsts[o++] = nwords;
+    firsts[ntexts] = nwords;
     inv_obj = PyBytes_FromStringAndSize((const char *)inverse, nwords * (Py_ssize_t)sizeof(long long));
-    firsts_obj = PyBytes_FromStringAndSize((const char *)firsts, noffs * (Py_ssize_t)sizeof(long long));
+    firsts_obj = PyBytes_FromStringAndSize((const char *)firsts, ntexts * (Py_ssize_t)sizeof(long long));
     if (inv_obj && firsts_obj)
-        result = PyTuple_Pack(3, keys, inv_obj, firsts_obj);
+        result = PyTuple_Pack(3, words, inv_obj, firsts_obj);
 done:
-    Py_XDECREF(keys);
+    Py_XDECREF(words);
     Py_XDECREF(inv_obj);
     Py_XDECREF(firsts_obj);
     PyMem_Free(table);
     PyMem_Free(inverse);
     PyMem_Free(firsts);
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&offs);
+    PyMem_Free(scratch);
+    PyMem_Free(arena);
+    Py_DECREF(seq);
+    PyBuffer_Release(&tab);
+    return result;
+}
+
+static PyObject *
+keep_tokens(PyObject *self, PyObject *args)
+{
+    Py_buffer inv, fst, val;
+    const long long *inverse, *firsts, *values;
+    Py_ssize_t ntok, ntexts, nvalues, t, j, kept = 0;
+    long long *ids = NULL, *lengths = NULL;
+    PyObject *ids_obj = NULL, *lengths_obj = NULL, *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &inv, &fst, &val))
+        return NULL;
+    inverse = (const long long *)inv.buf;
+    firsts = (const long long *)fst.buf;
+    values = (const long long *)val.buf;
+    ntok = inv.len / (Py_ssize_t)sizeof(long long);
+    ntexts = fst.len / (Py_ssize_t)sizeof(long long);
+    nvalues = val.len / (Py_ssize_t)sizeof(long long);
+    ids = PyMem_Malloc((size_t)(ntok + 1) * sizeof(long long));
+    lengths = PyMem_Malloc((size_t)(ntexts + 1) * sizeof(long long));
+    if (!ids || !lengths) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (t = 0; t < ntexts; t++) {
+        Py_ssize_t a = (Py_ssize_t)firsts[t], b = t + 1 < ntexts ? (Py_ssize_t)firsts[t + 1] : ntok, before = kept;
+        if (a < 0 || b < a || b > ntok) {
+            PyErr_SetString(PyExc_ValueError, "firsts must be ascending token positions");
+            goto done;
+        }
+        for (j = a; j < b; j++) {
+            long long w = inverse[j], v;
+            if (w < 0 || w >= nvalues) {
+                PyErr_SetString(PyExc_ValueError, "a token's word number is out of range");
+                goto done;
+            }
+            v = values[w];
+            if (v >= 0)
+                ids[kept++] = v;
+        }
+        lengths[t] = kept - before;
+    }
+    ids_obj = PyBytes_FromStringAndSize((const char *)ids, kept * (Py_ssize_t)sizeof(long long));
+    lengths_obj = PyBytes_FromStringAndSize((const char *)lengths, ntexts * (Py_ssize_t)sizeof(long long));
+    if (ids_obj && lengths_obj)
+        result = PyTuple_Pack(2, ids_obj, lengths_obj);
+done:
+    Py_XDECREF(ids_obj);
+    Py_XDECREF(lengths_obj);
+    PyMem_Free(ids);
+    PyMem_Free(lengths);
+    PyBuffer_Release(&inv);
+    PyBuffer_Release(&fst);
+    PyBuffer_Release(&val);
     return result;
 }
 
@@ -517,7 +605,8 @@ static PyMethodDef methods[] = {
     {"hmac_many", hmac_many, METH_VARARGS, "HMAC-SHA256(key, head | v)[:size] of each value v."},
     {"state_sum", state_sum, METH_VARARGS, "The sum of the state-digest terms of (key, envelope) pairs, mod 2**256, "
                                            "as 32 big-endian bytes."},
-    {"scan_words", scan_words, METH_VARARGS, "The bulk tokenizer's word scan: (keys, inverse, firsts)."},
+    {"scan_texts", scan_texts, METH_VARARGS, "The bulk tokenizer's word scan: (words, inverse, firsts)."},
+    {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
     {NULL, NULL, 0, NULL},
 };
 

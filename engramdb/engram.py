@@ -14,7 +14,6 @@ import operator
 import os
 import threading
 from dataclasses import dataclass
-from itertools import repeat
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, cast, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -1337,7 +1336,7 @@ class Transaction:
         txn = self._txn
         # The usual case, checked in bulk: distinct ids and none stored yet (none at all in a
         # new file). Otherwise find the first offender one by one, for its message.
-        if len(set(id_keys)) != len(id_keys) or (txn.count("ids") and any(map(txn.contains, repeat("ids"), id_keys))):
+        if len(set(id_keys)) != len(id_keys) or (txn.count("ids") and txn.contains_any("ids", id_keys)):
             seen: set[bytes] = set()
             for node, id_key in zip(nodes, id_keys):
                 if id_key in seen or txn.contains("ids", id_key):

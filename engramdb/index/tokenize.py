@@ -201,19 +201,6 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[Sequence
     return values, firsts
 
 
-def _token_values_native(scan: Callable[[bytes, bytes], tuple[list[int | bytes], bytes, bytes]], joined: bytes,
-                         offsets: np.ndarray, lookup: Callable[[Sequence[int | bytes]], np.ndarray]
-                         ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_token_values` with the C extension's word scan (engramdb/_native.c): one pass
-    that finds the words and groups them in a hash table. Stopwords are not dropped before
-    grouping (``lookup`` gives them ``_DROP``, as it does the stopwords the table misses);
-    the terms and lengths :meth:`Tokenizer.encode_many` returns are the same.
-    """
-    keys, inverse, firsts = scan(joined.translate(_BATCH_TABLE), offsets.astype("=i8").tobytes())
-    values = lookup(keys)[np.frombuffer(inverse, dtype="=i8")] if keys else np.zeros(0, np.int64)
-    return values, np.frombuffer(firsts, dtype="=i8")
-
-
 def _load_stemmer(language: str) -> Callable[[str], str]:
     try:
         import Stemmer
@@ -363,6 +350,9 @@ class Tokenizer:
             raise ValidationError(f"can only tokenize strings, got {type(bad).__name__}") from None
         for i in itertools.compress(range(len(texts)), map(operator.not_, ascii_)):
             texts[i] = " ".join(self._findall(self._normal_lower(texts[i])))  # the reference path
+        native = _accel.NATIVE
+        if native is not None:
+            return self._encode_native(native, texts, ascii_)
         # word key -> its term's number (terms numbered on first sight) or _DROP (too short,
         # a stopword); a new word is decoded, filtered and stemmed once
         kinds: dict[int | bytes, int] = {0: _DROP}  # 0: a word beyond 16 bytes, numbered by its bytes instead
@@ -381,7 +371,6 @@ class Tokenizer:
 
         parts, doc_starts = [], []
         ntok = 0
-        native = _accel.NATIVE
         for start in range(0, len(texts), _CHUNK_DOCS):
             chunk = texts[start:start + _CHUNK_DOCS]
             sizes = np.fromiter(map(len, chunk if all(ascii_[start:start + _CHUNK_DOCS]) else  # UTF-8 bytes
@@ -389,10 +378,7 @@ class Tokenizer:
                                 dtype=np.int64, count=len(chunk))
             offsets = np.concatenate(([0], np.cumsum(sizes[:-1] + 1)))  # each text's first byte, joined by spaces
             joined = " ".join(chunk).encode("utf-8", "surrogatepass")
-            if native is not None:
-                values, firsts = _token_values_native(native.scan_words, joined, offsets, lookup)
-            else:
-                values, firsts = _token_values(joined, offsets, lookup, self._stop_keys)
+            values, firsts = _token_values(joined, offsets, lookup, self._stop_keys)
             parts.append(values)
             doc_starts.append(firsts + ntok)
             ntok += values.size
@@ -405,6 +391,26 @@ class Tokenizer:
         firsts = np.concatenate(doc_starts) if doc_starts else np.zeros(0, np.int64)
         lengths = np.diff(np.searchsorted(kept, firsts), append=kept.size)
         return terms, rank[mapped[kept]], lengths.astype(np.int64)
+
+    def _encode_native(self, native: _accel.Native, texts: list[str], ascii_: list[bool]
+                       ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """:meth:`encode_many` with the C extension (engramdb/_native.c), once its texts are
+        ASCII or went through the reference path: one pass over all the texts finds their
+        words (``_BATCH_TABLE``'s bytes) and numbers the distinct ones, stopword filtering
+        and stemming run once per distinct word, and a second pass keeps the tokens that are
+        terms and counts each text's. The same terms, ids and lengths as the numpy path."""
+        items: Sequence[str | bytes] = texts if all(ascii_) else \
+            [text if is_ascii else text.encode("utf-8", "surrogatepass") for text, is_ascii in zip(texts, ascii_)]
+        words, inverse, firsts = native.scan_texts(items, _BATCH_TABLE)
+        stop = self._stop
+        stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
+        terms = sorted(set(stems.values()))
+        rank = dict(zip(terms, range(len(terms))))
+        get = stems.get
+        values = np.fromiter((rank[t] if (t := get(w)) is not None else _DROP for w in words),
+                             dtype=np.int64, count=len(words))
+        ids, lengths = native.keep_tokens(inverse, firsts, values.tobytes())
+        return terms, np.frombuffer(ids, dtype="=i8"), np.frombuffer(lengths, dtype="=i8")
 
     def _normal_lower(self, text: str) -> str:
         if self.normalize:
