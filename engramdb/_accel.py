@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 PURE_ENV = "ENGRAMDB_PURE_PYTHON"
 
@@ -27,6 +27,9 @@ class Native(NamedTuple):
     state_sum: Callable[[bytes, bytes, Pairs], bytes]
     scan_texts: Callable[[Sequence[str | bytes], bytes], tuple[list[str], bytes, bytes]]
     keep_tokens: Callable[[bytes, bytes, bytes], tuple[bytes, bytes]]
+    plain_records: Callable[[Sequence[dict[str, object]], tuple[str, ...], tuple[object, ...], int], list[bytes | None]]
+    new_nodes: Callable[..., list[Any]]
+    posting_blocks: Callable[[Any, Any, Any, int], tuple[list[bytes], list[int]] | None]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -36,10 +39,11 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import hmac_many, keep_tokens, scan_texts, seal_many, state_sum
+        from ._native import (hmac_many, keep_tokens, new_nodes, plain_records, posting_blocks, scan_texts, seal_many,
+                              state_sum)
     except ImportError:
         return None
-    return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens)
+    return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -26,10 +26,29 @@
  *       ids (int64) = values[w] for each word number w of inverse whose value is >= 0, in
  *       order; lengths (int64) per text the number of those among its words (firsts as
  *       scan_texts gives them)
+ *   plain_records(dicts, names, defaults, threshold) -> list[bytes | None]
+ *       engramdb/codec.py's encode_nodes for each node instance dict in the common shape:
+ *       every field in `names` holding the object of `defaults` at its place, a non-empty
+ *       str content, float created_at and last_accessed equal (same sign of a zero), an
+ *       empty metadata dict, and embeddings a dict of str keys (at most 15): the record
+ *       0x01 | msgpack [3, mask, id, created_at, content(, sorted spaces)] when its body
+ *       is at most `threshold` bytes; None for any other node (the pure path encodes it)
+ *   posting_blocks(docnos, values, bounds, zstd_min) -> (blocks, compress) or None
+ *       engramdb/index/bm25.py's encode_blocks over uint64 columns and int64 bounds: block j
+ *       (rows bounds[j]:bounds[j+1]) is its 7-byte head (kind, u32 count, widths) and its
+ *       delta-coded body; `compress` lists the blocks whose body is at least zstd_min bytes,
+ *       which carry the zstd kind and the raw body for the caller to compress. None when
+ *       the docnos of a block are not strictly increasing (the caller's pure path raises).
+ *   new_nodes(cls, defaults, rows, vectors) -> list
+ *       engramdb/records.py's Node.from_fields_many once its columns are checked: per row,
+ *       cls.__new__(cls) whose __dict__ is a copy of `defaults` with fresh metadata and
+ *       embeddings dicts, updated with the row, and then vectors[i] as its embeddings when
+ *       vectors is not None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <openssl/opensslv.h>
 
@@ -39,6 +58,8 @@
 #define BLOCK_BYTES 64
 
 static const EVP_MD *sha256_md = NULL;
+/* interned field names of a node's instance dict (plain_records) */
+static PyObject *key_id, *key_content, *key_created_at, *key_last_accessed, *key_metadata, *key_embeddings;
 static const EVP_CIPHER *gcm_cipher = NULL;
 
 static PyObject *
@@ -544,6 +565,375 @@ done:
     return result;
 }
 
+/* ---- node records: the common shape, msgpack-encoded --------------------------------- */
+
+typedef struct {
+    unsigned char *buf;
+    Py_ssize_t len, cap;
+} out_buf;
+
+static int
+out_put(out_buf *o, const void *data, Py_ssize_t n)
+{
+    if (o->len + n > o->cap && reserve(&o->buf, &o->cap, o->len + n) < 0)
+        return -1;
+    memcpy(o->buf + o->len, data, (size_t)n);
+    o->len += n;
+    return 0;
+}
+
+/* msgpack's str (use_bin_type=True: str8 allowed); 1 when the text does not encode
+   (a lone surrogate: the caller's pure path raises msgpack's error) */
+static int
+pack_str(out_buf *o, PyObject *text)
+{
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+    unsigned char head[5];
+    int h;
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (n < 32) {
+        head[0] = (unsigned char)(0xa0 | n);
+        h = 1;
+    } else if (n < 0x100) {
+        head[0] = 0xd9;
+        head[1] = (unsigned char)n;
+        h = 2;
+    } else if (n < 0x10000) {
+        head[0] = 0xda;
+        head[1] = (unsigned char)(n >> 8);
+        head[2] = (unsigned char)n;
+        h = 3;
+    } else if ((unsigned long long)n <= 0xFFFFFFFFULL) {
+        head[0] = 0xdb;
+        head[1] = (unsigned char)(n >> 24);
+        head[2] = (unsigned char)(n >> 16);
+        head[3] = (unsigned char)(n >> 8);
+        head[4] = (unsigned char)n;
+        h = 5;
+    } else {
+        return 1;
+    }
+    return (out_put(o, head, h) < 0 || out_put(o, utf8, n) < 0) ? -1 : 0;
+}
+
+static int
+pack_double(out_buf *o, double v)
+{
+    unsigned char b[9];
+    unsigned long long bits;
+    int i;
+    memcpy(&bits, &v, 8);
+    b[0] = 0xcb;
+    for (i = 0; i < 8; i++)
+        b[1 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    return out_put(o, b, 9);
+}
+
+/* The record of one node's instance dict in the common shape, or 1 when it is not (the
+   caller's pure path encodes it); -1 on an error. */
+static int
+plain_record(out_buf *o, PyObject *values, PyObject *names, PyObject *defaults, Py_ssize_t threshold)
+{
+    PyObject *id, *content, *created, *last, *metadata, *embeddings, *spaces = NULL;
+    Py_ssize_t i, nnames = PyTuple_GET_SIZE(names), nspaces;
+    double c, l;
+    int r;
+    unsigned char head[3];
+    if (!PyDict_CheckExact(values))
+        return 1;
+    for (i = 0; i < nnames; i++)  /* the other fields hold their default objects */
+        if (PyDict_GetItemWithError(values, PyTuple_GET_ITEM(names, i)) != PyTuple_GET_ITEM(defaults, i))
+            return PyErr_Occurred() ? -1 : 1;
+    id = PyDict_GetItemWithError(values, key_id);
+    content = PyDict_GetItemWithError(values, key_content);
+    created = PyDict_GetItemWithError(values, key_created_at);
+    last = PyDict_GetItemWithError(values, key_last_accessed);
+    metadata = PyDict_GetItemWithError(values, key_metadata);
+    embeddings = PyDict_GetItemWithError(values, key_embeddings);
+    if (PyErr_Occurred())
+        return -1;
+    if (!id || !content || !created || !last || !metadata || !embeddings || !PyUnicode_CheckExact(id)
+        || !PyUnicode_CheckExact(content) || PyUnicode_GET_LENGTH(content) == 0 || !PyFloat_CheckExact(created)
+        || !PyFloat_CheckExact(last) || !PyDict_CheckExact(metadata) || PyDict_GET_SIZE(metadata) != 0
+        || !PyDict_CheckExact(embeddings))
+        return 1;
+    c = PyFloat_AS_DOUBLE(created);
+    l = PyFloat_AS_DOUBLE(last);
+    if (l != c || (l == 0.0 && signbit(l) != signbit(c)))  /* last_accessed at its default: created_at */
+        return 1;
+    nspaces = PyDict_GET_SIZE(embeddings);
+    if (nspaces) {
+        spaces = PyDict_Keys(embeddings);
+        if (spaces == NULL)
+            return -1;
+        for (i = 0; i < nspaces; i++)
+            if (!PyUnicode_CheckExact(PyList_GET_ITEM(spaces, i)) || nspaces > 15) {
+                Py_DECREF(spaces);
+                return 1;
+            }
+        if (PyList_Sort(spaces) < 0) {
+            Py_DECREF(spaces);
+            return -1;
+        }
+    }
+    /* codec byte 1 (msgpack), [3, mask, id, created_at, content(, spaces)] */
+    head[0] = 1;
+    head[1] = (unsigned char)(0x90 | (nspaces ? 6 : 5));
+    head[2] = 3;
+    r = out_put(o, head, 3);
+    head[0] = nspaces ? 3 : 1;
+    if (r == 0)
+        r = out_put(o, head, 1);
+    if (r == 0)
+        r = pack_str(o, id);
+    if (r == 0)
+        r = pack_double(o, c);
+    if (r == 0)
+        r = pack_str(o, content);
+    if (r == 0 && nspaces) {
+        head[0] = (unsigned char)(0x90 | nspaces);
+        r = out_put(o, head, 1);
+        for (i = 0; r == 0 && i < nspaces; i++)
+            r = pack_str(o, PyList_GET_ITEM(spaces, i));
+    }
+    Py_XDECREF(spaces);
+    if (r == 0 && o->len - 1 > threshold)  /* the body is zstd-compressed: the pure path's job */
+        r = 1;
+    return r;
+}
+
+static PyObject *
+plain_records(PyObject *self, PyObject *args)
+{
+    PyObject *dicts, *names, *defaults, *seq, *out = NULL;
+    Py_ssize_t threshold, n, i;
+    out_buf o = {NULL, 0, 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!O!n", &dicts, &PyTuple_Type, &names, &PyTuple_Type, &defaults, &threshold))
+        return NULL;
+    if (PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(defaults)) {
+        PyErr_SetString(PyExc_ValueError, "one default per name");
+        return NULL;
+    }
+    seq = PySequence_Fast(dicts, "a sequence of dicts");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *b;
+        int r;
+        o.len = 0;
+        r = plain_record(&o, PySequence_Fast_GET_ITEM(seq, i), names, defaults, threshold);
+        if (r < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (r > 0) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(out, i, Py_None);
+            continue;
+        }
+        b = PyBytes_FromStringAndSize((const char *)o.buf, o.len);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+done:
+    PyMem_Free(o.buf);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* ---- node objects of a validated batch ------------------------------------------------ */
+
+static PyObject *
+new_nodes(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *defaults, *rows, *vectors, *seq = NULL, *vseq = NULL, *empty = NULL, *out = NULL;
+    Py_ssize_t n, i;
+    PyTypeObject *type;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &cls, &PyDict_Type, &defaults, &rows, &vectors))
+        return NULL;
+    type = (PyTypeObject *)cls;
+    if (type->tp_new == NULL || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_dictoffset == 0) {
+        PyErr_SetString(PyExc_TypeError, "cls must be a Python class whose instances have a __dict__");
+        return NULL;
+    }
+    seq = PySequence_Fast(rows, "rows must be a sequence of dicts");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (vectors != Py_None) {
+        vseq = PySequence_Fast(vectors, "vectors must be a sequence or None");
+        if (vseq == NULL)
+            goto done;
+        if (PySequence_Fast_GET_SIZE(vseq) != n) {
+            PyErr_SetString(PyExc_ValueError, "one vectors dict per row");
+            goto done;
+        }
+    }
+    empty = PyTuple_New(0);
+    out = PyList_New(n);
+    if (empty == NULL || out == NULL)
+        goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, i), *obj, *d, *m, *e;
+        if (!PyDict_Check(row)) {
+            PyErr_SetString(PyExc_TypeError, "rows must be dicts");
+            goto fail;
+        }
+        obj = type->tp_new(type, empty, NULL);  /* cls.__new__(cls) */
+        if (obj == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, obj);
+        d = PyDict_Copy(defaults);  /* a copy of the defaults' table: no resizing as it fills */
+        if (d == NULL)
+            goto fail;
+        m = PyDict_New();
+        e = vseq ? NULL : PyDict_New();
+        if (m == NULL || (vseq == NULL && e == NULL) || PyObject_GenericSetDict(obj, d, NULL) < 0
+            || PyDict_SetItem(d, key_metadata, m) < 0
+            || PyDict_SetItem(d, key_embeddings, vseq ? Py_None : e) < 0 || PyDict_Update(d, row) < 0
+            || (vseq && PyDict_SetItem(d, key_embeddings, PySequence_Fast_GET_ITEM(vseq, i)) < 0)) {
+            Py_XDECREF(m);
+            Py_XDECREF(e);
+            Py_DECREF(d);
+            goto fail;
+        }
+        Py_DECREF(m);
+        Py_XDECREF(e);
+        Py_DECREF(d);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(empty);
+    Py_XDECREF(vseq);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* ---- posting blocks ------------------------------------------------------------------ */
+
+static int
+width_of(unsigned long long max)
+{
+    return max < (1ULL << 8) ? 1 : max < (1ULL << 16) ? 2 : max < (1ULL << 32) ? 4 : 8;
+}
+
+static void
+put_le(unsigned char *p, unsigned long long v, int w)
+{
+    int i;
+    for (i = 0; i < w; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static PyObject *
+posting_blocks(PyObject *self, PyObject *args)
+{
+    Py_buffer db, vb, bb;
+    const unsigned long long *docnos, *values;
+    const long long *bounds;
+    Py_ssize_t nrows, nblocks, j, zmin;
+    PyObject *out = NULL, *zidx = NULL, *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*n", &db, &vb, &bb, &zmin))
+        return NULL;
+    docnos = (const unsigned long long *)db.buf;
+    values = (const unsigned long long *)vb.buf;
+    bounds = (const long long *)bb.buf;
+    nrows = db.len / 8;
+    nblocks = bb.len / 8 - 1;
+    if (vb.len != db.len || nblocks < 0) {
+        PyErr_SetString(PyExc_ValueError, "two columns of equal length and at least one bound");
+        goto done;
+    }
+    out = PyList_New(nblocks);
+    zidx = PyList_New(0);
+    if (out == NULL || zidx == NULL)
+        goto fail;
+    for (j = 0; j < nblocks; j++) {
+        Py_ssize_t a = (Py_ssize_t)bounds[j], b = (Py_ssize_t)bounds[j + 1], count = b - a, i, size;
+        unsigned long long maxd = 0, maxv = 0, prev = 0;
+        int dw, vw, zstd;
+        unsigned char *p;
+        PyObject *block;
+        if (a < 0 || b < a || b > nrows) {
+            PyErr_SetString(PyExc_ValueError, "bounds must be ascending row positions");
+            goto fail;
+        }
+        for (i = a; i < b; i++) {
+            unsigned long long d = docnos[i] - prev;
+            if (i > a && docnos[i] <= prev) {  /* not strictly increasing: the caller's pure path says so */
+                Py_INCREF(Py_None);
+                Py_DECREF(out);
+                Py_DECREF(zidx);
+                PyBuffer_Release(&db);
+                PyBuffer_Release(&vb);
+                PyBuffer_Release(&bb);
+                return Py_None;
+            }
+            if (i == a)
+                d = docnos[i];
+            if (d > maxd)
+                maxd = d;
+            if (values[i] > maxv)
+                maxv = values[i];
+            prev = docnos[i];
+        }
+        dw = count ? width_of(maxd) : 1;
+        vw = count ? width_of(maxv) : 1;
+        size = count * (dw + vw);
+        zstd = count && size >= zmin;
+        block = PyBytes_FromStringAndSize(NULL, 7 + size);
+        if (block == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, j, block);
+        p = (unsigned char *)PyBytes_AS_STRING(block);
+        p[0] = (unsigned char)(zstd ? 2 : 1);  /* BLOCK_ZSTD (compressed by the caller) or BLOCK_RAW */
+        put_le(p + 1, (unsigned long long)count, 4);
+        p[5] = (unsigned char)dw;
+        p[6] = (unsigned char)vw;
+        p += 7;
+        prev = 0;
+        for (i = a; i < b; i++, p += dw) {
+            put_le(p, i == a ? docnos[i] : docnos[i] - prev, dw);
+            prev = docnos[i];
+        }
+        for (i = a; i < b; i++, p += vw)
+            put_le(p, values[i], vw);
+        if (zstd) {
+            PyObject *at = PyLong_FromSsize_t(j);
+            if (at == NULL || PyList_Append(zidx, at) < 0) {
+                Py_XDECREF(at);
+                goto fail;
+            }
+            Py_DECREF(at);
+        }
+    }
+    result = PyTuple_Pack(2, out, zidx);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(zidx);
+done:
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&bb);
+    return result;
+}
+
 static PyObject *
 keep_tokens(PyObject *self, PyObject *args)
 {
@@ -606,6 +996,9 @@ static PyMethodDef methods[] = {
     {"state_sum", state_sum, METH_VARARGS, "The sum of the state-digest terms of (key, envelope) pairs, mod 2**256, "
                                            "as 32 big-endian bytes."},
     {"scan_texts", scan_texts, METH_VARARGS, "The bulk tokenizer's word scan: (words, inverse, firsts)."},
+    {"plain_records", plain_records, METH_VARARGS, "Node records of the common shape (see the module comment)."},
+    {"new_nodes", new_nodes, METH_VARARGS, "Node objects of validated rows (see the module comment)."},
+    {"posting_blocks", posting_blocks, METH_VARARGS, "BM25 posting blocks before compression (see the module comment)."},
     {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
     {NULL, NULL, 0, NULL},
 };
@@ -626,6 +1019,14 @@ PyInit__native(void)
     sha256_md = EVP_sha256();
     gcm_cipher = EVP_aes_256_gcm();
 #endif
+    key_id = PyUnicode_InternFromString("id");
+    key_content = PyUnicode_InternFromString("content");
+    key_created_at = PyUnicode_InternFromString("created_at");
+    key_last_accessed = PyUnicode_InternFromString("last_accessed");
+    key_metadata = PyUnicode_InternFromString("metadata");
+    key_embeddings = PyUnicode_InternFromString("embeddings");
+    if (!key_id || !key_content || !key_created_at || !key_last_accessed || !key_metadata || !key_embeddings)
+        return NULL;
     if (sha256_md == NULL || gcm_cipher == NULL) {
         PyErr_SetString(PyExc_ImportError, "OpenSSL has no SHA-256 or AES-256-GCM");
         return NULL;

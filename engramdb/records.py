@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _accel
 from .errors import ValidationError
 
 __all__ = [
@@ -307,6 +308,10 @@ class Node:
         vectors = _embedding_column(rows) if rows and type(rows[0]) is dict and "embeddings" in rows[0] else None
         if not rows or not _columns_pass(rows, vectors is not None):
             return [cls.from_fields(row) for row in rows]
+        native = _accel.NATIVE
+        if native is not None and type(rows) is list:
+            made: list[Node] = native.new_nodes(cls, _FIELD_DEFAULTS, rows, vectors)
+            return made
         nodes: list[Node] = []
         new, append = cls.__new__, nodes.append
         for i, row in enumerate(rows):

@@ -1,6 +1,7 @@
 """The optional C extension (engramdb/_native.c) against the pure-Python path: the same
-envelopes, blind keys, state digests and tokens on generated inputs, and the same stored
-records and rankings for generated corpora written both ways (spec/encryption.md, "The C
+envelopes, blind keys, state digests, tokens, node objects, node records and posting
+blocks on generated inputs, and the same stored records and rankings for generated
+corpora written both ways (spec/encryption.md, "The C
 extension").
 
 The tests run both paths whatever ``ENGRAMDB_PURE_PYTHON`` says (they load the extension
@@ -20,12 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
-from engramdb import _accel
+from engramdb import _accel, codec
+from engramdb.errors import ValidationError
+from engramdb.index.bm25 import decode_block, encode_blocks
+from engramdb.records import Node
 from engramdb.index.tokenize import Tokenizer
 from engramdb.crypto import _ENV_HEADER, ENVELOPE_VERSION, NONCE_BYTES, Sealer, _aad_prefix
 from engramdb.store import TABLES
 
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import PASSPHRASE, TEST_KDF, nodes
 
 NATIVE = _accel.load({})
 if NATIVE is None and os.environ.get("ENGRAMDB_REQUIRE_NATIVE") == "1":
@@ -191,3 +195,79 @@ def test_word_scan_at_chunk_scale() -> None:
     results = both_ways(lambda: Tokenizer().encode_many(texts))
     assert results[0][0] == results[1][0]
     assert all(np.array_equal(a, b) for a, b in zip(results[0][1:], results[1][1:]))
+
+
+def _plain_nodes() -> st.SearchStrategy[Node]:
+    """Nodes a bulk load makes (the C encoder's common shape), and near misses of it."""
+    zeros = st.sampled_from([0.0, -0.0, 1.5, -2.0, 1e300])
+    return st.builds(
+        lambda id_, content, created, last, same, spaces, extra: Node(
+            id=id_, content=content, created_at=created, last_accessed=created if same else last,
+            embeddings={name: np.ones(2, np.float32) for name in spaces}, **extra),
+        st.text(min_size=1, max_size=40), st.one_of(st.text(max_size=60), st.text(min_size=2000, max_size=2100)),
+        zeros, zeros, st.booleans(), st.lists(st.text(min_size=1, max_size=5), max_size=3, unique=True),
+        st.sampled_from([{}, {}, {}, {"tags": ("t",)}, {"weight": -0.0}, {"tier": "warm"}, {"metadata": {"k": 1}},
+                         {"importance": 0.5}, {"pinned": False}]))
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(batch=st.lists(st.one_of(_plain_nodes(), nodes()), max_size=8))
+def test_node_records_match_the_pure_path(batch) -> None:
+    native, pure = both_ways(lambda: codec.encode_nodes(batch))
+    assert native == pure
+    assert [codec.decode_node(record, vectors=False).id for record in native] == [node.id for node in batch]
+
+
+@needs_native
+def test_node_records_of_a_text_msgpack_refuses() -> None:
+    node = Node.from_fields({"id": "a", "content": "ok"})
+    node.__dict__["content"] = "\ud800"  # a lone surrogate: msgpack cannot encode it, both paths say so
+    for fn in both_ways(lambda: lambda: codec.encode_nodes([node])):
+        with pytest.raises(ValidationError):
+            fn()
+    assert NATIVE.plain_records([node.__dict__], codec._PLAIN_NAMES, codec._PLAIN_DEFAULTS, 2048) == [None]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.fixed_dictionaries({
+    "id": st.text(min_size=1, max_size=20), "content": st.text(max_size=30),
+    "created_at": st.floats(allow_nan=False, allow_infinity=False),
+    "last_accessed": st.floats(allow_nan=False, allow_infinity=False)}), min_size=1, max_size=10),
+    vectors=st.booleans())
+def test_new_nodes_match_the_pure_path(rows, vectors) -> None:
+    if vectors:
+        rows = [dict(row, embeddings={"s": np.full(3, i, np.float32)}) for i, row in enumerate(rows)]
+    native, pure = both_ways(lambda: Node.from_fields_many(rows))
+    assert native == pure
+    assert [list(node.__dict__) for node in native] == [list(node.__dict__) for node in pure]
+    assert all(type(node) is Node for node in native)
+    # each node has its own metadata and embeddings dicts
+    assert len({id(node.metadata) for node in native}) == len({id(node.embeddings) for node in native}) == len(native)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([2, 300, 70_000, 2**33]),
+                                 st.sampled_from([3, 300, 70_000, 2**40])), max_size=12), seed=st.integers(0, 2**32 - 1))
+def test_posting_blocks_match_the_pure_path(blocks, seed) -> None:
+    rng = np.random.default_rng(seed)
+    docnos = [np.cumsum(rng.integers(1, gap, size)).astype(np.uint64) for size, gap, _ in blocks]
+    values = [rng.integers(1, top, size) for size, _, top in blocks]
+    bounds = np.concatenate([[0], np.cumsum([size for size, _, _ in blocks], dtype=np.int64)]).astype(np.int64)
+    flat_d = np.concatenate(docnos) if blocks else np.zeros(0, np.uint64)
+    flat_v = np.concatenate(values) if blocks else np.zeros(0, np.int64)
+    native, pure = both_ways(lambda: encode_blocks(flat_d, flat_v, bounds))
+    assert native == pure
+    for block, d, v in zip(native, docnos, values):
+        got_d, got_v = decode_block(block)
+        assert got_d.tolist() == d.tolist() and got_v.tolist() == v.tolist()
+
+
+@needs_native
+def test_posting_blocks_refuse_docnos_out_of_order() -> None:
+    for fn in both_ways(lambda: lambda: encode_blocks(np.array([1, 5, 5], np.uint64), np.ones(3), np.array([0, 3]))):
+        with pytest.raises(ValidationError, match="strictly increasing"):
+            fn()
+    assert NATIVE.posting_blocks(np.array([4, 2], np.uint64), np.ones(2, np.uint64), np.array([0, 2]), 96) is None

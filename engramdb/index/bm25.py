@@ -48,6 +48,7 @@ import zstandard
 
 import msgpack
 
+from .. import _accel
 from ..cache import LRUCache, mb_to_bytes
 from ..errors import CorruptFileError, ValidationError
 
@@ -231,6 +232,18 @@ def encode_blocks(docnos: np.ndarray, values: np.ndarray, bounds: np.ndarray) ->
     bounds = np.asarray(bounds, dtype=np.int64)
     if docnos.shape != values.shape or docnos.ndim != 1:
         raise ValidationError("a posting block needs two 1-D columns of equal length")
+    native = _accel.NATIVE
+    if native is not None and bounds.ndim == 1 and bounds.size and bounds[0] == 0 and bounds[-1] == docnos.size \
+            and (bounds.size < 2 or np.all(bounds[1:] >= bounds[:-1])):
+        made = native.posting_blocks(np.ascontiguousarray(docnos), np.ascontiguousarray(values),
+                                     np.ascontiguousarray(bounds), _ZSTD_MIN)
+        if made is not None:  # None: docnos not increasing somewhere, said below
+            blocks, compress = made
+            zc = _zc.compress
+            for j in compress:
+                raw = blocks[j]
+                blocks[j] = raw[:_HEAD.size] + zc(memoryview(raw)[_HEAD.size:])
+            return blocks
     starts, ends = bounds[:-1], bounds[1:]
     if docnos.size > 1:
         inner = np.ones(docnos.size - 1, dtype=bool)
