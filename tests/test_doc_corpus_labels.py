@@ -87,6 +87,14 @@ def test_check_labels_catches_each_kind_of_damage(change, expected):
     assert any(expected in e for e in errors), errors
 
 
+def test_check_labels_reports_malformed_ids_in_a_file_it_checks_as_text():
+    spec, _ = _raw()
+    spec = copy.deepcopy(spec)
+    spec["queries"][0]["grades"].update({"emma/3": 1, "origin/x": 1})
+    errors = dc.check_labels(spec, dc.canonical(spec))
+    assert sum("is not a passage" in e for e in errors) == 2
+
+
 def test_check_labels_rejects_a_file_not_in_canonical_form():
     spec, text = _raw()
     assert dc.check_labels(spec, text.replace("\n", "\r\n")) != []

@@ -89,10 +89,12 @@ def read_labels(path: str = QRELS) -> dict:
     return spec
 
 
-def passage_key(pid: str) -> tuple[int, int]:
-    """Sort key of a passage id ``"<book>/<n>"``: the book's place in ``BOOKS``, then ``n``."""
+def passage_key(pid: str) -> tuple[int, str, int]:
+    """Sort key of a passage id ``"<book>/<n>"``: the book's place in ``BOOKS``, then ``n``
+    (malformed ids sort last instead of failing: ``check_labels`` reports them)."""
     book, _, n = pid.partition("/")
-    return [b.key for b in BOOKS].index(book), int(n)
+    keys = [b.key for b in BOOKS]
+    return keys.index(book) if book in keys else len(keys), book, int(n) if n.isdigit() else -1
 
 
 def canonical(spec: dict) -> str:
