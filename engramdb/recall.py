@@ -41,7 +41,7 @@ import numpy as np
 from .codec import decode_node, encode_node
 from .errors import ValidationError
 from .filters import Filter, NameSet, TimeBound
-from .fusion import DEFAULT_FUSION, FusionWeights, check_fusion, fuse_rankings, tied_ranks
+from .fusion import DEFAULT_FUSION, FusionWeights, SpaceSignal, check_fusion, fuse_rankings, standout, tied_ranks
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
@@ -260,17 +260,20 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
         ctx = _Run(txn, indexes, keep, hops, qfeatures)
         rankings: list[tuple[str, list[tuple[int, float, float]]]] = []
         features: dict[int, dict[str, float]] = {}
+        signals: dict[str, SpaceSignal] = {}
         if weights:
             # with filters every match must be checked; without, the fast exact top suffices
             found = indexes.bm25.scores(txn, weights) if ctx.filtering else indexes.bm25.top(txn, weights, limit)
             rankings.append(("bm25", ctx.ranking(*found, limit)))
-        for name in sorted(indexes.vectors.spaces(txn)):
+        spaces = indexes.vectors.spaces(txn)
+        for name in sorted(spaces):
             if indexes.vectors.count(txn, name) == 0:
                 continue
             qvec = indexes.vectors.embed_query(txn, name, query)
             if qvec is None:
                 continue
             v_docs, v_scores = indexes.vectors.scores(txn, name, qvec)
+            signals[f"vector:{name}"] = SpaceSignal(spaces[name].model, _standout(v_scores))
             # No similarity is no evidence. A cosine within float32 rounding of zero is no
             # similarity either: its sign depends on how the matrix was blocked (incremental
             # vs rebuilt), and counting it would make rankings depend on write history.
@@ -282,10 +285,19 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
         if weights:
             _bm25_features(txn, indexes, rankings, terms, weights, features)
             _source_features(txn, indexes, ctx, qfeatures, rankings, terms)
-        hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion)
+        hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion, signals)
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
     return hits
+
+
+def _standout(scores: np.ndarray) -> float | None:
+    """:func:`engramdb.fusion.standout` of a space's similarities to every live row (all of
+    them, before filters: they are the query's background)."""
+    if scores.size == 0:
+        return None
+    return standout(float(scores.max()), float(scores.mean(dtype=np.float64)), float(scores.std(dtype=np.float64)),
+                    int(scores.size))
 
 
 def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:
@@ -367,8 +379,9 @@ class _Run:
 
     def fuse(self, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
              features: dict[int, dict[str, float]], dates: Sequence[QueryDate], top_k: int, explain: bool,
-             min_relevance: float, fusion: FusionWeights = DEFAULT_FUSION) -> list[Hit]:
-        fused = fuse_rankings(rankings, _lexical_strength(rankings, features), fusion)
+             min_relevance: float, fusion: FusionWeights = DEFAULT_FUSION,
+             signals: dict[str, SpaceSignal] | None = None) -> list[Hit]:
+        fused = fuse_rankings(rankings, _lexical_strength(rankings, features), fusion, signals)
         relevance: dict[int, float] = {}  # of the candidates walked below (the rest cannot place)
         parts = _explain_parts(rankings) if explain else None
         if parts is not None:

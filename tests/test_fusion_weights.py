@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import engramdb
 from engramdb.errors import ValidationError
-from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, fuse_rankings, fusion_values, normalized_scores,
-                             retriever_weight)
+from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, SpaceSignal, fuse_rankings, fusion_values,
+                             normalized_scores, retriever_weight, standout)
 
 
 def test_defaults_are_the_documented_ones():
     assert DEFAULT_FUSION == FusionWeights() == engramdb.FusionWeights(
-        bm25=1.0, vector=1.5, spaces=(), agreement_depth=10, agreement_power=1.0, weak_match_trust=0.0,
+        bm25=1.0, vector=1.5, spaces=(), models=(), agreement_depth=10,
+        agreement_power=1.0, standout_floor=math.inf, standout_span=3.0, weak_match_trust=0.0, lexical_yield=0.0,
         score_mix=1.0, normalize="z", rrf_k=60)
 
 
@@ -22,6 +24,9 @@ def test_defaults_are_the_documented_ones():
     {"bm25": -1.0}, {"vector": float("nan")}, {"vector": True}, {"agreement_power": math.inf},
     {"weak_match_trust": 1.5}, {"score_mix": -0.1}, {"agreement_depth": 0}, {"rrf_k": 2.5},
     {"normalize": "minmax"}, {"normalize": None}, {"spaces": (("model", -1.0),)}, {"spaces": [("model", 1.0)]}, {"spaces": (("model",),)},
+    {"models": (("m", math.nan),)}, {"models": [("m", 1.0)]}, {"models": ((1, 1.0),)},
+    {"standout_floor": math.nan}, {"standout_floor": -math.inf}, {"standout_floor": "2"}, {"standout_floor": True},
+    {"standout_span": 0.0}, {"standout_span": math.inf}, {"standout_span": -1.0},
 ])
 def test_out_of_range_fields_are_validation_errors_with_a_hint(kwargs):
     with pytest.raises(ValidationError) as err:
@@ -35,6 +40,34 @@ def test_frozen_and_hashable():
         w.vector = 2.0  # type: ignore[misc]
     assert hash(w) == hash(FusionWeights(spaces=(("model", 0.5),)))
     assert w.space_weight("model") == 0.5 and FusionWeights(vector=1.0, spaces=(("a", 2.0),)).space_weight("b") == 1.0
+
+
+def test_a_space_weighs_by_its_name_then_its_model_then_vector():
+    w = FusionWeights(vector=1.5, spaces=(("mine", 0.7),), models=(("org/model", 0.3),))
+    assert w.space_weight("mine", "org/model") == 0.7  # the space's own entry wins
+    assert w.space_weight("other", "org/model") == 0.3
+    assert w.space_weight("other", "org/else") == 1.5
+    hashed_off = FusionWeights(models=((engramdb.HASHED_MODEL, 0.0),))
+    assert hashed_off.space_weight("hashed", engramdb.HASHED_MODEL) == 0.0
+    assert FusionWeights(models=()).space_weight("hashed", engramdb.HASHED_MODEL) == 1.5
+    assert FusionWeights(standout_floor=math.inf).standout_floor == math.inf  # never trusted on its own
+
+
+def test_standout_of_unrelated_similarities_is_about_a_gumbel_draw():
+    """The best of N unrelated similarities stands out by about 0 (a standard Gumbel: mean
+    0.58, above 2 with probability 0.13, above 3 with 0.05); one planted match far more."""
+    rng = np.random.default_rng(5)
+    draws = []
+    for _ in range(400):
+        s = rng.standard_normal(2000) * 0.1 + 0.3  # any location and scale: the moments are the query's own
+        draws.append(standout(float(s.max()), float(s.mean()), float(s.std()), s.size))
+    values = np.array(draws)
+    assert 0.3 < values.mean() < 0.9 and 0.06 < (values > 2).mean() < 0.2 and (values > 3).mean() < 0.1
+    s = rng.standard_normal(2000) * 0.1 + 0.3
+    s[17] = 0.3 + 0.1 * 6.5  # 6.5 standard deviations: far beyond the best of 2000 (about 3.4)
+    assert standout(float(s.max()), float(s.mean()), float(s.std()), s.size) > 8
+    # too few rows, or every similarity equal: nothing to measure
+    assert standout(0.9, 0.1, 0.2, 19) is None and standout(0.5, 0.5, 0.0, 1000) is None
 
 
 BM25 = [(1, 9.0, 0.0), (2, 8.0, 0.0), (3, 1.0, 0.0)]
@@ -92,6 +125,26 @@ def test_agreement_and_guard_lower_a_disagreeing_space():
     # no lexical ranking: the space's own weight; BM25's weight is its field
     assert retriever_weight("vector:m", VEC, [], 1.0, FusionWeights(spaces=(("m", 0.3),))) == 0.3
     assert retriever_weight("bm25", BM25, BM25, 1.0, FusionWeights(bm25=0.25)) == 0.25
+
+
+def test_a_space_that_stands_out_is_trusted_where_it_disagrees():
+    """trust = agree + (1 - agree) * clip((standout - floor) / span, 0, 1): below the floor
+    agreement alone; from floor + span on, the full weight, whatever BM25 says."""
+    w = FusionWeights(vector=1.0, agreement_depth=3, standout_floor=2.0, standout_span=3.0)
+    agree = 2 / 3
+
+    def weight(value, fusion=w, model=""):
+        return retriever_weight("vector:m", VEC, BM25, 1.0, fusion, SpaceSignal(model, value))
+
+    assert weight(None) == weight(1.9) == weight(-5.0) == pytest.approx(agree)
+    assert weight(3.5) == pytest.approx(agree + (1 - agree) * 0.5)
+    assert weight(5.0) == weight(40.0) == pytest.approx(1.0)
+    assert weight(40.0, FusionWeights(vector=1.0, agreement_depth=3, standout_floor=math.inf)) == pytest.approx(agree)
+    # an unrelated top 3 (no overlap) is trusted by its standout alone
+    unrelated = [(7, 0.9, 0.0), (8, 0.8, 0.0), (9, 0.1, 0.0)]
+    assert retriever_weight("vector:m", unrelated, BM25, 1.0, w, SpaceSignal("", 2.3)) == pytest.approx(0.1)
+    # the model's weight scales the whole: a model weighing 0 counts for nothing however it stands out
+    assert weight(40.0, FusionWeights(models=((engramdb.HASHED_MODEL, 0.0),)), engramdb.HASHED_MODEL) == 0.0
 
 
 def test_score_mix_keeps_the_credit_of_a_close_second():
@@ -153,3 +206,24 @@ def test_recall_open_and_call_weights(make_db):
     with pytest.raises(ValidationError):
         make_db("c.engram", fusion="rank")
 
+
+
+def test_bm25_yields_to_a_confident_space_only_when_its_own_match_is_weak():
+    """BM25 weighs ``bm25 * (1 - lexical_yield * rival * (1 - strength))``, ``rival`` the
+    largest confidence of the spaces that weigh anything on the query."""
+    w = FusionWeights(lexical_yield=1.0, standout_floor=2.0, standout_span=3.0, score_mix=0.0)  # parts: weight / (60 + rank)
+    assert retriever_weight("bm25", BM25, BM25, 0.25, w, rival=1.0) == pytest.approx(0.25)
+    assert retriever_weight("bm25", BM25, BM25, 1.0, w, rival=1.0) == 1.0  # a strong match keeps its weight
+    assert retriever_weight("bm25", BM25, BM25, 0.0, w, rival=0.5) == pytest.approx(0.5)
+    assert retriever_weight("bm25", BM25, BM25, 0.0, FusionWeights(), rival=1.0) == 1.0  # lexical_yield 0
+
+    def bm25_part(signals, fusion=w):
+        return fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0, fusion, signals)[3]  # 3: BM25's alone
+
+    sure = {"vector:m": SpaceSignal("org/model", 9.0)}
+    assert bm25_part(sure) == pytest.approx(0.0)  # a space sure of itself and a match worth nothing
+    assert bm25_part({}) == pytest.approx(1 / 63)
+    assert bm25_part({"vector:m": SpaceSignal("org/model", 0.5)}) > 0  # a space that does not stand out
+    # a space whose model weighs 0 does not make BM25 yield, however it stands out
+    muted = replace(w, models=(("org/model", 0.0),))
+    assert bm25_part(sure, muted) == pytest.approx(bm25_part({}, muted)) == pytest.approx(1 / 63)

@@ -37,11 +37,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -58,22 +59,41 @@ from paired import best_single, paired_bootstrap  # noqa: E402
 import engramdb.recall as recall_mod  # noqa: E402
 from engramdb import FusionWeights  # noqa: E402
 from engramdb.fusion import DEFAULT_FUSION  # noqa: E402
+from engramdb.index.vectors import HASHED_MODEL  # noqa: E402
 
 TIE = 0.002
 FOLDS = 5
 METRICS = ("locomo R@1", "locomo R@10", "docs nDCG@10")
 
-GRID = {
+GRID: dict[str, tuple[Any, ...]] = {
     "vector": (1.0, 1.5, 2.0),
-    "agreement_power": (1.0, 2.0),
-    "normalize": ("max", "z", "z-floor"),
-    "weak_match_trust": (0.0, 0.5),
+    "standout_floor": (1.0, 2.0, 3.0, math.inf),
+    "lexical_yield": (0.0, 0.5, 1.0),
+    "score_mix": (0.5, 0.8),
 }
+# the built-in hashed space's own weight (FusionWeights.models), chosen at the chosen point
+HASHED_WEIGHTS = (0.0, 0.25, 0.5, 1.0, None)  # None: no entry, the space weighs `vector`
 
 
 def grid_points() -> list[FusionWeights]:
+    """Every combination of GRID, the hashed model weighing 0 (its own weight is chosen after)."""
     keys = sorted(GRID)
-    return [FusionWeights(**dict(zip(keys, values))) for values in itertools.product(*(GRID[k] for k in keys))]
+    return [FusionWeights(models=((HASHED_MODEL, 0.0),), **dict(zip(keys, values)))
+            for values in itertools.product(*(GRID[k] for k in keys))]
+
+
+def same_for(space: str, fusion: FusionWeights) -> FusionWeights:
+    """``fusion`` as far as ``space`` can tell, so equal replays run once: ``models`` only
+    matters to the space whose model it names (the hashed one), and a space that weighs 0
+    leaves BM25's order whatever the other fields (its candidates come after BM25's, and
+    BM25's part is monotone in its score)."""
+    if space != "hashed":
+        return replace(fusion, models=())
+    return FusionWeights(models=fusion.models) if fusion.space_weight(space, HASHED_MODEL) == 0 else fusion
+
+
+def with_hashed_weight(fusion: FusionWeights, weight: float | None) -> FusionWeights:
+    return replace(fusion, models=() if weight is None else ((HASHED_MODEL, weight),))
 
 
 class Replay:
@@ -86,8 +106,9 @@ class Replay:
         original = self.original = recall_mod._Run.fuse
 
         def capturing(run, *args):  # type: ignore[no-untyped-def]
+            # (rankings, features, dates, top_k, explain, min_relevance) and the spaces' signals
             if self.key is not None:
-                self.captured[self.key] = (self.db, run, args[:6])
+                self.captured[self.key] = (self.db, run, (args[:6], args[7] if len(args) > 7 else None))
             return original(run, *args)
 
         recall_mod._Run.fuse = capturing
@@ -102,10 +123,10 @@ class Replay:
 
     def fuse(self, key: tuple, fusion: FusionWeights) -> list:
         """The hits of the recall captured under ``key``, fused with ``fusion``."""
-        db, run, args = self.captured[key]
+        db, run, (args, signals) = self.captured[key]
         with db._store.read() as txn:  # the captured read transaction has ended
             run.txn, run._view = txn, db.indexes.node_cache.view(txn)
-            return self.original(run, *args, fusion)
+            return self.original(run, *args, fusion, signals)
 
 
 class Locomo:
@@ -221,13 +242,27 @@ def main() -> None:
             "the replay must give the full recall's hits"
         print(space, "alone", {m: round(float(v.mean()), 4) for m, v in singles[space].items()}, flush=True)
         print(space, "defaults", {m: round(float(v.mean()), 4) for m, v in defaults[space].items()}, flush=True)
+        seen: dict[FusionWeights, dict[str, np.ndarray]] = {}
         for i in chosen:
-            points[i][space] = {**locomo.replayed(replay, space, all_points[i]),
-                                **docs.replayed(replay, space, all_points[i])}
-            print(space, i, asdict(all_points[i]),
-                  {m: round(float(v.mean()), 4) for m, v in points[i][space].items()}, flush=True)
+            weights = same_for(space, all_points[i])
+            if weights not in seen:
+                seen[weights] = {**locomo.replayed(replay, space, weights), **docs.replayed(replay, space, weights)}
+                print(space, i, asdict(all_points[i]),
+                      {m: round(float(v.mean()), 4) for m, v in seen[weights].items()}, flush=True)
+            points[i][space] = seen[weights]
     table = margins(points, singles)
     pick = choose(table)
+    hashed_pick: float | None = 0.0
+    if "hashed" in spaces:  # the hashed model's own weight, at the chosen point, by the same rule
+        cal = {j: {"hashed": {**locomo.replayed(replay, "hashed", with_hashed_weight(all_points[pick], w)),
+                              **docs.replayed(replay, "hashed", with_hashed_weight(all_points[pick], w))}}
+               for j, w in enumerate(HASHED_WEIGHTS)}
+        cal_table = margins(cal, singles)
+        hashed_pick = HASHED_WEIGHTS[choose(cal_table)]
+        for j, w in enumerate(HASHED_WEIGHTS):
+            print("hashed model weight", "vector" if w is None else w,
+                  {m: round(float(v.mean()), 4) for m, v in cal[j]["hashed"].items()},
+                  "worst", round(min(cal_table[j].values()), 4), flush=True)
     fold_of = {"locomo R@1": locomo.folds, "locomo R@10": locomo.folds, "docs nDCG@10": docs.folds}
     held_out: dict[tuple[str, str], list[float]] = {}
     fold_picks = []
@@ -245,9 +280,10 @@ def main() -> None:
                                        "figures": {s: {m: round(float(v.mean()), 4) for m, v in f.items()}
                                                    for s, f in points[i].items()},
                                        "worst_margin": round(min(table[i].values()), 4)} for i in chosen],
-                           "chosen": {"index": pick, "weights": asdict(all_points[pick])},
+                           "chosen": {"index": pick, "weights": asdict(all_points[pick]),
+                                      "hashed_model_weight": hashed_pick},
                            "fold_picks": fold_picks, "cells": {}}
-    print("\nchosen", pick, asdict(all_points[pick]), "fold picks", fold_picks)
+    print("\nchosen", pick, asdict(all_points[pick]), "hashed model weight", hashed_pick, "fold picks", fold_picks)
     print("| space | metric | BM25 | alone | fused | fused - best single, 95 % interval | held-out (5 folds) |")
     print("|---|---|---:|---:|---:|---|---|")
     for space in spaces:

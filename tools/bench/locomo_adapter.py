@@ -98,8 +98,9 @@ def build_store(turns: list[dict], *, link_neighbours: bool = True, space: bool 
     return db
 
 
-# the space alone: BM25 weighs nothing and does not gate the space (no agreement); ranks as the space ranks
-MODEL_ONLY = FusionWeights(bm25=0.0, vector=1.0, agreement_power=0.0, weak_match_trust=0.0, score_mix=0.0)
+# the space alone: BM25 weighs nothing and does not gate the space (no agreement), whatever its
+# model (no per-model weight: the hashed space too); ranks as the space ranks
+MODEL_ONLY = FusionWeights(bm25=0.0, vector=1.0, models=(), agreement_power=0.0, weak_match_trust=0.0, score_mix=0.0)
 
 
 def fusion_for(signals: str, overrides: str = "") -> FusionWeights | None:
@@ -111,8 +112,9 @@ def fusion_for(signals: str, overrides: str = "") -> FusionWeights | None:
     if not overrides:
         return None
     fields = json.loads(overrides)
-    if "spaces" in fields:
-        fields["spaces"] = tuple((str(n), float(w)) for n, w in fields["spaces"])
+    for pairs in ("spaces", "models"):
+        if pairs in fields:
+            fields[pairs] = tuple((str(n), float(w)) for n, w in fields[pairs])
     return FusionWeights(**fields)
 
 
