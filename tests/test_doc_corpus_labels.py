@@ -125,6 +125,16 @@ def test_ndcg_of_perfect_reversed_and_empty_rankings():
     assert dc.ndcg([1], {}) == 0.0
 
 
+def test_relevance_modes_count_grade_one_as_zero_half_or_full():
+    grades = {"3": 2, "7": 1}
+    assert dc.relevance(grades) == {3: 2, 7: 1}
+    assert dc.relevance(grades, "strict") == {3: 2}
+    assert dc.relevance(grades, "binary") == {3: 2, 7: 2}
+    assert dc.ndcg([7, 3], dc.relevance(grades, "binary")) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        dc.relevance(grades, "lenient")
+
+
 @pytest.mark.skipif(not os.path.isdir(dc.GUTENBERG), reason=f"{dc.GUTENBERG} is not beside this checkout")
 def test_labelled_ids_are_the_books_passages():
     spec, _ = _raw()

@@ -202,6 +202,20 @@ def load_qrels(path: str = QRELS) -> dict:
     return {**spec, "queries": queries}
 
 
+RELEVANCE = {"graded": "grades as labelled (2, 1)", "strict": "only grade 2 counts (1 -> 0)",
+             "binary": "every labelled passage counts fully (1 -> 2)"}
+
+
+def relevance(grades: dict[str, int], how: str = "graded") -> dict[int, int]:
+    """A query's grades (keyed by passage position) as ``ndcg`` takes them, counted ``how`` (``RELEVANCE``)."""
+    if how not in RELEVANCE:
+        raise ValueError(f"relevance {how!r} is not one of {sorted(RELEVANCE)}")
+    out = {int(p): g for p, g in grades.items()}
+    if how == "strict":
+        return {p: g for p, g in out.items() if g == 2}
+    return {p: 2 for p in out} if how == "binary" else out
+
+
 def ndcg(ranked: list[int], grades: dict[int, int], k: int = K) -> float:
     """nDCG@k with gains ``2 ** grade - 1`` and discount ``log2(rank + 1)``."""
     dcg = sum((2 ** grades.get(d, 0) - 1) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
@@ -237,6 +251,8 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=0, metavar="DEPTH",
                     help="print each query's pooled top DEPTH passages of every system (for labelling)")
     ap.add_argument("--json", help="write per-query figures here")
+    ap.add_argument("--relevance", choices=sorted(RELEVANCE), default="graded",
+                    help="how grades count (RELEVANCE): a check that a conclusion does not hang on the grade-1 labels")
     args = ap.parse_args()
     spec = load_qrels()
     ids, texts = corpus()
@@ -262,10 +278,11 @@ def main() -> None:
         return
     styles = [q["style"] for q in queries]
     counts = ", ".join(f"{styles.count(s)} {s}" for s in STYLES)
-    print(f"{len(texts)} passages, {len(queries)} queries ({counts}), load {os.getloadavg()[0]:.1f}")
+    print(f"{len(texts)} passages, {len(queries)} queries ({counts}), relevance {args.relevance}, "
+          f"load {os.getloadavg()[0]:.1f}")
     out: dict = {}
     for name, ranked in runs.items():
-        per_query = [ndcg(r, {int(p): g for p, g in q["grades"].items()}) for r, q in zip(ranked, queries)]
+        per_query = [ndcg(r, relevance(q["grades"], args.relevance)) for r, q in zip(ranked, queries)]
         out[name] = {"ndcg@10": round(sum(per_query) / len(per_query), 4),
                      "per_query": [round(x, 4) for x in per_query]}
     print("| signals | all | " + " | ".join(STYLES) + " |")
