@@ -187,9 +187,10 @@ def decode_changes(data: bytes) -> Changes:
 
 
 class CommitListener(Protocol):
-    """A cache of decoded records told about each commit made through this process."""
+    """A cache of decoded records told about each commit made through this process:
+    what it changed, and the committed state's ``seq``, ``next_docno`` and snapshot id."""
 
-    def purge(self, changes: Changes) -> None: ...
+    def purge(self, changes: Changes, state: tuple[int, int, int] | None = None) -> None: ...
 
 
 def _docnos_of(table: str, keys: Iterable[bytes], first_new: int, out: set[int]) -> None:
@@ -696,10 +697,11 @@ class _Env:
         """Whether the data file is still what this process last saw (see ``expected``)."""
         return self.lock_fd is not None and self.expected is not None and self.expected == _stat_key(self.lock_fd)
 
-    def committed(self, changes: Changes) -> None:
-        """Tell this process's caches what a commit of this process changed."""
+    def committed(self, changes: Changes, state: tuple[int, int, int] | None = None) -> None:
+        """Tell this process's caches what a commit of this process changed, and the state it
+        committed: ``(seq, next_docno, snapshot id)``."""
         for listener in list(self.listeners):
-            listener.purge(changes)
+            listener.purge(changes, state)
 
     def note_commit(self, unchanged_before: bool) -> None:
         """After a commit of this process: the file as it now is, if it was as expected just
@@ -1129,8 +1131,8 @@ class Txn:
                 self._ltxn = None
                 if changed:
                     self.store._env.note_commit(unchanged)
-                if changes is not None:
-                    self.store._env.committed(changes)
+                if changes is not None and self._state is not None:
+                    self.store._env.committed(changes, (self._state.seq, self._state.next_docno, snapshot))
                 for fn in self._after_commit:
                     fn(snapshot)
                 return

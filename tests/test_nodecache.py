@@ -270,6 +270,33 @@ def test_reader_process_sees_the_writer_process(make_db, tmp_path):
         writer.close()
 
 
+def test_this_process_commits_move_the_cache_on_without_reading_the_change_log(make_db, tmp_path, monkeypatch):
+    """A commit of this process tells the cache the state it committed: the next recall
+    reads no change-log entry (another process's commit still goes through the log), and
+    its answers equal a fresh handle's, also after an update and a delete."""
+    db = make_db()
+    seed(db)
+    for q in QUERIES:
+        db.recall(q, top_k=5)
+    reads = []
+    real = store_mod.Txn.changes_since
+    monkeypatch.setattr(store_mod.Txn, "changes_since", lambda txn, seq: reads.append(seq) or real(txn, seq))
+    db.add("an unrelated memory about kites and cats", id="kite", now=1.0)
+    hit = db.recall("cats Ada", top_k=5)[0]
+    db.update(hit.id, content=hit.node.content + " boats boats")
+    db.delete("m3")
+    for q in QUERIES + ["kites cats"]:
+        assert answer(db.recall(q, top_k=5)) == fresh_answer(tmp_path / "t.engram", q, top_k=5)
+    assert reads == []
+    other = Writer(tmp_path / "t.engram")
+    try:
+        other("add", {"content": "a boat from another process", "id": "far"})
+    finally:
+        other.close()
+    assert answer(db.recall("boats", top_k=5)) == fresh_answer(tmp_path / "t.engram", "boats", top_k=5)
+    assert len(reads) == 1
+
+
 def test_forget_in_this_process_purges_the_cache_at_once(make_db):
     db = make_db()
     seed(db)

@@ -1160,19 +1160,20 @@ class SegmentedBM25:
         """A term's postings in a small segment, dead ones included, as (docnos int64, tf
         float64, dl float64), decoded once per handle (a read transaction's segments are
         committed: immutable, their numbers never reused), or None when it has none."""
-        key = ("b", blind, segno)
-        hit = None if txn.write else self._cache.get(key)
-        if hit is None and not txn.write:
+        if txn.write:
+            hit = None
+        else:
             fresh = self._cache.get(("f", segno))
             if fresh is not None:  # written by this handle: the columns as written, no read
                 return cast("_Fresh", fresh).block(blind)
+            hit = self._cache.get(("b", blind, segno))
         if hit is None:
             block = self._raw_block(txn, d, blind, segno)
             if block is None:
                 return None
             hit = (block[0], block[1].astype(np.float64), block[2].astype(np.float64))
             if not txn.write:
-                self._cache.put(key, hit, 3 * hit[0].nbytes)
+                self._cache.put(("b", blind, segno), hit, 3 * hit[0].nbytes)
         return cast("tuple[np.ndarray, np.ndarray, np.ndarray]", hit)
 
     def _holds(self, txn: Txn, d: _Dir, blind: bytes, segno: int) -> bool:
@@ -1191,7 +1192,13 @@ class SegmentedBM25:
         if old is not None and old.key[0] == holders and old.key[1] == counts:
             return old
         parts = []
-        for segno, count in zip(holders, counts):
+        at = 0
+        if old is not None and old.docnos.size and (at := len(old.key[0])) < len(holders) \
+                and holders[:at] == old.key[0] and counts[:at] == old.key[1]:
+            parts.append((old.docnos, old.tf, old.dl))  # only segments were added: append theirs
+        else:
+            at = 0
+        for segno, count in zip(holders[at:], counts[at:]):
             block = self._small_block(txn, d, blind, segno)
             if block is None:
                 continue

@@ -86,18 +86,24 @@ class NodeCache:
             self._entries.clear()
             self.nbytes = 0
 
-    def purge(self, changes: Any) -> None:
-        """Drop what ``changes`` (a :class:`~engramdb.store.Changes`) says changed."""
+    def purge(self, changes: Any, state: tuple[int, int, int] | None = None) -> None:
+        """Drop what ``changes`` (a :class:`~engramdb.store.Changes`) says changed. ``state``
+        (``(seq, next_docno, snapshot id)`` of the commit) moves the cache on to that state
+        when it held the one the commit started from (``seq - 1``), so the next read neither
+        loads the change log nor drops anything again."""
         with self._lock:
             if changes.everything:
                 self._entries.clear()
                 self.nbytes = 0
-                return
-            for docno in changes.nodes:
-                self._pop(("n", docno))
-            for docno in changes.edges:
-                self._pop(("e", docno))
-                self._pop(("s", docno))
+            else:
+                for docno in changes.nodes:
+                    self._pop(("n", docno))
+                for docno in changes.edges:
+                    self._pop(("e", docno))
+                    self._pop(("s", docno))
+            if state is not None and self._seq is not None and state[0] == self._seq + 1:
+                self._gen += 1  # views of the older state read past the cache from now on
+                self._seq, self._next_docno, self._txnid = state[0], state[1], max(self._txnid, state[2])
 
     def _pop(self, key: tuple[str, int]) -> None:
         entry = self._entries.pop(key, None)
