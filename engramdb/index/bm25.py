@@ -645,7 +645,8 @@ class _Term:
         if delta.docnos.size:
             self.runs.append((delta.docnos, None, memo[1]))
         self.best_memo = memo[2]
-        self.max_docno = max(int(r[0][-1]) for r in self.runs)
+        self.max_docno = max(int(base.docnos[-1]) if base.docnos.size else -1,
+                             int(delta.docnos[-1]) if delta.docnos.size else -1)
 
     def weighted(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(docnos, w * part)`` per run."""
@@ -687,7 +688,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "_sig", "terms_of", "diffs", "dead_live")
+                 "_sig", "terms_of", "fresh", "diffs", "dead_live")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -709,6 +710,7 @@ class _Dir:
         # read states only: small segment -> its terms; an older state's live segments ->
         # what changed since (shared by every term cached at that state)
         self.terms_of: dict[int, Container[bytes]] = {}
+        self.fresh: dict[int, _Fresh] = {}  # the small segments among those this handle wrote
         self.diffs: dict[tuple[int, ...], tuple[list[int], list[tuple[int, Container[bytes] | None]]]] = {}
         self.dead_live: dict[int, np.ndarray] | None = None
 
@@ -977,6 +979,7 @@ class SegmentedBM25:
                     self._cache.pop(("f", segno))
             # the term sets of the small segments still live (immutable) carry over
             d.terms_of.update((segno, t) for segno, t in prev.terms_of.items() if segno in d.segs)
+            d.fresh.update((segno, f) for segno, f in prev.fresh.items() if segno in d.segs)
         self._drop_old_runs(d)
         self._dir, self._txnid = d, sid
 
@@ -1113,7 +1116,12 @@ class SegmentedBM25:
         for a large segment or inside a write transaction (then the postings table answers)."""
         terms = d.terms_of.get(segno)
         if terms is None and not txn.write and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
-            terms = self._cache.get(("v", segno)) or self._cache.get(("f", segno))
+            fresh = self._cache.get(("f", segno))
+            if fresh is not None:  # written by this handle (kept with the state while the segment lives)
+                d.fresh[segno] = fresh
+                terms = fresh.rows
+            else:
+                terms = self._cache.get(("v", segno))
             if terms is None:
                 data = txn.get("segments", _seg_key(b"v", segno)) or b""
                 if len(data) % BLIND_LEN:
@@ -1163,9 +1171,11 @@ class SegmentedBM25:
         if txn.write:
             hit = None
         else:
-            fresh = self._cache.get(("f", segno))
+            fresh = d.fresh.get(segno)
+            if fresh is None and segno not in d.terms_of:
+                fresh = self._cache.get(("f", segno))
             if fresh is not None:  # written by this handle: the columns as written, no read
-                return cast("_Fresh", fresh).block(blind)
+                return fresh.block(blind)
             hit = self._cache.get(("b", blind, segno))
         if hit is None:
             block = self._raw_block(txn, d, blind, segno)
@@ -1188,7 +1198,7 @@ class SegmentedBM25:
         """The term's live postings in the small segments ``holders`` (increasing segnos);
         ``old`` itself when it was built from the same segments and tombstones."""
         dead_sizes = d.signature()[1]
-        counts = tuple(dead_sizes.get(s, 0) for s in holders)
+        counts = tuple(dead_sizes.get(s, 0) for s in holders) if dead_sizes else (0,) * len(holders)
         if old is not None and old.key[0] == holders and old.key[1] == counts:
             return old
         parts = []

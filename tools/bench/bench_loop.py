@@ -10,12 +10,16 @@ Run (from the repository root; 1M documents only under the shared lock):
 Per size: build the three files with the same generated corpus (tools/bench/bench_search.py's
 ``corpus``, seeded), warm every system on the query set once, then for each round ``i`` and
 each system in turn: add memory ``i`` (its own commit), run query ``i`` (*after commit*),
-run query ``i`` again (*warm*: nothing committed in between). engramdb then adds memory ``i``
-to a scratch file and runs query ``i`` once more (*control*: its own file did not change, but a
-commit, with its fsync wait, leaves the CPU's caches as cold as one to its file; on this shared
-VM that alone costs a query 2-4x in CPU time). Prints p50 / p99 per system and variant, the
-ratios after-commit / warm and after-commit / control for engramdb, and engramdb against the
-peers.
+run query ``i`` again (*warm*: nothing committed in between). engramdb then runs three
+controls, each followed by query ``i`` once more, in which its own file does not change:
+*control* adds memory ``i`` to a scratch file (a commit of the same kind, with its fsync
+wait); *sleep* sleeps as long as the round's own add took (wall time); *spin* runs unrelated
+Python work touching 8 MB for that long, without sleeping. Nothing the handle caches changes
+in any of them, so what they cost a query over *warm* is the CPU's state (caches, branch
+predictors) after other work, not engramdb's; after-commit / control is engramdb's own
+after-commit work. Also counts the posting blocks and node records engramdb read back from
+the file in its after-commit queries. Prints p50 / p99 per system and variant, the ratios,
+and engramdb against the peers.
 ``--rss`` also opens the file in a fresh process, runs every query of both sets and prints
 its resident memory (VmRSS / VmHWM from /proc).
 
@@ -236,19 +240,34 @@ def build(workdir: str, n: int, seed: int, variant_query: Callable[[Any, str], A
     return systems, seconds if fresh else 0.0
 
 
+_JUNK = bytearray(8 << 20)
+
+
+def _spin(seconds: float) -> None:
+    """Unrelated work for ``seconds`` of wall time, never sleeping: writes every 64th byte of 8 MB."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _JUNK[::64] = bytes(len(_JUNK) // 64)
+
+
+CONTROLS = ("control", "sleep", "spin")
+
+
 def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str,
          clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, list[float]]]:
     """Round ``i``, each system in turn: add ``adds[i]`` (own commit), query ``qs[i]`` (after
-    commit), query ``qs[i]`` again (warm); engramdb then adds ``adds[i]`` to a scratch file
-    and queries ``qs[i]`` once more (*control*: nothing changed in its file, but the CPU's
-    caches are as cold as after its own commit)."""
-    out: dict[str, dict[str, list[float]]] = {name: {"add": [], "after": [], "warm": [], "control": []}
+    commit), query ``qs[i]`` again (warm); engramdb then runs the controls (module docstring),
+    each followed by ``qs[i]`` once more: a commit to a scratch file, a sleep and unrelated
+    work as long as its own add took. Nothing changes in its file meanwhile."""
+    out: dict[str, dict[str, list[float]]] = {name: {"add": [], "after": [], "warm": [], **{c: [] for c in CONTROLS}}
                                               for name in systems}
     for i, (text, q) in enumerate(zip(adds, qs)):
         for name, sys_ in systems.items():
+            w0 = time.perf_counter()
             t0 = clock()
             sys_.add(f"{tag}{i}", text)
             t1 = clock()
+            wall = time.perf_counter() - w0
             sys_.query(q)
             t2 = clock()
             sys_.query(q)
@@ -258,11 +277,22 @@ def loop(systems: dict[str, Any], adds: list[str], qs: list[str], tag: str,
             rec["after"].append(t2 - t1)
             rec["warm"].append(t3 - t2)
             if hasattr(sys_, "add_elsewhere"):
-                sys_.add_elsewhere(f"{tag}{i}", text)
-                t4 = clock()
-                sys_.query(q)
-                rec["control"].append(clock() - t4)
+                for control in CONTROLS:
+                    if control == "control":
+                        sys_.add_elsewhere(f"{tag}{i}", text)
+                    elif control == "sleep":
+                        time.sleep(wall)
+                    else:
+                        _spin(wall)
+                    t4 = clock()
+                    sys_.query(q)
+                    rec[control].append(clock() - t4)
     return out
+
+
+def read_back(db: Any) -> tuple[int, int]:
+    """(posting blocks, node records) this handle has read from the file and decoded so far."""
+    return int(db.indexes.bm25.blocks_decoded), int(db.indexes.node_cache.decoded)
 
 
 def rss_child(path: str, n_queries: int, seed: int, cache_mb: float | None) -> None:
@@ -307,8 +337,10 @@ def run_size(args: argparse.Namespace, n: int, workdir: str) -> None:
                 for sys_ in systems.values():  # warm: every query once
                     for q in qs:
                         sys_.query(q)
+                before = read_back(systems["engramdb"].db)
                 res = loop(systems, adds, qs, f"loop-{vname}-{kind}-{time.time_ns()}-",
                            time.process_time if args.cpu else time.perf_counter)
+                blocks, nodes = (a - b for a, b in zip(read_back(systems["engramdb"].db), before))
                 print(f"\n  [{vname}] {kind} queries, {args.rounds} rounds{', CPU time' if args.cpu else ''} "
                       f"(load average {os.getloadavg()[0]:.2f})", flush=True)
                 for name, rec in res.items():
@@ -318,11 +350,16 @@ def run_size(args: argparse.Namespace, n: int, workdir: str) -> None:
                     print(line(f"{label}: warm query", rec["warm"]))
                     if rec["control"]:
                         print(line(f"{label}: control (commit elsewhere)", rec["control"]))
+                        print(line(f"{label}: control (sleep as long)", rec["sleep"]))
+                        print(line(f"{label}: control (other work as long)", rec["spin"]))
                 ours = res["engramdb"]
                 m = {k: statistics.median(v) for k, v in ours.items()}
                 print(f"  engramdb query after commit / warm: {m['after'] / m['warm']:.2f}x; "
                       f"after commit / control: {m['after'] / m['control']:.2f}x; control / warm: "
-                      f"{m['control'] / m['warm']:.2f}x")
+                      f"{m['control'] / m['warm']:.2f}x; sleep / warm: {m['sleep'] / m['warm']:.2f}x; "
+                      f"other work / warm: {m['spin'] / m['warm']:.2f}x")
+                print(f"  engramdb read back from the file during the loop (all its queries): {blocks} posting "
+                      f"blocks, {nodes} node records")
                 for peer in ("fts5", "fts5mc"):
                     if peer in res:
                         p = {k: statistics.median(v) for k, v in res[peer].items() if v}
