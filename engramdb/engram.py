@@ -10,6 +10,7 @@ import builtins
 import contextlib
 import gc
 import hashlib
+import itertools
 import operator
 import os
 import threading
@@ -76,6 +77,12 @@ def _text_lengths(items: list[Any]) -> int:
     except (KeyError, TypeError):  # an item that is not a mapping, or has no content
         pass
     return sum(map(_text_length, items))
+
+
+def _reserve(items: list[Any]) -> int:
+    """Bytes to grow the map by before writing ``items``: records, ids and postings take a
+    few times the text (growing mid-transaction replays every write so far)."""
+    return 3 * _text_lengths(items) + 512 * len(items)
 
 
 def _direct(item: dict[str, Any]) -> bool:
@@ -728,9 +735,52 @@ class Engram:
             return ids
 
         with _gc_paused():
-            # records, ids and postings take a few times the text: grow the map once, up front
-            reserve = 3 * _text_lengths(seq) + 512 * len(seq)
-            return self._store.write(put_all, reserve=reserve)
+            return self._store.write(put_all, reserve=_reserve(seq))
+
+    def import_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None,
+                    chunk: int | None = None, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """Bulk import: store many memories, committing every ``chunk`` of them (default
+        :data:`INGEST_CHUNK`) in its own transaction; returns ``(added, skipped)``.
+
+        Unlike :meth:`add_many`, the import as a whole is **not atomic**: a crash, a full
+        disk or an error stops it after its last committed chunk (each chunk is all or
+        nothing, and nothing committed is lost). It is **resumable and idempotent by id**: a
+        memory whose id is stored already, or came earlier in ``items``, is skipped, not an
+        error, so running the same import again completes an interrupted one and adds
+        nothing twice. (A memory without an id gets a new one each time: give ids to import
+        resumably.) ``items`` is consumed a chunk at a time, so it can be a generator over a
+        file larger than memory. What the import holds at once is one chunk's working set
+        and LMDB's heap copies of the pages one chunk writes, where one :meth:`add_many`
+        of a million memories holds LMDB's cap of 512 MiB (tools/bench/README.md, "Memory").
+
+        Args:
+            chunk: memories per transaction (one BM25 segment each).
+            progress: called after each commit with the running ``(added, skipped)``.
+
+        Raises:
+            ValidationError: ``chunk`` is not a positive integer, or an item is invalid
+                (the chunks before it are committed).
+        """
+        size = INGEST_CHUNK if chunk is None else chunk
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
+                                  hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
+        source = iter(items)
+        added = skipped = 0
+        with _gc_paused():
+            while batch := list(itertools.islice(source, size)):
+                nodes = self._build_many(batch, now)
+
+                def put_chunk(txn: Txn, nodes: list[Node] = nodes) -> int:
+                    with self._batched(txn) as tx:
+                        return len(tx.put_new_many(tx._unstored(nodes)))
+
+                count = self._store.write(put_chunk, reserve=_reserve(batch))
+                added, skipped = added + count, skipped + len(nodes) - count
+                del batch, nodes  # before the next chunk is read
+                if progress is not None:
+                    progress(added, skipped)
+        return added, skipped
 
     @contextlib.contextmanager
     def _batched(self, txn: Txn) -> Iterator[Transaction]:
@@ -1324,6 +1374,18 @@ class Transaction:
         self._txn.insert_many("ids", [(id_key, codec.u64(docno))])
         self._index(added=[(docno, node)])  # index hook
         return node.id
+
+    def _unstored(self, nodes: list[Node]) -> list[Node]:
+        """``nodes`` without those whose id is stored already or repeats an earlier one's."""
+        seen: set[bytes] = set()
+        txn = self._txn
+        check = txn.count("ids") > 0
+        fresh = []
+        for node, id_key in zip(nodes, self._engram._id_keys(list(map(_id_of, nodes)))):
+            if id_key not in seen and not (check and txn.contains("ids", id_key)):
+                fresh.append(node)
+            seen.add(id_key)
+        return fresh
 
     def put_new_many(self, nodes: list[Node]) -> list[str]:
         """:meth:`put_new` for many nodes; every id is checked before anything is written.

@@ -19,6 +19,8 @@ Per size N, for every system:
   docs/s and its extra memory (peak resident set during the ingest minus the resident set
   just before it; the peak is reset through /proc/self/clear_refs where the kernel allows),
   split into heap (anonymous) and memory-mapped file pages by sampling every 20 ms;
+  ``--child engramdb-import TEXTS FILE N`` measures the same for ``Engram.import_many``
+  (one commit per ``INGEST_CHUNK``) instead of one ``add_many``;
 * **add 1,000 to an existing file**: a copy of the N-document file, 1,000 new documents in
   one transaction (open not timed);
 * **delete 10 %**: a copy of the N-document file, N/10 random documents deleted in one
@@ -170,7 +172,7 @@ class _Sampler(threading.Thread):
 def child_ingest(system: str, texts_path: str, path: str, n: str) -> None:
     with open(texts_path, encoding="utf-8") as fh:
         texts = fh.read().split("\n")[:int(n)]
-    if system == "engramdb":
+    if system.startswith("engramdb"):
         db = _engram_open(path)
         items = [_item(i, t) for i, t in enumerate(texts)]
     else:
@@ -191,6 +193,8 @@ def child_ingest(system: str, texts_path: str, path: str, n: str) -> None:
     cpu = time.process_time()
     if system == "engramdb":
         db.add_many(items)
+    elif system == "engramdb-import":
+        db.import_many(items)
     else:
         _sql_write(c, "INSERT INTO docs(rowid, body) VALUES (?, ?)", items)
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
@@ -198,7 +202,7 @@ def child_ingest(system: str, texts_path: str, path: str, n: str) -> None:
     sampler.stop.set()
     sampler.join()
     anon, file = sampler.anon - base["RssAnon"], sampler.file - base["RssFile"]
-    if system == "engramdb":
+    if system.startswith("engramdb"):
         db.close()
     else:
         _sql_close(c)
