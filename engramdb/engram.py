@@ -767,19 +767,19 @@ class Engram:
                                   hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
         source = iter(items)
         added = skipped = 0
-        with _gc_paused():
-            while batch := list(itertools.islice(source, size)):
+        while batch := list(itertools.islice(source, size)):
+            with _gc_paused():  # a chunk at a time: the collector frees a chunk's cycles between them
                 nodes = self._build_many(batch, now)
 
                 def put_chunk(txn: Txn, nodes: list[Node] = nodes) -> int:
                     with self._batched(txn) as tx:
-                        return len(tx.put_new_many(tx._unstored(nodes)))
+                        return tx._put_unstored(nodes)
 
                 count = self._store.write(put_chunk, reserve=_reserve(batch))
-                added, skipped = added + count, skipped + len(nodes) - count
-                del batch, nodes  # before the next chunk is read
-                if progress is not None:
-                    progress(added, skipped)
+            added, skipped = added + count, skipped + len(nodes) - count
+            del batch, nodes  # before the next chunk is read
+            if progress is not None:
+                progress(added, skipped)
         return added, skipped
 
     @contextlib.contextmanager
@@ -1375,17 +1375,18 @@ class Transaction:
         self._index(added=[(docno, node)])  # index hook
         return node.id
 
-    def _unstored(self, nodes: list[Node]) -> list[Node]:
-        """``nodes`` without those whose id is stored already or repeats an earlier one's."""
-        seen: set[bytes] = set()
+    def _put_unstored(self, nodes: list[Node]) -> int:
+        """:meth:`put_new_many` of those of ``nodes`` whose id is neither stored already
+        nor an earlier one's (the others are skipped); returns how many it put."""
+        id_keys = self._engram._id_keys(list(map(_id_of, nodes)))
+        first: dict[bytes, int] = {}
+        for i, id_key in enumerate(id_keys):
+            first.setdefault(id_key, i)
         txn = self._txn
-        check = txn.count("ids") > 0
-        fresh = []
-        for node, id_key in zip(nodes, self._engram._id_keys(list(map(_id_of, nodes)))):
-            if id_key not in seen and not (check and txn.contains("ids", id_key)):
-                fresh.append(node)
-            seen.add(id_key)
-        return fresh
+        stored = txn.stored_keys("ids", first) if txn.count("ids") else set()
+        fresh = [i for key, i in first.items() if key not in stored]
+        self._put_checked([nodes[i] for i in fresh], [id_keys[i] for i in fresh])
+        return len(fresh)
 
     def put_new_many(self, nodes: list[Node]) -> list[str]:
         """:meth:`put_new` for many nodes; every id is checked before anything is written.
@@ -1404,6 +1405,13 @@ class Transaction:
                 if id_key in seen or txn.contains("ids", id_key):
                     raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
                 seen.add(id_key)
+        self._put_checked(nodes, id_keys)
+        return ids
+
+    def _put_checked(self, nodes: list[Node], id_keys: list[bytes]) -> None:
+        """Write new ``nodes`` whose ids (blind keys ``id_keys``) are checked: distinct and
+        not stored."""
+        txn = self._txn
         docnos = txn.allocate_docnos(len(nodes))
         keys = list(map(codec.u64, docnos))
         # new keys: fresh docnos, and ids checked above. Records are encoded a chunk at a time
@@ -1416,7 +1424,6 @@ class Transaction:
                             append=True)
         txn.insert_many("ids", codec.sorted_id_rows(id_keys, docnos))  # key order fills LMDB pages
         self._index(added=list(zip(docnos, nodes)))  # index hook
-        return ids
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """As :meth:`Engram.add`, inside this transaction."""

@@ -70,13 +70,17 @@ _EDGE_KEY = struct.Struct(">cQBQ")  # b"f"|b"r", docno, kind, docno (engramdb/in
 # (16 MiB: at 64 MiB the log was ~30 MB of a 200k-memory add_many's peak; add_many grows
 # the map up front, so a growth mid-transaction, and with it a re-run, is rare)
 _REPLAY_LOG_LIMIT = 16 << 20
-# After this many bytes of values read through the map (each read counted as a page more
-# than its value, for the many small reads of node records), a read transaction's end asks
-# the kernel to take back the map's pages this process holds (release_mapped_pages): what
-# was read is decoded and cached by then, so the pages would only count in the resident set.
-# Each value read maps its neighbours too (the kernel's fault-around, 64 KiB): at 1M
-# documents 400 queries left ~80 MB of the map resident for ~15 MB of postings read.
-RELEASE_MAP_EVERY = 4 << 20
+# The map's pages a process touches stay in its resident set (page cache: shared, clean,
+# reclaimable, but counted), and each touch maps its neighbours too (the kernel's
+# fault-around, 64 KiB): at 1M documents 400 queries left ~80 MB of the map resident for
+# ~15 MB of postings read, and a bulk import's inserts into the ids B-tree (random keys)
+# faulted in most of the file. So every RELEASE_CHECK_EVERY uses of the map (a value read
+# or looked for, a record written or scanned), a transaction looks at the file pages the
+# process holds (/proc/self/statm); when they grew by RELEASE_MAP_ABOVE since the last
+# look that released, it asks the kernel to take back the map's pages
+# (release_mapped_pages): what was read is decoded and cached by then.
+RELEASE_CHECK_EVERY = 64
+RELEASE_MAP_ABOVE = 8 << 20
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
@@ -441,10 +445,11 @@ def release_mapped_pages(path: str) -> int:
     Nothing is lost: LMDB's map is a read-only shared mapping of the file, so the pages stay
     in the page cache, and a page read again is mapped back (a minor fault, no disk read).
     The caller must keep the map from moving meanwhile (a growth or a compaction remaps it,
-    and MADV_DONTNEED on whatever took its place would zero that memory): :meth:`Store.read`
-    calls it holding the resize lock while it still counts as an active reader, which both
-    wait for. (MADV_PAGEOUT would be safe without that, but it also evicts the pages from
-    the page cache: the next reads of the B-tree went to the disk, 2-3x slower here.)
+    and MADV_DONTNEED on whatever took its place would zero that memory): ``_Env.used_map``
+    calls it inside a transaction of this process (an active reader, which growth and
+    compaction wait for, or the writer, whose lock they need), holding the resize lock.
+    (MADV_PAGEOUT would be safe without that, but it also evicts the pages from the page
+    cache: the next reads of the B-tree went to the disk, 2-3x slower here.)
     """
     global _libc
     if not os.path.exists("/proc/self/maps"):
@@ -466,6 +471,16 @@ def release_mapped_pages(path: str) -> int:
         return advised
     except (OSError, AttributeError, ValueError):  # no libc to load, no madvise: nothing released
         return 0
+
+
+def resident_file_bytes() -> int | None:
+    """The file-backed memory this process has resident (RssFile + RssShmem, from
+    /proc/self/statm), or None where there is no such file."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Env:
@@ -493,7 +508,8 @@ class _Env:
         self.write_mutex = threading.Lock()
         self.active_readers = 0
         self.active_writers = 0
-        self.read_bytes = 0  # bytes read through the map since its pages were last released
+        self.map_uses = 0  # uses of the map since the last look at the resident file pages
+        self.file_base = resident_file_bytes()  # those pages after the last release (None: no /proc)
         self.unclean = False
         self.changed = False
         self.checked = False
@@ -707,6 +723,26 @@ class _Env:
         """After a commit of this process: the file as it now is, if it was as expected just
         before; once someone else changed it, this session vouches for it no more."""
         self.expected = _stat_key(self.lock_fd) if unchanged_before and self.lock_fd is not None else None
+
+    def used_map(self, n: int = 1) -> None:
+        """Count ``n`` uses of the map; every :data:`RELEASE_CHECK_EVERY`, release its
+        resident pages when the process's file pages grew by :data:`RELEASE_MAP_ABOVE` since
+        the last release. Called inside a transaction of this process (an active reader or
+        the writer), so the map cannot move meanwhile; the resize lock keeps another
+        thread's growth (or adoption of another process's) out for the moment it takes."""
+        self.map_uses += n
+        if self.map_uses < RELEASE_CHECK_EVERY or self.file_base is None:
+            return
+        self.map_uses = 0
+        now = resident_file_bytes()
+        if now is None:
+            return
+        if now - self.file_base < RELEASE_MAP_ABOVE:
+            self.file_base = min(self.file_base, now)
+            return
+        with self.resize_lock:
+            release_mapped_pages(self.path)
+        self.file_base = resident_file_bytes() or now
 
     def check_identity(self) -> None:
         """Refuse to commit into a file that is no longer the one at the path.
@@ -1421,9 +1457,11 @@ class Txn:
         """
         env = self.store._env
         raw = self._lt.get(key, db=env.dbs[table])
+        env.map_uses += 1
+        if env.map_uses >= RELEASE_CHECK_EVERY:
+            env.used_map(0)
         if raw is None:
             return None
-        env.read_bytes += len(raw) + 4096  # a read maps at least a page (its neighbours too)
         return self.store.sealer.open(table.encode(), key, raw)
 
     def get_present(self, table: str, key: bytes) -> bytes:
@@ -1492,6 +1530,7 @@ class Txn:
                                        hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
             self._log_batch(table, pairs)
             self._digest_update(table, pairs, [])
+            self.store._env.used_map(len(pairs))
 
     def rekey(self, table: str, new_key: Callable[[bytes], bytes], *, chunk: int = 4096) -> int:
         """Move every entry of ``table`` from ``key`` to ``new_key(key)`` (a layout change);
@@ -1544,7 +1583,11 @@ class Txn:
 
     def contains(self, table: str, key: bytes) -> bool:
         """Whether (table, key) exists (no decryption)."""
-        return self._lt.get(key, db=self.store._env.dbs[table]) is not None
+        env = self.store._env
+        env.map_uses += 1
+        if env.map_uses >= RELEASE_CHECK_EVERY:
+            env.used_map(0)
+        return self._lt.get(key, db=env.dbs[table]) is not None
 
     def contains_any(self, table: str, keys: list[bytes]) -> bool:
         """Whether any of ``keys`` exists in ``table`` (no decryption): one LMDB call for the
@@ -1552,7 +1595,22 @@ class Txn:
         if not keys:
             return False
         with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
-            return bool(cur.getmulti(keys))
+            found = bool(cur.getmulti(keys))
+        self.store._env.used_map(len(keys))
+        return found
+
+    def stored_keys(self, table: str, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` that exist in ``table`` (no decryption), looked up in key order
+        (keys that share a B-tree page read it once), a batch per LMDB call."""
+        env = self.store._env
+        ordered = sorted(keys)
+        found: set[bytes] = set()
+        with self._lt.cursor(db=env.dbs[table]) as cur:
+            for start in range(0, len(ordered), _INSERT_CHUNK):
+                batch = ordered[start:start + _INSERT_CHUNK]
+                found.update(key for key, _ in cur.getmulti(batch))
+                env.used_map(len(batch))
+        return found
 
     def delete(self, table: str, key: bytes) -> bool:
         """Remove (table, key); True when it existed."""
@@ -1606,7 +1664,8 @@ class Txn:
         """(key, plaintext) pairs in key order, restricted to ``prefix``, from ``start`` on."""
         sealer = self.store.sealer
         tname = table.encode()
-        with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
+        env = self.store._env
+        with self._lt.cursor(db=env.dbs[table]) as cur:
             if not cur.set_range(start if start is not None and start > prefix else prefix):
                 return
             for key, raw in cur:
@@ -1614,6 +1673,7 @@ class Txn:
                     return
                 if table == "meta" and key in HEADER_KEYS:
                     continue
+                env.used_map()
                 yield key, sealer.open(tname, key, raw)
 
     def keys(self, table: str, prefix: bytes = b"") -> Iterator[bytes]:
@@ -1820,9 +1880,6 @@ class Store:
         finally:
             txn._abort()
             with env.resize_lock:
-                if env.read_bytes > RELEASE_MAP_EVERY:  # still a reader here: the map cannot move
-                    env.read_bytes = 0
-                    release_mapped_pages(env.path)
                 env.active_readers -= 1
                 env.resize_lock.notify_all()
 

@@ -1246,21 +1246,19 @@ class SegmentedBM25:
             docs.append(prefix.docnos if keep is None else prefix.docnos[keep])
             codes.append(prefix.codes if keep is None else prefix.codes[keep])
             segs.extend(prefix.segs)
-        found = []
+        found = False
         for segno in segnos:
             block = self._block(txn, d, blind, segno)
             if block is not None and block[0].size:
-                found.append(block)
+                # coded a segment at a time: a common term's tf and length columns (and the
+                # sort that codes them) never exist for the whole list at once (issue 15)
+                pairs, block_codes = pairs.extend(block[1], block[2])
+                docs.append(block[0])
+                codes.append(block_codes)
+                found = True
         segs.extend(segnos)
         if prefix is not None and not found and len(docs) == 1 and docs[0] is prefix.docnos:
             return pairs, prefix.renamed(tuple(segs))
-        if found:
-            pairs, new_codes = pairs.extend(np.concatenate([b[1] for b in found]), np.concatenate([b[2] for b in found]))
-            at = 0
-            for b in found:
-                docs.append(b[0])
-                codes.append(new_codes[at:at + b[0].size])
-                at += b[0].size
         dtype = np.uint16 if len(pairs.index) <= 1 << 16 else np.uint32
         docs = [a for a in docs if a.size]
         codes = [c.astype(dtype, copy=False) for c in codes if c.size]
