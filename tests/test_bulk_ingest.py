@@ -246,3 +246,33 @@ def test_sorted_id_rows_equals_sorting_the_pairs(n):
     for first in (0, 2**40):
         docnos = range(first, first + len(id_keys))
         assert codec.sorted_id_rows(id_keys, docnos) == sorted(zip(id_keys, map(codec.u64, docnos)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.binary(min_size=16, max_size=16), unique=True, max_size=300))
+def test_blind_order_is_the_sorted_order(blinds):
+    from engramdb.index.bm25 import _blind_order
+
+    assert [blinds[i] for i in _blind_order(blinds)] == sorted(blinds)
+
+
+def test_blind_all_is_blind_of_each(tmp_engram):
+    bm25 = tmp_engram.indexes.bm25
+    terms = ["alpha", "beta", "über", "alpha", "x" * 40]
+    want = [tmp_engram._store.blind(b"term", t.encode("utf-8", "surrogatepass")) for t in terms]
+    bm25.blind("beta")  # one memoised already
+    assert bm25.blind_all(terms) == want
+    assert bm25.blind_all([]) == []
+
+
+def test_stemming_a_batch_is_stemming_each_word():
+    tok, ref = Tokenizer(stemmer="english"), Tokenizer(stemmer="english")
+    words = ["running", "rivers", "caresses", "ponies", "running", "generously", "naïve"]
+    tok.stem("rivers")  # one in the memo already
+    assert tok._stem_all(words) == {w: ref.stem(w) for w in words}
+    saved, tk._STEM_CACHE_MAX = tk._STEM_CACHE_MAX, 3  # a full memo is cleared, results unchanged
+    try:
+        assert tok._stem_all(words) == {w: ref.stem(w) for w in words}
+        assert len(tok._memo) <= 3
+    finally:
+        tk._STEM_CACHE_MAX = saved

@@ -142,7 +142,7 @@ class Indexes:
         self.store = store
         self.tokenizer = tokenizer
         self.cache_mb = cache_mb  # each cache's limit in MiB (None: each cache's default)
-        self.bm25 = SegmentedBM25(store.blind, store.last_txnid, cache_mb=cache_mb)
+        self.bm25 = SegmentedBM25(store.blind, store.last_txnid, cache_mb=cache_mb, blind_many=store.blind_many)
         self.vectors = VectorIndex(store.blind, store.last_txnid, tokenizer, cache_mb=cache_mb)
         self.graph = Graph()
         self._node_cache: NodeCache | None = None

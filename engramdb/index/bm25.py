@@ -347,6 +347,17 @@ def decode_blocks(datas: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.nd
     return docnos, values.astype(np.int64), counts
 
 
+def _blind_order(blinds: Sequence[bytes]) -> list[int]:
+    """The positions of distinct ``blinds`` in ascending byte order (numpy on the 16-byte
+    keys read as two big-endian uint64s: the bytes' order, without a comparison per pair)."""
+    blob = b"".join(blinds)
+    if len(blinds) < 64 or len(blob) != 16 * len(blinds):
+        return sorted(range(len(blinds)), key=blinds.__getitem__)
+    words = np.frombuffer(blob, dtype=">u8").reshape(-1, 2)
+    order: list[int] = np.lexsort((words[:, 1], words[:, 0])).tolist()
+    return order
+
+
 class TermDocs:
     """Tokenized documents as flat columns, what a segment is built from.
 
@@ -910,8 +921,10 @@ class SegmentedBM25:
     """
 
     def __init__(self, blind: Callable[[bytes, bytes], bytes], last_txnid: Callable[[], int], *,
-                 cache_mb: float | None = None) -> None:
+                 cache_mb: float | None = None,
+                 blind_many: Callable[[bytes, list[bytes]], list[bytes]] | None = None) -> None:
         self._blind_fn = blind
+        self._blind_many_fn = blind_many
         self._last_txnid = last_txnid
         self._blinds: dict[str, bytes] = {}
         self._txnid: int | None = None
@@ -954,6 +967,18 @@ class SegmentedBM25:
                 self._blinds.clear()
             b = self._blinds[term] = self._blind_fn(b"term", term.encode("utf-8", "surrogatepass"))
         return b
+
+    def blind_all(self, terms: Sequence[str]) -> list[bytes]:
+        """:meth:`blind` of each term; the ones not memoised in one batch call (``blind_many``)."""
+        memo = self._blinds
+        new = [term for term in terms if term not in memo]
+        if new and self._blind_many_fn is not None:
+            if len(memo) + len(new) > 100_000:
+                memo.clear()
+            memo.update(zip(new, self._blind_many_fn(b"term", [term.encode("utf-8", "surrogatepass") for term in new])))
+            get = memo.get
+            return [get(term) or self.blind(term) for term in terms]
+        return [self.blind(term) for term in terms]
 
     def _directory(self, txn: Txn) -> _Dir:
         """The directory as of ``txn``; cached for read transactions until a commit."""
@@ -1536,7 +1561,7 @@ class SegmentedBM25:
         segno = d.next
         d.next += 1
         words, docnos, tfs, bounds = count_postings(docs)
-        blinds = [self.blind(word) for word in words]
+        blinds = self.blind_all(words)
         self._insert_postings(txn, d, segno, blinds, encode_blocks(docnos, tfs, bounds))
         order = np.argsort(docs.docnos, kind="stable")
         seg_docnos = docs.docnos[order]
@@ -1555,7 +1580,11 @@ class SegmentedBM25:
         """Write a new segment's blocks (keys of a fresh segment number are new). Segment
         first, the keys sort after every key in the table (``segno`` is the largest yet), so
         they are appended in key order: pages filled in turn, none of the old ones touched."""
-        items = sorted(zip((d.posting_key(b, segno) for b in blinds), blocks))
+        if d.seg_first:  # one key prefix: the blinds' order (numpy's, on 16-byte keys) is the keys'
+            prefix = _SEG.pack(segno)
+            items = [(prefix + blinds[i], blocks[i]) for i in _blind_order(blinds)]
+        else:
+            items = sorted(zip((d.posting_key(b, segno) for b in blinds), blocks))
         txn.insert_many("postings", items, append=d.seg_first)
 
     def _tombstone(self, txn: Txn, d: _Dir, docnos: Iterable[int], local: dict[int, _Seg]) -> int:

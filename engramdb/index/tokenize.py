@@ -201,7 +201,9 @@ def _token_values(joined: bytes, offsets: np.ndarray, lookup: Callable[[Sequence
     return values, firsts
 
 
-def _load_stemmer(language: str) -> Callable[[str], str]:
+def _load_stemmer(language: str) -> tuple[Callable[[str], str], Callable[[list[str]], list[str]]]:
+    """PyStemmer's ``(stemWord, stemWords)`` for ``language`` (its own cache off: the
+    tokenizer memoises)."""
     try:
         import Stemmer
     except ImportError as exc:
@@ -210,14 +212,15 @@ def _load_stemmer(language: str) -> Callable[[str], str]:
             hint="pip install 'engramdb[stem]' (PyStemmer), then open the file again",
         ) from exc
     try:
-        stemmer = Stemmer.Stemmer(language)
+        stemmer = Stemmer.Stemmer(language, 0)
     except KeyError as exc:
         raise ConfigMismatchError(
             f"PyStemmer has no Snowball stemmer for language {language!r}",
             hint="use a language listed by Stemmer.algorithms(), e.g. 'english'",
         ) from exc
     stem: Callable[[str], str] = stemmer.stemWord  # PyStemmer is untyped: the library boundary
-    return stem
+    stem_words: Callable[[list[str]], list[str]] = stemmer.stemWords
+    return stem, stem_words
 
 
 class Tokenizer:
@@ -257,7 +260,7 @@ class Tokenizer:
         # match can only start inside a run after failing at a one-character run), ~35%
         # faster without the \b assertions. test_tokenize checks it against bm25s.
         self._findall = re.compile(_FAST_PATTERN).findall
-        self._stem = _load_stemmer(stemmer) if stemmer else None
+        self._stem, self._stem_words = _load_stemmer(stemmer) if stemmer else (None, None)
         self._memo: dict[str, str] = {}
 
     # --- settings persisted in meta ---------------------------------------------------
@@ -419,21 +422,18 @@ class Tokenizer:
 
     def _stem_all(self, words: Sequence[str]) -> dict[str, str]:
         """word -> term for distinct words (memoised like :meth:`stem`)."""
-        if self._stem is None:
+        if self._stem_words is None:
             return {w: w for w in words}
         memo = self._memo
         if len(memo) >= _STEM_CACHE_MAX:
             memo.clear()
-        stem = self._stem
-        out = {}
-        for w in words:
-            term = memo.get(w)
-            if term is None:
-                term = stem(w)
-                if len(memo) < _STEM_CACHE_MAX:
-                    memo[w] = term
-            out[w] = term
-        return out
+        missing = [w for w in words if w not in memo]
+        if not missing:
+            return {w: memo[w] for w in words}
+        fresh = dict(zip(missing, self._stem_words(missing)))  # one PyStemmer call for the new words
+        room = _STEM_CACHE_MAX - len(memo)
+        memo.update(fresh if room >= len(fresh) else itertools.islice(fresh.items(), room))
+        return {w: fresh[w] if w in fresh else memo[w] for w in words}
 
     def __call__(self, text: str) -> list[str]:
         """The index terms of ``text``, in order, duplicates kept.
