@@ -260,7 +260,10 @@ class Tokenizer:
         # match can only start inside a run after failing at a one-character run), ~35%
         # faster without the \b assertions. test_tokenize checks it against bm25s.
         self._findall = re.compile(_FAST_PATTERN).findall
-        self._stem, self._stem_words = _load_stemmer(stemmer) if stemmer else (None, None)
+        self._stem: Callable[[str], str] | None = None
+        self._stem_words: Callable[[list[str]], list[str]] | None = None
+        if stemmer:
+            self._stem, self._stem_words = _load_stemmer(stemmer)
         self._memo: dict[str, str] = {}
 
     # --- settings persisted in meta ---------------------------------------------------
