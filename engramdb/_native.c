@@ -359,11 +359,10 @@ done:
 
 /* ---- the bulk tokenizer's word scan ------------------------------------------------ */
 
-typedef struct {
-    Py_ssize_t at;     /* the word's first byte in the arena; -1: an empty slot */
-    Py_ssize_t len;
-    Py_ssize_t index;  /* the word's number: its place in first-seen order */
-    unsigned long long hash;
+typedef struct {  /* 16 bytes: the table of a chunk's ~10^4 words stays in the CPU's caches */
+    unsigned long long first8;  /* the word's first (up to) 8 bytes, big-endian */
+    unsigned int len;
+    int index;  /* the word's number (first-seen order); -1: an empty slot */
 } word_slot;
 
 static unsigned long long
@@ -376,38 +375,48 @@ mix(unsigned long long h)
     return h ^ (h >> 33);
 }
 
+/* A hash of a word's bytes, eight at a time; *first8 gets its first (up to) 8 bytes. */
 static unsigned long long
-word_hash(const unsigned char *w, Py_ssize_t len)
+word_hash(const unsigned char *w, Py_ssize_t len, unsigned long long *first8)
 {
-    unsigned long long h = (unsigned long long)len * 0x9E3779B97F4A7C15ULL, v;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        memcpy(&v, w + i, 8);
-        h = (h ^ v) * 0xC2B2AE3D27D4EB4FULL;
-        h ^= h >> 29;
-    }
-    v = 0;
-    for (; i < len; i++)
+    unsigned long long h = 0x9E3779B97F4A7C15ULL, v = 0;
+    Py_ssize_t i;
+    int k = 0;
+    *first8 = 0;
+    for (i = 0; i < len; i++) {
         v = (v << 8) | w[i];
-    return mix(h ^ v);
+        if (++k == 8) {
+            if (i == 7)
+                *first8 = v;
+            h = (h ^ v) * 0xC2B2AE3D27D4EB4FULL;
+            h ^= h >> 29;
+            v = 0;
+            k = 0;
+        }
+    }
+    if (len < 8)
+        *first8 = v;
+    return mix(h ^ v ^ ((unsigned long long)len << 56));
 }
 
 static int
-grow_table(word_slot **table, Py_ssize_t *cap)
+grow_table(word_slot **table, Py_ssize_t *cap, const unsigned char *arena, const Py_ssize_t *word_at)
 {
     Py_ssize_t newcap = *cap * 2, i, j;
     word_slot *bigger = PyMem_Malloc((size_t)newcap * sizeof(word_slot)), *old = *table;
+    unsigned long long first8;
     if (bigger == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     for (i = 0; i < newcap; i++)
-        bigger[i].at = -1;
+        bigger[i].index = -1;
     for (i = 0; i < *cap; i++) {
-        if (old[i].at < 0)
+        if (old[i].index < 0)
             continue;
-        j = (Py_ssize_t)(old[i].hash & (unsigned long long)(newcap - 1));
-        while (bigger[j].at >= 0)
+        j = (Py_ssize_t)(word_hash(arena + word_at[old[i].index], old[i].len, &first8)
+                         & (unsigned long long)(newcap - 1));
+        while (bigger[j].index >= 0)
             j = (j + 1) & (newcap - 1);
         bigger[j] = old[i];
     }
@@ -447,6 +456,7 @@ scan_texts(PyObject *self, PyObject *args)
     Py_ssize_t nscratch = 0, narena = 0, arena_used = 0, ntexts, t, nwords = 0, cap_words = 0, cap = 4096, used = 0, i;
     word_slot *table = NULL;
     long long *inverse = NULL, *firsts = NULL;
+    Py_ssize_t *word_at = NULL, cap_at = 1024;  /* each word's first byte in the arena */
     (void)self;
     if (!PyArg_ParseTuple(args, "Oy*", &texts, &tab))
         return NULL;
@@ -464,13 +474,14 @@ scan_texts(PyObject *self, PyObject *args)
     ntexts = PySequence_Fast_GET_SIZE(seq);
     table = PyMem_Malloc((size_t)cap * sizeof(word_slot));
     firsts = PyMem_Malloc((size_t)(ntexts + 1) * sizeof(long long));
+    word_at = PyMem_Malloc((size_t)cap_at * sizeof(Py_ssize_t));
     words = PyList_New(0);
-    if (!table || !firsts || !words) {
+    if (!table || !firsts || !word_at || !words) {
         PyErr_NoMemory();
         goto done;
     }
     for (i = 0; i < cap; i++)
-        table[i].at = -1;
+        table[i].index = -1;
     for (t = 0; t < ntexts; t++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, t);
         const unsigned char *src;
@@ -488,8 +499,6 @@ scan_texts(PyObject *self, PyObject *args)
         firsts[t] = nwords;
         if (reserve(&scratch, &nscratch, n + 1) < 0)
             goto done;
-        for (i = 0; i < n; i++)
-            scratch[i] = map[src[i]];
         /* a word of two bytes or more and the space after it take three bytes */
         if (nwords + n / 2 + 1 > cap_words) {
             Py_ssize_t newcap = cap_words ? cap_words : 65536;
@@ -505,26 +514,31 @@ scan_texts(PyObject *self, PyObject *args)
             cap_words = newcap;
         }
         while (pos < n) {
-            Py_ssize_t start, len, slot, mask = cap - 1;
-            unsigned long long h;
-            while (pos < n && scratch[pos] == 0x20)
+            Py_ssize_t len = 0, slot, mask = cap - 1;
+            unsigned long long h, first8;
+            while (pos < n && map[src[pos]] == 0x20)
                 pos++;
-            if (pos >= n)
-                break;
-            start = pos;
-            while (pos < n && scratch[pos] != 0x20)
+            while (pos < n) {  /* translate and copy the word's bytes */
+                unsigned char c = map[src[pos]];
+                if (c == 0x20)
+                    break;
+                scratch[len++] = c;
                 pos++;
-            len = pos - start;
+            }
             if (len < 2)
                 continue;
-            h = word_hash(scratch + start, len);
+            if (len > 0x7FFFFFFF) {
+                PyErr_SetString(PyExc_ValueError, "a word is too long");
+                goto done;
+            }
+            h = word_hash(scratch, len, &first8);
             slot = (Py_ssize_t)(h & (unsigned long long)mask);
-            while (table[slot].at >= 0
-                   && !(table[slot].hash == h && table[slot].len == len
-                        && memcmp(arena + table[slot].at, scratch + start, (size_t)len) == 0))
+            while (table[slot].index >= 0
+                   && !(table[slot].first8 == first8 && table[slot].len == (unsigned int)len
+                        && (len <= 8 || memcmp(arena + word_at[table[slot].index] + 8, scratch + 8, (size_t)(len - 8)) == 0)))
                 slot = (slot + 1) & mask;
-            if (table[slot].at < 0) {
-                PyObject *word = PyUnicode_DecodeUTF8((const char *)scratch + start, len, "surrogatepass");
+            if (table[slot].index < 0) {
+                PyObject *word = PyUnicode_DecodeUTF8((const char *)scratch, len, "surrogatepass");
                 if (word == NULL || PyList_Append(words, word) < 0) {
                     Py_XDECREF(word);
                     goto done;
@@ -532,14 +546,27 @@ scan_texts(PyObject *self, PyObject *args)
                 Py_DECREF(word);
                 if (reserve(&arena, &narena, arena_used + len) < 0)
                     goto done;
-                memcpy(arena + arena_used, scratch + start, (size_t)len);
-                table[slot].at = arena_used;
-                table[slot].len = len;
-                table[slot].hash = h;
-                table[slot].index = used;
+                if (used == cap_at) {
+                    Py_ssize_t *bigger = PyMem_Realloc(word_at, (size_t)(2 * cap_at) * sizeof(Py_ssize_t));
+                    if (bigger == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    word_at = bigger;
+                    cap_at *= 2;
+                }
+                memcpy(arena + arena_used, scratch, (size_t)len);
+                word_at[used] = arena_used;
+                table[slot].first8 = first8;
+                table[slot].len = (unsigned int)len;
+                table[slot].index = (int)used;
                 arena_used += len;
                 inverse[nwords++] = used++;
-                if (2 * used > cap && grow_table(&table, &cap) < 0)  /* keep the table at most half full */
+                if (used > 0x7FFFFFFE) {
+                    PyErr_SetString(PyExc_ValueError, "too many distinct words");
+                    goto done;
+                }
+                if (2 * used > cap && grow_table(&table, &cap, arena, word_at) < 0)  /* at most half full */
                     goto done;
                 continue;
             }
@@ -560,6 +587,7 @@ done:
     PyMem_Free(firsts);
     PyMem_Free(scratch);
     PyMem_Free(arena);
+    PyMem_Free(word_at);
     Py_DECREF(seq);
     PyBuffer_Release(&tab);
     return result;

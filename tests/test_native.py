@@ -25,6 +25,7 @@ from engramdb import _accel, codec
 from engramdb.errors import ValidationError
 from engramdb.index.bm25 import decode_block, encode_blocks
 from engramdb.records import Node
+from engramdb.index import tokenize
 from engramdb.index.tokenize import Tokenizer
 from engramdb.crypto import _ENV_HEADER, ENVELOPE_VERSION, NONCE_BYTES, Sealer, _aad_prefix
 from engramdb.store import TABLES
@@ -271,3 +272,13 @@ def test_posting_blocks_refuse_docnos_out_of_order() -> None:
         with pytest.raises(ValidationError, match="strictly increasing"):
             fn()
     assert NATIVE.posting_blocks(np.array([4, 2], np.uint64), np.ones(2, np.uint64), np.array([0, 2]), 96) is None
+
+
+@needs_native
+def test_word_scan_tells_apart_words_sharing_their_first_eight_bytes() -> None:
+    words = ["abcdefgh", "abcdefghi", "abcdefghj", "abcdefghij", "abcdefgh" * 3, "abcdefgh" * 3 + "k", "ab", "abcdefg"]
+    texts = [" ".join(words), " ".join(reversed(words)), "ABCDEFGHI abcdefghi"]
+    found, inverse, firsts = NATIVE.scan_texts(texts, tokenize._BATCH_TABLE)
+    assert found == words
+    assert np.frombuffer(inverse, "=i8").tolist() == [*range(8), *reversed(range(8)), 1, 1]
+    assert np.frombuffer(firsts, "=i8").tolist() == [0, 8, 16]
