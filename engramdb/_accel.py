@@ -30,6 +30,7 @@ class Native(NamedTuple):
     plain_records: Callable[[Sequence[dict[str, object]], tuple[str, ...], tuple[object, ...], int], list[bytes | None]]
     new_nodes: Callable[..., list[Any]]
     posting_blocks: Callable[[Any, Any, Any, int], tuple[list[bytes], list[int]] | None]
+    count_postings: Callable[[Any, Any, Any, Any, int], tuple[bytes, bytes, bytes]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -39,11 +40,12 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import (hmac_many, keep_tokens, new_nodes, plain_records, posting_blocks, scan_texts, seal_many,
-                              state_sum)
+        from ._native import (count_postings, hmac_many, keep_tokens, new_nodes, plain_records, posting_blocks,
+                              scan_texts, seal_many, state_sum)
     except ImportError:
         return None
-    return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks)
+    return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
+                  count_postings)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

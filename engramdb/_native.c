@@ -39,6 +39,12 @@
  *       delta-coded body; `compress` lists the blocks whose body is at least zstd_min bytes,
  *       which carry the zstd kind and the raw body for the caller to compress. None when
  *       the docnos of a block are not strictly increasing (the caller's pure path raises).
+ *   count_postings(term_ids, lengths, order, docnos, nterms) -> (docnos, tfs, bounds)
+ *       engramdb/index/bm25.py's count_postings by counting instead of sorting: documents
+ *       (their tokens' int64 term ids one document after another, `lengths` tokens each)
+ *       visited in `order` (int64: by docno), each term's postings are the uint64 docnos
+ *       of the documents holding it in that order and their int64 term frequencies, term
+ *       j owning rows bounds[j]:bounds[j+1] (int64, nterms + 1 of them)
  *   new_nodes(cls, defaults, rows, vectors) -> list
  *       engramdb/records.py's Node.from_fields_many once its columns are checked: per row,
  *       cls.__new__(cls) whose __dict__ is a copy of `defaults` with fresh metadata and
@@ -962,6 +968,126 @@ done:
     return result;
 }
 
+/* ---- a segment's postings ------------------------------------------------------------ */
+
+static PyObject *
+count_postings(PyObject *self, PyObject *args)
+{
+    Py_buffer tb, lb, ob, db;
+    const long long *term_ids, *lengths, *order;
+    const unsigned long long *docnos;
+    Py_ssize_t ntok, ndocs, nterms, i, j, total = 0;
+    long long *starts = NULL, *fill = NULL, *tok_at = NULL;
+    Py_ssize_t *last = NULL;
+    unsigned long long *out_docs = NULL;
+    long long *out_tfs = NULL;
+    PyObject *docs_obj = NULL, *tfs_obj = NULL, *bounds_obj = NULL, *result = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*n", &tb, &lb, &ob, &db, &nterms))
+        return NULL;
+    term_ids = (const long long *)tb.buf;
+    lengths = (const long long *)lb.buf;
+    order = (const long long *)ob.buf;
+    docnos = (const unsigned long long *)db.buf;
+    ntok = tb.len / 8;
+    ndocs = lb.len / 8;
+    if (ob.len / 8 != ndocs || db.len / 8 != ndocs || nterms < 0) {
+        PyErr_SetString(PyExc_ValueError, "one length, order entry and docno per document");
+        goto done;
+    }
+    starts = PyMem_Malloc((size_t)(nterms + 1) * sizeof(long long));
+    fill = PyMem_Malloc((size_t)(nterms + 1) * sizeof(long long));
+    last = PyMem_Malloc((size_t)(nterms + 1) * sizeof(Py_ssize_t));
+    tok_at = PyMem_Malloc((size_t)(ndocs + 1) * sizeof(long long));
+    if (!starts || !fill || !last || !tok_at) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < ndocs; i++) {  /* each document's first token */
+        if (lengths[i] < 0 || total + lengths[i] > ntok) {
+            PyErr_SetString(PyExc_ValueError, "the lengths do not add up to the tokens");
+            goto done;
+        }
+        tok_at[i] = total;
+        total += lengths[i];
+    }
+    if (total != ntok) {
+        PyErr_SetString(PyExc_ValueError, "the lengths do not add up to the tokens");
+        goto done;
+    }
+    for (j = 0; j <= nterms; j++) {
+        starts[j] = 0;
+        last[j] = -1;
+    }
+    /* pass 1: each term's number of documents */
+    for (i = 0; i < ndocs; i++) {
+        Py_ssize_t d = (Py_ssize_t)order[i], a, b, k;
+        if (d < 0 || d >= ndocs) {
+            PyErr_SetString(PyExc_ValueError, "order is not a permutation of the documents");
+            goto done;
+        }
+        a = (Py_ssize_t)tok_at[d];
+        b = a + (Py_ssize_t)lengths[d];
+        for (k = a; k < b; k++) {
+            long long t = term_ids[k];
+            if (t < 0 || t >= nterms) {
+                PyErr_SetString(PyExc_ValueError, "a term id is out of range");
+                goto done;
+            }
+            if (last[t] != i) {
+                last[t] = i;
+                starts[t + 1]++;
+            }
+        }
+    }
+    for (j = 0; j < nterms; j++)
+        starts[j + 1] += starts[j];
+    out_docs = PyMem_Malloc((size_t)(starts[nterms] + 1) * sizeof(unsigned long long));
+    out_tfs = PyMem_Malloc((size_t)(starts[nterms] + 1) * sizeof(long long));
+    if (!out_docs || !out_tfs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (j = 0; j < nterms; j++) {
+        fill[j] = starts[j];
+        last[j] = -1;
+    }
+    /* pass 2: documents in docno order, so each term's postings come out in docno order */
+    for (i = 0; i < ndocs; i++) {
+        Py_ssize_t d = (Py_ssize_t)order[i], a = (Py_ssize_t)tok_at[d], b = a + (Py_ssize_t)lengths[d], k;
+        for (k = a; k < b; k++) {
+            long long t = term_ids[k];
+            if (last[t] != i) {
+                last[t] = i;
+                out_docs[fill[t]] = docnos[d];
+                out_tfs[fill[t]++] = 1;
+            } else {
+                out_tfs[fill[t] - 1]++;
+            }
+        }
+    }
+    docs_obj = PyBytes_FromStringAndSize((const char *)out_docs, (Py_ssize_t)starts[nterms] * 8);
+    tfs_obj = PyBytes_FromStringAndSize((const char *)out_tfs, (Py_ssize_t)starts[nterms] * 8);
+    bounds_obj = PyBytes_FromStringAndSize((const char *)starts, (nterms + 1) * 8);
+    if (docs_obj && tfs_obj && bounds_obj)
+        result = PyTuple_Pack(3, docs_obj, tfs_obj, bounds_obj);
+done:
+    Py_XDECREF(docs_obj);
+    Py_XDECREF(tfs_obj);
+    Py_XDECREF(bounds_obj);
+    PyMem_Free(starts);
+    PyMem_Free(fill);
+    PyMem_Free(last);
+    PyMem_Free(tok_at);
+    PyMem_Free(out_docs);
+    PyMem_Free(out_tfs);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&db);
+    return result;
+}
+
 static PyObject *
 keep_tokens(PyObject *self, PyObject *args)
 {
@@ -1027,6 +1153,7 @@ static PyMethodDef methods[] = {
     {"plain_records", plain_records, METH_VARARGS, "Node records of the common shape (see the module comment)."},
     {"new_nodes", new_nodes, METH_VARARGS, "Node objects of validated rows (see the module comment)."},
     {"posting_blocks", posting_blocks, METH_VARARGS, "BM25 posting blocks before compression (see the module comment)."},
+    {"count_postings", count_postings, METH_VARARGS, "A segment's postings by counting (see the module comment)."},
     {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
     {NULL, NULL, 0, NULL},
 };

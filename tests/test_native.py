@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import engramdb.engram as engram_mod
 from engramdb import _accel, codec
 from engramdb.errors import ValidationError
-from engramdb.index.bm25 import decode_block, encode_blocks
+from engramdb.index.bm25 import TermDocs, count_postings, decode_block, encode_blocks
 from engramdb.records import Node
 from engramdb.index import tokenize
 from engramdb.index.tokenize import Tokenizer
@@ -282,3 +282,29 @@ def test_word_scan_tells_apart_words_sharing_their_first_eight_bytes() -> None:
     assert found == words
     assert np.frombuffer(inverse, "=i8").tolist() == [*range(8), *reversed(range(8)), 1, 1]
     assert np.frombuffer(firsts, "=i8").tolist() == [0, 8, 16]
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(docs=st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=12), min_size=1, max_size=20),
+       seed=st.integers(0, 2**32 - 1))
+def test_count_postings_matches_the_pure_path(docs, seed) -> None:
+    rng = random.Random(seed)
+    docnos = rng.sample(range(1, 10 * len(docs) + 1), len(docs))  # any order, as a segment's documents come
+    pairs = list(zip(docnos, docs))
+    native, pure = both_ways(lambda: count_postings(TermDocs.from_pairs(pairs)))
+    assert native[0] == pure[0]
+    for a, b in zip(native[1:], pure[1:]):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
+
+
+@needs_native
+def test_count_postings_refuses_inconsistent_columns() -> None:
+    ok = (np.array([0, 1, 0]), np.array([2, 1]), np.array([0, 1]), np.array([5, 7], np.uint64))
+    assert NATIVE.count_postings(*ok, 2)[2] == np.array([0, 2, 3], np.int64).tobytes()
+    with pytest.raises(ValueError):
+        NATIVE.count_postings(ok[0], np.array([2, 2]), *ok[2:], 2)  # lengths beyond the tokens
+    with pytest.raises(ValueError):
+        NATIVE.count_postings(*ok, 1)  # a term id out of range
+    with pytest.raises(ValueError):
+        NATIVE.count_postings(ok[0], ok[1], np.array([0, 2]), ok[3], 2)  # not a permutation

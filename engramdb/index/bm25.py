@@ -415,6 +415,14 @@ def count_postings(docs: TermDocs | Sequence[tuple[int, Sequence[str]]]
         return [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(1, np.int64)
     n = len(docs)
     order_docs = np.argsort(docs.docnos, kind="stable")
+    native = _accel.NATIVE
+    if native is not None:  # the same columns, by counting (engramdb/_native.c)
+        made = native.count_postings(np.ascontiguousarray(docs.term_ids, dtype=np.int64),
+                                     np.ascontiguousarray(docs.lengths, dtype=np.int64),
+                                     np.ascontiguousarray(order_docs, dtype=np.int64),
+                                     np.ascontiguousarray(docs.docnos, dtype=np.uint64), len(docs.terms))
+        return (docs.terms, np.frombuffer(made[0], dtype=np.uint64), np.frombuffer(made[1], dtype=np.int64),
+                np.frombuffer(made[2], dtype=np.int64))
     rank_of_doc = np.empty(n, dtype=np.int64)
     rank_of_doc[order_docs] = np.arange(n)
     # one sort of (term rank, doc rank) keys; runs of equal keys are the term frequencies
