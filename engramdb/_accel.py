@@ -3,7 +3,8 @@
 ``pip install .`` builds the extension with the machine's C compiler and OpenSSL's
 libcrypto (setup.py; it is optional, so an install without them still succeeds). It
 batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
-state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan: the
+state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan, the
+node objects and records of a bulk load, and a segment's postings and posting blocks: the
 same algorithms and the same bytes as the pure-Python path, which runs when the extension
 is missing or when the environment variable ``ENGRAMDB_PURE_PYTHON=1`` is set before
 engramdb is imported.

@@ -1,11 +1,14 @@
-/* engramdb._native: the bulk-write path's batched crypto calls, in C over OpenSSL's libcrypto.
+/* engramdb._native: the bulk-write path's per-record work, in C: batched crypto calls over
+ * OpenSSL's libcrypto, the bulk tokenizer's word scan, node objects and records, and a
+ * segment's postings and posting blocks.
  *
  * Nothing here is a cipher or a hash of its own: every primitive is OpenSSL's EVP API
  * (AES-256-GCM, SHA-256), the same algorithms `cryptography` and `hashlib` call. The
  * module only removes the Python work around each call (one method call, one bytes
  * object, one slice per value) on batches of thousands of short values. Each function
- * gives byte for byte what its pure-Python counterpart in engramdb/crypto.py gives
- * (tests/test_native.py runs both on generated inputs); engramdb/_accel.py picks one.
+ * gives byte for byte what its pure-Python counterpart (engramdb/crypto.py, codec.py,
+ * records.py, index/tokenize.py, index/bm25.py) gives (tests/test_native.py runs both on
+ * generated inputs); engramdb/_accel.py picks one.
  *
  *   seal_many(key, header, aad_prefix, nonces, items) -> list[bytes]
  *       for each (k, plaintext) of items, with nonce i = nonces[12*i:12*i+12]:
