@@ -631,8 +631,9 @@ class Engram:
     def merge_indexes(self, max_steps: int = 10, *, force: bool = False) -> int:
         """Run up to ``max_steps`` index merge steps in one write; returns how many ran.
 
-        ``force=True`` also rewrites every segment and vector block that still holds
-        deleted memories, so that a following :meth:`compact` leaves no trace of them.
+        ``force=True`` then merges every segment into one (a full optimise: all postings
+        rewritten, streamed in bounded chunks). :meth:`compact` does not need it: it purges
+        deleted memories from the segments holding them.
         """
         return self._store.write(lambda txn: self.indexes.merge(txn, max_steps, force=force))
 
@@ -1088,15 +1089,20 @@ class Engram:
     # -- maintenance ----------------------------------------------------------------------
     def compact(self) -> None:
         """Rewrite the file without free pages (atomic rename). Deleted data leaves the file:
-        index segments are merged first, so deleted memories' postings and vector rows go too,
-        and the records are rewritten into full pages, so records that shrank (archived
-        memories) take less room.
+        the index merges its tiering policy asks for run first, then every BM25 segment
+        still holding deleted memories is rewritten without them (one segment per
+        transaction, streamed: the work is that of the segments holding them, the memory
+        one chunk's), and the records are rewritten into full pages, so records that shrank
+        (archived memories) take less room.
 
         Raises:
             AlreadyOpenError: another handle or process has the file open.
         """
         if not self.readonly:
-            self.merge_indexes(max_steps=1_000_000, force=True)
+            while self.merge_indexes(max_steps=1):  # one step per transaction: freed pages are reused
+                pass
+            while self._store.write(self.indexes.purge):
+                pass
             # archived originals compress together, in groups (spec/file-format.md)
             from .maintenance.archive import pack_groups
 

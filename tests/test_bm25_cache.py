@@ -252,6 +252,8 @@ WRITER = textwrap.dedent("""
             store.write(lambda txn: idx.apply(txn, [(d, t) for d, t in op["add"]], op["remove"]))
         elif op["op"] == "merge":
             store.write(lambda txn: idx.merge(txn, op["steps"], force=op["force"]))
+        elif op["op"] == "purge":
+            store.write(lambda txn: idx.purge(txn, op["steps"]))
         print("ok", flush=True)
     store.close()
 """)
@@ -368,6 +370,16 @@ class CachedEqualsFresh(RuleBasedStateMachine):
     def merge_here(self, steps, force, tiny):
         handle = self.tiny if tiny else self.cached
         self.store.write(lambda txn: handle.merge(txn, steps, force=force))
+
+    @rule(steps=st.integers(1, 2))
+    def purge(self, steps):
+        """Segments holding tombstones rewritten without them (what compact() does)."""
+        self.writer.send(op="purge", steps=steps)
+
+    @rule(steps=st.integers(1, 2), tiny=st.booleans())
+    def purge_here(self, steps, tiny):
+        handle = self.tiny if tiny else self.cached
+        self.store.write(lambda txn: handle.purge(txn, steps))
 
     @invariant()
     def answers_equal_a_fresh_handle(self):

@@ -1,5 +1,5 @@
 """Incremental equals rebuilt: after any sequence of adds, updates, deletes (one by one or
-``delete_many``), merges, reopen and compaction, every query (BM25, recall fusing BM25 with
+``delete_many``), merges, purges of deleted documents, reopen and compaction, every query (BM25, recall fusing BM25 with
 an auto vector space, and exact search in a user space only some memories have a vector
 in) answers exactly what indexes rebuilt from scratch answer."""
 from __future__ import annotations
@@ -123,6 +123,12 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
     @rule(steps=st.integers(1, 5), force=st.booleans())
     def merge(self, steps, force):
         self.db.merge_indexes(steps, force=force)
+
+    @rule(steps=st.integers(1, 3), threshold=st.sampled_from([0.0, 0.3]))
+    def purge(self, steps, threshold):
+        """Deleted documents purged from the segments holding them (compact() does this),
+        a tier group per step, with a threshold on the dead fraction or none."""
+        self.db._store.write(lambda txn: self.db.indexes.bm25.purge(txn, steps, min_dead_fraction=threshold))
 
     @rule()
     def reopen(self):

@@ -335,6 +335,12 @@ class Indexes:
         """
         return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps, force=force)
 
+    def purge(self, txn: Txn, max_segments: int = 1) -> int:
+        """Rewrite up to ``max_segments`` BM25 segments that hold deleted memories, each
+        alone, so their postings leave the live pages (vector blocks never hold them: a
+        delete rewrites its block). Returns how many were rewritten (0: none is left)."""
+        return self.bm25.purge(txn, max_segments)
+
 
 class IndexBatch:
     """Changes of one write transaction, applied to the indexes in one call.

@@ -33,14 +33,15 @@ break by docno ascending.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 import struct
 import threading
 import weakref
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any, cast
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -80,6 +81,11 @@ DEAD_REWRITE_FRACTION = 0.5
 # apply() runs at most one merge step, and only when it reads at most this many documents,
 # so a single remember() never pays for a large merge; larger merges run from merge().
 AUTO_MERGE_MAX_DOCS = 20_000
+# A merge or purge rewrites postings in chunks of whole terms holding about this many
+# postings (read, filtered and encoded together), so its memory is one chunk's (tens of
+# MB), whatever the size of the segments it rewrites; blocks are read _MERGE_BATCH at a time.
+MERGE_CHUNK_POSTINGS = 1 << 20
+_MERGE_BATCH = 512
 
 BLOCK_RAW = 1
 BLOCK_ZSTD = 2
@@ -118,6 +124,7 @@ _ACC_HEADROOM = 1 / 16
 # Runs longer than this keep their postings grouped by (tf, dl) pair, for ranking.
 _GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
 
+T = TypeVar("T")
 _zc = zstandard.ZstdCompressor(level=1)
 _zd = zstandard.ZstdDecompressor()
 
@@ -309,17 +316,8 @@ def decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return docnos, values
 
 
-def _read_le(buf: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """Little-endian unsigned integers of ``widths[i]`` bytes at ``buf[starts[i]:]``."""
-    out = np.zeros(starts.size, dtype=np.uint64)
-    for b in range(int(widths.max()) if widths.size else 0):
-        sel = np.flatnonzero(widths > b)
-        out[sel] |= buf[starts[sel] + b].astype(np.uint64) << np.uint64(8 * b)
-    return out
-
-
 def decode_blocks(datas: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`decode_block` of many blocks at once (merges read thousands of tiny ones).
+    """:func:`decode_block` of many blocks at once (merges read thousands of them).
 
     Returns:
         ``(docnos uint64, values int64, counts)``: the blocks' columns one after another,
@@ -330,21 +328,20 @@ def decode_blocks(datas: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.nd
     """
     parsed = [_block_body(data) for data in datas]
     counts = np.fromiter((p[0] for p in parsed), dtype=np.int64, count=len(parsed))
-    dws = np.fromiter((p[1] for p in parsed), dtype=np.int64, count=len(parsed))
-    vws = np.fromiter((p[2] for p in parsed), dtype=np.int64, count=len(parsed))
-    buf = np.frombuffer(b"".join(p[3] for p in parsed), dtype=np.uint8)
-    offsets = np.cumsum(counts * (dws + vws)) - counts * (dws + vws)
-    first_row = np.cumsum(counts) - counts
-    block = np.repeat(np.arange(len(parsed)), counts)
-    pos = np.arange(block.size) - first_row[block]
-    deltas = _read_le(buf, offsets[block] + pos * dws[block], dws[block])
-    values = _read_le(buf, offsets[block] + counts[block] * dws[block] + pos * vws[block], vws[block])
-    if not np.all(deltas[pos > 0] > 0):
+    if not counts.sum():
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), counts
+    # one view per block column, widened and joined by one concatenate each
+    deltas = np.concatenate([np.frombuffer(body, _DT[dw], count) for count, dw, _, body in parsed]).astype(np.uint64)
+    values = np.concatenate([np.frombuffer(body, _DT[vw], count, count * dw)
+                             for count, dw, vw, body in parsed]).astype(np.int64)
+    starts = (np.cumsum(counts) - counts)[counts > 0]
+    later = np.ones(deltas.size, dtype=bool)
+    later[starts] = False
+    if not np.all(deltas[later] > 0):
         raise CorruptFileError("a posting block's docnos are not increasing")
     sums = np.cumsum(deltas, dtype=np.uint64)  # uint64 wraps: the differences below stay exact
-    base = (sums[first_row[counts > 0]] - deltas[first_row[counts > 0]])
-    docnos = sums - np.repeat(base, counts[counts > 0])
-    return docnos, values.astype(np.int64), counts
+    docnos = sums - np.repeat(sums[starts] - deltas[starts], counts[counts > 0])
+    return docnos, values, counts
 
 
 def _blind_order(blinds: Sequence[bytes]) -> list[int]:
@@ -817,6 +814,46 @@ class _Dir:
         return self.segs[segno][0] - self.dead_count(segno)
 
 
+def _live_mask(docnos: np.ndarray, dead: np.ndarray | None) -> np.ndarray:
+    """Which of ``docnos`` are not in the sorted ``dead`` (a binary search each)."""
+    if dead is None or not dead.size:
+        return np.ones(docnos.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(dead, docnos), dead.size - 1)
+    out: np.ndarray = dead[pos] != docnos
+    return out
+
+
+def _dead_map(docnos: np.ndarray, dead: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+    """A segment's dead documents as a bitmap over its docno range ``(first docno, bitmap)``
+    (one lookup per posting when a merge filters millions of them), None when none."""
+    if dead is None or not dead.size or not docnos.size:
+        return None
+    lo = int(docnos[0])
+    bitmap = np.zeros(int(docnos[-1]) - lo + 1, dtype=bool)
+    inside = dead[(dead >= docnos[0]) & (dead <= docnos[-1])]
+    bitmap[inside - np.uint64(lo)] = True
+    return lo, bitmap
+
+
+def _live_rows(docnos: np.ndarray, dead: tuple[int, np.ndarray] | None) -> np.ndarray:
+    """Which of a segment's posting ``docnos`` (uint64) are not dead in its :func:`_dead_map`."""
+    if dead is None:
+        return np.ones(docnos.size, dtype=bool)
+    lo, bitmap = dead
+    rel = docnos - np.uint64(lo)  # wraps below the segment's first docno: caught as too large
+    if rel.size and int(rel.max()) >= bitmap.size:
+        raise CorruptFileError("a posting names a document missing from its segment",
+                               hint="run `engramdb verify --fix FILE`")
+    keep: np.ndarray = ~bitmap[rel]
+    return keep
+
+
+def _batched(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
 def _seg_key(prefix: bytes, segno: int) -> bytes:
     return prefix + _SEG.pack(segno)
 
@@ -851,6 +888,18 @@ def plan_merge(segs: Mapping[int, Sequence[int]], dead: Mapping[int, np.ndarray 
         if len(tiers[tier]) >= MERGE_FACTOR:
             return tiers[tier][:MERGE_FACTOR]
     return None
+
+
+def _purge_group(segs: Mapping[int, Sequence[int]], dead: Mapping[int, int], min_dead_fraction: float) -> list[int]:
+    """The next :meth:`SegmentedBM25.purge` step: the oldest (at most :data:`MERGE_FACTOR`)
+    segments of the lowest tier holding a segment with more than ``min_dead_fraction`` of
+    its documents dead; empty when there is none."""
+    tiers: dict[int, list[int]] = {}
+    for segno in sorted(segs):
+        n = dead.get(segno, 0)
+        if n and n > min_dead_fraction * segs[segno][0]:
+            tiers.setdefault(_tier(segs[segno][0] - n), []).append(segno)
+    return tiers[min(tiers)][:MERGE_FACTOR] if tiers else []
 
 
 # --- the index ------------------------------------------------------------------------
@@ -955,6 +1004,8 @@ class SegmentedBM25:
         self._local = threading.local()
         # posting blocks read and decoded by this handle's queries (a count of work for tests)
         self.blocks_decoded = 0
+        # the most postings one merge or purge chunk held (tests check the bound)
+        self.merge_chunk_postings = 0
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -1722,49 +1773,84 @@ class SegmentedBM25:
             done += 1
         return done
 
+    def purge(self, txn: Txn, max_steps: int = 1, *, min_dead_fraction: float = 0.0) -> int:
+        """Rewrite segments that hold tombstones without their deleted documents, in up to
+        ``max_steps`` steps; returns how many steps ran (0: nothing left to purge).
+
+        The candidates are the segments whose dead documents are more than
+        ``min_dead_fraction`` of their documents (0: any tombstone). A step rewrites the
+        oldest candidates of one size tier (:func:`plan_merge`'s tiers), at most
+        :data:`MERGE_FACTOR` of them, into one segment of their live documents (lowest
+        tier first), so a purge leaves no more segments than it found and often fewer. Each
+        step streams the postings term by term in bounded chunks
+        (:data:`MERGE_CHUNK_POSTINGS`): the work is that of the segments holding deleted
+        documents, the memory one chunk's, never the whole index's. Scores do not change.
+
+        Raises:
+            CorruptFileError: the index records are damaged.
+        """
+        d = self._write_directory(txn)
+        done = 0
+        while done < max_steps:
+            group = _purge_group(d.segs, d.dead_counts(), min_dead_fraction)
+            if not group:
+                break
+            self._merge_segments(txn, d, group)
+            done += 1
+        if done or d.version != DIR_VERSION:
+            self._put_directory(txn, d)
+        return done
+
+    def _segment_terms(self, txn: Txn, segno: int) -> list[bytes]:
+        """The sorted blinds of the terms segment ``segno`` holds (its ``v`` record)."""
+        data = txn.get("segments", _seg_key(b"v", segno)) or b""
+        if len(data) % BLIND_LEN:
+            raise CorruptFileError(f"the term list of BM25 segment {segno} is damaged",
+                                   hint="run `engramdb verify --fix FILE`")
+        return [data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN)]
+
     def _merge_segments(self, txn: Txn, d: _Dir, segnos: Sequence[int]) -> None:
-        """Replace ``segnos`` by one segment holding their live documents."""
-        blinds: set[bytes] = set()
+        """Replace ``segnos`` by one segment holding their live documents.
+
+        Streams: the (term, segment) blocks are visited in term order (a merge of the
+        segments' sorted term lists) and rewritten in chunks of about
+        :data:`MERGE_CHUNK_POSTINGS` postings, so memory holds one chunk, not the segments'
+        postings; within a term, the segments' blocks are concatenated in segment order and
+        sorted only when their docnos interleave (an update re-adds an older docno)."""
+        segnos = sorted(segnos)
+        deads: list[tuple[int, np.ndarray] | None] = []
         live_docs, live_lens = [], []
         for segno in segnos:
-            terms = txn.get("segments", _seg_key(b"v", segno)) or b""
-            blinds.update(terms[i:i + BLIND_LEN] for i in range(0, len(terms), BLIND_LEN))
             seg = self._segment(txn, segno, None, d.committed)
             dead = self._dead(txn, d, segno)
-            keep = ~np.isin(seg.docnos, dead) if dead is not None and dead.size else np.ones(seg.docnos.size, bool)
+            keep = _live_mask(seg.docnos, dead)
             live_docs.append(seg.docnos[keep])
             live_lens.append(seg.lens[keep])
-        docnos = np.concatenate(live_docs) if live_docs else np.zeros(0, np.uint64)
-        lens = np.concatenate(live_lens) if live_lens else np.zeros(0, np.uint64)
-        order = np.argsort(docnos, kind="stable")
-        docnos, lens = docnos[order], lens[order]
+            deads.append(_dead_map(seg.docnos, dead))
+        docnos = np.concatenate(live_docs)
+        lens = np.concatenate(live_lens)
+        if docnos.size > 1 and not np.all(docnos[1:] > docnos[:-1]):
+            order = np.argsort(docnos, kind="stable")
+            docnos, lens = docnos[order], lens[order]
         new = d.next if docnos.size else None
-        # Every old block is read and removed; the live postings of all terms are gathered
-        # into flat columns (term rank, docno, tf) and encoded in one encode_blocks call.
-        ordered = sorted(blinds)
-        deads = [self._dead(txn, d, segno) for segno in segnos]
-        datas = txn.pop_many("postings", [d.posting_key(blind, segno) for blind in ordered for segno in segnos])
-        found = [i for i, data in enumerate(datas) if data is not None]  # i = term * len(segnos) + segment
-        col_d, col_t, counts = decode_blocks([data for data in datas if data is not None])
-        found_at = np.asarray(found, dtype=np.int64)
-        col_term = np.repeat(found_at // len(segnos), counts)
-        col_seg = np.repeat(found_at % len(segnos), counts)
-        keep = np.ones(col_d.size, dtype=bool)
-        for k, dead in enumerate(deads):
-            if dead is not None and dead.size:
-                keep &= ~((col_seg == k) & np.isin(col_d, dead))
-        col_d, col_t, col_term = col_d[keep], col_t[keep], col_term[keep]
-        per_term = np.bincount(col_term, minlength=len(ordered))
-        new_blinds = []
-        if new is not None and col_d.size:
-            order = np.lexsort((col_d, col_term))  # by term, then docno
-            present = np.flatnonzero(per_term)
-            bounds = np.concatenate(([0], np.cumsum(per_term[present])))
-            blocks = encode_blocks(col_d[order], col_t[order], bounds)
-            new_blinds = [ordered[j] for j in present.tolist()]
-            self._insert_postings(txn, d, new, new_blinds, blocks)
-            if docnos.size <= SMALL_SEGMENT_DOCS:
-                self._remember(txn, new, new_blinds, col_d[order], col_t[order], bounds, docnos, lens)
+        pairs = heapq.merge(*[[(blind, k) for blind in self._segment_terms(txn, segno)]
+                              for k, segno in enumerate(segnos)])
+        new_blinds: list[bytes] = []
+        if new is None:  # nothing stays: remove the blocks unread
+            for batch in _batched(pairs, _MERGE_BATCH):
+                txn.delete_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
+        else:
+            small = docnos.size <= SMALL_SEGMENT_DOCS  # kept for this handle (_remember): bounded
+            cols: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+            for chunk, datas in self._merge_chunks(txn, d, segnos, pairs):
+                blinds, col_d, col_t, per_term = self._rewrite_chunk(txn, d, new, chunk, datas, deads)
+                new_blinds += blinds
+                if small:
+                    cols.append((col_d, col_t, per_term))
+            if small and new_blinds:
+                bounds = np.concatenate(([0], np.cumsum(np.concatenate([c[2] for c in cols]))))
+                self._remember(txn, new, new_blinds, np.concatenate([c[0] for c in cols]),
+                               np.concatenate([c[1] for c in cols]), bounds, docnos, lens)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
             txn.delete("segments", _seg_key(b"v", segno))
@@ -1777,6 +1863,71 @@ class SegmentedBM25:
             txn.put("segments", _seg_key(b"s", new), encode_block(docnos, lens))
             txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
             d.segs[new] = [int(docnos.size), int(lens.sum())]
+
+    def _merge_chunks(self, txn: Txn, d: _Dir, segnos: Sequence[int], pairs: Iterable[tuple[bytes, int]]
+                      ) -> Iterator[tuple[list[tuple[bytes, int]], list[bytes]]]:
+        """Remove the blocks of ``pairs`` (``(blind, segment index)`` in term order) and yield
+        them in chunks of whole terms, a chunk closed once it holds
+        :data:`MERGE_CHUNK_POSTINGS` postings: ``(its pairs, their plaintexts)``."""
+        chunk: list[tuple[bytes, int]] = []
+        datas: list[bytes] = []
+        total = 0
+        for batch in _batched(pairs, _MERGE_BATCH):
+            got = txn.pop_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
+            for pair, data in zip(batch, got):
+                if data is None:
+                    raise CorruptFileError("a BM25 segment lists a term with no posting block",
+                                           hint="run `engramdb verify --fix FILE`")
+                if total >= MERGE_CHUNK_POSTINGS and pair[0] != chunk[-1][0]:
+                    yield chunk, datas
+                    chunk, datas, total = [], [], 0
+                chunk.append(pair)
+                datas.append(data)
+                total += _HEAD.unpack_from(data)[1] if len(data) >= _HEAD.size else 0
+        if chunk:
+            yield chunk, datas
+
+    def _rewrite_chunk(self, txn: Txn, d: _Dir, new: int, chunk: Sequence[tuple[bytes, int]],
+                       datas: list[bytes], deads: Sequence[tuple[int, np.ndarray] | None]
+                       ) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+        """Write the live postings of ``chunk``'s blocks (``(blind, segment index)`` pairs in
+        term order, their plaintexts ``datas``) as segment ``new``'s blocks; returns the
+        blinds that kept a posting, in order, and the columns written (docnos, tfs, and
+        each blind's number of postings)."""
+        col_d, col_t, counts = decode_blocks(datas)
+        self.merge_chunk_postings = max(self.merge_chunk_postings, int(col_d.size))
+        seg_of = np.fromiter((k for _, k in chunk), dtype=np.int64, count=len(chunk))
+        if len(deads) == 1:
+            keep = _live_rows(col_d, deads[0])
+        else:
+            keep = np.ones(col_d.size, dtype=bool)
+            col_seg = np.repeat(seg_of, counts)
+            for k, dead in enumerate(deads):
+                if dead is not None:
+                    rows = np.flatnonzero(col_seg == k)
+                    keep[rows] = _live_rows(col_d[rows], dead)
+        # term index of each row: blocks of one blind are adjacent in ``chunk``
+        first = np.ones(len(chunk), dtype=bool)
+        first[1:] = [chunk[i][0] != chunk[i - 1][0] for i in range(1, len(chunk))]
+        term_of_block = np.cumsum(first) - 1
+        col_term = np.repeat(term_of_block, counts)
+        if not keep.all():
+            col_d, col_t, col_term = col_d[keep], col_t[keep], col_term[keep]
+        n_terms = int(term_of_block[-1]) + 1 if len(chunk) else 0
+        per_term = np.bincount(col_term, minlength=n_terms)
+        if col_d.size > 1:
+            same = col_term[1:] == col_term[:-1]
+            if not np.all(col_d[1:][same] > col_d[:-1][same]):  # interleaved segments: sort per term
+                order = np.lexsort((col_d, col_term))
+                col_d, col_t = col_d[order], col_t[order]
+        present = np.flatnonzero(per_term)
+        if not present.size:
+            return [], col_d, col_t, per_term[:0]
+        bounds = np.concatenate(([0], np.cumsum(per_term[present])))
+        blocks = encode_blocks(col_d, col_t, bounds)
+        blinds = [chunk[i][0] for i in np.flatnonzero(first)[present].tolist()]
+        self._insert_postings(txn, d, new, blinds, blocks)
+        return blinds, col_d, col_t, per_term[present]
 
     def needs_migration(self, txn: Txn) -> bool:
         """Whether the postings are keyed ``blind | segno`` (directory version 1 or 2): a

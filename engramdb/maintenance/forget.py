@@ -245,7 +245,7 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
 
     index_before = store.write(remove)
     try:
-        engram.compact()  # merges every segment and vector block that still holds them, then copies
+        engram.compact()  # purges them from every segment that still holds them, then copies
     except AlreadyOpenError as exc:
         raise AlreadyOpenError(f"the memories were removed, but the file could not be compacted: {exc.message}",
                                hint="their old pages stay in the file until `engramdb compact FILE` runs with "
