@@ -1089,10 +1089,10 @@ class Engram:
     # -- maintenance ----------------------------------------------------------------------
     def compact(self) -> None:
         """Rewrite the file without free pages (atomic rename). Deleted data leaves the file:
-        the index merges its tiering policy asks for run first, then every BM25 segment
-        still holding deleted memories is rewritten without them (one segment per
-        transaction, streamed: the work is that of the segments holding them, the memory
-        one chunk's), and the records are rewritten into full pages, so records that shrank
+        the index merges its tiering policy asks for run first, then the small BM25
+        segments are merged and every segment still holding deleted memories is rewritten
+        without them (a step per transaction, streamed: the work is that of the segments
+        holding them, the memory one chunk's), and the records are rewritten into full pages, so records that shrank
         (archived memories) take less room.
 
         Raises:

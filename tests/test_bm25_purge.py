@@ -209,3 +209,30 @@ def test_compact_after_a_big_delete_purges_without_a_global_merge(tmp_path):
         assert answers == done.value.args[0]
     finally:
         db.close()
+
+
+def test_merge_small_merges_only_the_small_segments(store, monkeypatch):
+    """Compaction merges the small segments (at most SMALL_SEGMENT_DOCS documents) into one
+    and leaves the large ones as they are; answers do not change."""
+    monkeypatch.setattr(bm, "SMALL_SEGMENT_DOCS", 30)
+    idx = SegmentedBM25(store.blind, store.last_txnid)
+    store.write(lambda txn: idx.rebuild(txn, _docs(50, 0, 1)))
+    first = 51
+    for k, n in enumerate([5, 30, 12]):
+        docs = _docs(n, k + 1, first)
+        first += n
+        store.write(lambda txn, docs=docs: idx.apply(txn, docs, [], auto_merge=False))
+    store.write(lambda txn: idx.apply(txn, [], [3, 52, 60], auto_merge=False))
+    live = [doc for doc in _docs(50, 0, 1) if doc[0] != 3]
+    first = 51
+    for k, n in enumerate([5, 30, 12]):
+        live += [doc for doc in _docs(n, k + 1, first) if doc[0] not in (52, 60)]
+        first += n
+    expected = _rebuilt(store, live)
+    before = _segments(store, idx)
+    assert store.write(idx.merge_small) == 1
+    after = _segments(store, idx)
+    large = min(before)
+    assert set(after) - {large} and after[large] == before[large] and len(after) == 2
+    assert _answers(store, idx) == expected
+    assert store.write(idx.merge_small) == 0  # one small segment left

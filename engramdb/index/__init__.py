@@ -335,11 +335,13 @@ class Indexes:
         """
         return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps, force=force)
 
-    def purge(self, txn: Txn, max_segments: int = 1) -> int:
-        """Rewrite up to ``max_segments`` BM25 segments that hold deleted memories, each
-        alone, so their postings leave the live pages (vector blocks never hold them: a
-        delete rewrites its block). Returns how many were rewritten (0: none is left)."""
-        return self.bm25.purge(txn, max_segments)
+    def purge(self, txn: Txn, max_steps: int = 1) -> int:
+        """Up to ``max_steps`` steps of what compaction does to the BM25 index: merge the
+        small segments into one, then rewrite the segments that hold deleted memories
+        without them (spec/bm25.md, "Purge"; vector blocks never hold them: a delete
+        rewrites its block). Returns the steps run (0: nothing is left to do)."""
+        done = self.bm25.merge_small(txn) if max_steps > 0 else 0
+        return done + self.bm25.purge(txn, max_steps - done)
 
 
 class IndexBatch:

@@ -1801,6 +1801,25 @@ class SegmentedBM25:
             self._put_directory(txn, d)
         return done
 
+    def merge_small(self, txn: Txn) -> int:
+        """Merge every small segment (at most :data:`SMALL_SEGMENT_DOCS` documents) into one
+        when there are several; returns 1 when it did, else 0. Compaction runs it: each
+        segment costs a block and an envelope per term it holds, which small segments do not
+        amortise (three 150-document segments take twice the postings pages of one), and the
+        policy leaves up to nine per tier. The work is bounded: at most nine segments per
+        tier below that size.
+
+        Raises:
+            CorruptFileError: the index records are damaged.
+        """
+        d = self._write_directory(txn)
+        small = [segno for segno in sorted(d.segs) if d.segs[segno][0] <= SMALL_SEGMENT_DOCS]
+        if len(small) < 2:
+            return 0
+        self._merge_segments(txn, d, small)
+        self._put_directory(txn, d)
+        return 1
+
     def _segment_terms(self, txn: Txn, segno: int) -> list[bytes]:
         """The sorted blinds of the terms segment ``segno`` holds (its ``v`` record)."""
         data = txn.get("segments", _seg_key(b"v", segno)) or b""
