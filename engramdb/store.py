@@ -81,6 +81,10 @@ _REPLAY_LOG_LIMIT = 16 << 20
 # (release_mapped_pages): what was read is decoded and cached by then.
 RELEASE_CHECK_EVERY = 64
 RELEASE_MAP_ABOVE = 8 << 20
+# Txn._rewrite_table (repack, rekey) copies a table through a scratch table that lives only
+# inside its transaction, this many bytes of entries at a time.
+_REWRITE_CHUNK_BYTES = 8 << 20
+_SCRATCH_TABLE = b"scratch"
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
@@ -1090,6 +1094,31 @@ def structural_verify(path: str) -> None:
         raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
 
 
+def _table_chunks(ltxn: lmdb.Transaction[bytes], db: lmdb._Database) -> Iterator[list[tuple[bytes, bytes]]]:
+    """Every ``(key, value)`` of ``db`` in key order, in lists of about
+    :data:`_REWRITE_CHUNK_BYTES` (the cursor re-seeks for each, so writes to other tables
+    in between are safe)."""
+    last: bytes | None = None
+    while True:
+        chunk: list[tuple[bytes, bytes]] = []
+        size = 0
+        with ltxn.cursor(db=db) as cur:
+            more = cur.first() if last is None else cur.set_range(last)
+            if more and last is not None and cur.key() == last:
+                more = cur.next()
+            while more:
+                key, value = cur.key(), cur.value()
+                chunk.append((key, value))
+                size += len(key) + len(value)
+                if size >= _REWRITE_CHUNK_BYTES:
+                    break
+                more = cur.next()
+        if not chunk:
+            return
+        yield chunk
+        last = chunk[-1][0]
+
+
 class Txn:
     """A transaction over the sealed tables.
 
@@ -1532,13 +1561,13 @@ class Txn:
             self._digest_update(table, pairs, [])
             self.store._env.used_map(len(pairs))
 
-    def rekey(self, table: str, new_key: Callable[[bytes], bytes], *, chunk: int = 4096) -> int:
+    def rekey(self, table: str, new_key: Callable[[bytes], bytes]) -> int:
         """Move every entry of ``table`` from ``key`` to ``new_key(key)`` (a layout change);
         returns how many moved. Each value is opened and sealed again, since its envelope is
-        bound to its key. The entries are read as stored (envelopes), the table emptied, then
-        written back in the new key order, ``chunk`` at a time (LMDB's append mode, so the
-        table ends up in the fewest pages); the state digest is updated for both. Holds the
-        table's envelopes in memory while it runs.
+        bound to its key, and the table ends up written in the new key order (LMDB's append
+        mode: the fewest pages); the state digest is updated for both. Streams in bounded
+        chunks through a scratch table (:meth:`_rewrite_table`): memory holds one chunk, not
+        the table.
 
         Raises:
             DecryptionError: a stored value does not authenticate (the transaction must be
@@ -1548,26 +1577,58 @@ class Txn:
         self._require_write()
         if table == "meta":
             raise StoreError("rekey does not move meta", hint="this is a bug in engramdb, please report it")
-        db = self.store._env.dbs[table]
-        with self._lt.cursor(db=db) as cur:
-            old = [(bytes(key), bytes(value)) for key, value in cur]
-        if not old:
-            return 0
-        moved = sorted((new_key(key), i) for i, (key, _) in enumerate(old))
-        if len({key for key, _ in moved}) != len(moved):
-            raise CorruptFileError(f"two records of table {table} map to one key",
-                                   hint="this is a bug in engramdb, please report it")
-        self._log.extend((table, key, None) for key, _ in old)  # what a replay after map growth redoes
-        try:
-            self._lt.drop(db, delete=False)
-        except lmdb.MapFullError:
-            self._regrow_and_replay()  # the replay deleted every entry
-        self._digest_update(table, [], old)
         tname, open_ = table.encode(), self.store.sealer.open
-        for start in range(0, len(moved), chunk):
-            part = moved[start:start + chunk]
-            self.insert_many(table, [(key, open_(tname, old[i][0], old[i][1])) for key, i in part], append=True)
-        return len(old)
+
+        def moved(chunk: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+            items = [(new_key(key), open_(tname, key, raw)) for key, raw in chunk]
+            pairs = list(zip([key for key, _ in items], self._seal_many(table, items)))
+            self._digest_update(table, pairs, chunk)
+            return pairs
+
+        return self._rewrite_table(table, moved)
+
+    def _rewrite_table(self, table: str, moved: Callable[[list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]] | None
+                       ) -> int:
+        """Rewrite every entry of ``table`` in key order into fresh, full pages, each
+        ``(key, envelope)`` chunk passed through ``moved`` first when given (new keys and
+        envelopes); returns the number of entries.
+
+        The entries are copied chunk by chunk (at most :data:`_REWRITE_CHUNK_BYTES`) into a
+        scratch table that exists only inside this transaction (LMDB keeps it sorted by the
+        new keys), the table is emptied, then the scratch table is copied back in key order
+        with LMDB's append mode and dropped: memory holds one chunk, never the table. The
+        writes are not kept for a replay: if the map must grow meanwhile, the transaction
+        is re-run (:class:`WriteConflictError`, which :meth:`Store.write` handles).
+
+        Raises:
+            CorruptFileError: two entries map to one key.
+        """
+        db = self.store._env.dbs[table]
+        self._unlogged = True  # too large to replay: a map growth re-runs the transaction
+        self._log = [op for op in self._log if op[1] is not None]
+        try:
+            scratch = self.store._env.env.open_db(_SCRATCH_TABLE, txn=self._lt, create=True)
+            self._lt.drop(scratch, delete=False)  # (never left behind: dropped below, in this transaction)
+            count = 0
+            for chunk in _table_chunks(self._lt, db):
+                pairs = moved(chunk) if moved is not None else chunk
+                with self._lt.cursor(db=scratch) as cur:
+                    _, added = cur.putmulti(pairs, overwrite=False, append=moved is None)
+                if added != len(pairs):
+                    raise CorruptFileError(f"two records of table {table} map to one key",
+                                           hint="this is a bug in engramdb, please report it")
+                count += added
+                self.store._env.used_map(len(chunk))  # the map's pages read: released as they pile up
+            self._lt.drop(db, delete=False)
+            for chunk in _table_chunks(self._lt, scratch):
+                with self._lt.cursor(db=db) as cur:
+                    cur.putmulti(chunk, append=True)
+                self.store._env.used_map(len(chunk))
+            self._lt.drop(scratch, delete=True)
+        except lmdb.MapFullError:
+            self._regrow_and_replay()  # raises WriteConflictError: the caller runs it again
+            raise AssertionError("unreachable") from None
+        return count
 
     def _log_batch(self, table: str, pairs: list[tuple[bytes, bytes]]) -> None:
         """Keep an insert batch for a replay after map growth, up to :data:`_REPLAY_LOG_LIMIT`
@@ -1703,27 +1764,10 @@ class Txn:
         file does not get smaller. Emptied and refilled in key order (LMDB's append mode
         fills each page before it starts the next), the table takes the fewest pages; the
         old ones are freed, and the next compaction drops them. The envelopes, and so the
-        state digest, do not change. Holds the table's values in memory while it runs.
+        state digest, do not change. Streams in bounded chunks (:meth:`_rewrite_table`).
         """
         self._require_write()
-        db = self.store._env.dbs[table]
-        with self._lt.cursor(db=db) as cur:
-            items = [(bytes(key), bytes(value)) for key, value in cur]
-        if not items:
-            return
-        self._log.extend((table, key, None) for key, _ in items)  # what a replay after map growth redoes
-        try:
-            self._lt.drop(db, delete=False)
-        except lmdb.MapFullError:
-            self._regrow_and_replay()  # the replay deleted every entry
-        for start in range(0, len(items), 4096):
-            chunk = items[start:start + 4096]
-            self._log.append((table, None, chunk))  # replayed as one putmulti
-            try:
-                with self._lt.cursor(db=db) as cur:
-                    cur.putmulti(chunk, append=True)
-            except lmdb.MapFullError:
-                self._regrow_and_replay()  # the replay wrote this chunk too
+        self._rewrite_table(table, None)
 
     def table_bytes(self, table: str) -> int:
         """Bytes of the pages a table occupies (branch, leaf and overflow pages; O(1))."""
