@@ -328,10 +328,10 @@ class Indexes:
     def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:
         """Up to ``max_steps`` tiered merge steps on BM25 and on each vector space.
 
-        ``force=True`` then rewrites what still holds tombstones (all BM25 segments into
-        one, each vector space into one block), so deleted memories' postings and vectors
-        are gone from the live pages: call it before ``compact`` when forgetting. Returns
-        the number of steps run.
+        ``force=True`` then merges every BM25 segment into one (a full optimise; vector
+        blocks never hold deleted rows). ``compact`` does not need it: it purges deleted
+        memories from the segments holding them (:meth:`purge`). Returns the number of
+        steps run.
         """
         return self.bm25.merge(txn, max_steps, force=force) + self.vectors.merge(txn, max_steps, force=force)
 

@@ -1747,7 +1747,8 @@ class SegmentedBM25:
         """Run up to ``max_steps`` merge steps; returns how many ran.
 
         With ``force=True`` a step merges every segment into one when the policy has nothing
-        left to do (a full optimise, e.g. before compaction).
+        left to do (a full optimise, streamed like every merge; compaction does not need
+        it: :meth:`purge` removes deleted documents from the segments holding them).
 
         Raises:
             CorruptFileError: the index records are damaged.
