@@ -116,3 +116,35 @@ def test_a_map_growth_during_a_rewrite_reruns_the_transaction(tmp_path, monkeypa
         assert _no_scratch(s)
     finally:
         s.close()
+
+
+def test_repack_below_a_fill_rewrites_only_part_empty_tables(store):
+    """Rows written in key order fill their pages; rows put one by one in random order, or
+    most of them deleted, leave them part empty: only those are rewritten."""
+    import random
+
+    _fill(store, 2000, 300)
+    with store.read() as txn:
+        dense = txn.leaf_fill("sources")
+    assert dense > 0.8  # written in key order
+    assert store.write(lambda txn: txn.repack("sources", below=0.8)) is False
+    keys = [b"r%06d" % i for i in range(2000)]
+    random.Random(1).shuffle(keys)
+
+    def one_by_one(txn):
+        for key in keys:
+            txn.put("procedures", key, b"x" * 300)
+
+    store.write(one_by_one)
+    with store.read() as txn:
+        sparse = txn.leaf_fill("procedures")
+        before = [(key, txn.get("procedures", key)) for key in txn.keys("procedures")]
+        pages = txn.table_bytes("procedures")
+    assert sparse < 0.8
+    assert store.write(lambda txn: txn.repack("procedures", below=0.8)) is True
+    with store.read() as txn:
+        assert txn.leaf_fill("procedures") > 0.9
+        assert txn.table_bytes("procedures") < pages
+        assert [(key, txn.get("procedures", key)) for key in txn.keys("procedures")] == before
+    with store.read() as txn:
+        assert txn.leaf_fill("ids") == 1.0  # empty
