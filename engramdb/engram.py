@@ -55,10 +55,10 @@ _id_of = operator.attrgetter("id")
 # ~110 MB at 32,768, ~57 MB at 16,384; smaller chunks make more segments for queries to read
 # until they merge, so 32,768 is the middle
 INGEST_CHUNK = 32_768
-# compact() rewrites a table into full pages (Txn.repack) only when its leaf pages are less
-# full than this: shrunken records (archived, truncated) or rows inserted one by one leave
-# them part empty, while 10 % of random deletes leave them ~85 % full (95 % before), and rewriting 1M node
-# records for those holes costs a third of a compaction's CPU and its largest transaction
+# compact() rewrites a table into full pages (Txn.repack) only when that leaves less than this
+# fraction of its leaf pages: shrunken records (archived, truncated) or rows inserted one by
+# one leave them part empty, while 10 % of random deletes leave ~90 % (rewriting 1M node
+# records for those holes cost a third of a compaction's CPU and its largest transaction)
 REPACK_BELOW_FILL = 0.8
 
 

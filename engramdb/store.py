@@ -1758,8 +1758,8 @@ class Txn:
 
     def repack(self, table: str, *, below: float | None = None) -> bool:
         """Rewrite ``table``'s entries (the same envelopes, in key order) into full pages;
-        with ``below``, only when its leaf pages are less full than that (:meth:`leaf_fill`).
-        Returns whether it rewrote the table.
+        with ``below``, only when that would leave less than that fraction of its leaf pages
+        (:meth:`packed_fraction`). Returns whether it rewrote the table.
 
         LMDB's compacting copy keeps every page as it is, so pages whose values shrank
         (archived memories' stubs, truncated text) stay part empty in the copy, and the
@@ -1769,26 +1769,30 @@ class Txn:
         state digest, do not change. Streams in bounded chunks (:meth:`_rewrite_table`).
         """
         self._require_write()
-        if below is not None and self.leaf_fill(table) >= below:
+        if below is not None and self.packed_fraction(table) >= below:
             return False
         self._rewrite_table(table, None)
         return True
 
-    def leaf_fill(self, table: str) -> float:
-        """How full ``table``'s leaf pages are: the bytes its entries take in them (node
-        headers, keys, values not in overflow pages, pointers) over their room; 1.0 for an
-        empty table. Reads every key and value (no decryption)."""
+    def packed_fraction(self, table: str) -> float:
+        """The leaf pages ``table`` would take after :meth:`repack` over those it takes now
+        (1.0 for an empty table): its entries' nodes (headers, keys, values not in overflow
+        pages, pointers) packed in key order as LMDB's append mode fills pages. Reads every
+        key and value (no decryption)."""
         st = self._lt.stat(self.store._env.dbs[table])
         if not st["leaf_pages"]:
             return 1.0
-        psize = st["psize"]
-        node_max = (((psize - _PAGE_HEADER) // 2) & -2) - 2  # LMDB's largest node kept in a leaf
-        used = 0
+        room = st["psize"] - _PAGE_HEADER
+        node_max = ((room // 2) & -2) - 2  # LMDB's largest node kept in a leaf page
+        pages, used = 1, 0
         with self._lt.cursor(db=self.store._env.dbs[table]) as cur:
             for key, value in cur:
                 size = 8 + len(key) + len(value)
-                used += 2 + (size if size <= node_max else 8 + len(key) + 8)
-        return used / (st["leaf_pages"] * (psize - _PAGE_HEADER))
+                size = 2 + (size if size <= node_max else 8 + len(key) + 8)
+                if used + size > room:
+                    pages, used = pages + 1, 0
+                used += size
+        return pages / st["leaf_pages"]
 
     def table_bytes(self, table: str) -> int:
         """Bytes of the pages a table occupies (branch, leaf and overflow pages; O(1))."""

@@ -125,8 +125,7 @@ def test_repack_below_a_fill_rewrites_only_part_empty_tables(store):
 
     _fill(store, 2000, 300)
     with store.read() as txn:
-        dense = txn.leaf_fill("sources")
-    assert dense > 0.8  # written in key order
+        assert txn.packed_fraction("sources") > 0.8  # written in key order
     assert store.write(lambda txn: txn.repack("sources", below=0.8)) is False
     keys = [b"r%06d" % i for i in range(2000)]
     random.Random(1).shuffle(keys)
@@ -137,14 +136,14 @@ def test_repack_below_a_fill_rewrites_only_part_empty_tables(store):
 
     store.write(one_by_one)
     with store.read() as txn:
-        sparse = txn.leaf_fill("procedures")
+        sparse = txn.packed_fraction("procedures")
         before = [(key, txn.get("procedures", key)) for key in txn.keys("procedures")]
         pages = txn.table_bytes("procedures")
     assert sparse < 0.8
     assert store.write(lambda txn: txn.repack("procedures", below=0.8)) is True
     with store.read() as txn:
-        assert txn.leaf_fill("procedures") > 0.9
+        assert txn.packed_fraction("procedures") == 1.0
         assert txn.table_bytes("procedures") < pages
         assert [(key, txn.get("procedures", key)) for key in txn.keys("procedures")] == before
     with store.read() as txn:
-        assert txn.leaf_fill("ids") == 1.0  # empty
+        assert txn.packed_fraction("ids") == 1.0  # empty
