@@ -1097,8 +1097,9 @@ class Engram:
         the index merges its tiering policy asks for run first, then the small BM25
         segments are merged and every segment still holding deleted memories is rewritten
         without them (a step per transaction, streamed: the work is that of the segments
-        holding them, the memory one chunk's), and the records are rewritten into full pages, so records that shrank
-        (archived memories) take less room.
+        holding them, the memory one chunk's); record tables whose pages a rewrite would
+        shrink below :data:`REPACK_BELOW_FILL` of their number (records that shrank, such as
+        archived memories) are rewritten into full pages.
 
         Raises:
             AlreadyOpenError: another handle or process has the file open.
@@ -1114,7 +1115,7 @@ class Engram:
             self._store.write(pack_groups)
             # records that shrank in place (archived, truncated) leave part-empty pages, and so
             # do rows inserted one by one; the compacting copy keeps pages as they are: refill
-            # first the tables whose pages are less than REPACK_BELOW_FILL full
+            # first the tables a refill would shrink below REPACK_BELOW_FILL of their pages
             for table in ("meta", "nodes", "archive"):
                 self._store.write(operator.methodcaller("repack", table, below=REPACK_BELOW_FILL))
         self._store.compact()
