@@ -126,7 +126,7 @@ def test_repack_below_a_fill_rewrites_only_part_empty_tables(store):
     _fill(store, 2000, 300)
     with store.read() as txn:
         assert txn.packed_fraction("sources") > 0.8  # written in key order
-    assert store.write(lambda txn: txn.repack("sources", below=0.8)) is False
+    assert store.write(lambda txn: txn.repack("sources", below=0.8)) is False  # not below 0.8
     keys = [b"r%06d" % i for i in range(2000)]
     random.Random(1).shuffle(keys)
 
