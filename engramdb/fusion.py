@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ValidationError
+from .index.vectors import HASHED_MODEL
 
 __all__ = ["FusionWeights", "DEFAULT_FUSION", "NORMALIZATIONS", "SpaceSignal", "standout", "retriever_weight",
            "normalized_scores", "fusion_values", "fuse_rankings", "tied_ranks"]
@@ -74,8 +75,11 @@ class FusionWeights:
         vector: the weight of every embedding space not named in ``spaces`` or ``models``.
         spaces: ``(space name, weight)`` pairs overriding ``models`` and ``vector`` for those spaces.
         models: ``(model id, weight)`` pairs: the weight of a space whose vectors that model
-            made (``EmbeddingSpace.model``), unless ``spaces`` names it (``((HASHED_MODEL,
-            0.0),)`` leaves the built-in hashed space out of the fused score).
+            made (``EmbeddingSpace.model``), unless ``spaces`` names it. The default gives the
+            built-in hashed space (:data:`~engramdb.HASHED_MODEL`) 0: it is computed from the
+            same words BM25 reads, and on the benchmarks any weight of it only added noise to
+            BM25's order (spec/recall.md, "Choosing the weights"). ``()`` weighs every space
+            by ``vector``.
         agreement_depth: how many top results of a space and of BM25 are compared.
         agreement_power: how steeply a space's weight falls with its disagreement with BM25
             (0: not at all).
@@ -103,14 +107,14 @@ class FusionWeights:
     bm25: float = 1.0
     vector: float = 1.5
     spaces: tuple[tuple[str, float], ...] = ()
-    models: tuple[tuple[str, float], ...] = ()
+    models: tuple[tuple[str, float], ...] = ((HASHED_MODEL, 0.0),)
     agreement_depth: int = 10
     agreement_power: float = 1.0
-    standout_floor: float = math.inf
+    standout_floor: float = 3.0
     standout_span: float = 3.0
     weak_match_trust: float = 0.0
-    lexical_yield: float = 0.0
-    score_mix: float = 1.0
+    lexical_yield: float = 1.0
+    score_mix: float = 0.8
     normalize: str = "z"
     rrf_k: int = 60
 

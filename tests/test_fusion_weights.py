@@ -15,9 +15,9 @@ from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, SpaceSignal, fuse_ra
 
 def test_defaults_are_the_documented_ones():
     assert DEFAULT_FUSION == FusionWeights() == engramdb.FusionWeights(
-        bm25=1.0, vector=1.5, spaces=(), models=(), agreement_depth=10,
-        agreement_power=1.0, standout_floor=math.inf, standout_span=3.0, weak_match_trust=0.0, lexical_yield=0.0,
-        score_mix=1.0, normalize="z", rrf_k=60)
+        bm25=1.0, vector=1.5, spaces=(), models=((engramdb.HASHED_MODEL, 0.0),), agreement_depth=10,
+        agreement_power=1.0, standout_floor=3.0, standout_span=3.0, weak_match_trust=0.0, lexical_yield=1.0,
+        score_mix=0.8, normalize="z", rrf_k=60)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -47,8 +47,8 @@ def test_a_space_weighs_by_its_name_then_its_model_then_vector():
     assert w.space_weight("mine", "org/model") == 0.7  # the space's own entry wins
     assert w.space_weight("other", "org/model") == 0.3
     assert w.space_weight("other", "org/else") == 1.5
-    hashed_off = FusionWeights(models=((engramdb.HASHED_MODEL, 0.0),))
-    assert hashed_off.space_weight("hashed", engramdb.HASHED_MODEL) == 0.0
+    # the built-in hashed model weighs 0 by default; models=() gives it the common weight
+    assert FusionWeights().space_weight("hashed", engramdb.HASHED_MODEL) == 0.0
     assert FusionWeights(models=()).space_weight("hashed", engramdb.HASHED_MODEL) == 1.5
     assert FusionWeights(standout_floor=math.inf).standout_floor == math.inf  # never trusted on its own
 
@@ -144,7 +144,7 @@ def test_a_space_that_stands_out_is_trusted_where_it_disagrees():
     unrelated = [(7, 0.9, 0.0), (8, 0.8, 0.0), (9, 0.1, 0.0)]
     assert retriever_weight("vector:m", unrelated, BM25, 1.0, w, SpaceSignal("", 2.3)) == pytest.approx(0.1)
     # the model's weight scales the whole: a model weighing 0 counts for nothing however it stands out
-    assert weight(40.0, FusionWeights(models=((engramdb.HASHED_MODEL, 0.0),)), engramdb.HASHED_MODEL) == 0.0
+    assert weight(40.0, FusionWeights(), engramdb.HASHED_MODEL) == 0.0
 
 
 def test_score_mix_keeps_the_credit_of_a_close_second():
@@ -215,7 +215,7 @@ def test_bm25_yields_to_a_confident_space_only_when_its_own_match_is_weak():
     assert retriever_weight("bm25", BM25, BM25, 0.25, w, rival=1.0) == pytest.approx(0.25)
     assert retriever_weight("bm25", BM25, BM25, 1.0, w, rival=1.0) == 1.0  # a strong match keeps its weight
     assert retriever_weight("bm25", BM25, BM25, 0.0, w, rival=0.5) == pytest.approx(0.5)
-    assert retriever_weight("bm25", BM25, BM25, 0.0, FusionWeights(), rival=1.0) == 1.0  # lexical_yield 0
+    assert retriever_weight("bm25", BM25, BM25, 0.0, FusionWeights(lexical_yield=0.0), rival=1.0) == 1.0
 
     def bm25_part(signals, fusion=w):
         return fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0, fusion, signals)[3]  # 3: BM25's alone
