@@ -84,12 +84,14 @@ def grid_points() -> list[FusionWeights]:
 
 def same_for(space: str, fusion: FusionWeights) -> FusionWeights:
     """``fusion`` as far as ``space`` can tell, so equal replays run once: ``models`` only
-    matters to the space whose model it names (the hashed one), and a space that weighs 0
-    leaves BM25's order whatever the other fields (its candidates come after BM25's, and
-    BM25's part is monotone in its score)."""
+    matters to the space whose model it names (the hashed one), and with a space that weighs
+    0 only ``score_mix`` matters (below 1, BM25's part is monotone in its score and the
+    space's own candidates come after BM25's: BM25's order; at 1, BM25's tail ties)."""
     if space != "hashed":
         return replace(fusion, models=())
-    return FusionWeights(models=fusion.models) if fusion.space_weight(space, HASHED_MODEL) == 0 else fusion
+    if fusion.space_weight(space, HASHED_MODEL) == 0:
+        return FusionWeights(models=fusion.models, score_mix=fusion.score_mix)
+    return fusion
 
 
 def with_hashed_weight(fusion: FusionWeights, weight: float | None) -> FusionWeights:
@@ -201,10 +203,13 @@ def margins(points: dict[int, dict], singles: dict[str, dict], mask: dict[str, n
     return out
 
 
-def choose(table: dict[int, dict[tuple[str, str], float]]) -> int:
-    """The rule (module doc): the best worst margin, then the best mean margin, then the earlier point."""
+def choose(table: dict[int, dict[tuple[str, str], float]], admissible: set[int] | None = None) -> int:
+    """The rule (module doc): among the ``admissible`` points (all when None), the best worst
+    margin, then the best mean margin, then the earlier point."""
     best: tuple[float, float, int] | None = None
     for i in sorted(table):
+        if admissible is not None and i not in admissible:
+            continue
         worst, mean = min(table[i].values()), float(np.mean(list(table[i].values())))
         if best is None or worst > best[0] + TIE or (abs(worst - best[0]) <= TIE and mean > best[1]):
             best = (worst, mean, i)
@@ -218,7 +223,10 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "locomo", "locomo-dev.json"))
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--points", default="", help="only these grid indexes (comma-separated)")
+    ap.add_argument("--admissible", default="",
+                    help="the rule chooses among these grid indexes only (fusion_paraphrase.py's admissible points)")
     args = ap.parse_args()
+    admissible = {int(i) for i in args.admissible.split(",") if i} or None
     locomo, docs = Locomo(args.data), Docs()
     replay = Replay()
     spaces = [s for s in args.spaces.split(",") if s]
@@ -251,7 +259,7 @@ def main() -> None:
                       {m: round(float(v.mean()), 4) for m, v in seen[weights].items()}, flush=True)
             points[i][space] = seen[weights]
     table = margins(points, singles)
-    pick = choose(table)
+    pick = choose(table, admissible)
     hashed_pick: float | None = 0.0
     if "hashed" in spaces:  # the hashed model's own weight, at the chosen point, by the same rule
         cal = {j: {"hashed": {**locomo.replayed(replay, "hashed", with_hashed_weight(all_points[pick], w)),
@@ -267,7 +275,7 @@ def main() -> None:
     held_out: dict[tuple[str, str], list[float]] = {}
     fold_picks = []
     for f in range(FOLDS):
-        train = choose(margins(points, singles, {m: fold_of[m] != f for m in METRICS}))
+        train = choose(margins(points, singles, {m: fold_of[m] != f for m in METRICS}), admissible)
         fold_picks.append(train)
         for space in spaces:
             for m in METRICS:
