@@ -28,7 +28,7 @@ from ..records import Node
 from .graph import Graph, hop_row
 
 if TYPE_CHECKING:  # annotations only
-    from ..store import Txn
+    from ..store import Changes, Txn
 
 __all__ = ["DEFAULT_CACHE_MB", "NodeCache", "NodeView"]
 
@@ -92,18 +92,23 @@ class NodeCache:
         when it held the one the commit started from (``seq - 1``), so the next read neither
         loads the change log nor drops anything again."""
         with self._lock:
-            if changes.everything:
-                self._entries.clear()
-                self.nbytes = 0
-            else:
-                for docno in changes.nodes:
-                    self._pop(("n", docno))
-                for docno in changes.edges:
-                    self._pop(("e", docno))
-                    self._pop(("s", docno))
+            self._drop(changes)
             if state is not None and self._seq is not None and state[0] == self._seq + 1:
                 self._gen += 1  # views of the older state read past the cache from now on
                 self._seq, self._next_docno, self._txnid = state[0], state[1], max(self._txnid, state[2])
+
+    def _drop(self, changes: Changes | None) -> None:
+        """Drop the entries ``changes`` names, or every entry when it is None or says
+        everything changed. The caller holds the lock."""
+        if changes is None or changes.everything:
+            self._entries.clear()
+            self.nbytes = 0
+            return
+        for docno in changes.nodes or ():
+            self._pop(("n", docno))
+        for docno in changes.edges or ():
+            self._pop(("e", docno))
+            self._pop(("s", docno))
 
     def _pop(self, key: tuple[str, int]) -> None:
         entry = self._entries.pop(key, None)
@@ -127,15 +132,7 @@ class NodeCache:
             # first use, or the state was rebuilt (an older seq in a newer snapshot): start over
             changes = None if self._seq is None or seq < self._seq else txn.changes_since(self._seq)
             self._gen += 1
-            if changes is None or changes.nodes is None or changes.edges is None:  # = changes.everything
-                self._entries.clear()
-                self.nbytes = 0
-            else:
-                for docno in changes.nodes:
-                    self._pop(("n", docno))
-                for docno in changes.edges:
-                    self._pop(("e", docno))
-                    self._pop(("s", docno))
+            self._drop(changes)
             self._seq, self._txnid, self._next_docno = seq, sid, state.next_docno
             return self._gen
 

@@ -147,6 +147,16 @@ def _status() -> dict[str, int]:
     return vals
 
 
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (Linux 4.0+); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _rss() -> tuple[int, int]:
     """(VmRSS, VmHWM) of this process in bytes."""
     vals = _status()
@@ -179,12 +189,7 @@ def child_ingest(system: str, texts_path: str, path: str, n: str) -> None:
         c = _sql_connect(system, path)
         c.execute("CREATE VIRTUAL TABLE docs USING fts5(body)")
         items = [(i + 1, t) for i, t in enumerate(texts)]
-    try:  # reset the peak so it measures the ingest alone
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        reset = True
-    except OSError:
-        reset = False
+    reset = _reset_peak()  # so the peak measures the ingest alone
     before = _rss()[0]
     base = _status()
     sampler = _Sampler()
@@ -281,12 +286,7 @@ def child_compact(system: str, path: str) -> None:
         db = _engram_open(path)
     else:
         c = _sql_connect(system, path)
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        reset = True
-    except OSError:
-        reset = False
+    reset = _reset_peak()
     before = _rss()[0]
     base = _status()
     sampler = _Sampler()
