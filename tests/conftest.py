@@ -15,9 +15,10 @@ import pytest
 from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
-from engramdb.crypto import KDFParams
+from engramdb.crypto import KDFParams, Sealer
 from engramdb.index import bm25
 from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node
+from engramdb.store import Store
 
 PASSPHRASE = "correct horse battery staple"
 NOW = 1_700_000_000.0
@@ -32,6 +33,16 @@ def golden_copy(tmp_path: Path) -> Path:
     target = tmp_path / "golden.engram"
     shutil.copyfile(GOLDEN / "store-v1.engram", target)
     return target
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A raw sealed :class:`~engramdb.store.Store` (no KDF, a fixed data key) for the index
+    tests that write below the facade; a module that needs another store defines its own."""
+    s = Store.open(tmp_path / "raw.engram")
+    s.sealer = Sealer(b"\x07" * 32)
+    yield s
+    s.close()
 
 
 @pytest.fixture

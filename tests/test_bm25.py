@@ -79,14 +79,6 @@ Caroline and Melanie promised to meet again next month.
 TOKENIZE = Tokenizer(stemmer="english")
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(b"\x07" * 32)
-    yield s
-    s.close()
-
-
 def _bm25s_scores(docs_tokens: list[list[str]], query: list[str]) -> np.ndarray:
     if not any(docs_tokens):  # bm25s cannot index a corpus without a single token
         return np.zeros(len(docs_tokens))

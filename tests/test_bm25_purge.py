@@ -12,21 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
-from engramdb.crypto import KDFParams, Sealer
+from engramdb.crypto import KDFParams
 from engramdb.errors import CorruptFileError
 from engramdb.index import bm25 as bm
 from engramdb.index.bm25 import SegmentedBM25
-from engramdb.store import Store
 
 WORDS = [f"w{i}" for i in range(40)]
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(b"\x07" * 32)
-    yield s
-    s.close()
 
 
 def _docs(n: int, seed: int, first: int) -> list[tuple[int, list[str]]]:

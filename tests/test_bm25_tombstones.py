@@ -20,14 +20,6 @@ from engramdb.store import Store
 WORDS = [f"w{i}" for i in range(30)]
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(b"\x07" * 32)
-    yield s
-    s.close()
-
-
 def _docs(n: int, seed: int = 0, first: int = 1) -> list[tuple[int, list[str]]]:
     rng = random.Random(seed)
     return [(first + i, [rng.choice(WORDS) for _ in range(rng.randint(1, 8))]) for i in range(n)]

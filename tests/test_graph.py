@@ -6,19 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engramdb.crypto import Sealer
 from engramdb.errors import NotFoundError, ValidationError
 from engramdb.index.graph import Graph, one_hop, personalized_pagerank, tunnel_tokens
 from engramdb.records import Edge, Node
-from engramdb.store import Store
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "g.engram")
-    s.sealer = Sealer(b"\x03" * 32)
-    yield s
-    s.close()
 
 
 def _edge(a: str, b: str, kind: str = "related", weight: float = 1.0) -> Edge:

@@ -14,14 +14,6 @@ from engramdb.errors import CorruptFileError
 from engramdb.store import Store
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(b"\x05" * 32)
-    yield s
-    s.close()
-
-
 def _fill(store, n: int, size: int) -> None:
     def put(txn):
         txn.insert_many("sources", [(b"k%06d" % i, bytes([i % 251]) * size) for i in range(n)])
