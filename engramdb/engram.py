@@ -1410,23 +1410,36 @@ class Transaction:
         """
         ids = list(map(_id_of, nodes))
         id_keys = self._engram._id_keys(ids)
+        # The usual case: distinct ids, none stored, checked by the ids insert itself (one
+        # pass over the B-tree). Otherwise nothing is written: find the first offender one
+        # by one, for its message.
+        if len(set(id_keys)) == len(id_keys) and self._put_fresh(nodes, id_keys):
+            return ids
         txn = self._txn
-        # The usual case, checked in bulk: distinct ids and none stored yet (none at all in a
-        # new file). Otherwise find the first offender one by one, for its message.
-        if len(set(id_keys)) != len(id_keys) or (txn.count("ids") and txn.contains_any("ids", id_keys)):
-            seen: set[bytes] = set()
-            for node, id_key in zip(nodes, id_keys):
-                if id_key in seen or txn.contains("ids", id_key):
-                    raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
-                seen.add(id_key)
-        self._put_checked(nodes, id_keys)
-        return ids
+        seen: set[bytes] = set()
+        for node, id_key in zip(nodes, id_keys):
+            if id_key in seen or txn.contains("ids", id_key):
+                raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
+            seen.add(id_key)
+        raise StoreError("an id was found stored, and then not", hint="this is a bug in engramdb, please report it")
 
     def _put_checked(self, nodes: list[Node], id_keys: list[bytes]) -> None:
         """Write new ``nodes`` whose ids (blind keys ``id_keys``) are checked: distinct and
         not stored."""
+        if not self._put_fresh(nodes, id_keys):
+            raise CorruptFileError("an id checked as new is stored after all",
+                                   hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
+
+    def _put_fresh(self, nodes: list[Node], id_keys: list[bytes]) -> bool:
+        """Write new ``nodes`` whose ids (blind keys ``id_keys``) are distinct; returns
+        False, having written nothing, when one of the ids is stored already."""
         txn = self._txn
         docnos = txn.allocate_docnos(len(nodes))
+        # The ids first: their insert is also the check that none is stored (key order fills
+        # LMDB pages and visits each once).
+        if txn.insert_new("ids", codec.sorted_id_rows(id_keys, docnos)):
+            txn.release_docnos(docnos)
+            return False
         keys = list(map(codec.u64, docnos))
         # new keys: fresh docnos, and ids checked above. Records are encoded a chunk at a time
         # (insert_many's), so a large batch's encoded records never all sit in memory at once.
@@ -1436,8 +1449,8 @@ class Transaction:
         for start in range(0, len(nodes), 1024):
             txn.insert_many("nodes", list(zip(keys[start:start + 1024], codec.encode_nodes(nodes[start:start + 1024]))),
                             append=True)
-        txn.insert_many("ids", codec.sorted_id_rows(id_keys, docnos))  # key order fills LMDB pages
         self._index(added=list(zip(docnos, nodes)))  # index hook
+        return True
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """As :meth:`Engram.add`, inside this transaction."""

@@ -1359,6 +1359,13 @@ class Txn:
         state.next_docno += n
         return range(first, first + n)
 
+    def release_docnos(self, docnos: range) -> None:
+        """Give back the last :meth:`allocate_docnos` (nothing was written under them), so
+        a failed write leaves the counters as they were."""
+        state = self.state
+        if docnos.stop == state.next_docno:
+            state.next_docno = docnos.start
+
     def _seal(self, table: str, key: bytes, value: bytes) -> bytes:
         state = self.state  # the one-record case of _seal_many, without its batch set-up
         if state.sealed >= self.store.epoch_limit:
@@ -1537,10 +1544,28 @@ class Txn:
             CorruptFileError: a key exists after all (the file's counters are behind its
                 records); the transaction must be abandoned.
         """
+        taken = self._insert(table, items, append=append, undo=False)
+        if taken:
+            raise CorruptFileError(f"{len(taken)} new records of table {table} collide with existing keys",
+                                   hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
+
+    def insert_new(self, table: str, items: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """:meth:`insert_many` of distinct keys that may be stored already: the check and
+        the insert in one pass over the B-tree (for ids, instead of a lookup of every key
+        before the insert). Returns keys found stored (those of the first chunk of
+        :data:`_INSERT_CHUNK` that has any; empty: every key was new and is written); when
+        there are any, nothing of ``items`` stays written (the table and its state digest are
+        as before the call)."""
+        return self._insert(table, items, append=False, undo=True)
+
+    def _insert(self, table: str, items: list[tuple[bytes, bytes]], *, append: bool, undo: bool) -> list[bytes]:
+        """Insert ``items`` a chunk at a time, never overwriting; on keys found stored, stop,
+        undo this call's inserts (with ``undo``) and return those keys."""
         self._require_write()
         if table == "meta":
             raise StoreError("insert_many does not write meta", hint="this is a bug in engramdb, please report it")
         db = self.store._env.dbs[table]
+        done: list[tuple[bytes, bytes]] = []  # what this call inserted, for an undo
         # In chunks, so each envelope is still in the CPU caches when it is hashed for the digest.
         for start in range(0, len(items), _INSERT_CHUNK):
             chunk = items[start:start + _INSERT_CHUNK]
@@ -1554,12 +1579,23 @@ class Txn:
                     self._regrow_and_replay()
                 except lmdb.BadValsizeError as exc:
                     raise _map_lmdb_error(exc, "write failed") from None
-            if added != len(pairs):
-                raise CorruptFileError(f"{len(pairs) - added} new records of table {table} collide with existing keys",
-                                       hint="run `engramdb verify FILE`; restore from a dump or backup if it fails")
+            taken: list[bytes] = []
+            if added != len(pairs):  # the envelope under a key is ours exactly when we wrote it (fresh nonce)
+                get = self._lt.get
+                ours = [(key, env) for key, env in pairs if get(key, db=db) == env]
+                mine = {key for key, _ in ours}
+                taken = [key for key, _ in pairs if key not in mine]
+                pairs = ours
             self._log_batch(table, pairs)
             self._digest_update(table, pairs, [])
             self.store._env.used_map(len(pairs))
+            if undo:
+                done += pairs
+            if taken:
+                for key, env in done:
+                    self._delete_envelope(table, key, env)
+                return taken
+        return []
 
     def rekey(self, table: str, new_key: Callable[[bytes], bytes]) -> int:
         """Move every entry of ``table`` from ``key`` to ``new_key(key)`` (a layout change);

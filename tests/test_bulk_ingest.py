@@ -276,3 +276,58 @@ def test_stemming_a_batch_is_stemming_each_word():
         assert len(tok._memo) <= 3
     finally:
         tk._STEM_CACHE_MAX = saved
+
+
+@settings(max_examples=40, deadline=None)
+@given(stored=st.sets(st.integers(0, 60), max_size=20), batch=st.sets(st.integers(0, 60), min_size=1, max_size=30),
+       chunk=st.sampled_from([1, 3, 1024]))
+def test_insert_new_inserts_all_or_returns_the_stored_keys_and_writes_nothing(tmp_path_factory, stored, batch, chunk):
+    """Txn.insert_new (add_many's duplicate-id check folded into the ids insert): either
+    every key is new and all are written, or it returns exactly the stored ones and the
+    table, its state digest and the docno counter are as before (also across chunks)."""
+    from engramdb import store as store_mod
+
+    store = store_mod.Store.open(tmp_path_factory.mktemp("insnew") / "raw.engram")
+    store.sealer = Sealer(b"\x07" * 32)
+    try:
+        key = lambda i: i.to_bytes(16, "big")  # noqa: E731
+        if stored:
+            store.write(lambda txn: txn.insert_many("ids", [(key(i), codec.u64(i)) for i in sorted(stored)]))
+        with store.read() as txn:
+            before = (list(txn.items("ids")), {t: list(v) for t, v in txn.state.digests.items()}, txn.state.next_docno)
+        old = store_mod._INSERT_CHUNK
+        store_mod._INSERT_CHUNK = chunk
+        try:
+            def run(txn):
+                docnos = txn.allocate_docnos(len(batch))
+                taken = txn.insert_new("ids", [(key(i), codec.u64(i)) for i in sorted(batch)])
+                if taken:
+                    txn.release_docnos(docnos)
+                return taken
+            taken = store.write(run)
+        finally:
+            store_mod._INSERT_CHUNK = old
+        both = {key(i) for i in batch & stored}
+        assert bool(taken) == bool(both) and set(taken) <= both
+        with store.read() as txn:
+            after = (list(txn.items("ids")), {t: list(v) for t, v in txn.state.digests.items()}, txn.state.next_docno)
+        if taken:
+            assert after == before
+        else:
+            assert [(k, codec.from_u64(v)) for k, v in after[0]] == [(key(i), i) for i in sorted(stored | batch)]
+            assert after[1]["ids"][0] == len(stored | batch) and after[2] == before[2] + len(batch)
+    finally:
+        store.close()
+
+
+def test_a_caught_duplicate_leaves_the_counters_and_digests_as_before(tmp_engram):
+    tmp_engram.add_many([{"id": f"n{i}", "content": f"note {i}"} for i in range(3)], now=NOW)
+    with tmp_engram.transaction():
+        with pytest.raises(DuplicateIdError, match="n1"):
+            tmp_engram.add_many([{"id": "m0", "content": "x"}, {"id": "n1", "content": "y"}], now=NOW)
+        tmp_engram.add_many([{"id": "m1", "content": "z"}], now=NOW)
+    with tmp_engram._store.read() as txn:
+        assert codec.from_u64(txn.get("ids", tmp_engram._id_key("m1"))) == 4  # the failed batch's docnos given back
+        assert txn.get("ids", tmp_engram._id_key("m0")) is None
+    assert tmp_engram.verify() == []
+    assert sorted(tmp_engram.ids()) == ["m1", "n0", "n1", "n2"]

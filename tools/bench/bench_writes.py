@@ -21,8 +21,9 @@ Per size N, for every system:
   split into heap (anonymous) and memory-mapped file pages by sampling every 20 ms;
   ``--child engramdb-import TEXTS FILE N`` measures the same for ``Engram.import_many``
   (one commit per ``INGEST_CHUNK``) instead of one ``add_many``;
-* **add 1,000 to an existing file**: a copy of the N-document file, 1,000 new documents in
-  one transaction (open not timed);
+* **add 1,000 to an existing file**: a copy of the N-document file (flushed to the disk
+  before anything is timed, for every system), 1,000 new documents in one transaction
+  (open not timed);
 * **delete 10 %**: a copy of the N-document file, N/10 random documents deleted in one
   transaction; then the file size before and after compaction (engramdb:
   ``merge_indexes(force=True)`` then ``compact()``; SQLite: FTS5 ``optimize`` then
@@ -128,9 +129,17 @@ def _size(system: str, path: str) -> int:
 
 
 def _copy(system: str, src: str, dst: str) -> None:
+    """Copy a system's files and flush the copies to the disk, so the measured operation
+    starts from a file at rest (an existing file): otherwise the first fsync inside it (LMDB's
+    commit; SQLite's WAL commit syncs only the WAL) also writes back the whole fresh copy."""
     for f in _files(system, src):
         if not f.endswith(("-lock", "-maint")):
             shutil.copyfile(f, dst + f[len(src):])
+            fd = os.open(dst + f[len(src):], os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 # --- ingest (child process: its own peak memory) ------------------------------------
