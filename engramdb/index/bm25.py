@@ -1654,7 +1654,10 @@ class SegmentedBM25:
         updates only ever write live documents into new segments); a dead copy found there
         sends the search on to older segments, as before.
         """
-        rest = np.unique(np.fromiter(docnos, dtype=np.uint64))
+        rest = np.fromiter(docnos, dtype=np.uint64)
+        if not rest.size:  # an add: nothing to mark (and np.unique's first call imports numpy.ma)
+            return 0
+        rest = np.unique(rest)
         marked = 0
         for segno in sorted(d.segs, reverse=True):
             if not rest.size:
