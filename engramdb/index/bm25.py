@@ -121,8 +121,11 @@ SMALL_SEGMENT_DOCS = AUTO_MERGE_MAX_DOCS // MERGE_FACTOR
 # The per-thread score accumulator of top() is allocated with this much room past the
 # largest docno (a fraction), so a stream of new documents reallocates it rarely.
 _ACC_HEADROOM = 1 / 16
-# Runs longer than this keep their postings grouped by (tf, dl) pair, for ranking.
+# Runs longer than this keep their postings' count per (tf, dl) pair, for ranking.
 _GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
+# Runs longer than this keep their docnos as uint32 when they fit (half the memory of int64;
+# shorter runs stay int64, which indexes without a cast).
+_COMPACT_MIN = 2048
 
 T = TypeVar("T")
 _zc = zstandard.ZstdCompressor(level=1)
@@ -220,6 +223,14 @@ def encode_block(docnos: np.ndarray, values: np.ndarray) -> bytes:
     if docnos.ndim != 1:
         raise ValidationError("a posting block needs two 1-D columns of equal length")
     return encode_blocks(docnos, values, np.asarray([0, docnos.size]))[0]
+
+
+def _as_dtype_of(values: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``values`` (docnos) in ``like``'s dtype when they all fit it, so that a binary search
+    of them in ``like`` does not copy ``like`` to a common dtype; else as they are."""
+    if values.dtype == like.dtype or not values.size or int(values.max()) > np.iinfo(like.dtype).max:
+        return values
+    return values.astype(like.dtype)
 
 
 def _widths(maxima: np.ndarray) -> np.ndarray:
@@ -444,6 +455,11 @@ def _check_distinct(docnos: np.ndarray, message: str) -> None:
             raise ValidationError(message.format(int(repeats[0])))
 
 
+def _code_dtype(n_pairs: int) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned dtype that holds the codes of a table of ``n_pairs`` pairs."""
+    return np.uint8 if n_pairs <= 1 << 8 else np.uint16 if n_pairs <= 1 << 16 else np.uint32
+
+
 def _check_weight(term: str, w: Any) -> float:
     """``w`` as a float, when it is a positive finite number.
 
@@ -511,8 +527,7 @@ class _Pairs:
             new = np.asarray(new_keys, dtype=np.uint64)
             pairs = _Pairs(np.concatenate([self.tf, (new >> np.uint64(32)).astype(np.float64)]),
                            np.concatenate([self.dl, (new & np.uint64(0xFFFFFFFF)).astype(np.float64)]), index)
-        dtype = np.uint16 if len(index) <= 1 << 16 else np.uint32
-        return pairs, np.asarray(known, dtype=dtype)[inverse.reshape(-1)]
+        return pairs, np.asarray(known, dtype=_code_dtype(len(index)))[inverse.reshape(-1)]
 
     def values(self, idf: float, avgdl: float, w: float) -> np.ndarray:
         """:func:`_part` per pair."""
@@ -520,52 +535,50 @@ class _Pairs:
 
 
 class _Run:
-    """A term's postings in the large segments: docnos (int64, increasing) and pair codes.
+    """A term's postings in the large segments: docnos (increasing; uint32 in a run longer
+    than :data:`_COMPACT_MIN` whose docnos fit, else int64) and pair codes.
 
-    A long run also keeps its postings grouped by pair (``order``, ``starts``: the postings
-    of pair ``c`` are ``order[starts[c]:starts[c + 1]]`` in docno order), so its best
-    documents are found by ranking pairs instead of postings.
+    A long run also keeps how many postings each pair holds (``counts``), so its best
+    documents are found by ranking pairs instead of postings. What a cached long run holds
+    is 6 bytes per posting (issue 15: the lists of a common query at 1M documents then fit
+    the default cache).
     """
 
-    __slots__ = ("segs", "docnos", "codes", "groups")
+    __slots__ = ("segs", "docnos", "codes", "counts")
 
     def __init__(self, segs: tuple[int, ...], docnos: np.ndarray, codes: np.ndarray, n_pairs: int) -> None:
         self.segs = segs
+        if docnos.size > _COMPACT_MIN and docnos.dtype != np.uint32 and int(docnos[-1]) <= 0xFFFFFFFF:
+            docnos = docnos.astype(np.uint32)  # increasing: the last is the largest
         self.docnos = docnos
         self.codes = codes
-        self.groups: tuple[np.ndarray, np.ndarray] | None = None
-        if docnos.size > _GROUPED_MIN:  # built rarely: only when a large segment comes or goes
-            order = np.argsort(codes, kind="stable").astype(np.int32 if codes.size < 1 << 31 else np.int64)
-            starts = np.zeros(n_pairs + 1, dtype=np.int64)
-            np.cumsum(np.bincount(codes, minlength=n_pairs), out=starts[1:])
-            self.groups = (order, starts)
+        # built rarely: only when a large segment comes or goes
+        self.counts = np.bincount(codes, minlength=n_pairs) if docnos.size > _GROUPED_MIN else None
 
     def renamed(self, segs: tuple[int, ...]) -> _Run:
         """The same postings, labelled as covering ``segs`` (arrays shared, nothing recomputed)."""
         run = object.__new__(_Run)
-        run.segs, run.docnos, run.codes, run.groups = segs, self.docnos, self.codes, self.groups
+        run.segs, run.docnos, run.codes, run.counts = segs, self.docnos, self.codes, self.counts
         return run
 
     @property
     def nbytes(self) -> int:
-        g = self.groups
-        return int(self.docnos.nbytes + self.codes.nbytes + (0 if g is None else g[0].nbytes + g[1].nbytes))
+        return int(self.docnos.nbytes + self.codes.nbytes + (0 if self.counts is None else self.counts.nbytes))
 
     def best(self, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best (docnos, values[codes]) of this run, ties to the lower docno.
 
         Ranks the pairs, not the postings: the pairs whose value reaches the k-th best
-        posting's hold every candidate (ties included), so only their postings are read."""
-        if self.groups is None or self.docnos.size <= 4 * k + 64:
+        posting's hold every candidate (ties included), so only their postings are ranked."""
+        if self.counts is None or self.docnos.size <= 4 * k + 64:
             return top_k(self.docnos, values[self.codes], k)
-        order, starts = self.groups
-        counts = np.zeros(values.size, dtype=np.int64)
-        counts[:starts.size - 1] = np.diff(starts)
+        counts = np.zeros(values.size, dtype=np.int64)  # the pair table may have grown since
+        counts[:self.counts.size] = self.counts
         ranked = np.argsort(-values, kind="stable")
         cum = np.cumsum(counts[ranked])
         j = min(int(np.searchsorted(cum, k)), ranked.size - 1)
-        chosen = np.flatnonzero((values >= values[ranked[j]]) & (counts > 0))
-        idx = np.concatenate([order[starts[c]:starts[c + 1]] for c in chosen.tolist()])
+        chosen = (values >= values[ranked[j]]) & (counts > 0)
+        idx = np.flatnonzero(chosen[self.codes])
         return top_k(self.docnos[idx], values[self.codes[idx]], k)
 
 
@@ -906,13 +919,24 @@ def _purge_group(segs: Mapping[int, Sequence[int]], dead: Mapping[int, int], min
 
 
 class _Seg:
-    """A decoded segment's documents (immutable once committed)."""
+    """A decoded segment's documents (immutable once committed): increasing docnos and
+    their lengths. :meth:`decoded` keeps them in the narrowest dtypes that hold them (a
+    cached 1M-document segment then takes ~5 MB instead of 16)."""
 
     __slots__ = ("docnos", "lens")
 
     def __init__(self, docnos: np.ndarray, lens: np.ndarray) -> None:
         self.docnos = docnos
         self.lens = lens
+
+    @classmethod
+    def decoded(cls, data: bytes) -> _Seg:
+        docnos, lens = decode_block(data)
+        if docnos.size and int(docnos[-1]) <= 0xFFFFFFFF:
+            docnos = docnos.astype(np.uint32)
+        if lens.size:
+            lens = lens.astype(f"u{_width(int(lens.max()))}", copy=False)
+        return cls(docnos, lens)
 
 
 class _Fresh:
@@ -1177,7 +1201,7 @@ class SegmentedBM25:
             data = txn.get("segments", _seg_key(b"s", segno))
             if data is None:
                 raise CorruptFileError(f"BM25 segment {segno} is missing", hint="run `engramdb verify --fix FILE`")
-            seg = _Seg(*decode_block(data))
+            seg = _Seg.decoded(data)
             if not txn.write or segno < committed:
                 self._cache.put(("s", segno), seg, seg.docnos.nbytes + seg.lens.nbytes)
             elif local is not None:
@@ -1228,7 +1252,7 @@ class SegmentedBM25:
         self.blocks_decoded += 1
         docnos, tfs = decode_block(data)
         seg = self._segment(txn, segno)
-        pos = np.searchsorted(seg.docnos, docnos)
+        pos = np.searchsorted(seg.docnos, _as_dtype_of(docnos, seg.docnos))
         if pos.size and (pos[-1] >= seg.docnos.size or not np.array_equal(seg.docnos[pos], docnos)):
             raise CorruptFileError("a posting names a document missing from its segment",
                                    hint="run `engramdb verify --fix FILE`")
@@ -1343,7 +1367,7 @@ class SegmentedBM25:
         segs.extend(segnos)
         if prefix is not None and not found and len(docs) == 1 and docs[0] is prefix.docnos:
             return pairs, prefix.renamed(tuple(segs))
-        dtype = np.uint16 if len(pairs.index) <= 1 << 16 else np.uint32
+        dtype = _code_dtype(len(pairs.index))
         docs = [a for a in docs if a.size]
         codes = [c.astype(dtype, copy=False) for c in codes if c.size]
         if not docs:
@@ -1471,7 +1495,7 @@ class SegmentedBM25:
             if runs:
                 hit = np.zeros(wanted.size, dtype=bool)
                 for run in runs:
-                    pos = np.minimum(np.searchsorted(run, wanted), run.size - 1)
+                    pos = np.minimum(np.searchsorted(run, _as_dtype_of(wanted, run)), run.size - 1)
                     hit |= run[pos] == wanted
                 out += np.where(hit, w_idf, 0.0)
         return out
@@ -1572,7 +1596,7 @@ class SegmentedBM25:
                 for docnos, codes, values in p.runs:
                     if lookup and i == longest:
                         # cand may repeat a docno; a fancy-indexed add then adds once, as it must
-                        pos = np.searchsorted(docnos, cand)
+                        pos = np.searchsorted(docnos, _as_dtype_of(cand, docnos))
                         pos[pos == docnos.size] = 0
                         hit = docnos[pos] == cand
                         at = pos[hit]

@@ -220,7 +220,7 @@ def line(label: str, times: list[float]) -> str:
 
 
 def build(workdir: str, n: int, seed: int, variant_query: Callable[[Any, str], Any],
-          cache_mb: float | None) -> tuple[dict[str, Any], float]:
+          cache_mb: float | None, peers: bool = True) -> tuple[dict[str, Any], float]:
     """The systems over the same ``n`` documents (reused from ``workdir`` when built before)."""
     stamp = os.path.join(workdir, f"built-{n}-{seed}.json")
     paths = {"engramdb": os.path.join(workdir, f"loop-{n}.engram"),
@@ -229,11 +229,15 @@ def build(workdir: str, n: int, seed: int, variant_query: Callable[[Any, str], A
     fresh = not os.path.exists(stamp)
     texts = corpus(n, seed) if fresh else None
     t0 = time.perf_counter()
-    systems: dict[str, Any] = {"engramdb": Engram(paths["engramdb"], texts, variant_query, cache_mb),
-                               "fts5": Fts5(paths["fts5"], texts)}
-    if _peer_mc() is None:
-        systems["fts5mc"] = Fts5MC(paths["fts5mc"], texts)
+    systems: dict[str, Any] = {"engramdb": Engram(paths["engramdb"], texts, variant_query, cache_mb)}
+    if peers or fresh:  # a fresh build makes every file, so that a later run with the peers can reuse them
+        systems["fts5"] = Fts5(paths["fts5"], texts)
+        if _peer_mc() is None:
+            systems["fts5mc"] = Fts5MC(paths["fts5mc"], texts)
     seconds = time.perf_counter() - t0
+    if not peers:
+        for name in [name for name in systems if name != "engramdb"]:
+            systems.pop(name).close()
     if fresh:
         with open(stamp, "w") as fh:
             json.dump({"n": n, "seed": seed, "build_s": seconds}, fh)
@@ -323,16 +327,16 @@ def run_size(args: argparse.Namespace, n: int, workdir: str) -> None:
     print(f"\n=== {n} documents ===  (load average {os.getloadavg()[0]:.2f})", flush=True)
     for vname in args.variants.split(","):
         variant = VARIANTS[vname]
-        systems, built = build(workdir, n, args.seed, variant.query, args.cache_mb)
+        systems, built = build(workdir, n, args.seed, variant.query, args.cache_mb, not args.no_peers)
         if built:
             print(f"  built the files in {built:.1f} s")
         try:
             if variant.prepare is not None:
                 variant.prepare(systems["engramdb"].db, [])
-            if "fts5mc" not in systems:
+            if "fts5mc" not in systems and not args.no_peers:
                 print(f"  SQLite3MC: {_peer_mc()}")
             adds = corpus(args.rounds, args.seed + 1000 + n % 997)
-            for kind in ("mid", "common"):
+            for kind in args.kinds.split(","):
                 qs = queries(args.rounds, args.seed, kind)
                 for sys_ in systems.values():  # warm: every query once
                     for q in qs:
@@ -391,6 +395,9 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true",
                     help="time with this process's CPU time instead of wall time (steadier on a loaded machine; "
                          "leaves out waiting for the disk)")
+    ap.add_argument("--kinds", default="mid,common", help="query sets to run (of mid, common)")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="engramdb alone (the peers' files are still built on a fresh --workdir)")
     ap.add_argument("--rss", action="store_true", help="also measure a fresh query process's memory")
     ap.add_argument("--workdir", help="keep the built files here and reuse them")
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
