@@ -236,6 +236,48 @@ def test_the_cache_stays_within_its_limit_and_a_tiny_one_answers_the_same(store)
     assert zero.cache.nbytes == 0
 
 
+def _reference(docs: list[tuple[int, list[str]]], query: list[str], k: int) -> list[tuple[int, float]]:
+    """Lucene BM25 (bm25s's "lucene" method) in plain numpy, independent of the index."""
+    n = len(docs)
+    avgdl = sum(len(t) for _, t in docs) / n
+    scores: dict[int, float] = {}
+    for term in sorted(set(query)):
+        w = query.count(term)
+        holders = [(docno, toks.count(term), len(toks)) for docno, toks in docs if term in toks]
+        if not holders:
+            continue
+        fdf = float(len(holders))
+        idf = float(np.log1p((n - fdf + 0.5) / (fdf + 0.5)))
+        for docno, tf, dl in holders:
+            part = float(tf / (1.2 * ((1 - 0.75) + 0.75 * np.float64(dl) / avgdl) + tf)) * idf
+            scores[docno] = scores.get(docno, 0.0) + (part * w if w != 1 else part)
+    return sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]
+
+
+def test_long_runs_are_cached_in_narrow_dtypes_and_score_the_same(store):
+    """A term with thousands of postings in the large segments is cached at ~5 bytes per
+    posting (uint32 docnos, uint8 pair codes, a count per pair; issue 15: the common terms
+    of 1M documents fit the default cache) and its rankings equal an independent
+    computation, through the per-pair ranking (one term) and the accumulator (several)."""
+    rng = np.random.default_rng(9)
+    n = 2 * SMALL_SEGMENT_DOCS + 600
+    docs = [(i + 1, _doc(rng, int(rng.integers(5, 30))) + ["common"] * int(rng.integers(1, 4))) for i in range(n)]
+    writer = _fresh(store)
+    store.write(lambda txn: writer.apply(txn, docs[:SMALL_SEGMENT_DOCS + 300], []))
+    store.write(lambda txn: writer.apply(txn, docs[SMALL_SEGMENT_DOCS + 300:], []))
+    reader = _fresh(store)
+    with store.read() as txn:
+        for query in (["common"], ["common", "w3"], ["common", "common", "w1", "w7"], ["w0", "w2"]):
+            got = reader.search(txn, query, 10)
+            assert got == _reference(docs, query, 10), query
+        entry = reader.cache.get(("t", reader.blind("common")))
+        base = entry.base
+        assert base.docnos.size == n and base.docnos.dtype == np.uint32 and base.codes.dtype == np.uint8
+        assert base.nbytes == 5 * n + base.counts.nbytes and base.counts.size == len(entry.pairs.index)
+        seg = reader.cache.get(("s", min(entry.live)))
+        assert seg.docnos.dtype == np.uint32 and seg.lens.dtype == np.uint8
+
+
 # --- another process commits -------------------------------------------------------------
 
 WRITER = textwrap.dedent("""
