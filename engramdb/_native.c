@@ -58,7 +58,10 @@
 #include <Python.h>
 #include <string.h>
 #include <math.h>
+#define OPENSSL_SUPPRESS_DEPRECATED  /* SHA256_Init and friends: see sha_ctx below */
 #include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <openssl/crypto.h>
 #include <openssl/opensslv.h>
 
 #define NONCE_BYTES 12
@@ -104,43 +107,68 @@ pair_view(PyObject *item, const unsigned char **a, Py_ssize_t *alen, const unsig
     return bytes_view(PyTuple_GET_ITEM(item, 1), b, blen, "a value");
 }
 
+/* SHA-256 contexts. Where OpenSSL still declares its low-level SHA256_* functions (1.1 and
+ * 3.x; deprecated in 3.0 but built by default), a context is a plain struct that HMAC's
+ * precomputed inner and outer states are copied from by assignment: EVP_MD_CTX_copy_ex
+ * allocates a provider context per copy, which cost about half of each short HMAC. The
+ * compression function is OpenSSL's either way (SHA-NI where the CPU has it). Elsewhere,
+ * or built with -DENGRAMDB_EVP_SHA, the same steps go through EVP. */
+#if defined(ENGRAMDB_EVP_SHA) || defined(OPENSSL_NO_DEPRECATED_3_0) || \
+    (defined(OPENSSL_VERSION_MAJOR) && OPENSSL_VERSION_MAJOR >= 4)
+#define SHA_EVP 1
+typedef EVP_MD_CTX *sha_ctx;
+static int sha_new(sha_ctx *c) { return (*c = EVP_MD_CTX_new()) != NULL; }
+static void sha_free(sha_ctx *c) { EVP_MD_CTX_free(*c); *c = NULL; }
+static int sha_init(sha_ctx *c) { return EVP_DigestInit_ex(*c, sha256_md, NULL); }
+static int sha_update(sha_ctx *c, const void *p, size_t n) { return EVP_DigestUpdate(*c, p, n); }
+static int sha_final(sha_ctx *c, unsigned char *out) { unsigned int n = 0; return EVP_DigestFinal_ex(*c, out, &n); }
+static int sha_copy(sha_ctx *to, sha_ctx *from) { return EVP_MD_CTX_copy_ex(*to, *from); }
+#else
+#define SHA_EVP 0
+typedef SHA256_CTX sha_ctx;
+static int sha_new(sha_ctx *c) { (void)c; return 1; }
+static void sha_free(sha_ctx *c) { OPENSSL_cleanse(c, sizeof *c); }
+static int sha_init(sha_ctx *c) { return SHA256_Init(c); }
+static int sha_update(sha_ctx *c, const void *p, size_t n) { return SHA256_Update(c, p, n); }
+static int sha_final(sha_ctx *c, unsigned char *out) { return SHA256_Final(out, c); }
+static int sha_copy(sha_ctx *to, sha_ctx *from) { *to = *from; return 1; }
+#endif
+
 /* HMAC-SHA256 with the key's inner and outer states hashed once (RFC 2104). */
 typedef struct {
-    EVP_MD_CTX *inner, *outer, *work;
+    sha_ctx inner, outer, work;
 } hmac_state;
 
 static void
 hmac_free(hmac_state *h)
 {
-    EVP_MD_CTX_free(h->inner);
-    EVP_MD_CTX_free(h->outer);
-    EVP_MD_CTX_free(h->work);
+    sha_free(&h->inner);
+    sha_free(&h->outer);
+    sha_free(&h->work);
 }
 
 static int
 hmac_init(hmac_state *h, const unsigned char *key, Py_ssize_t keylen)
 {
     unsigned char block[BLOCK_BYTES], pad[BLOCK_BYTES];
-    unsigned int n = 0;
     int i, ok;
     memset(block, 0, sizeof block);
-    h->inner = EVP_MD_CTX_new();
-    h->outer = EVP_MD_CTX_new();
-    h->work = EVP_MD_CTX_new();
-    if (!h->inner || !h->outer || !h->work)
+    if (!sha_new(&h->inner) || !sha_new(&h->outer) || !sha_new(&h->work))
         return 0;
     if (keylen > BLOCK_BYTES) {
-        if (!EVP_Digest(key, (size_t)keylen, block, &n, sha256_md, NULL))
+        if (!sha_init(&h->work) || !sha_update(&h->work, key, (size_t)keylen) || !sha_final(&h->work, block))
             return 0;
     } else {
         memcpy(block, key, (size_t)keylen);
     }
     for (i = 0; i < BLOCK_BYTES; i++)
         pad[i] = block[i] ^ 0x36;
-    ok = EVP_DigestInit_ex(h->inner, sha256_md, NULL) && EVP_DigestUpdate(h->inner, pad, BLOCK_BYTES);
+    ok = sha_init(&h->inner) && sha_update(&h->inner, pad, BLOCK_BYTES);
     for (i = 0; i < BLOCK_BYTES; i++)
         pad[i] = block[i] ^ 0x5C;
-    ok = ok && EVP_DigestInit_ex(h->outer, sha256_md, NULL) && EVP_DigestUpdate(h->outer, pad, BLOCK_BYTES);
+    ok = ok && sha_init(&h->outer) && sha_update(&h->outer, pad, BLOCK_BYTES);
+    OPENSSL_cleanse(block, sizeof block);
+    OPENSSL_cleanse(pad, sizeof pad);
     return ok;
 }
 
@@ -150,12 +178,11 @@ hmac3(hmac_state *h, const unsigned char *a, size_t alen, const unsigned char *b
       const unsigned char *c, size_t clen, unsigned char *out)
 {
     unsigned char inner[SHA_BYTES];
-    unsigned int n = 0;
-    return EVP_MD_CTX_copy_ex(h->work, h->inner)
-        && EVP_DigestUpdate(h->work, a, alen) && EVP_DigestUpdate(h->work, b, blen)
-        && EVP_DigestUpdate(h->work, c, clen) && EVP_DigestFinal_ex(h->work, inner, &n)
-        && EVP_MD_CTX_copy_ex(h->work, h->outer)
-        && EVP_DigestUpdate(h->work, inner, SHA_BYTES) && EVP_DigestFinal_ex(h->work, out, &n);
+    return sha_copy(&h->work, &h->inner)
+        && sha_update(&h->work, a, alen) && sha_update(&h->work, b, blen)
+        && sha_update(&h->work, c, clen) && sha_final(&h->work, inner)
+        && sha_copy(&h->work, &h->outer)
+        && sha_update(&h->work, inner, SHA_BYTES) && sha_final(&h->work, out);
 }
 
 static PyObject *
@@ -164,9 +191,10 @@ hmac_many(PyObject *self, PyObject *args)
     PyObject *keyobj, *headobj, *values, *seq, *out = NULL;
     Py_ssize_t size, keylen, headlen, n, i;
     const unsigned char *key, *head;
-    hmac_state h = {NULL, NULL, NULL};
+    hmac_state h;
     unsigned char mac[SHA_BYTES];
     (void)self;
+    memset(&h, 0, sizeof h);  /* NULL contexts: hmac_free may run before hmac_init */
     if (!PyArg_ParseTuple(args, "SSOn", &keyobj, &headobj, &values, &size))
         return NULL;
     if (size < 0 || size > SHA_BYTES) {
@@ -217,22 +245,22 @@ state_sum(PyObject *self, PyObject *args)
 {
     PyObject *keyobj, *prefixobj, *pairs, *seq, *result = NULL;
     Py_ssize_t n, i;
-    hmac_state h = {NULL, NULL, NULL};
-    EVP_MD_CTX *sha = NULL;
+    hmac_state h;
+    sha_ctx sha;
     /* the sum modulo 2**256, as four 64-bit limbs, least significant first */
     unsigned long long acc[4] = {0, 0, 0, 0};
     unsigned char mac[SHA_BYTES], digest[SHA_BYTES], be[SHA_BYTES];
-    unsigned int dn = 0;
     int limb, j;
     (void)self;
+    memset(&h, 0, sizeof h);
+    memset(&sha, 0, sizeof sha);
     if (!PyArg_ParseTuple(args, "SSO", &keyobj, &prefixobj, &pairs))
         return NULL;
     seq = PySequence_Fast(pairs, "pairs must be a sequence of (bytes, bytes)");
     if (seq == NULL)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
-    sha = EVP_MD_CTX_new();
-    if (sha == NULL || !hmac_init(&h, (const unsigned char *)PyBytes_AS_STRING(keyobj), PyBytes_GET_SIZE(keyobj))) {
+    if (!sha_new(&sha) || !hmac_init(&h, (const unsigned char *)PyBytes_AS_STRING(keyobj), PyBytes_GET_SIZE(keyobj))) {
         openssl_error("HMAC set-up");
         goto done;
     }
@@ -242,8 +270,7 @@ state_sum(PyObject *self, PyObject *args)
         unsigned long long carry = 0;
         if (pair_view(PySequence_Fast_GET_ITEM(seq, i), &k, &klen, &env, &envlen) < 0)
             goto done;
-        if (!EVP_DigestInit_ex(sha, sha256_md, NULL) || !EVP_DigestUpdate(sha, env, (size_t)envlen)
-            || !EVP_DigestFinal_ex(sha, digest, &dn)
+        if (!sha_init(&sha) || !sha_update(&sha, env, (size_t)envlen) || !sha_final(&sha, digest)
             || !hmac3(&h, (const unsigned char *)PyBytes_AS_STRING(prefixobj), (size_t)PyBytes_GET_SIZE(prefixobj),
                       k, (size_t)klen, digest, SHA_BYTES, mac)) {
             openssl_error("SHA-256");
@@ -265,7 +292,7 @@ state_sum(PyObject *self, PyObject *args)
     result = PyBytes_FromStringAndSize((const char *)be, SHA_BYTES);
 done:
     hmac_free(&h);
-    EVP_MD_CTX_free(sha);
+    sha_free(&sha);
     Py_DECREF(seq);
     return result;
 }
