@@ -32,6 +32,7 @@ class Native(NamedTuple):
     new_nodes: Callable[..., list[Any]]
     posting_blocks: Callable[[Any, Any, Any, int], tuple[list[bytes], list[int]] | None]
     count_postings: Callable[[Any, Any, Any, Any, int], tuple[bytes, bytes, bytes]]
+    columns_pass: Callable[[Sequence[Any], tuple[tuple[str, int, int], ...]], bool]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -41,12 +42,12 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import (count_postings, hmac_many, keep_tokens, new_nodes, plain_records, posting_blocks,
-                              scan_texts, seal_many, state_sum)
+        from ._native import (columns_pass, count_postings, hmac_many, keep_tokens, new_nodes, plain_records,
+                              posting_blocks, scan_texts, seal_many, state_sum)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
-                  count_postings)
+                  count_postings, columns_pass)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

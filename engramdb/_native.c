@@ -48,6 +48,8 @@
  *       visited in `order` (int64: by docno), each term's postings are the uint64 docnos
  *       of the documents holding it in that order and their int64 term frequencies, term
  *       j owning rows bounds[j]:bounds[j+1] (int64, nterms + 1 of them)
+ *   columns_pass(rows, specs) -> bool
+ *       engramdb/records.py's _columns_pass in one pass over the rows (see the function)
  *   new_nodes(cls, defaults, rows, vectors) -> list
  *       engramdb/records.py's Node.from_fields_many once its columns are checked: per row,
  *       cls.__new__(cls) whose __dict__ is a copy of `defaults` with fresh metadata and
@@ -819,6 +821,87 @@ done:
 
 /* ---- node objects of a validated batch ------------------------------------------------ */
 
+/* columns_pass(rows, specs) -> bool: engramdb/records.py's _columns_pass once the first
+ * row's keys are known to be checkable. specs holds (name, kind, limit) for every key of the
+ * first row; a row passes when it is exactly a dict with that many keys, all of them, and
+ * each value fits its kind: -1 any (a column checked elsewhere), 0 an exact str of at most
+ * `limit` code points (no limit when limit < 0), 1 an exact non-empty str of at most
+ * `limit` code points, 2 an exact finite float, 3 an exact finite float in [0, 1]. */
+#define MAX_SPECS 64
+
+static PyObject *
+columns_pass(PyObject *self, PyObject *args)
+{
+    PyObject *rows, *specs, *seq, *names[MAX_SPECS];
+    long kinds[MAX_SPECS];
+    Py_ssize_t limits[MAX_SPECS], nspecs, n, i, j;
+    int ok = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!", &rows, &PyTuple_Type, &specs))
+        return NULL;
+    nspecs = PyTuple_GET_SIZE(specs);
+    if (nspecs > MAX_SPECS) {
+        PyErr_SetString(PyExc_ValueError, "too many columns");
+        return NULL;
+    }
+    for (j = 0; j < nspecs; j++) {
+        PyObject *spec = PyTuple_GET_ITEM(specs, j);
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3) {
+            PyErr_SetString(PyExc_TypeError, "specs must be (name, kind, limit) tuples");
+            return NULL;
+        }
+        names[j] = PyTuple_GET_ITEM(spec, 0);
+        kinds[j] = PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+        limits[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    seq = PySequence_Fast(rows, "rows must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    for (i = 0; i < n && ok; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyDict_CheckExact(row) || PyDict_GET_SIZE(row) != nspecs) {
+            ok = 0;
+            break;
+        }
+        for (j = 0; j < nspecs; j++) {
+            PyObject *v = PyDict_GetItemWithError(row, names[j]);
+            if (v == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(seq);
+                    return NULL;
+                }
+                ok = 0;
+                break;
+            }
+            switch (kinds[j]) {
+            case -1:
+                break;
+            case 0:
+            case 1:
+                if (!PyUnicode_CheckExact(v) || (limits[j] >= 0 && PyUnicode_GET_LENGTH(v) > limits[j])
+                    || (kinds[j] == 1 && PyUnicode_GET_LENGTH(v) == 0))
+                    ok = 0;
+                break;
+            case 2:
+            case 3:
+                if (!PyFloat_CheckExact(v) || !isfinite(PyFloat_AS_DOUBLE(v))
+                    || (kinds[j] == 3 && !(PyFloat_AS_DOUBLE(v) >= 0.0 && PyFloat_AS_DOUBLE(v) <= 1.0)))
+                    ok = 0;
+                break;
+            default:
+                ok = 0;
+            }
+            if (!ok)
+                break;
+        }
+    }
+    Py_DECREF(seq);
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *
 new_nodes(PyObject *self, PyObject *args)
 {
@@ -1181,6 +1264,7 @@ static PyMethodDef methods[] = {
                                            "as 32 big-endian bytes."},
     {"scan_texts", scan_texts, METH_VARARGS, "The bulk tokenizer's word scan: (words, inverse, firsts)."},
     {"plain_records", plain_records, METH_VARARGS, "Node records of the common shape (see the module comment)."},
+    {"columns_pass", columns_pass, METH_VARARGS, "Whether rows pass records.py's column checks (see columns_pass)."},
     {"new_nodes", new_nodes, METH_VARARGS, "Node objects of validated rows (see the module comment)."},
     {"posting_blocks", posting_blocks, METH_VARARGS, "BM25 posting blocks before compression (see the module comment)."},
     {"count_postings", count_postings, METH_VARARGS, "A segment's postings by counting (see the module comment)."},

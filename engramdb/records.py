@@ -534,13 +534,29 @@ def _column_checks() -> dict[str, Any]:
 _COLUMN_CHECKS = _column_checks()
 
 
+# What the C extension's columns_pass checks per field, the same as _COLUMN_CHECKS: (kind,
+# limit), kind 0 an exact str of at most `limit` code points (-1: any length), 1 the same and
+# non-empty, 2 an exact finite float, 3 one in [0, 1] (engramdb/_native.c)
+_NATIVE_COLUMNS = {"id": (1, MAX_ID_BYTES // 4), "content": (0, MAX_CONTENT_BYTES), "quote": (0, -1),
+                   "source": (0, -1), "weight": (2, 0), "importance": (3, 0), "created_at": (2, 0),
+                   "last_accessed": (2, 0)}
+
+
 def _columns_pass(rows: Sequence[Mapping[str, Any]], vectors_checked: bool = False) -> bool:
     """Whether ``rows`` are dicts with the same keys, ``id`` among them, each a field with a
     column check, and every column passes it (``embeddings`` too when ``vectors_checked``:
     :func:`_embedding_column` accepted it)."""
     first = rows[0]
+    if type(first) is not dict:
+        return False
     names = [name for name in first if not (vectors_checked and name == "embeddings")]
-    if set(map(type, rows)) != {dict} or "id" not in first or not all(name in _COLUMN_CHECKS for name in names):
+    if "id" not in first or not all(name in _COLUMN_CHECKS for name in names):
+        return False
+    native = _accel.NATIVE
+    if native is not None:  # one pass over the rows in C, the same verdict
+        return native.columns_pass(rows, tuple((name, -1, 0) if vectors_checked and name == "embeddings"
+                                               else (name, *_NATIVE_COLUMNS[name]) for name in first))
+    if set(map(type, rows)) != {dict}:
         return False
     keys = first.keys()
     if not all(keys == row.keys() for row in rows):

@@ -248,6 +248,77 @@ def test_new_nodes_match_the_pure_path(rows, vectors) -> None:
     assert len({id(node.metadata) for node in native}) == len({id(node.embeddings) for node in native}) == len(native)
 
 
+class _Str(str):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+_column_values = st.one_of(
+    st.text(max_size=3), st.sampled_from(["", "x" * 256, "x" * 257, _Str("s")]),
+    st.floats(), st.sampled_from([0.0, 1.0, -0.0, 1.5, -1e-9, _Float(0.5), True]), st.integers(-2, 2), st.none())
+_column_names = st.sampled_from(["id", "content", "quote", "source", "weight", "importance", "created_at",
+                                 "last_accessed", "embeddings", "tags"])
+
+
+_valid_values = {"id": st.text(min_size=1, max_size=5), "content": st.text(max_size=5), "quote": st.text(max_size=3),
+                 "source": st.text(max_size=3), "importance": st.floats(0.0, 1.0), "embeddings": st.just({})}
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(names=st.lists(_column_names, min_size=1, max_size=5, unique=True), nrows=st.integers(1, 6),
+       change=st.sampled_from(["none", "value", "keys", "type"]), vectors_checked=st.booleans(), data=st.data())
+def test_column_checks_match_the_pure_path(names, nrows, change, vectors_checked, data) -> None:
+    """records._columns_pass gives the same verdict in C (one pass) and in Python: rows of
+    valid values with one cell, one row's keys or one row's type changed (exact and
+    subclassed types, empty and over-long ids, non-finite and out-of-range numbers)."""
+    from collections import OrderedDict
+
+    from engramdb import records
+    rows = [{name: data.draw(_valid_values.get(name, st.floats(-1e9, 1e9))) for name in names} for _ in range(nrows)]
+    i = data.draw(st.integers(0, nrows - 1))
+    if change == "value":
+        rows[i][data.draw(st.sampled_from(names))] = data.draw(_column_values)
+    elif change == "keys":
+        rows[i] = {name: data.draw(_column_values) for name in data.draw(st.lists(_column_names, max_size=5))}
+    elif change == "type":
+        rows[i] = OrderedDict(rows[i])
+    native, pure = both_ways(lambda: records._columns_pass(rows, vectors_checked))
+    assert native == pure
+
+
+def test_native_column_specs_cover_the_column_checks() -> None:
+    from engramdb import records
+    assert records._NATIVE_COLUMNS.keys() == records._COLUMN_CHECKS.keys()
+
+
+_BOUNDARY_VALUES = ["", "x", "x" * 256, "x" * 257, _Str("s"), 0.0, -0.0, 1.0, 1.0000001, -1e-300, 0.5, 2.0,
+                    float("nan"), float("inf"), float("-inf"), _Float(0.5), True, 1, None, b"x"]
+
+
+@needs_native
+def test_column_checks_at_every_boundary() -> None:
+    """Each field's column check in C and in Python, for each boundary value in one row of
+    an otherwise valid bulk load (and the load itself, which passes)."""
+    from engramdb import records
+    base = {"id": "d", "content": "text", "quote": "q", "source": "s", "weight": 1.0, "importance": 0.5,
+            "created_at": 0.0, "last_accessed": 0.0}
+    rows = [dict(base, id=f"d{i}") for i in range(5)]
+    assert both_ways(lambda: records._columns_pass(rows)) == [True, True]
+    verdicts = set()
+    for name in base:
+        for value in _BOUNDARY_VALUES:
+            changed = [dict(row) for row in rows]
+            changed[3][name] = value
+            native, pure = both_ways(lambda: records._columns_pass(changed))
+            assert native == pure, (name, value)
+            verdicts.add(native)
+    assert verdicts == {True, False}
+
+
 @needs_native
 @settings(max_examples=200, deadline=None)
 @given(blocks=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([2, 300, 70_000, 2**33]),
