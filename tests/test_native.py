@@ -313,7 +313,7 @@ def test_column_checks_at_every_boundary() -> None:
         for value in _BOUNDARY_VALUES:
             changed = [dict(row) for row in rows]
             changed[3][name] = value
-            native, pure = both_ways(lambda: records._columns_pass(changed))
+            native, pure = both_ways(lambda rows=changed: records._columns_pass(rows))
             assert native == pure, (name, value)
             verdicts.add(native)
     assert verdicts == {True, False}
