@@ -295,19 +295,30 @@ class Node:
         """``[Node.from_fields(row) for row in rows]`` (same nodes, same first error).
 
         Dicts with the same keys, all among the plain text and number fields (a bulk
-        load's records), are checked a column at a time: a column whose values are all of
-        the field's exact type and within its limits passes every per-row check unchanged.
-        An ``embeddings`` column whose rows each hold one vector in the same space, all
-        NumPy arrays of one length, is stacked into one read-only float32 matrix (one copy,
-        one finiteness check) whose rows become the nodes' vectors. Any other batch, or a
-        column that does not pass, is built row by row.
+        load's records), are checked a column at a time (:meth:`plain_many`). Any other
+        batch, or a column that does not pass, is built row by row.
 
         Raises:
             ValidationError: as :meth:`from_fields`, for the first invalid row.
         """
+        nodes = cls.plain_many(rows) if rows else []
+        return nodes if nodes is not None else [cls.from_fields(row) for row in rows]
+
+    @classmethod
+    def plain_many(cls, rows: Sequence[Mapping[str, Any]]) -> list[Node] | None:
+        """The nodes of a bulk load's records, or None when ``rows`` are not such records
+        (then :meth:`from_fields_many` builds them row by row, with its errors).
+
+        Such records are dicts with the same keys, all among the plain text and number
+        fields (``id`` among them), checked a column at a time: a column whose values are
+        all of the field's exact type and within its limits passes every per-row check
+        unchanged. An ``embeddings`` column whose rows each hold one vector in the same
+        space, all NumPy arrays of one length, is stacked into one read-only float32 matrix
+        (one copy, one finiteness check) whose rows become the nodes' vectors.
+        """
         vectors = _embedding_column(rows) if rows and type(rows[0]) is dict and "embeddings" in rows[0] else None
         if not rows or not _columns_pass(rows, vectors is not None):
-            return [cls.from_fields(row) for row in rows]
+            return None
         native = _accel.NATIVE
         if native is not None and type(rows) is list:
             made: list[Node] = native.new_nodes(cls, _FIELD_DEFAULTS, rows, vectors)
