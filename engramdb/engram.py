@@ -689,7 +689,9 @@ class Engram:
         seq = items if isinstance(items, list) else list(items)
         # the bulk load's records: one check of their columns (in C with the extension) and no
         # more passes over the rows
-        if seq and type(seq[0]) is dict and _direct(seq[0]) and (plain := Node.plain_many(seq)) is not None:
+        # (plain_many checks that every row is a dict: the cast only tells mypy)
+        if seq and type(seq[0]) is dict and _direct(seq[0]) \
+                and (plain := Node.plain_many(cast("list[dict[str, Any]]", seq))) is not None:
             return plain
         if seq and set(map(type, seq)) == {dict}:
             dicts = cast("list[dict[str, Any]]", seq)  # every item is a dict, checked just above
