@@ -553,7 +553,9 @@ scan_texts(PyObject *self, PyObject *args)
         }
         while (pos < n) {
             Py_ssize_t len = 0, slot, mask = cap - 1;
-            unsigned long long h, first8;
+            /* word_hash's steps, taken while the bytes are copied (one pass over them) */
+            unsigned long long h = 0x9E3779B97F4A7C15ULL, v = 0, first8 = 0;
+            int k = 0;
             while (pos < n && map[src[pos]] == 0x20)
                 pos++;
             while (pos < n) {  /* translate and copy the word's bytes */
@@ -562,6 +564,15 @@ scan_texts(PyObject *self, PyObject *args)
                     break;
                 scratch[len++] = c;
                 pos++;
+                v = (v << 8) | c;
+                if (++k == 8) {
+                    if (len == 8)
+                        first8 = v;
+                    h = (h ^ v) * 0xC2B2AE3D27D4EB4FULL;
+                    h ^= h >> 29;
+                    v = 0;
+                    k = 0;
+                }
             }
             if (len < 2)
                 continue;
@@ -569,7 +580,9 @@ scan_texts(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_ValueError, "a word is too long");
                 goto done;
             }
-            h = word_hash(scratch, len, &first8);
+            if (len < 8)
+                first8 = v;
+            h = mix(h ^ v ^ ((unsigned long long)len << 56));
             slot = (Py_ssize_t)(h & (unsigned long long)mask);
             while (table[slot].index >= 0
                    && !(table[slot].first8 == first8 && table[slot].len == (unsigned int)len
