@@ -9,6 +9,7 @@ from collections import Counter
 
 import bm25s
 import numpy as np
+import zstandard
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -260,6 +261,20 @@ def test_block_codec_rejects_bad_input():
     for bad in (good[:3], bytes([9]) + good[1:], good[:-2], good[:1] + b"\xff" + good[2:]):
         with pytest.raises(CorruptFileError):
             decode_block(bad)
+
+
+def test_blocks_below_256_bytes_stay_raw_and_old_small_zstd_blocks_still_read():
+    """Writers compress a block's body from 256 bytes (96 before session 5: those small
+    zstd blocks are in older files and must still decode)."""
+    docnos, tfs = np.arange(1, 101, dtype=np.uint64), np.ones(100, dtype=np.uint64)  # a 200-byte body
+    raw = encode_block(docnos, tfs)
+    assert raw[0] == bm.BLOCK_RAW
+    body = raw[bm._HEAD.size:]
+    old = bytes([bm.BLOCK_ZSTD]) + raw[1:bm._HEAD.size] + zstandard.ZstdCompressor(level=1).compress(body)
+    for block in (raw, old):
+        got_d, got_v = decode_block(block)
+        assert got_d.tolist() == docnos.tolist() and got_v.tolist() == tfs.tolist()
+    assert encode_block(np.arange(1, 129, dtype=np.uint64), np.ones(128, dtype=np.uint64))[0] == bm.BLOCK_ZSTD
 
 
 @settings(max_examples=100, deadline=None)
