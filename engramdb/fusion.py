@@ -26,7 +26,8 @@ BM25 weighs ``bm25``. A space weighs its own weight (``spaces`` by the space's n
 
     agree = (overlap / agreement_depth) ** agreement_power
     confident = clip((standout - standout_floor) / standout_span, 0, 1)
-    trust = agree + (1 - agree) * max(confident, weak_match_trust * (1 - strength))
+    related = clip((lift - lift_floor) / lift_span, 0, 1)
+    trust = agree + (1 - agree) * max(confident, (1 - strength) * max(weak_match_trust, related))
 
 with ``overlap`` the number of its top ``agreement_depth`` also in BM25's, ``strength`` in
 [0, 1] the calibrated relevance of BM25's best match (spec/recall.md, "Relevance"), and
@@ -34,10 +35,15 @@ with ``overlap`` the number of its top ``agreement_depth`` also in BM25's, ``str
 similarity stands above the best of as many unrelated ones, in the Gumbel units of the
 maximum of that many standard normal draws. A random space's best similarity is such a
 maximum (standout about 0: above 2 on one query in 8, above 3 on one in 20); a model that recognises the
-memory the question asks about puts it far above the rest. So a space that agrees with
-BM25 keeps its weight, one that disagrees keeps the share its own confidence earns, and a
-random space neither agrees nor stands out. With no BM25 ranking at all (no query word
-matched) a space weighs its own weight.
+memory the question asks about puts it far above the rest. ``lift`` is how far the space's
+mean similarity to BM25's best :data:`LIFT_DEPTH` direct matches stands above its mean
+similarity to every row, in standard errors (:func:`lift`): a space whose vectors carry
+nothing of the text gives a standard normal draw (above 3 on one query in 700), a model of
+the text lifts the memories that share the query's words even when its own best match
+does not stand out. So a space that agrees with BM25 keeps its weight, one that disagrees
+keeps the share its own confidence earns, or, where BM25's match is weak, the share its
+lift earns, and a random space neither agrees, stands out nor lifts. With no BM25 ranking
+at all (no query word matched) a space weighs its own weight.
 """
 from __future__ import annotations
 
@@ -49,7 +55,8 @@ from dataclasses import dataclass
 from .errors import ValidationError
 from .index.vectors import HASHED_MODEL
 
-__all__ = ["FusionWeights", "DEFAULT_FUSION", "NORMALIZATIONS", "SpaceSignal", "standout", "retriever_weight",
+__all__ = ["FusionWeights", "DEFAULT_FUSION", "NORMALIZATIONS", "SpaceSignal", "standout", "lift", "LIFT_DEPTH",
+           "retriever_weight",
            "normalized_scores", "fusion_values", "fuse_rankings", "tied_ranks"]
 
 _HINT = "see help(engramdb.FusionWeights) for the fields and their ranges"
@@ -58,6 +65,8 @@ NORMALIZATIONS = ("max", "z", "z-floor")
 # Below this many rows a space's similarities say too little about their own spread for the
 # standout (the extreme-value confidence) to mean anything: the space is trusted by agreement only.
 STANDOUT_MIN_ROWS = 20
+# How many of BM25's best direct matches a space's lift (:func:`lift`) averages over.
+LIFT_DEPTH = 20
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,11 @@ class FusionWeights:
         weak_match_trust: in [0, 1], how much of its weight a space that disagrees with BM25
             keeps when BM25's best match is weak (scaled by ``1 - strength``; 0: agreement
             and confidence alone decide).
+        lift_floor: how far (in standard errors, :func:`lift`) a space's mean similarity to
+            BM25's best matches must stand above its mean similarity to every row before the
+            space is trusted where it disagrees with BM25 and BM25's match is weak
+            (``math.inf``: never).
+        lift_span: how much further it must stand out to be trusted fully there (> 0).
         lexical_yield: in [0, 1], how much of its weight BM25 gives up when its best match
             is weak and a space stands out (times ``1 - strength`` and that space's confidence;
             0: BM25 always weighs ``bm25``).
@@ -113,6 +127,8 @@ class FusionWeights:
     standout_floor: float = 3.0
     standout_span: float = 3.0
     weak_match_trust: float = 0.0
+    lift_floor: float = math.inf
+    lift_span: float = 2.0
     lexical_yield: float = 1.0
     score_mix: float = 0.8
     normalize: str = "z"
@@ -132,11 +148,14 @@ class FusionWeights:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"FusionWeights.{name} must be an integer >= 1, got {value!r}", hint=_HINT)
-        floor, span = self.standout_floor, self.standout_span
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) or floor == -math.inf:
-            raise ValidationError(f"FusionWeights.standout_floor must be a number or math.inf, got {floor!r}", hint=_HINT)
-        if isinstance(span, bool) or not isinstance(span, (int, float)) or not (math.isfinite(span) and span > 0):
-            raise ValidationError(f"FusionWeights.standout_span must be a finite number > 0, got {span!r}", hint=_HINT)
+        for prefix in ("standout", "lift"):
+            floor, span = getattr(self, prefix + "_floor"), getattr(self, prefix + "_span")
+            if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) or floor == -math.inf:
+                raise ValidationError(f"FusionWeights.{prefix}_floor must be a number or math.inf, got {floor!r}",
+                                      hint=_HINT)
+            if isinstance(span, bool) or not isinstance(span, (int, float)) or not (math.isfinite(span) and span > 0):
+                raise ValidationError(f"FusionWeights.{prefix}_span must be a finite number > 0, got {span!r}",
+                                      hint=_HINT)
         if self.normalize not in NORMALIZATIONS:
             raise ValidationError(f"FusionWeights.normalize must be one of {', '.join(NORMALIZATIONS)}, "
                                   f"got {self.normalize!r}", hint=_HINT)
@@ -188,11 +207,12 @@ def tied_ranks(ranking: Ranking) -> Iterator[tuple[int, int]]:
 @dataclass(frozen=True)
 class SpaceSignal:
     """What fusion knows of one space on one query besides its ranking: the id of the model
-    that made its vectors (for :attr:`FusionWeights.models`) and its :func:`standout`
-    (None when it cannot be measured)."""
+    that made its vectors (for :attr:`FusionWeights.models`), its :func:`standout` and its
+    :func:`lift` (None when they cannot be measured)."""
 
     model: str = ""
     standout: float | None = None
+    lift: float | None = None
 
 
 def standout(best: float, mean: float, std: float, count: int) -> float | None:
@@ -212,6 +232,31 @@ def standout(best: float, mean: float, std: float, count: int) -> float | None:
     r = math.sqrt(2.0 * math.log(count))
     location = r - (math.log(math.log(count)) + math.log(4.0 * math.pi)) / (2.0 * r)
     return ((best - mean) / std - location) * r
+
+
+def lift(top_mean: float, top_count: int, mean: float, std: float, count: int) -> float | None:
+    """How far a space's mean similarity ``top_mean`` to BM25's best ``top_count`` direct
+    matches stands above its mean similarity ``mean`` to all ``count`` rows, in standard
+    errors of a mean of ``top_count`` draws: ``(top_mean - mean) / std * sqrt(top_count)``.
+
+    For a space whose vectors carry nothing of the text, BM25's matches are rows like any
+    other, so this is about a standard normal draw; a model of the text puts the memories
+    that share the query's words nearer the query (a lift of 3-8). None below
+    :data:`STANDOUT_MIN_ROWS` rows, with fewer than 2 matches, or when every similarity is
+    the same.
+    """
+    if count < STANDOUT_MIN_ROWS or top_count < 2 or not (math.isfinite(std) and std > 1e-12 * max(1.0, abs(mean))):
+        return None
+    return (top_mean - mean) / std * math.sqrt(top_count)
+
+
+def related(signal: SpaceSignal | None, fusion: FusionWeights) -> float:
+    """How much a space is trusted where BM25's match is weak because it follows the text
+    on this query, in [0, 1] (module doc): ``clip((lift - lift_floor) / lift_span, 0, 1)``,
+    0 without a lift."""
+    if signal is None or signal.lift is None or fusion.lift_floor == math.inf:
+        return 0.0
+    return min(1.0, max(0.0, (signal.lift - fusion.lift_floor) / fusion.lift_span))
 
 
 def confidence(signal: SpaceSignal | None, fusion: FusionWeights) -> float:
@@ -242,7 +287,8 @@ def retriever_weight(name: str, ranking: Ranking, lexical: Ranking | None, stren
     depth = fusion.agreement_depth
     lex_top = {docno for docno, _, _ in lexical[:depth]}
     agree = float((sum(1 for docno, _, _ in ranking[:depth] if docno in lex_top) / depth) ** fusion.agreement_power)
-    return own * (agree + (1.0 - agree) * max(confidence(signal, fusion), fusion.weak_match_trust * weak))
+    return own * (agree + (1.0 - agree) * max(confidence(signal, fusion),
+                                              weak * max(fusion.weak_match_trust, related(signal, fusion))))
 
 
 def normalized_scores(ranking: Ranking, normalize: str) -> list[float]:

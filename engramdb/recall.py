@@ -41,7 +41,8 @@ import numpy as np
 from .codec import decode_node, encode_node
 from .errors import ValidationError
 from .filters import Filter, NameSet, TimeBound
-from .fusion import DEFAULT_FUSION, FusionWeights, SpaceSignal, check_fusion, fuse_rankings, standout, tied_ranks
+from .fusion import (DEFAULT_FUSION, LIFT_DEPTH, FusionWeights, SpaceSignal, check_fusion, fuse_rankings, lift, standout,
+                     tied_ranks)
 from .index import Indexes
 from .index.bm25 import lucene_idf
 from .index.bm25 import top_k as _top_k
@@ -266,6 +267,8 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
             found = indexes.bm25.scores(txn, weights) if ctx.filtering else indexes.bm25.top(txn, weights, limit)
             rankings.append(("bm25", ctx.ranking(*found, limit)))
         spaces = indexes.vectors.spaces(txn)
+        # BM25's best direct matches, in docno order: each space's lift is measured on them
+        lexical_top = sorted(d for d, s, _ in rankings[0][1][:LIFT_DEPTH] if s > 0) if rankings else []
         for name in sorted(spaces):
             if indexes.vectors.count(txn, name) == 0:
                 continue
@@ -273,7 +276,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
             if qvec is None:
                 continue
             v_docs, v_scores = indexes.vectors.scores(txn, name, qvec)
-            signals[f"vector:{name}"] = SpaceSignal(spaces[name].model, _standout(v_scores))
+            signals[f"vector:{name}"] = _signal(spaces[name].model, v_docs, v_scores, lexical_top)
             # No similarity is no evidence. A cosine within float32 rounding of zero is no
             # similarity either: its sign depends on how the matrix was blocked (incremental
             # vs rebuilt), and counting it would make rankings depend on write history.
@@ -291,13 +294,21 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
     return hits
 
 
-def _standout(scores: np.ndarray) -> float | None:
-    """:func:`engramdb.fusion.standout` of a space's similarities to every live row (all of
-    them, before filters: they are the query's background)."""
+def _signal(model: str, docnos: np.ndarray, scores: np.ndarray, lexical_top: list[int]) -> SpaceSignal:
+    """A space's :class:`~engramdb.fusion.SpaceSignal` on one query: its :func:`~engramdb.fusion.standout`
+    and its :func:`~engramdb.fusion.lift` over ``lexical_top`` (BM25's best direct matches,
+    ascending), from its similarities ``scores`` to every live row ``docnos`` (docno order; all
+    of them, before filters: they are the query's background)."""
     if scores.size == 0:
-        return None
-    return standout(float(scores.max()), float(scores.mean(dtype=np.float64)), float(scores.std(dtype=np.float64)),
-                    int(scores.size))
+        return SpaceSignal(model)
+    mean, std, count = float(scores.mean(dtype=np.float64)), float(scores.std(dtype=np.float64)), int(scores.size)
+    top = np.asarray(lexical_top, dtype=docnos.dtype)
+    pos = np.searchsorted(docnos, top)
+    inside = pos < docnos.size
+    pos = pos[inside][docnos[pos[inside]] == top[inside]]  # the matches that have a vector here
+    top_mean = float(scores[pos].mean(dtype=np.float64)) if pos.size else 0.0
+    return SpaceSignal(model, standout(float(scores.max()), mean, std, count),
+                       lift(top_mean, int(pos.size), mean, std, count))
 
 
 def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:

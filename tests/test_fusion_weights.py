@@ -10,7 +10,7 @@ import pytest
 import engramdb
 from engramdb.errors import ValidationError
 from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, SpaceSignal, fuse_rankings, fusion_values,
-                             normalized_scores, retriever_weight, standout)
+                             lift, normalized_scores, retriever_weight, standout)
 
 
 def test_defaults_are_the_documented_ones():
@@ -27,6 +27,7 @@ def test_defaults_are_the_documented_ones():
     {"models": (("m", math.nan),)}, {"models": [("m", 1.0)]}, {"models": ((1, 1.0),)},
     {"standout_floor": math.nan}, {"standout_floor": -math.inf}, {"standout_floor": "2"}, {"standout_floor": True},
     {"standout_span": 0.0}, {"standout_span": math.inf}, {"standout_span": -1.0},
+    {"lift_floor": math.nan}, {"lift_floor": -math.inf}, {"lift_floor": "2"}, {"lift_span": 0.0}, {"lift_span": True},
 ])
 def test_out_of_range_fields_are_validation_errors_with_a_hint(kwargs):
     with pytest.raises(ValidationError) as err:
@@ -68,6 +69,42 @@ def test_standout_of_unrelated_similarities_is_about_a_gumbel_draw():
     assert standout(float(s.max()), float(s.mean()), float(s.std()), s.size) > 8
     # too few rows, or every similarity equal: nothing to measure
     assert standout(0.9, 0.1, 0.2, 19) is None and standout(0.5, 0.5, 0.0, 1000) is None
+
+
+def test_lift_of_unrelated_similarities_is_a_standard_normal_draw():
+    """A space whose vectors carry nothing of the text: BM25's matches are rows like any
+    other, so their mean similarity stands above the mean of all rows by a standard normal
+    draw (in standard errors); a model of the text lifts them far more."""
+    rng = np.random.default_rng(8)
+    draws = []
+    for _ in range(400):
+        s = rng.standard_normal(2000) * 0.1 + 0.3
+        top = s[rng.choice(2000, size=20, replace=False)]
+        draws.append(lift(float(top.mean()), top.size, float(s.mean()), float(s.std()), s.size))
+    values = np.array(draws)
+    assert abs(values.mean()) < 0.15 and 0.85 < values.std() < 1.15 and (values > 3).mean() < 0.01
+    s = rng.standard_normal(2000) * 0.1 + 0.3
+    s[:20] += 0.2  # each match two standard deviations nearer: 2 * sqrt(20) = 8.9 standard errors, give or take 1
+    assert 6.0 < lift(float(s[:20].mean()), 20, float(s.mean()), float(s.std()), s.size) < 12.0
+    # too few rows or matches, or every similarity equal: nothing to measure
+    assert lift(0.9, 20, 0.1, 0.2, 19) is None and lift(0.9, 1, 0.1, 0.2, 1000) is None
+    assert lift(0.5, 20, 0.5, 0.0, 1000) is None
+
+
+def test_the_lift_is_measured_on_bm25s_matches_that_have_a_vector():
+    """recall's per-space signal: the lift over the given matches present in the space (the
+    others have no vector there), from the similarities to every row."""
+    from engramdb.recall import _signal
+
+    docnos = np.arange(10, 110, dtype=np.uint64)  # docno order, as the space returns them
+    scores = np.random.default_rng(3).standard_normal(100).astype(np.float32)
+    scores[[0, 5]] += 3.0  # docnos 10 and 15
+    sig = _signal("org/m", docnos, scores, [3, 10, 15, 200])  # 3 and 200 have no vector here
+    top = scores[[0, 5]].astype(np.float64)
+    assert sig.model == "org/m" and sig.lift == pytest.approx(
+        lift(float(top.mean()), 2, float(scores.mean(dtype=np.float64)), float(scores.std(dtype=np.float64)), 100))
+    assert sig.standout is not None and _signal("m", docnos, scores, [10]).lift is None  # one match: no lift
+    assert _signal("m", docnos[:0], scores[:0], [10]) == SpaceSignal("m")
 
 
 BM25 = [(1, 9.0, 0.0), (2, 8.0, 0.0), (3, 1.0, 0.0)]
@@ -145,6 +182,27 @@ def test_a_space_that_stands_out_is_trusted_where_it_disagrees():
     assert retriever_weight("vector:m", unrelated, BM25, 1.0, w, SpaceSignal("", 2.3)) == pytest.approx(0.1)
     # the model's weight scales the whole: a model weighing 0 counts for nothing however it stands out
     assert weight(40.0, FusionWeights(), engramdb.HASHED_MODEL) == 0.0
+
+
+def test_a_space_that_follows_the_text_is_trusted_where_bm25_is_weak():
+    """trust = agree + (1 - agree) * max(confident, (1 - strength) * clip((lift - floor) /
+    span, 0, 1)): a space whose similarities lift BM25's matches (a model of the text) keeps
+    the share of a disagreeing top that BM25's weakness and its lift earn; BM25 keeps its weight."""
+    w = FusionWeights(vector=1.0, agreement_depth=3, standout_floor=math.inf, lift_floor=3.0, lift_span=2.0)
+    agree = 2 / 3
+
+    def weight(value, strength=0.0, fusion=w):
+        return retriever_weight("vector:m", VEC, BM25, strength, fusion, SpaceSignal("", None, value))
+
+    assert weight(None) == weight(2.9) == weight(-4.0) == pytest.approx(agree)
+    assert weight(4.0) == pytest.approx(agree + (1 - agree) * 0.5)
+    assert weight(4.0, strength=0.5) == pytest.approx(agree + (1 - agree) * 0.25)
+    assert weight(9.0) == pytest.approx(1.0) and weight(9.0, strength=1.0) == pytest.approx(agree)
+    assert weight(9.0, fusion=replace(w, lift_floor=math.inf)) == pytest.approx(agree)  # off
+    # the lift does not make BM25 give way (only a standout does)
+    lifted = {"vector:m": SpaceSignal("", None, 9.0)}
+    assert fusion_values([("bm25", BM25), ("vector:m", VEC)], 0.0, replace(w, score_mix=0.0), lifted)[1] == \
+        pytest.approx(1 / 61 + 1 / 63)
 
 
 def test_score_mix_keeps_the_credit_of_a_close_second():

@@ -10,12 +10,15 @@ vocabulary; each query is 3 words of one target memory plus one random vocabular
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +130,7 @@ def test_recall_with_a_space_is_deterministic_across_processes_and_hash_seeds(tm
 # --- every signal, not only a useless one: fused >= max(BM25 alone, space alone) - MARGIN ---
 
 STRONG_DIMS = 384  # as wide as MiniLM: its 400 concepts barely interfere, so it is sure of the synonyms it knows
+NOISY_DIMS = 32  # the same concepts crowded together: a noisy but useful model, never sure of its best match
 
 
 def concept_embedder(texts: list[str], dims: int = STRONG_DIMS) -> np.ndarray:
@@ -170,15 +174,17 @@ def signal_scores(db, queries, fusion=None) -> tuple[float, float]:
 
 
 def _space_store(make_db, space: str):
-    """The corpus with one space: ``hashed`` (built in), ``random`` or ``strong`` (the concept model)."""
+    """The corpus with one space: ``hashed`` (built in), ``random``, ``strong`` (the concept
+    model) or ``noisy`` (the concept model in :data:`NOISY_DIMS` dimensions)."""
     docs, _ = corpus()
     db = make_db(f"{space}.engram")
-    embedder = {"random": random_embedder, "strong": concept_embedder}.get(space)
+    embedder = {"random": random_embedder, "strong": concept_embedder,
+                "noisy": functools.partial(concept_embedder, dims=NOISY_DIMS)}.get(space)
     if embedder is None:
         db.add_space("hashed", dims=256)
         db.add_many([{"id": f"d{i}", "content": t, "created_at": 1.0, "last_accessed": 1.0} for i, t in enumerate(docs)])
         return db
-    dims = {"random": DIMS, "strong": STRONG_DIMS}[space]
+    dims = {"random": DIMS, "strong": STRONG_DIMS, "noisy": NOISY_DIMS}[space]
     db.add_space(space, dims=dims, model=f"test/{space}", embedder=embedder)
     vecs = embedder(docs)
     db.add_many([{"id": f"d{i}", "content": t, "created_at": 1.0, "last_accessed": 1.0,
@@ -203,7 +209,7 @@ def paraphrase_bm25(tmp_path_factory):
         return hit_counts(db, paraphrased_queries())
 
 
-@pytest.mark.parametrize("space", ["random", "hashed", "strong"])
+@pytest.mark.parametrize("space", ["random", "hashed", "strong", "noisy"])
 def test_fused_is_at_least_its_best_single_signal_on_paraphrases(make_db, paraphrase_bm25, space):
     """Issue 13, "fusion that never loses to its parts": on the paraphrased queries (BM25
     matches one or two of four words; a synthetic regime unlike the benchmarks), recall with
@@ -216,6 +222,7 @@ def test_fused_is_at_least_its_best_single_signal_on_paraphrases(make_db, paraph
     rank share): strong 86 / 100, random 26 / 40, hashed 25 / 42. spec/recall.md section 5
     has the same model crowded into 32 dimensions, which these defaults do not keep up with."""
     from engramdb import FusionWeights
+    from engramdb.fusion import DEFAULT_FUSION
 
     queries = paraphrased_queries()
     db = _space_store(make_db, space)
@@ -227,6 +234,9 @@ def test_fused_is_at_least_its_best_single_signal_on_paraphrases(make_db, paraph
     if space == "strong":  # the check can fail: a space trusted by agreement alone loses to this model
         gated = hit_counts(db, queries, FusionWeights(standout_floor=float("inf"), lexical_yield=0.0, score_mix=1.0))
         assert gated[0] < alone[0] - MARGIN_QUERIES, {**seen, "agreement only": gated}
+    if space == "noisy":  # and this one: without the lift, nothing tells this model from a useless one
+        unlifted = hit_counts(db, queries, replace(DEFAULT_FUSION, lift_floor=math.inf))
+        assert unlifted[1] < alone[1] - MARGIN_QUERIES, {**seen, "without the lift": unlifted}
     if space == "random":  # and so can this one: a random space weighed like BM25 costs R@10
         equal = hit_counts(db, queries, FusionWeights(vector=1.0, agreement_power=0.0))
         assert equal[1] < paraphrase_bm25[1] - MARGIN_QUERIES, {**seen, "equal weights": equal}

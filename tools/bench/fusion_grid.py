@@ -68,6 +68,7 @@ METRICS = ("locomo R@1", "locomo R@10", "docs nDCG@10")
 GRID: dict[str, tuple[Any, ...]] = {
     "vector": (1.0, 1.5, 2.0),
     "standout_floor": (1.0, 2.0, 3.0, math.inf),
+    "lift_floor": (2.0, 3.0, 4.0, math.inf),
     "lexical_yield": (0.0, 0.5, 1.0),
     "score_mix": (0.5, 0.8),
 }
