@@ -127,7 +127,7 @@ class FusionWeights:
     standout_floor: float = 3.0
     standout_span: float = 3.0
     weak_match_trust: float = 0.0
-    lift_floor: float = math.inf
+    lift_floor: float = 3.0
     lift_span: float = 2.0
     lexical_yield: float = 1.0
     score_mix: float = 0.8

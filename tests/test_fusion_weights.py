@@ -16,8 +16,8 @@ from engramdb.fusion import (DEFAULT_FUSION, FusionWeights, SpaceSignal, fuse_ra
 def test_defaults_are_the_documented_ones():
     assert DEFAULT_FUSION == FusionWeights() == engramdb.FusionWeights(
         bm25=1.0, vector=1.5, spaces=(), models=((engramdb.HASHED_MODEL, 0.0),), agreement_depth=10,
-        agreement_power=1.0, standout_floor=3.0, standout_span=3.0, weak_match_trust=0.0, lexical_yield=1.0,
-        score_mix=0.8, normalize="z", rrf_k=60)
+        agreement_power=1.0, standout_floor=3.0, standout_span=3.0, weak_match_trust=0.0, lift_floor=3.0,
+        lift_span=2.0, lexical_yield=1.0, score_mix=0.8, normalize="z", rrf_k=60)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -20,9 +20,11 @@ the full recall returned.
 A cell is one (space, metric) pair: (LoCoMo R@1, LoCoMo R@10, document nDCG@10) x spaces.
 Its margin is the mean per-query ``fused - best single``, the best single being whichever
 of BM25 alone and the space alone has the higher mean. The rule that picks the defaults
-(spec/recall.md, "Choosing the weights"): the grid point whose worst cell margin is the
-largest; ties (within ``TIE``) go to the higher mean margin over all cells, then to the
-earlier grid point. Every cell of the chosen point is reported with a seeded paired
+(spec/recall.md, "Choosing the weights"): among the points every cell of which is within
+noise or better (the seeded paired bootstrap's 95 % interval of ``fused - best single``
+reaches 0 or lies above it), the grid point whose worst cell margin is the largest; ties
+(within ``TIE``) go to the higher mean margin over all cells, then to the earlier grid
+point. Every cell of the chosen point is reported with a seeded paired
 bootstrap (tools/bench/paired.py): mean difference and 95 % interval.
 
 Overfitting check (``--folds``): the queries are split into 5 folds (LoCoMo: one
@@ -204,6 +206,17 @@ def margins(points: dict[int, dict], singles: dict[str, dict], mask: dict[str, n
     return out
 
 
+def within_noise(points: dict[int, dict], singles: dict[str, dict]) -> set[int]:
+    """The points every cell of which has a paired bootstrap interval of ``fused - best
+    single`` reaching 0 or above (module doc)."""
+    out = set()
+    for i, per_space in points.items():
+        if all(paired_bootstrap(figures[m], best_single(singles["bm25"][m], singles[space][m])).high >= -1e-12
+               for space, figures in per_space.items() for m in METRICS):
+            out.add(i)
+    return out
+
+
 def choose(table: dict[int, dict[tuple[str, str], float]], admissible: set[int] | None = None) -> int:
     """The rule (module doc): among the ``admissible`` points (all when None), the best worst
     margin, then the best mean margin, then the earlier point."""
@@ -260,6 +273,9 @@ def main() -> None:
                       {m: round(float(v.mean()), 4) for m, v in seen[weights].items()}, flush=True)
             points[i][space] = seen[weights]
     table = margins(points, singles)
+    noise = within_noise(points, singles)
+    print("points with every cell within noise or better:", sorted(noise), flush=True)
+    admissible = noise if admissible is None else admissible & noise
     pick = choose(table, admissible)
     hashed_pick: float | None = 0.0
     if "hashed" in spaces:  # the hashed model's own weight, at the chosen point, by the same rule
@@ -288,7 +304,8 @@ def main() -> None:
                            "points": [{"index": i, "weights": asdict(all_points[i]),
                                        "figures": {s: {m: round(float(v.mean()), 4) for m, v in f.items()}
                                                    for s, f in points[i].items()},
-                                       "worst_margin": round(min(table[i].values()), 4)} for i in chosen],
+                                       "worst_margin": round(min(table[i].values()), 4),
+                                       "within_noise": i in noise} for i in chosen],
                            "chosen": {"index": pick, "weights": asdict(all_points[pick]),
                                       "hashed_model_weight": hashed_pick},
                            "fold_picks": fold_picks, "cells": {}}
