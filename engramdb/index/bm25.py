@@ -558,9 +558,9 @@ class _Run:
     than :data:`_COMPACT_MIN` whose docnos fit, else int64) and pair codes.
 
     A long run also keeps how many postings each pair holds (``counts``), so its best
-    documents are found by ranking pairs instead of postings. What a cached long run holds
-    is 6 bytes per posting (issue 15: the lists of a common query at 1M documents then fit
-    the default cache).
+    documents are found by ranking pairs instead of postings. A cached long run holds about
+    5 bytes per posting (uint32 docnos, uint8 codes up to 256 pairs; issue 15: the lists of
+    the common queries at 1M documents then fit the default cache).
     """
 
     __slots__ = ("segs", "docnos", "codes", "counts")
@@ -690,6 +690,7 @@ class _Term:
         """The terms of ``found`` (postings, weight) under a state of ``n_docs`` documents of
         ``total_len`` in all: their parts memoised per state and weight (``cached``), the
         missing ones computed together (:func:`_parts`)."""
+        memos: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]] | None]
         memos = [p.memo.get((n_docs, total_len, w)) for p, w in found] if cached else [None] * len(found)
         if None in memos:
             groups: list[tuple[np.ndarray, np.ndarray, float, float]] = []
