@@ -84,15 +84,20 @@ VECTOR_POWER = 1.5
 
 def relevance_of(features: dict[str, float]) -> float:
     """A hit's relevance from its raw match features (spec/recall.md, "Relevance")."""
-    cov = features.get("coverage:bm25", 0.0)
-    best = 0.0
-    if cov > 0:
-        covered = cov * features["bm25_ceiling"] / features["bm25_rare_idf"]  # in rare-term units
-        best = cov * min(1.0, covered / RARE_TERMS)
+    best = _lexical_relevance(features)
     for key, value in features.items():
         if key.startswith("match:vector:"):
             best = max(best, (max(0.0, value - VECTOR_FLOOR) / (1.0 - VECTOR_FLOOR)) ** VECTOR_POWER)
     return min(1.0, max(0.0, best))
+
+
+def _lexical_relevance(features: dict[str, float]) -> float:
+    """:func:`relevance_of` of the BM25 features alone (``match:vector:*`` left out)."""
+    cov = features.get("coverage:bm25", 0.0)
+    if cov > 0:
+        covered = cov * features["bm25_ceiling"] / features["bm25_rare_idf"]  # in rare-term units
+        return min(1.0, max(0.0, cov * min(1.0, covered / RARE_TERMS)))
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -286,8 +291,13 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
             for docno, score, hop in ranking:
                 features.setdefault(docno, {})[f"match:vector:{name}"] = score + hop
         if weights:
-            _bm25_features(txn, indexes, rankings, terms, weights, features)
-            _source_features(txn, indexes, ctx, qfeatures, rankings, terms)
+            counts = dict(_counts(terms))
+            # the query's highest attainable BM25, over what the user asked (the original terms)
+            ceiling = indexes.bm25.ceiling(txn, counts)
+            candidates = sorted({d for _, ranking in rankings for d, _, _ in ranking})
+            ctx.prefetch(candidates)
+            _bm25_features(txn, indexes, rankings, ceiling, weights, candidates, features)
+            _source_features(txn, indexes, ctx, qfeatures, counts, ceiling, candidates)
         hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion, signals)
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
@@ -339,7 +349,14 @@ class _Run:
         node = self.nodes.get(docno, ...)
         if node is ...:
             node = self.nodes[docno] = self._view.node(docno)
-        return node if node is not None and self.keep(node) else None
+        return node if node is not None and (not self.filtering or self.keep(node)) else None
+
+    def prefetch(self, docnos: Sequence[int]) -> None:
+        """Look the nodes of ``docnos`` up at once (the cached ones in one pass), for :meth:`node`."""
+        nodes = self.nodes
+        missing = [d for d in docnos if d not in nodes]
+        if missing:
+            nodes.update(self._view.nodes(missing))
 
     def superseded(self, docno: int) -> bool:
         return self._view.superseded(docno)
@@ -355,16 +372,25 @@ class _Run:
         if not (self.hops and docnos.size and self.has_edges):
             # nothing to spread: the ranking is the top itself, already (score desc, docno)
             return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
-        base = dict(zip(docnos.tolist(), scores.tolist()))
-        moved = spread_one_hop(self._view.hop_rows(base), base)  # rows lead to existing nodes only
-        filtering, node = self.filtering, self.node
-        spread = {d: HOP_WEIGHT * m for d, m in moved.items()
-                  if m > 0 and (d in base or not filtering or node(d) is not None)}
-        total = dict(base)
-        for d, s in spread.items():
-            total[d] = total.get(d, 0.0) + s
-        ranked = sorted([(-t, d) for d, t in total.items()])[:limit]  # score desc, then docno
-        return [(d, base.get(d, 0.0), spread.get(d, 0.0)) for _, d in ranked]
+        seeds = docnos.tolist()
+        base = dict(zip(seeds, scores.tolist()))
+        moved = spread_one_hop(self._view.hop_rows(seeds), base)  # rows lead to existing nodes only
+        if self.filtering:
+            node = self.node
+            moved = {d: m for d, m in moved.items() if d in base or node(d) is not None}
+        # the candidates' totals, base plus HOP_WEIGHT times what moved to them (only what
+        # moved > 0 counts: the same floats as adding them one by one, in numpy)
+        to = np.fromiter(moved.keys(), np.int64, len(moved))
+        share = np.fromiter(moved.values(), np.float64, len(moved))
+        positive = share > 0
+        to, share = to[positive], HOP_WEIGHT * share[positive]
+        cands, at = np.unique(np.concatenate((docnos.astype(np.int64), to)), return_inverse=True)
+        own = np.zeros(cands.size)
+        own[at[:docnos.size]] = scores
+        hop = np.zeros(cands.size)
+        hop[at[docnos.size:]] = share
+        order = np.lexsort((cands, -(own + hop)))[:limit]  # score desc, then docno
+        return list(zip(cands[order].tolist(), own[order].tolist(), hop[order].tolist()))
 
     def _passing_top(self, docnos: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         """``_top_k`` of the documents that pass the filter. Checking a document decodes its
@@ -406,10 +432,16 @@ class _Run:
             max_boost *= self.qfeatures.max_boost()
         scored: dict[int, float] = {}
         kth: list[tuple[float, int]] = []  # the best k (score, -docno) so far, ascending
-        for docno, base in sorted(fused.items(), key=lambda item: (-item[1], item[0])):
+        walk = np.fromiter(fused.keys(), np.int64, len(fused))
+        values = np.fromiter(fused.values(), np.float64, len(fused))
+        order = np.lexsort((walk, -values))  # fused score desc, then docno
+        no_features: dict[str, float] = {}
+        # without a space, a candidate's features hold no vector match: relevance is BM25's alone
+        relevance_from = relevance_of if any(name != "bm25" for name, _ in rankings) else _lexical_relevance
+        for docno, base in zip(walk[order].tolist(), values[order].tolist()):
             if len(kth) == top_k and base * max_boost < kth[0][0]:
                 break
-            relevance[docno] = rel = relevance_of(features.get(docno, {}))
+            relevance[docno] = rel = relevance_from(features.get(docno, no_features))
             if rel < min_relevance:
                 continue
             node = self.node(docno)
@@ -419,9 +451,8 @@ class _Run:
             bisect.insort(kth, (score, -docno))
             if len(kth) > top_k:
                 del kth[0]
-        order = sorted(scored.items(), key=lambda item: (-item[1], item[0]))[:top_k]
         hits = []
-        for docno, score in order:
+        for docno, score in sorted(scored.items(), key=lambda item: (-item[1], item[0]))[:top_k]:
             node = self.nodes[docno]
             assert node is not None  # scored nodes passed self.node()
             hits.append(Hit(id=node.id, score=score, node=node, docno=docno,
@@ -433,7 +464,7 @@ class _Run:
                parts: dict[str, float] | None) -> float:
         tier = TIER_BOOST.get(node.tier, 1.0)
         superseded = SUPERSEDED_PENALTY if self.superseded(docno) else 1.0
-        date = DATE_WEIGHT * _date_bonus(node, dates)
+        date = DATE_WEIGHT * _date_bonus(node, dates) if dates else 0.0
         if parts is not None:
             parts.update(rrf=base, tier=tier, superseded=superseded, date=date)
         features = 1.0 if self.qfeatures is None else self.qfeatures.boost(node, parts, docno)
@@ -447,41 +478,41 @@ def _lexical_strength(rankings: Sequence[tuple[str, list[tuple[int, float, float
     lexical = next((r for n, r in rankings if n == "bm25"), None)
     if not lexical:
         return 0.0
-    own = {k: v for k, v in features.get(lexical[0][0], {}).items() if not k.startswith("match:vector:")}
-    return relevance_of(own)
+    return _lexical_relevance(features.get(lexical[0][0], {}))
 
 
 def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
-                   terms: Sequence[str], weights: dict[str, float], features: dict[int, dict[str, float]]) -> None:
+                   ceiling: float, weights: dict[str, float], docnos: Sequence[int],
+                   features: dict[int, dict[str, float]]) -> None:
     """The BM25 inputs of relevance (spec/recall.md, "Relevance") for every candidate of any
-    retriever: the query's ceiling ``bm25_ceiling`` (the least upper bound of a BM25 score),
-    ``bm25_rare_idf`` (the idf of a term one document holds), ``coverage:bm25`` (the share of
-    the ceiling the candidate's terms cover; synonyms at their weight) and, for the BM25
-    ranking, ``match:bm25`` (its score plus hop over the ceiling). The ceiling counts only what
-    the user asked (the original terms), so the values compare across queries."""
-    ceiling = indexes.bm25.ceiling(txn, dict(_counts(terms)))
-    docnos = sorted({d for _, ranking in rankings for d, _, _ in ranking})
+    retriever (``docnos``, ascending): the query's ceiling ``bm25_ceiling`` (the least upper
+    bound of a BM25 score), ``bm25_rare_idf`` (the idf of a term one document holds),
+    ``coverage:bm25`` (the share of the ceiling the candidate's terms cover; synonyms at
+    their weight) and, for the BM25 ranking, ``match:bm25`` (its score plus hop over the
+    ceiling). The ceiling counts only what the user asked (the original terms), so the
+    values compare across queries."""
     if not docnos or ceiling <= 0:
         return
-    covered = indexes.bm25.coverage(txn, weights, docnos).tolist()
+    covered = np.minimum(1.0, indexes.bm25.coverage(txn, weights, docnos) / ceiling).tolist()
     rare = float(lucene_idf(indexes.bm25.doc_count(txn), 1))
     for docno, cov in zip(docnos, covered):
-        features.setdefault(docno, {}).update({
-            "bm25_ceiling": ceiling, "bm25_rare_idf": rare, "coverage:bm25": min(1.0, cov / ceiling)})
+        own = features.get(docno)
+        if own is None:
+            features[docno] = {"bm25_ceiling": ceiling, "bm25_rare_idf": rare, "coverage:bm25": cov}
+        else:
+            own.update({"bm25_ceiling": ceiling, "bm25_rare_idf": rare, "coverage:bm25": cov})
     for name, ranking in rankings:
         if name == "bm25":
             for docno, score, hop in ranking:
                 features[docno]["match:bm25"] = (score + hop) / ceiling
 
 
-def _source_features(txn: Txn, indexes: Indexes, ctx: _Run, qfeatures: QueryFeatures,
-                     rankings: Sequence[tuple[str, list[tuple[int, float, float]]]], terms: Sequence[str]) -> None:
+def _source_features(txn: Txn, indexes: Indexes, ctx: _Run, qfeatures: QueryFeatures, counts: dict[str, int],
+                     ceiling: float, docnos: Sequence[int]) -> None:
     """Score the candidates' sources by how much of the query they cover between them
     (:meth:`QueryFeatures.score_sources`; spec/recall.md, section 6)."""
-    counts = dict(_counts(terms))
-    docnos = sorted({d for _, ranking in rankings for d, _, _ in ranking})
     qfeatures.score_sources(ctx.node, lambda term, ds: indexes.bm25.coverage(txn, {term: counts[term]}, ds),
-                            counts, indexes.bm25.ceiling(txn, counts), docnos)
+                            counts, ceiling, docnos)
 
 
 def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> dict[int, dict[str, float]]:

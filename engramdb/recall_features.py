@@ -142,8 +142,9 @@ class QueryFeatures:
         """The product of the features' factors for ``node`` (>= 1); with ``parts``, each
         feature's match is recorded there (``speaker``, ``source``, ``time``)."""
         speaker = self.speaker_match(node)
-        best = max(self.sources.values(), default=0.0)
-        source = self.sources.get(docno, best) if docno is not None else best
+        source = self.sources.get(docno) if docno is not None else None
+        if source is None:  # not judged by source: the best source's match
+            source = max(self.sources.values(), default=0.0)
         time = self.time_match(node)
         if parts is not None:
             parts.update(speaker=speaker, source=source, time=time)

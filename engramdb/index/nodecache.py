@@ -191,6 +191,13 @@ class NodeView:
         """The node of ``docno`` (None when it does not exist)."""
         return self._through(("n", docno), self._load_node)
 
+    def _held(self, key: tuple[str, int]) -> Any:
+        """The value the cache holds for ``key`` for this view's state (marked as used), else
+        ``_MISSING``: :meth:`_through`'s lookup, for the callers that run per candidate."""
+        if self._gen is None:
+            return _MISSING
+        return self._cache._get(self._gen, key)
+
     def _load_node(self, docno: int) -> tuple[Node | None, int]:
         raw = self._txn.get("nodes", _U64.pack(docno))
         if raw is None:
@@ -207,15 +214,28 @@ class NodeView:
     def hop_rows(self, docnos: Collection[int]) -> dict[int, tuple[tuple[int, float], ...]]:
         """:meth:`hop_row` of each of ``docnos`` (one call per ranking: the cached ones are
         looked up in one pass)."""
+        return self._many("e", docnos, self.hop_row)
+
+    def nodes(self, docnos: Collection[int]) -> dict[int, Node | None]:
+        """:meth:`node` of each of ``docnos`` (the cached ones looked up in one pass)."""
+        return self._many("n", docnos, self.node)
+
+    def superseded_many(self, docnos: Collection[int]) -> dict[int, bool]:
+        """:meth:`superseded` of each of ``docnos`` (the cached ones looked up in one pass)."""
+        return self._many("s", docnos, self.superseded)
+
+    def _many(self, tag: str, docnos: Collection[int], one: Callable[[int], T]) -> dict[int, T]:
+        """``one(docno)`` of each of ``docnos``, the values the cache holds taken in one pass
+        (marked as used, as :meth:`_through` does), the rest through ``one``."""
         cache, gen = self._cache, self._gen
-        out: dict[int, tuple[tuple[int, float], ...]] = {}
+        out: dict[int, T] = {}
         missing: list[int] = []
         if gen is None:
             missing = list(docnos)
         else:
             entries, touch = cache._entries, cache._entries.move_to_end
             for docno in docnos:
-                key = ("e", docno)
+                key = (tag, docno)
                 entry = entries.get(key)
                 if entry is None:
                     missing.append(docno)
@@ -228,7 +248,7 @@ class NodeView:
             if cache._gen != gen:  # the cache moved on during the pass: read them all
                 missing, out = list(docnos), {}
         for docno in missing:
-            out[docno] = self.hop_row(docno)
+            out[docno] = one(docno)
         return out
 
     def _load_row(self, docno: int) -> tuple[tuple[tuple[int, float], ...], int]:
@@ -240,7 +260,8 @@ class NodeView:
 
     def superseded(self, docno: int) -> bool:
         """Whether some memory supersedes ``docno`` (:meth:`Graph.superseded`)."""
-        return self._through(("s", docno), self._load_superseded)
+        found = self._held(("s", docno))
+        return self._through(("s", docno), self._load_superseded) if found is _MISSING else bool(found)
 
     def _load_superseded(self, docno: int) -> tuple[bool, int]:
         self._cache.edge_reads += 1
