@@ -44,7 +44,7 @@ from .filters import Filter, NameSet, TimeBound
 from .fusion import (DEFAULT_FUSION, LIFT_DEPTH, FusionWeights, SpaceSignal, check_fusion, fuse_rankings, lift, standout,
                      tied_ranks)
 from .index import Indexes
-from .index.bm25 import lucene_idf
+from .index.bm25 import IdfMasses, lucene_idf
 from .index.bm25 import top_k as _top_k
 from .index.graph import spread as spread_one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
@@ -293,11 +293,15 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
         if weights:
             counts = dict(_counts(terms))
             # the query's highest attainable BM25, over what the user asked (the original terms)
-            ceiling = indexes.bm25.ceiling(txn, counts)
+            # (each term's w * idf and docnos once per query, in this txn: the ceiling and the
+            # coverages below all read them; the expanded weights only when they differ)
+            masses = indexes.bm25.idf_mass(txn, counts)
+            ceiling = indexes.bm25.ceiling(txn, counts, masses=masses)
             candidates = sorted({d for _, ranking in rankings for d, _, _ in ranking})
             ctx.prefetch(candidates)
-            _bm25_features(txn, indexes, rankings, ceiling, weights, candidates, features)
-            _source_features(txn, indexes, ctx, qfeatures, counts, ceiling, candidates)
+            weighted = masses if weights == counts else None
+            _bm25_features(txn, indexes, rankings, ceiling, weights, candidates, features, weighted)
+            _source_features(txn, indexes, ctx, qfeatures, counts, ceiling, candidates, masses)
         hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion, signals)
     if touch and hits and not store.readonly:
         hits = _touch(store, hits, now_ts(now))
@@ -483,17 +487,17 @@ def _lexical_strength(rankings: Sequence[tuple[str, list[tuple[int, float, float
 
 def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, list[tuple[int, float, float]]]],
                    ceiling: float, weights: dict[str, float], docnos: Sequence[int],
-                   features: dict[int, dict[str, float]]) -> None:
+                   features: dict[int, dict[str, float]], masses: IdfMasses | None = None) -> None:
     """The BM25 inputs of relevance (spec/recall.md, "Relevance") for every candidate of any
     retriever (``docnos``, ascending): the query's ceiling ``bm25_ceiling`` (the least upper
     bound of a BM25 score), ``bm25_rare_idf`` (the idf of a term one document holds),
     ``coverage:bm25`` (the share of the ceiling the candidate's terms cover; synonyms at
     their weight) and, for the BM25 ranking, ``match:bm25`` (its score plus hop over the
     ceiling). The ceiling counts only what the user asked (the original terms), so the
-    values compare across queries."""
+    values compare across queries. ``masses``: ``idf_mass(txn, weights)`` when the caller has it."""
     if not docnos or ceiling <= 0:
         return
-    covered = np.minimum(1.0, indexes.bm25.coverage(txn, weights, docnos) / ceiling).tolist()
+    covered = np.minimum(1.0, indexes.bm25.coverage(txn, weights, docnos, masses=masses) / ceiling).tolist()
     rare = float(lucene_idf(indexes.bm25.doc_count(txn), 1))
     for docno, cov in zip(docnos, covered):
         own = features.get(docno)
@@ -508,11 +512,15 @@ def _bm25_features(txn: Txn, indexes: Indexes, rankings: Sequence[tuple[str, lis
 
 
 def _source_features(txn: Txn, indexes: Indexes, ctx: _Run, qfeatures: QueryFeatures, counts: dict[str, int],
-                     ceiling: float, docnos: Sequence[int]) -> None:
+                     ceiling: float, docnos: Sequence[int], masses: IdfMasses) -> None:
     """Score the candidates' sources by how much of the query they cover between them
-    (:meth:`QueryFeatures.score_sources`; spec/recall.md, section 6)."""
-    qfeatures.score_sources(ctx.node, lambda term, ds: indexes.bm25.coverage(txn, {term: counts[term]}, ds),
-                            counts, ceiling, docnos)
+    (:meth:`QueryFeatures.score_sources`; spec/recall.md, section 6). ``masses`` is
+    ``idf_mass(txn, counts)`` (each term's coverage reads its entry)."""
+    def coverage(term: str, ds: Sequence[int]) -> np.ndarray:
+        one = {term: counts[term]}
+        return indexes.bm25.coverage(txn, one, ds, masses={term: masses[term]} if term in masses else None)
+
+    qfeatures.score_sources(ctx.node, coverage, counts, ceiling, docnos)
 
 
 def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]]) -> dict[int, dict[str, float]]:

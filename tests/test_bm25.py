@@ -428,3 +428,46 @@ def test_cached_term_ranking_serves_any_depth(tmp_path):
                     assert fast_s.tolist() == full_s.tolist()
     finally:
         store.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpus=st.lists(st.lists(st.sampled_from(["a1", "b2", "c3", "d4", "e5"]), max_size=6), min_size=1, max_size=30),
+       query=st.dictionaries(st.sampled_from(["a1", "b2", "c3", "d4", "e5", "zz"]),
+                             st.sampled_from([0.4, 1.0, 2.0]), min_size=1),
+       split=st.integers(1, 30), deletes=st.sets(st.integers(0, 29), max_size=8),
+       probe=st.lists(st.integers(0, 100), max_size=20).map(sorted))
+def test_coverage_with_and_without_masses_matches_a_reference(tmp_path_factory, corpus, query, split, deletes, probe):
+    """coverage() and ceiling() from idf_mass() passed as masses= equal the plain calls bit for
+    bit, and coverage equals sum w * idf over the terms each probed live docno holds (docnos
+    below, between and beyond the postings; base and delta runs; tombstones)."""
+    store = Store.open(tmp_path_factory.mktemp("cov") / "t.engram")
+    store.sealer = Sealer(os.urandom(32))
+    # the second commit's segment is small (a delta run), the first one's large (base) when it holds more
+    split = min(split, len(corpus))
+    saved, bm.SMALL_SEGMENT_DOCS = bm.SMALL_SEGMENT_DOCS, len(corpus) - split
+    try:
+        docs = [(5 + 3 * i, toks) for i, toks in enumerate(corpus)]
+        dead = sorted(5 + 3 * i for i in deletes if i < split)  # of the first commit
+        idx = _index(store, docs[:split], [split])
+        with store.read() as txn:  # caches the first segments' postings: later ones become delta runs
+            idx.coverage(txn, query, probe)
+        store.write(lambda txn: idx.apply(txn, docs[split:], dead))
+        live = {d: set(toks) for d, toks in docs if d not in dead}
+        with store.read() as txn:
+            masses = idx.idf_mass(txn, query)
+            n = idx.doc_count(txn)
+            assert idx.ceiling(txn, query, masses=masses) == idx.ceiling(txn, query)
+            got = idx.coverage(txn, query, probe, masses=masses).tolist()
+            assert got == idx.coverage(txn, query, probe).tolist()
+        if n:
+            df = {t: sum(t in toks for toks in live.values()) for t in query}
+            assert {t: m for t, (m, _) in masses.items()} == {t: query[t] * bm._idf(n, df[t]) for t in sorted(query)}
+        want = [0.0] * len(probe)
+        for t in sorted(query):
+            for i, d in enumerate(probe):
+                if t in live.get(d, ()):
+                    want[i] += masses[t][0]
+        assert got == want
+    finally:
+        bm.SMALL_SEGMENT_DOCS = saved
+        store.close()

@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # annotations only
 __all__ = [
     "K1",
     "B",
+    "IdfMasses",
     "MERGE_FACTOR",
     "SegmentedBM25",
     "TermDocs",
@@ -75,6 +76,8 @@ __all__ = [
 
 K1 = 1.2
 B = 0.75
+# SegmentedBM25.idf_mass: per query term, (w * idf, its live docnos as sorted runs)
+IdfMasses = dict[str, tuple[float, list[np.ndarray]]]
 MERGE_FACTOR = 10
 # Segments whose dead fraction reaches this are rewritten alone, dropping their tombstones.
 DEAD_REWRITE_FRACTION = 0.5
@@ -1506,40 +1509,62 @@ class SegmentedBM25:
                 found.append((postings, w))
         return _Term.of(found, d.n_docs, d.total_len, not txn.write) if found else []
 
-    def ceiling(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> float:
+    def ceiling(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
+                masses: IdfMasses | None = None) -> float:
         """The least upper bound of any document's score for ``query_terms``: ``sum w_t * idf(t)``
         over every query term, matched or not (the tf factor tends to 1, never reaching it).
         A term no live document holds counts with ``df = 0``. 0.0 on an empty index.
 
+        ``masses``: :meth:`idf_mass` of the same ``query_terms`` in the same ``txn``, when the
+        caller already has it (it is then not recomputed; the result is the same).
+
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        return float(sum(mass for mass, _ in self._idf_mass(txn, query_terms).values()))
+        if masses is None:
+            masses = self.idf_mass(txn, query_terms)
+        return float(sum(mass for mass, _ in masses.values()))
 
     def coverage(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
-                 docnos: Sequence[int]) -> np.ndarray:
+                 docnos: Sequence[int], masses: IdfMasses | None = None) -> np.ndarray:
         """Per document, ``sum w_t * idf(t)`` over the query terms it contains (the part of
         :meth:`ceiling` it covers, ignoring term frequency and length).
 
+        ``masses``: :meth:`idf_mass` of the same ``query_terms`` in the same ``txn``, when the
+        caller already has it (it is then not recomputed; the result is the same).
+
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
+        if masses is None:
+            masses = self.idf_mass(txn, query_terms)
         wanted = np.asarray(docnos, dtype=np.int64)
         out = np.zeros(wanted.size)
-        for w_idf, runs in self._idf_mass(txn, query_terms).values():
+        probes: dict[np.dtype[Any], np.ndarray] = {}  # wanted in each run's dtype, converted once
+        for w_idf, runs in masses.values():
             if runs:
                 hit = np.zeros(wanted.size, dtype=bool)
                 for run in runs:
-                    pos = np.minimum(np.searchsorted(run, _as_dtype_of(wanted, run)), run.size - 1)
-                    hit |= run[pos] == wanted
-                out += np.where(hit, w_idf, 0.0)
+                    probe = probes.get(run.dtype)
+                    if probe is None:
+                        probe = probes[run.dtype] = _as_dtype_of(wanted, run)
+                    hit |= run.take(np.searchsorted(run, probe), mode="clip") == wanted
+                # adding 0.0 where there is no hit changes nothing: the same sums as before
+                np.add(out, w_idf, out=out, where=hit)
         return out
 
-    def _idf_mass(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]
-                  ) -> dict[str, tuple[float, list[np.ndarray]]]:
+    def idf_mass(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> IdfMasses:
+        """Per query term (sorted), ``(w_t * idf(t), its live docnos as runs)``: what
+        :meth:`ceiling` and :meth:`coverage` are computed from. Compute it once per query and
+        pass it to both as ``masses=`` (in the same ``txn``: it belongs to that snapshot).
+        Empty on an empty index.
+
+        Raises:
+            ValidationError: a weight is not a positive finite number.
+        """
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
-        out: dict[str, tuple[float, list[np.ndarray]]] = {}
+        out: IdfMasses = {}
         for term in sorted(weights):  # fixed summation order
             w = _check_weight(term, weights[term])
             if d.n_docs <= 0:
