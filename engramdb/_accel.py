@@ -4,7 +4,8 @@
 libcrypto (setup.py; it is optional, so an install without them still succeeds). It
 batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
 state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan, the
-node objects and records of a bulk load, and a segment's postings and posting blocks: the
+node objects and records of a bulk load, a segment's postings and posting blocks, and the
+BM25 top-k scorer's per-run add into its accumulator: the
 same algorithms and the same bytes as the pure-Python path, which runs when the extension
 is missing or when the environment variable ``ENGRAMDB_PURE_PYTHON=1`` is set before
 engramdb is imported.
@@ -33,6 +34,7 @@ class Native(NamedTuple):
     posting_blocks: Callable[[Any, Any, Any, int], tuple[list[bytes], list[int]] | None]
     count_postings: Callable[[Any, Any, Any, Any, int], tuple[bytes, bytes, bytes]]
     columns_pass: Callable[[Sequence[Any], tuple[tuple[str, int, int], ...]], bool]
+    accumulate: Callable[[Any, Any, Any, Any], None]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -42,12 +44,12 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import (columns_pass, count_postings, hmac_many, keep_tokens, new_nodes, plain_records,
-                              posting_blocks, scan_texts, seal_many, state_sum)
+        from ._native import (accumulate, columns_pass, count_postings, hmac_many, keep_tokens, new_nodes,
+                              plain_records, posting_blocks, scan_texts, seal_many, state_sum)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
-                  count_postings, columns_pass)
+                  count_postings, columns_pass, accumulate)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -55,6 +55,11 @@
  *       cls.__new__(cls) whose __dict__ is a copy of `defaults` with fresh metadata and
  *       embeddings dicts, updated with the row, and then vectors[i] as its embeddings when
  *       vectors is not None
+ *   accumulate(acc, docnos, values, codes) -> None
+ *       engramdb/index/bm25.py's SegmentedBM25.top() add of one posting run:
+ *       acc[docnos[i]] += values[codes[i]] (values[i] when codes is None) for each i, over
+ *       float64 acc/values and integer docnos/codes of any width; the same float64
+ *       additions as numpy's fancy-indexed add when the docnos are distinct
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1270,6 +1275,164 @@ done:
     return result;
 }
 
+/* ---- BM25 top(): one posting run's contributions into the accumulator ----------------- */
+
+/* A 1-d C-contiguous buffer's element kind: 'f' float64, 'i' signed or 'u' unsigned
+ * integer (its width in *size), 0 with TypeError set for anything else. */
+static int
+buffer_kind(Py_buffer *b, const char *what)
+{
+    const char *f = b->format ? b->format : "B";
+    char c;
+    if (*f == '<' || *f == '=' || *f == '@')  /* native byte order only */
+        f++;
+    c = f[0];
+    if (b->ndim != 1 || (c && f[1])) {
+        PyErr_Format(PyExc_TypeError, "accumulate: %s must be a 1-d array of one native number type", what);
+        return 0;
+    }
+    if (c == 'd' && b->itemsize == 8)
+        return 'f';
+    if (strchr("bhilq", c) && c && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
+        return 'i';
+    if (strchr("BHILQ", c) && c && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
+        return 'u';
+    PyErr_Format(PyExc_TypeError, "accumulate: %s has an unsupported dtype (format '%s')", what,
+                 b->format ? b->format : "B");
+    return 0;
+}
+
+/* The largest element of an integer buffer; -1 (with ValueError set) when one is negative. */
+static int
+index_max(const Py_buffer *b, int kind, Py_ssize_t n, unsigned long long *out, const char *what)
+{
+    unsigned long long m = 0;
+    long long low = 0;
+    Py_ssize_t i;
+#define INDEX_MAX(T) for (i = 0; i < n; i++) { T v = ((const T *)b->buf)[i]; \
+                         if ((long long)v < low) low = (long long)v; \
+                         if ((unsigned long long)v > m) m = (unsigned long long)v; }
+    if (kind == 'u') {
+        switch (b->itemsize) {
+        case 1: INDEX_MAX(unsigned char) break;
+        case 2: INDEX_MAX(unsigned short) break;
+        case 4: INDEX_MAX(unsigned int) break;
+        default: for (i = 0; i < n; i++) { unsigned long long v = ((const unsigned long long *)b->buf)[i];
+                                           if (v > m) m = v; }
+        }
+    } else {
+        switch (b->itemsize) {
+        case 1: INDEX_MAX(signed char) break;
+        case 2: INDEX_MAX(short) break;
+        case 4: INDEX_MAX(int) break;
+        default: INDEX_MAX(long long)
+        }
+    }
+#undef INDEX_MAX
+    if (low < 0) {
+        PyErr_Format(PyExc_ValueError, "accumulate: %s holds a negative index", what);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+/* acc[docnos[i]] += values[codes[i]] (values[i] when codes is None) for every i, in order:
+ * each addition is one IEEE float64 addition, the same one numpy's `acc[docnos] += x` does
+ * per element, so when the docnos are distinct (as in one posting run) the result is bit
+ * for bit numpy's. (With a repeated docno numpy adds once and this adds twice: callers
+ * pass distinct docnos.) All indexes are checked before acc is touched. */
+static PyObject *
+accumulate(PyObject *self, PyObject *args)
+{
+    PyObject *acc_obj, *doc_obj, *val_obj, *code_obj;
+    Py_buffer ab = {0}, db = {0}, vb = {0}, cb = {0};
+    int have_a = 0, have_d = 0, have_v = 0, have_c = 0, dk, ck = 0;
+    Py_ssize_t n, nacc, nval, i;
+    unsigned long long dmax = 0, cmax = 0;
+    double *acc;
+    const double *values;
+    const void *d, *c = NULL;
+    PyObject *result = NULL;
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO", &acc_obj, &doc_obj, &val_obj, &code_obj))
+        return NULL;
+#define GET(obj, buf, have, fl, what) \
+    if (PyObject_GetBuffer(obj, &buf, fl) < 0) { \
+        PyErr_Clear(); \
+        PyErr_Format(PyExc_TypeError, "accumulate: %s must be a C-contiguous%s array", what, \
+                     ((fl) & PyBUF_WRITABLE) ? " writable" : ""); \
+        goto done; \
+    } \
+    have = 1;
+    GET(acc_obj, ab, have_a, flags | PyBUF_WRITABLE, "acc")
+    GET(doc_obj, db, have_d, flags, "docnos")
+    GET(val_obj, vb, have_v, flags, "values")
+    if (code_obj != Py_None) {
+        GET(code_obj, cb, have_c, flags, "codes")
+    }
+#undef GET
+    if (buffer_kind(&ab, "acc") != 'f' || buffer_kind(&vb, "values") != 'f') {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "accumulate: acc and values must be float64");
+        goto done;
+    }
+    dk = buffer_kind(&db, "docnos");
+    if (have_c)
+        ck = buffer_kind(&cb, "codes");
+    if (dk == 0 || (have_c && ck == 0))
+        goto done;
+    if (dk == 'f' || ck == 'f') {
+        PyErr_SetString(PyExc_TypeError, "accumulate: docnos and codes must be integer arrays");
+        goto done;
+    }
+    n = db.shape[0];
+    nacc = ab.shape[0];
+    nval = vb.shape[0];
+    if (have_c ? cb.shape[0] != n : nval != n) {
+        PyErr_SetString(PyExc_ValueError, have_c ? "accumulate: one code per docno" : "accumulate: one value per docno");
+        goto done;
+    }
+    if (index_max(&db, dk, n, &dmax, "docnos") < 0 || (have_c && index_max(&cb, ck, n, &cmax, "codes") < 0))
+        goto done;
+    if (n > 0 && dmax >= (unsigned long long)nacc) {
+        PyErr_SetString(PyExc_ValueError, "accumulate: a docno is beyond the accumulator");
+        goto done;
+    }
+    if (have_c && n > 0 && cmax >= (unsigned long long)nval) {
+        PyErr_SetString(PyExc_ValueError, "accumulate: a code is beyond the values");
+        goto done;
+    }
+    acc = (double *)ab.buf;
+    values = (const double *)vb.buf;
+    d = db.buf;
+    c = have_c ? cb.buf : NULL;
+    /* indexes are checked non-negative, so a signed one reads as its unsigned width */
+#define ACC_CODES(DT) \
+    if (!have_c) { for (i = 0; i < n; i++) acc[((const DT *)d)[i]] += values[i]; } \
+    else switch (cb.itemsize) { \
+    case 1: for (i = 0; i < n; i++) acc[((const DT *)d)[i]] += values[((const unsigned char *)c)[i]]; break; \
+    case 2: for (i = 0; i < n; i++) acc[((const DT *)d)[i]] += values[((const unsigned short *)c)[i]]; break; \
+    case 4: for (i = 0; i < n; i++) acc[((const DT *)d)[i]] += values[((const unsigned int *)c)[i]]; break; \
+    default: for (i = 0; i < n; i++) acc[((const DT *)d)[i]] += values[((const unsigned long long *)c)[i]]; }
+    switch (db.itemsize) {
+    case 1: ACC_CODES(unsigned char) break;
+    case 2: ACC_CODES(unsigned short) break;
+    case 4: ACC_CODES(unsigned int) break;
+    default: ACC_CODES(unsigned long long)
+    }
+#undef ACC_CODES
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    if (have_a) PyBuffer_Release(&ab);
+    if (have_d) PyBuffer_Release(&db);
+    if (have_v) PyBuffer_Release(&vb);
+    if (have_c) PyBuffer_Release(&cb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
     {"hmac_many", hmac_many, METH_VARARGS, "HMAC-SHA256(key, head | v)[:size] of each value v."},
@@ -1282,6 +1445,7 @@ static PyMethodDef methods[] = {
     {"posting_blocks", posting_blocks, METH_VARARGS, "BM25 posting blocks before compression (see the module comment)."},
     {"count_postings", count_postings, METH_VARARGS, "A segment's postings by counting (see the module comment)."},
     {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
+    {"accumulate", accumulate, METH_VARARGS, "acc[docnos[i]] += values[codes[i]] (or values[i]): BM25 top()'s add."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import random
 
@@ -23,12 +24,13 @@ from hypothesis import strategies as st
 import engramdb.engram as engram_mod
 from engramdb import _accel, codec
 from engramdb.errors import ValidationError
+from engramdb.index import bm25
 from engramdb.index.bm25 import TermDocs, count_postings, decode_block, encode_blocks
 from engramdb.records import Node
 from engramdb.index import tokenize
 from engramdb.index.tokenize import Tokenizer
 from engramdb.crypto import _ENV_HEADER, ENVELOPE_VERSION, NONCE_BYTES, Sealer, _aad_prefix
-from engramdb.store import TABLES
+from engramdb.store import TABLES, Store
 
 from conftest import PASSPHRASE, TEST_KDF, nodes
 
@@ -379,3 +381,94 @@ def test_count_postings_refuses_inconsistent_columns() -> None:
         NATIVE.count_postings(*ok, 1)  # a term id out of range
     with pytest.raises(ValueError):
         NATIVE.count_postings(ok[0], ok[1], np.array([0, 2]), ok[3], 2)  # not a permutation
+
+
+# --- BM25 top()'s accumulate -------------------------------------------------------------
+
+INDEX_DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64]
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 300), extra=st.integers(0, 50), doc_dtype=st.sampled_from(INDEX_DTYPES),
+       code_dtype=st.sampled_from([None] + INDEX_DTYPES), seed=st.integers(0, 2 ** 32 - 1))
+def test_accumulate_equals_numpys_fancy_add_bit_for_bit(data, n, extra, doc_dtype, code_dtype, seed) -> None:
+    """acc[docnos] += values[codes] (distinct docnos, as in one posting run), every dtype."""
+    rng = np.random.default_rng(seed)
+    size = n + extra + 1
+    if doc_dtype == np.uint8:
+        n, size = min(n, 256), min(size, 256)
+    docnos = rng.choice(size, size=n, replace=False).astype(doc_dtype)
+    if data.draw(st.booleans()):
+        docnos.sort()
+    nvalues = n if code_dtype is None else data.draw(st.integers(max(1, 0), 255))
+    values = rng.standard_normal(nvalues) * 10.0 ** rng.integers(-8, 8, nvalues)
+    codes = None if code_dtype is None else rng.integers(0, nvalues, n).astype(code_dtype)
+    base = rng.standard_normal(size)
+    expect, got = base.copy(), base.copy()
+    expect[docnos] += values if codes is None else values[codes]
+    assert NATIVE.accumulate(got, docnos, values, codes) is None
+    assert got.tobytes() == expect.tobytes()
+
+
+@needs_native
+def test_accumulate_refuses_bad_input() -> None:
+    acc, one = np.zeros(4), np.ones(1)
+    bad = [
+        ((acc, np.array([4], np.uint32), one, None), ValueError, "beyond the accumulator"),
+        ((acc, np.array([-1]), one, None), ValueError, "negative"),
+        ((acc, np.array([1]), np.ones(3), np.array([3], np.uint8)), ValueError, "beyond the values"),
+        ((acc, np.array([1]), one, np.array([-2], np.int64)), ValueError, "negative"),
+        ((acc, np.array([1, 2]), one, None), ValueError, "one value per docno"),
+        ((acc, np.array([1, 2]), one, np.array([0], np.uint8)), ValueError, "one code per docno"),
+        ((acc.astype(np.float32), np.array([1]), one, None), TypeError, "unsupported dtype"),
+        ((acc, np.array([1]), one.astype(np.float32), None), TypeError, "unsupported dtype"),
+        ((acc, np.array([1.0]), one, None), TypeError, "integer"),
+        ((acc, np.array([True]), one, None), TypeError, "unsupported dtype"),
+        ((acc, np.array([1]), one, [0]), TypeError, "codes must be a C-contiguous array"),
+        ((np.zeros(8)[::2], np.array([1]), one, None), TypeError, "writable"),
+        ((acc.reshape(2, 2), np.array([1]), one, None), TypeError, "1-d"),
+        ((acc.astype(">f8"), np.array([1]), one, None), TypeError, "native"),
+        ((bytes(32), np.array([1]), one, None), TypeError, "writable"),
+    ]
+    for args, error, message in bad:
+        before = acc.copy()
+        with pytest.raises(error, match=message):
+            NATIVE.accumulate(*args)
+        assert acc.tobytes() == before.tobytes()  # nothing added before the checks
+
+
+@needs_native
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpus=st.lists(st.lists(st.sampled_from(["a1", "b2", "c3", "d4", "e5", "f6"]), max_size=8),
+                       min_size=1, max_size=120),
+       query=st.lists(st.sampled_from(["a1", "b2", "c3", "d4", "e5", "zz"]), min_size=2, max_size=4, unique=True),
+       k=st.integers(1, 15), split=st.integers(1, 120), compact=st.booleans())
+def test_top_ranks_identically_with_and_without_the_extension(tmp_path_factory, monkeypatch, corpus, query, k, split,
+                                                               compact) -> None:
+    """SegmentedBM25.top() through the extension's accumulate and through numpy: the same
+    docnos and bit-identical scores (with small thresholds, runs also carry uint32 docnos
+    and pair codes, as the long runs of a big file do)."""
+    if compact:  # large segments (pair codes) and narrow docnos at test sizes
+        monkeypatch.setattr(bm25, "SMALL_SEGMENT_DOCS", 8)
+        monkeypatch.setattr(bm25, "_COMPACT_MIN", 4)
+        monkeypatch.setattr(bm25, "_GROUPED_MIN", 4)
+    store = Store.open(tmp_path_factory.mktemp("top") / "t.engram")
+    store.sealer = Sealer(os.urandom(32))
+    try:
+        idx = bm25.SegmentedBM25(store.blind, store.last_txnid)
+        docs = [(5 + 3 * i, toks) for i, toks in enumerate(corpus)]
+        for chunk in (docs[:split], docs[split:]):
+            if chunk:
+                store.write(lambda txn, chunk=chunk: idx.apply(txn, chunk, []))
+        with store.read() as txn:
+            for ratio in (0.0, math.inf):  # with and without the lookup of the longest list
+                monkeypatch.setattr(bm25, "LOOKUP_RATIO", ratio)
+                native_d, native_s = both_ways(lambda: idx.top(txn, query, k))[0]
+                pure_d, pure_s = both_ways(lambda: idx.top(txn, query, k))[1]
+                assert native_d.tolist() == pure_d.tolist()
+                assert native_s.tobytes() == pure_s.tobytes()
+                full_d, full_s = bm25.top_k(*idx.scores(txn, query), k)
+                assert native_d.tolist() == full_d.tolist() and native_s.tobytes() == full_s.tobytes()
+    finally:
+        store.close()

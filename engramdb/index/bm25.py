@@ -1651,6 +1651,7 @@ class SegmentedBM25:
         else:
             cand = np.concatenate([r[0] for p in parts for r in p.runs])
         acc = self._accumulator(max(p.max_docno for p in parts) + 1)
+        native = _accel.NATIVE
         try:
             for i, p in enumerate(parts):  # sorted term order: the same sums as scores()
                 for docnos, codes, values in p.runs:
@@ -1661,6 +1662,11 @@ class SegmentedBM25:
                         hit = docnos[pos] == cand
                         at = pos[hit]
                         acc[cand[hit]] += values[at if codes is None else codes[at]]
+                    elif native is not None:
+                        # the same float64 additions in the same order as the numpy line below
+                        # (a run's docnos are distinct), without converting narrow docnos to
+                        # intp or gathering values[codes] into a temporary
+                        native.accumulate(acc, docnos, values, codes)
                     else:
                         acc[docnos] += values if codes is None else values[codes]
             cscores = acc[cand]
