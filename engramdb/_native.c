@@ -1293,9 +1293,9 @@ buffer_kind(Py_buffer *b, const char *what)
     }
     if (c == 'd' && b->itemsize == 8)
         return 'f';
-    if (strchr("bhilq", c) && c && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
+    if (c && strchr("bhilq", c) && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
         return 'i';
-    if (strchr("BHILQ", c) && c && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
+    if (c && strchr("BHILQ", c) && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
         return 'u';
     PyErr_Format(PyExc_TypeError, "accumulate: %s has an unsupported dtype (format '%s')", what,
                  b->format ? b->format : "B");
