@@ -1616,7 +1616,8 @@ class SegmentedBM25:
 
         * Contributions go into a dense per-thread accumulator, term by term in sorted
           order (each term's docnos are distinct, so a fancy-indexed add is exact, and the
-          sums are the same floats as :meth:`scores`).
+          sums are the same floats as :meth:`scores`; the C extension's ``accumulate``
+          makes the same additions without numpy's index cast).
         * When one posting list is much longer than all the others together, it is not
           scanned: its contribution is looked up (binary search) for the documents of the
           other lists, plus its own ``k`` best documents. A document that matches only
