@@ -128,3 +128,20 @@ def test_fast_pattern_matches_the_declared_pattern(text):
     import re
 
     assert re.findall(tk._FAST_PATTERN, text) == re.findall(tk.TOKEN_PATTERN, text)
+
+
+def test_stem_all_survives_the_memo_cleared_meanwhile():
+    """Regression: _stem_all read a word it had found in the memo back with memo[w]; another
+    thread clearing the memo in between (here: during the stemmer call) made it a KeyError."""
+    tok = Tokenizer()
+    tok("running")  # "running" is in the memo now
+    stem_words = tok._stem_words
+    assert stem_words is not None
+
+    def clearing(words):
+        out = stem_words(words)
+        tok._memo.clear()
+        return out
+
+    tok._stem_words = clearing
+    assert tok._stem_all(["running", "jumped"]) == {"running": "run", "jumped": "jump"}

@@ -425,18 +425,18 @@ class Tokenizer:
 
     def _stem_all(self, words: Sequence[str]) -> dict[str, str]:
         """word -> term for distinct words (memoised like :meth:`stem`)."""
-        if self._stem_words is None:
+        if self._stem_words is None or self._stem is None:
             return {w: w for w in words}
         memo = self._memo
         if len(memo) >= _STEM_CACHE_MAX:
             memo.clear()
         missing = [w for w in words if w not in memo]
-        if not missing:
-            return {w: memo[w] for w in words}
-        fresh = dict(zip(missing, self._stem_words(missing)))  # one PyStemmer call for the new words
+        fresh = dict(zip(missing, self._stem_words(missing))) if missing else {}  # one PyStemmer call
         room = _STEM_CACHE_MAX - len(memo)
         memo.update(fresh if room >= len(fresh) else itertools.islice(fresh.items(), room))
-        return {w: fresh[w] if w in fresh else memo[w] for w in words}
+        # another thread may clear the memo meanwhile: recompute, never fail (as __call__)
+        get, stem = memo.get, self._stem
+        return {w: fresh.get(w) or get(w) or stem(w) for w in words}
 
     def __call__(self, text: str) -> list[str]:
         """The index terms of ``text``, in order, duplicates kept.
