@@ -1663,7 +1663,8 @@ class Txn:
             self._lt.drop(scratch, delete=True)
         except lmdb.MapFullError:
             self._regrow_and_replay()  # raises WriteConflictError: the caller runs it again
-            raise AssertionError("unreachable") from None
+            raise StoreError("the map could not grow for a table rewrite",
+                             hint="this is a bug in engramdb, please report it") from None
         return count
 
     def _log_batch(self, table: str, pairs: list[tuple[bytes, bytes]]) -> None:

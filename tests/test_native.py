@@ -464,8 +464,7 @@ def test_top_ranks_identically_with_and_without_the_extension(tmp_path_factory, 
         with store.read() as txn:
             for ratio in (0.0, math.inf):  # with and without the lookup of the longest list
                 monkeypatch.setattr(bm25, "LOOKUP_RATIO", ratio)
-                native_d, native_s = both_ways(lambda: idx.top(txn, query, k))[0]
-                pure_d, pure_s = both_ways(lambda: idx.top(txn, query, k))[1]
+                (native_d, native_s), (pure_d, pure_s) = both_ways(lambda: idx.top(txn, query, k))
                 assert native_d.tolist() == pure_d.tolist()
                 assert native_s.tobytes() == pure_s.tobytes()
                 full_d, full_s = bm25.top_k(*idx.scores(txn, query), k)

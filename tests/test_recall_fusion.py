@@ -167,10 +167,6 @@ def hit_counts(db, queries, fusion=None) -> tuple[int, int]:
     return r1, r10
 
 
-def signal_scores(db, queries, fusion=None) -> tuple[float, float]:
-    r1, r10 = hit_counts(db, queries, fusion)
-    return r1 / len(queries), r10 / len(queries)
-
 
 def _space_store(make_db, space: str):
     """The corpus with one space: ``hashed`` (built in), ``random``, ``strong`` (the concept

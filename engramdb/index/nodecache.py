@@ -191,13 +191,6 @@ class NodeView:
         """The node of ``docno`` (None when it does not exist)."""
         return self._through(("n", docno), self._load_node)
 
-    def _held(self, key: tuple[str, int]) -> Any:
-        """The value the cache holds for ``key`` for this view's state (marked as used), else
-        ``_MISSING``: :meth:`_through`'s lookup, for the callers that run per candidate."""
-        if self._gen is None:
-            return _MISSING
-        return self._cache._get(self._gen, key)
-
     def _load_node(self, docno: int) -> tuple[Node | None, int]:
         raw = self._txn.get("nodes", _U64.pack(docno))
         if raw is None:
@@ -219,10 +212,6 @@ class NodeView:
     def nodes(self, docnos: Collection[int]) -> dict[int, Node | None]:
         """:meth:`node` of each of ``docnos`` (the cached ones looked up in one pass)."""
         return self._many("n", docnos, self.node)
-
-    def superseded_many(self, docnos: Collection[int]) -> dict[int, bool]:
-        """:meth:`superseded` of each of ``docnos`` (the cached ones looked up in one pass)."""
-        return self._many("s", docnos, self.superseded)
 
     def _many(self, tag: str, docnos: Collection[int], one: Callable[[int], T]) -> dict[int, T]:
         """``one(docno)`` of each of ``docnos``, the values the cache holds taken in one pass
@@ -260,8 +249,7 @@ class NodeView:
 
     def superseded(self, docno: int) -> bool:
         """Whether some memory supersedes ``docno`` (:meth:`Graph.superseded`)."""
-        found = self._held(("s", docno))
-        return self._through(("s", docno), self._load_superseded) if found is _MISSING else bool(found)
+        return self._through(("s", docno), self._load_superseded)
 
     def _load_superseded(self, docno: int) -> tuple[bool, int]:
         self._cache.edge_reads += 1

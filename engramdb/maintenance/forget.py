@@ -10,8 +10,8 @@ rewrites them. :func:`forget` does the whole job, in this order:
 2. in one write transaction, delete them (records, id map, archive rows, postings,
    vectors, every edge touching them) and the sealed source passages (``sources``) that
    no remaining memory uses;
-3. merge every index segment and vector block that still holds them (``force=True``) and
-   compact the file (a copy without free pages replaces it).
+3. compact the file: the BM25 segments that still hold them are rewritten without them
+   (vector blocks never hold them) and a copy without free pages replaces the file.
 
 The maintenance pass's incremental state drops their rows too, and a pass left unfinished
 (killed) is finished first, since its stored plan may name them.
