@@ -25,6 +25,7 @@ NOW = 1_700_000_000.0
 TEST_KDF = KDFParams.for_tests()
 GOLDEN = Path(__file__).resolve().parent / "golden"
 GOLDEN_PASSPHRASE = "golden-passphrase"
+RAW_KEY = b"\x07" * 32  # the data key of the `store` fixture, for a test that reopens its file
 
 
 def golden_copy(tmp_path: Path) -> Path:
@@ -38,9 +39,10 @@ def golden_copy(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(tmp_path):
     """A raw sealed :class:`~engramdb.store.Store` (no KDF, a fixed data key) for the index
-    tests that write below the facade; a module that needs another store defines its own."""
+    tests that write below the facade (the file is ``tmp_path / "raw.engram"``, its key
+    ``RAW_KEY``); a module that needs another store defines its own."""
     s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(b"\x07" * 32)
+    s.sealer = Sealer(RAW_KEY)
     yield s
     s.close()
 

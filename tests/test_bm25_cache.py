@@ -16,23 +16,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import engramdb
+from conftest import RAW_KEY
 from engramdb.cache import ENTRY_OVERHEAD, LRUCache, mb_to_bytes
 from engramdb.crypto import Sealer
 from engramdb.errors import ValidationError
 from engramdb.index.bm25 import SMALL_SEGMENT_DOCS, SegmentedBM25
 from engramdb.store import Store
 
-KEY = b"\x05" * 32
+KEY = RAW_KEY  # conftest's `store` fixture seals with it: the writer process must too
 WORDS = [f"w{i}" for i in range(40)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "raw.engram")
-    s.sealer = Sealer(KEY)
-    yield s
-    s.close()
 
 
 def _doc(rng: np.random.Generator, n: int = 12) -> list[str]:

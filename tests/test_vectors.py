@@ -16,14 +16,6 @@ from engramdb.records import Node
 from engramdb.store import Store
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "v.engram")
-    s.sealer = Sealer(b"\x05" * 32)
-    yield s
-    s.close()
-
-
 def _node(i: int, vec=None, space: str = "s") -> Node:
     return Node(id=f"n{i}", content=f"text {i}", embeddings={} if vec is None else {space: vec})
 
@@ -136,7 +128,7 @@ def test_hashed_embedder_is_deterministic_and_normalised():
 
 
 def test_a_second_handle_refreshes_its_matrix_after_a_commit(store, tmp_path):
-    other = Store.open(tmp_path / "v.engram")
+    other = Store.open(tmp_path / "raw.engram")  # conftest's `store` fixture file
     other.sealer = store.sealer
     try:
         writer = VectorIndex(store.blind, store.last_txnid)
