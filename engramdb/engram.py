@@ -8,23 +8,21 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
-import gc
 import hashlib
-import itertools
 import operator
 import os
-import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import codec, crypto
+from . import bulk, codec, crypto
+from .bulk import INGEST_CHUNK as INGEST_CHUNK  # its home was here: error hints and users name it so
 from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, ForeignFileError,
     FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
     WrongPassphraseError, shown,
 )
-from .records import Edge, Node, new_id, now_ts
+from .records import Edge, Node, now_ts
 from .fusion import FusionWeights, check_fusion
 from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
 
@@ -49,60 +47,12 @@ RECOVERY_PREFIX = "ERK1-"
 _NODE_FIELDS = set(Node.__dataclass_fields__)
 _first = operator.itemgetter(0)
 _id_of = operator.attrgetter("id")
-# add_many builds, writes and indexes this many memories at a time (one BM25 segment each):
-# its own extra memory is a chunk's, whatever the batch's size. Measured at ~60 words a
-# memory (tools/bench/README.md, "Writes"): ~215 MB of Python and numpy objects at 65,536,
-# ~110 MB at 32,768, ~57 MB at 16,384; smaller chunks make more segments for queries to read
-# until they merge, so 32,768 is the middle
-INGEST_CHUNK = 32_768
 # compact() rewrites a table into full pages (Txn.repack) only when that leaves less than this
 # fraction of its leaf pages, so a table that would shrink by less than 5 % is not rewritten
 # (each rewrite writes the table twice in one transaction). 10 % of random deletes leave the
 # node pages ~90 % used: rewritten (at 1M, 0.96x -> 0.89x the fresh file; without it, 2 s
 # of CPU and ~0.4 GB of LMDB's dirty pages less)
 REPACK_BELOW_FILL = 0.95
-
-
-def _text_length(item: Any) -> int:
-    """The length of an item's content text (0 when it has none or it is not a string)."""
-    if isinstance(item, str):
-        return len(item)
-    content = item.get("content", "") if isinstance(item, Mapping) else getattr(item, "content", "")
-    return len(content) if isinstance(content, str) else 0
-
-
-_content = operator.itemgetter("content")
-
-
-def _text_lengths(items: list[Any]) -> int:
-    """``sum(map(_text_length, items))``, estimated from an evenly spaced sample of
-    :data:`_LENGTH_SAMPLE` items when there are more (each pass over a large batch's items
-    reads memory that is no longer in the CPU's caches; the figure only sizes the map)."""
-    step = max(1, len(items) // _LENGTH_SAMPLE)
-    sample = items[::step] if step > 1 else items
-    try:
-        if set(map(type, map(_content, sample))) <= {str}:
-            return sum(map(len, map(_content, sample))) * len(items) // max(1, len(sample))
-    except (KeyError, TypeError):  # an item that is not a mapping, or has no content
-        pass
-    return sum(map(_text_length, sample)) * len(items) // max(1, len(sample))
-
-
-# Items whose texts _text_lengths reads at most; a sample's estimate off by some percent is
-# absorbed by the map's growth (it at least doubles), a miss only costs a replay
-_LENGTH_SAMPLE = 4096
-
-
-def _reserve(items: list[Any]) -> int:
-    """Bytes to grow the map by before writing ``items``: records, ids and postings take a
-    few times the text (growing mid-transaction replays every write so far)."""
-    return 3 * _text_lengths(items) + 512 * len(items)
-
-
-def _direct(item: dict[str, Any]) -> bool:
-    """Whether Engram._build would pass ``item`` to Node.from_fields unchanged: it gives the
-    id and both timestamps, and only node fields (from_fields copies the values)."""
-    return "id" in item and "created_at" in item and "last_accessed" in item and _NODE_FIELDS.issuperset(item)
 
 
 @dataclass(frozen=True)
@@ -255,36 +205,6 @@ def _write_header(txn: Txn, header: Mapping[str, Any]) -> None:
     txn.put_header(b"header", data)
     txn.put_header(b"header.bak", data)
     txn.put_header(b"header.sha256", hashlib.sha256(data).digest())
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a bulk write, restoring its previous state.
-
-    A batch makes hundreds of thousands of long-lived objects and no reference cycles; the
-    collector would re-traverse the whole growing heap each time it grows by a quarter
-    (measured: ~10% of add_many's time on 100k memories).
-    """
-    global _gc_pauses, _gc_was_enabled
-    # Threads may overlap: the first to enter pauses, the last to leave restores. Saving and
-    # restoring per call would let an inner call re-disable what an outer one re-enabled.
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = True
 
 
 # --- the facade ----------------------------------------------------------------------
@@ -661,59 +581,6 @@ class Engram:
         """The blind keys of already validated ids (node ids)."""
         return self._store.blind_many(b"id", [id.encode("utf-8", "surrogatepass") for id in ids])
 
-    @staticmethod
-    def _build(item: Node | str | Mapping[str, Any], fields: Mapping[str, Any], now: float | None) -> Node:
-        if isinstance(item, Node):
-            if fields:
-                item = item.replace(**fields)
-            return item
-        # dict first: an isinstance check against typing.Mapping costs microseconds per memory
-        data: dict[str, Any] = dict(item) if isinstance(item, (dict, Mapping)) else {"content": item}
-        data.update(fields)
-        if not _NODE_FIELDS.issuperset(data):
-            unknown = set(data) - _NODE_FIELDS
-            raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}",
-                                  hint=f"known fields: {', '.join(sorted(_NODE_FIELDS))}")
-        if "id" not in data:  # not setdefault: a fresh uuid4 per memory costs more than the check
-            data["id"] = new_id()
-        if "created_at" not in data:
-            data["created_at"] = now_ts(now)
-        data.setdefault("last_accessed", data["created_at"])
-        return Node.from_fields(data)
-
-    @classmethod
-    def _build_many(cls, items: Iterable[Node | str | Mapping[str, Any]], now: float | None) -> list[Node]:
-        """``[_build(item, {}, now) for item in items]``. A dict that gives the id and both
-        timestamps and only node fields (a bulk load's records) goes to Node.from_fields as
-        is; a batch of such dicts with the same keys, to Node.from_fields_many."""
-        seq = items if isinstance(items, list) else list(items)
-        # the bulk load's records: one check of their columns (in C with the extension) and no
-        # more passes over the rows
-        # (plain_many checks that every row is a dict: the cast only tells mypy)
-        if seq and type(seq[0]) is dict and _direct(seq[0]) \
-                and (plain := Node.plain_many(cast("list[dict[str, Any]]", seq))) is not None:
-            return plain
-        if seq and set(map(type, seq)) == {dict}:
-            dicts = cast("list[dict[str, Any]]", seq)  # every item is a dict, checked just above
-            keys = dicts[0].keys()
-            if all(map(keys.__eq__, map(dict.keys, dicts))):
-                if _direct(dicts[0]):
-                    return Node.from_fields_many(dicts)
-                if "id" in keys and _NODE_FIELDS.issuperset(keys):  # what _build adds: the timestamps
-                    rows = []
-                    for given in dicts:
-                        row = dict(given)
-                        if "created_at" not in row:
-                            row["created_at"] = now_ts(now)
-                        row.setdefault("last_accessed", row["created_at"])
-                        rows.append(row)
-                    return Node.from_fields_many(rows)
-        nodes: list[Node] = []
-        append, build = nodes.append, cls._build
-        for item in seq:
-            append(Node.from_fields(item) if type(item) is dict and _direct(item) else build(item, {}, now))
-        return nodes
-
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """Store one memory and return its id.
 
@@ -725,7 +592,7 @@ class Engram:
             DuplicateIdError: a memory with that id exists.
             ValidationError: a field is invalid.
         """
-        node = self._build(item, fields, now)
+        node = bulk.build(item, fields, now)
         return self._store.write(lambda txn: Transaction(self, txn).put_new(node))
 
     def remember(self, text: str, /, *, now: float | None = None, **fields: Any) -> str:
@@ -744,19 +611,7 @@ class Engram:
         Raises:
             DuplicateIdError: an id exists already or repeats in ``items``.
         """
-        seq = items if isinstance(items, list) else list(items)
-
-        def put_all(txn: Txn) -> list[str]:
-            ids: list[str] = []
-            with self._batched(txn) as tx:
-                for start in range(0, len(seq), INGEST_CHUNK):
-                    ids += tx.put_new_many(self._build_many(seq[start:start + INGEST_CHUNK], now))
-                    if tx._index_batch is not None:
-                        tx._index_batch.flush()  # this chunk's segment; its nodes can go
-            return ids
-
-        with _gc_paused():
-            return self._store.write(put_all, reserve=_reserve(seq))
+        return bulk.add_many(self._store, self._batched, items, now)
 
     def import_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None,
                     chunk: int | None = None, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
@@ -782,26 +637,7 @@ class Engram:
             ValidationError: ``chunk`` is not a positive integer, or an item is invalid
                 (the chunks before it are committed).
         """
-        size = INGEST_CHUNK if chunk is None else chunk
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
-                                  hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
-        source = iter(items)
-        added = skipped = 0
-        while batch := list(itertools.islice(source, size)):
-            with _gc_paused():  # a chunk at a time: the collector frees a chunk's cycles between them
-                nodes = self._build_many(batch, now)
-
-                def put_chunk(txn: Txn, nodes: list[Node] = nodes) -> int:
-                    with self._batched(txn) as tx:
-                        return tx._put_unstored(nodes)
-
-                count = self._store.write(put_chunk, reserve=_reserve(batch))
-            added, skipped = added + count, skipped + len(nodes) - count
-            del batch, nodes  # before the next chunk is read
-            if progress is not None:
-                progress(added, skipped)
-        return added, skipped
+        return bulk.import_many(self._store, self._batched, items, now, chunk=chunk, progress=progress)
 
     @contextlib.contextmanager
     def _batched(self, txn: Txn) -> Iterator[Transaction]:
@@ -1416,6 +1252,12 @@ class Transaction:
         self._put_checked([nodes[i] for i in fresh], [id_keys[i] for i in fresh])
         return len(fresh)
 
+    def _end_chunk(self) -> None:
+        """Index what the open batch holds now (a bulk ingest's chunk: one BM25 segment), so
+        the chunk's nodes can go."""
+        if self._index_batch is not None:
+            self._index_batch.flush()
+
     def put_new_many(self, nodes: list[Node]) -> list[str]:
         """:meth:`put_new` for many nodes; every id is checked before anything is written.
 
@@ -1468,7 +1310,7 @@ class Transaction:
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """As :meth:`Engram.add`, inside this transaction."""
-        return self.put_new(Engram._build(item, fields, now))
+        return self.put_new(bulk.build(item, fields, now))
 
     def update(self, id: str, /, **changes: Any) -> Node:
         """As :meth:`Engram.update`, inside this transaction."""

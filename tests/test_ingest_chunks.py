@@ -10,6 +10,7 @@ import pytest
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
+from engramdb import bulk
 from engramdb import store as store_mod
 from engramdb.errors import DuplicateIdError
 
@@ -34,7 +35,7 @@ def test_chunks_make_one_segment_each_and_answer_alike(tmp_path, monkeypatch):
         expected = _search(one)
         with one._store.read() as txn:
             assert one.indexes.bm25.layout(txn)["segments"] == 1
-    monkeypatch.setattr(engram, "INGEST_CHUNK", 150)
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", 150)
     with engram.open(tmp_path / "chunked.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
         assert db.add_many(iter(items), now=1.0) == [item["id"] for item in items]  # an iterator too
         with db._store.read() as txn:

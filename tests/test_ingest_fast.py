@@ -230,3 +230,53 @@ def test_from_fields_many_column_limits():
     assert Node.from_fields_many([]) == []
     long_ok = {**ok[1], "id": "é" * 300}  # 600 bytes: the column check defers to the row check, which passes
     assert Node.from_fields_many([ok[0], long_ok]) == [Node(**ok[0]), Node(**long_ok)]
+
+
+# --- building a batch's nodes (engramdb/bulk.py) --------------------------------------------
+
+@settings(max_examples=100, deadline=None)
+@given(batches(), st.sampled_from(["given", "some", "none"]), st.integers(0, 4))
+def test_build_many_equals_build_row_by_row(rows, stamps, node_at):
+    """Every path of bulk.build_many (plain_many's columns, from_fields_many with the
+    timestamps added, row by row) gives build's nodes and first error."""
+    from engramdb import bulk
+
+    for i, row in enumerate(rows):
+        if stamps == "given" or (stamps == "some" and i % 2):
+            row.setdefault("created_at", 1.0)
+            row.setdefault("last_accessed", 2.0)
+    if node_at < len(rows):
+        rows[node_at] = Node(id="a node")
+    want = _outcome(lambda rs: [bulk.build(r, {}, 9.0) for r in rs], rows)
+    assert _outcome(lambda rs: bulk.build_many(rs, 9.0), rows) == want
+    assert _outcome(lambda rs: bulk.build_many(iter(rs), 9.0), rows) == want
+
+
+def test_build_many_asks_plain_many_once(monkeypatch):
+    """A bulk load's records that plain_many declines (here an int weight, which its exact
+    column check leaves to the row check) are built row by row, without asking it again
+    (review finding: the from_fields_many fallback re-ran plain_many on the same rows)."""
+    from engramdb import bulk
+
+    calls = []
+    plain = Node.plain_many.__func__  # type: ignore[attr-defined]
+
+    def counting(cls, rows):
+        calls.append(len(rows))
+        return plain(cls, rows)
+
+    monkeypatch.setattr(Node, "plain_many", classmethod(counting))
+    rows = [{"id": f"r{i}", "content": "x", "weight": 1.5 if i else 1, "created_at": 1.0, "last_accessed": 1.0}
+            for i in range(3)]
+    assert bulk.build_many(rows, None) == [Node(**row) for row in rows]
+    assert calls == [3]
+    calls.clear()
+    rows[0]["weight"] = 1.0  # now every column passes: plain_many's nodes
+    assert bulk.build_many(rows, None) == [Node(**row) for row in rows] and calls == [3]
+
+
+def test_ingest_chunk_is_importable_from_the_facade():
+    import engramdb.engram
+    from engramdb import bulk
+
+    assert engramdb.engram.INGEST_CHUNK is bulk.INGEST_CHUNK == 32_768

@@ -23,6 +23,9 @@ RANKS = {
     "codec": 2, "crypto": 2,
     "store": 3,
     "index.*": 4, "index": 4,
+    # bulk ingest (add_many, import_many): builds nodes, writes chunks through the facade's
+    # record writer, which it is handed (records and store only)
+    "bulk": 4,
     "aaak": 5, "importers": 5,
     "compress.*": 6, "compress": 6,
     # one meaning for every filter over memories (scan, recall); dates compare as compress does

@@ -14,6 +14,7 @@ import pytest
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
+from engramdb import bulk
 from engramdb import store as store_mod
 from engramdb.index import bm25 as bm25_mod
 
@@ -66,7 +67,7 @@ def test_each_thread_has_its_own_accumulator(tmp_path):
 
 
 def _ingest_peak(path, items, chunk, monkeypatch) -> int:
-    monkeypatch.setattr(engram, "INGEST_CHUNK", chunk)
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", chunk)
     # chunks of a few hundred stand for INGEST_CHUNK's 32,768: large segments, which a handle
     # does not keep as written (it keeps small ones, a commit's, for its next queries)
     monkeypatch.setattr(bm25_mod, "SMALL_SEGMENT_DOCS", chunk // 4)
