@@ -152,6 +152,50 @@ def test_merges_of_small_segments_never_reread_the_large_ones(store):
     assert idx.blocks_decoded - start < 3 * 25
 
 
+def test_catching_up_relabels_what_did_not_change_however_old_the_entry(store):
+    """After commits and automatic merges of small segments, a term's cached postings are
+    brought to the new state without rebuilding what did not change, however many states
+    old the entry is: the large segments' run is kept as it is (the same object), and the
+    small segments' delta too when the term is in none of the new segments; only a term
+    the new segments hold gets a new delta. Counts work (objects built), not time."""
+    rng = np.random.default_rng(11)
+    idx = _fresh(store)
+    big = [(i + 1, _doc(rng) + ["w0", "w1"]) for i in range(SMALL_SEGMENT_DOCS + 10)]
+    store.write(lambda txn: idx.apply(txn, big, []))
+    query = ["w0", "w1", "w2"]
+    with store.read() as txn:
+        idx.search(txn, query, 10)
+    start = idx.blocks_decoded
+
+    def entry(term):
+        return idx.cache.get(("t", idx.blind(term)))
+
+    nxt = len(big) + 1
+    for rounds in range(1, 25):  # merges run every MERGE_FACTOR commits; entries get older by `rounds` states
+        olds = {t: entry(t) for t in query}
+        runs, deltas = idx.runs_built, idx.deltas_built
+        for _ in range(rounds % 3 + 1):  # one to three commits between two queries
+            store.write(lambda txn, n=nxt: idx.apply(txn, [(n, ["w0", "zz"])], []))
+            nxt += 1
+        with store.read() as txn:
+            assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+        assert idx.runs_built == runs  # no large segment came or changed
+        assert all(entry(t).base is olds[t].base for t in query)
+        assert entry("w1").delta is olds["w1"].delta and entry("w2").delta is olds["w2"].delta
+        assert entry("w0").delta is not olds["w0"].delta and idx.deltas_built == deltas + 1  # w0's only
+    with store.read() as txn:
+        assert idx.layout(txn)["segments"] < 25  # merges did run
+    assert idx.blocks_decoded == start  # its own commits and merges: nothing read back
+    # a tombstone in the large segment: the base is brought up to date (not read again), and
+    # the answers still equal a fresh handle's
+    store.write(lambda txn: idx.apply(txn, [], [3]))
+    before = idx.blocks_decoded
+    with store.read() as txn:
+        assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+        assert 3 not in [docno for docno, _ in idx.search(txn, ["w0"], 10_000)]
+    assert idx.blocks_decoded == before
+
+
 def test_tombstones_and_updates_after_caching(store):
     rng = np.random.default_rng(5)
     idx = _fresh(store)

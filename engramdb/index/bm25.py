@@ -637,20 +637,33 @@ class _TermPostings:
     Immutable: a newer state gets a new object built from this one, reusing its parts.
     """
 
-    __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo")
+    __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo", "bkey")
 
     def __init__(self, epoch: int, live: tuple[int, ...], dead: dict[int, np.ndarray], pairs: _Pairs,
-                 base: _Run, delta: _Delta, dead_sizes: dict[int, int] | None = None) -> None:
+                 base: _Run, delta: _Delta, dead_sizes: dict[int, int] | None = None,
+                 bkey: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
         self.epoch = epoch
         self.live = live
         self.dead = dead  # segno -> the dead docnos this state was filtered by (covered segments only)
         self.dead_sizes = {s: int(a.size) for s, a in dead.items()} if dead_sizes is None else dead_sizes
+        # the large segments the base covers and their tombstone counts (:attr:`_View.bkey`;
+        # None: not known, e.g. built inside a write transaction)
+        self.bkey = bkey
         self.pairs = pairs  # the base run's pair table
         self.base = base
         self.delta = delta
         # (n_docs, total_len, w) -> (base pair values, delta parts, {k: best k}); the latest few states
         self.memo: dict[tuple[int, int, float],
                         tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
+
+    def relabelled(self, live: tuple[int, ...], dead: dict[int, np.ndarray], dead_sizes: dict[int, int],
+                   delta: _Delta, bkey: tuple[tuple[int, ...], tuple[int, ...]]) -> _TermPostings:
+        """The same base (arrays and pair table shared), with ``delta``, labelled as covering
+        the state ``(live, dead_sizes)``: nothing copied or recomputed."""
+        out = object.__new__(_TermPostings)
+        out.epoch, out.live, out.dead, out.dead_sizes = self.epoch, live, dead, dead_sizes
+        out.pairs, out.base, out.delta, out.memo, out.bkey = self.pairs, self.base, delta, {}, bkey
+        return out
 
     @property
     def size(self) -> int:
@@ -755,7 +768,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "_sig", "terms_of", "fresh", "diffs", "dead_live")
+                 "_sig", "terms_of", "fresh", "dead_live", "view")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -774,12 +787,11 @@ class _Dir:
         self.committed = next_segno
         self.version = DIR_VERSION  # as read (1: migrated by the next write)
         self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
-        # read states only: small segment -> its terms; an older state's live segments ->
-        # what changed since (shared by every term cached at that state)
+        # read states only: small segment -> its terms (carried over to the next state)
         self.terms_of: dict[int, Container[bytes]] = {}
         self.fresh: dict[int, _Fresh] = {}  # the small segments among those this handle wrote
-        self.diffs: dict[tuple[int, ...], tuple[list[int], list[tuple[int, Container[bytes] | None]]]] = {}
-        self.dead_live: dict[int, np.ndarray] | None = None
+        self.dead_live: dict[int, np.ndarray] | None = None  # read states: segno -> dead docnos
+        self.view: _View | None = None  # read states only: what every term's catch-up asks
 
     @classmethod
     def decode(cls, data: bytes | None) -> _Dir:
@@ -863,6 +875,35 @@ class _Dir:
 
     def live_count(self, segno: int) -> int:
         return self.segs[segno][0] - self.dead_count(segno)
+
+
+class _View:
+    """What bringing any term's cached postings up to one read state needs, computed once per
+    state (issue 15: in the add-then-query loop a query term's entry is usually many commits
+    and merges old, so a summary of the step from the previous state does not serve it; this
+    does, whatever the entry's age):
+
+    ``small``
+        the state's small segments, in order, with their term sets (None: ask the postings
+        table), so a term's holders are a few set lookups;
+    ``bkey``
+        the large segments and their tombstone counts. An entry with an equal ``bkey`` (and
+        epoch) has the right base run: a segment's tombstones only ever grow, so an equal
+        count is an equal set. Then only the delta may differ, and it is rebuilt from the
+        small blocks (cached, or this handle's :class:`_Fresh` columns) only when the term's
+        holders or their tombstone counts changed;
+    ``dead``
+        segment -> its dead docnos, for the live segments that have any (what the entries
+        of this state are labelled as filtered by).
+    """
+
+    __slots__ = ("small", "bkey", "dead")
+
+    def __init__(self, small: list[tuple[int, Container[bytes] | None]],
+                 bkey: tuple[tuple[int, ...], tuple[int, ...]], dead: dict[int, np.ndarray]) -> None:
+        self.small = small
+        self.bkey = bkey
+        self.dead = dead
 
 
 def _live_mask(docnos: np.ndarray, dead: np.ndarray | None) -> np.ndarray:
@@ -1064,8 +1105,11 @@ class SegmentedBM25:
         self._written: weakref.WeakKeyDictionary[Txn, _Written] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._local = threading.local()
-        # posting blocks read and decoded by this handle's queries (a count of work for tests)
+        # posting blocks read and decoded by this handle's queries, and term deltas and large
+        # runs its queries built (counts of work for tests)
         self.blocks_decoded = 0
+        self.deltas_built = 0
+        self.runs_built = 0
         # the most postings one merge or purge chunk held (tests check the bound)
         self.merge_chunk_postings = 0
 
@@ -1340,13 +1384,19 @@ class SegmentedBM25:
             terms = self._terms_of(txn, d, segno)
         return terms is None or blind in terms
 
+    @staticmethod
+    def _counts(d: _Dir, segnos: tuple[int, ...]) -> tuple[int, ...]:
+        """The tombstone counts of ``segnos`` in ``d`` (a :class:`_Delta` key's second half)."""
+        dead_sizes = d.signature()[1]
+        return tuple([dead_sizes.get(s, 0) for s in segnos]) if dead_sizes else (0,) * len(segnos)
+
     def _delta(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], old: _Delta | None) -> _Delta:
         """The term's live postings in the small segments ``holders`` (increasing segnos);
         ``old`` itself when it was built from the same segments and tombstones."""
-        dead_sizes = d.signature()[1]
-        counts = tuple(dead_sizes.get(s, 0) for s in holders) if dead_sizes else (0,) * len(holders)
+        counts = self._counts(d, holders)
         if old is not None and old.key[0] == holders and old.key[1] == counts:
             return old
+        self.deltas_built += 1
         parts = []
         at = 0
         if old is not None and old.docnos.size and (at := len(old.key[0])) < len(holders) \
@@ -1382,6 +1432,7 @@ class SegmentedBM25:
         ``kill``, then the term's live postings in ``segnos``. Segments with larger docnos
         only append; a sort happens only when an update re-added an older docno or a merge
         interleaved."""
+        self.runs_built += 1
         docs: list[np.ndarray] = []
         codes: list[np.ndarray] = []
         segs: list[int] = []
@@ -1417,29 +1468,67 @@ class SegmentedBM25:
             docnos, all_codes = docnos[order], all_codes[order]
         return pairs, _Run(tuple(segs), docnos, all_codes, len(pairs.index))
 
+    def _view(self, txn: Txn, d: _Dir) -> _View:
+        """:class:`_View` of the read state ``d`` (computed by its first query, then kept)."""
+        view = d.view
+        if view is None:
+            live, dead_sizes = d.signature()
+            segs = d.segs
+            terms_of = d.terms_of
+            small = [(s, terms_of[s] if s in terms_of else self._terms_of(txn, d, s))
+                     for s in live if segs[s][0] <= SMALL_SEGMENT_DOCS]
+            big = tuple(s for s in live if segs[s][0] > SMALL_SEGMENT_DOCS)
+            dead = d.dead_live
+            if dead is None:
+                dead = d.dead_live = self._dead_arrays(txn, d, live)
+            view = d.view = _View(small, (big, tuple(dead_sizes.get(s, 0) for s in big)), dead)
+        return view
+
     def _term_postings(self, txn: Txn, d: _Dir, blind: bytes) -> _TermPostings:
         """A term's live postings in ``d``'s state, from the cache when it covers that
         state, else by updating the cached entry with what changed since (new segments,
         new tombstones, merged segments), else read from the file."""
-        cached = not txn.write
         live, dead_sizes = d.signature()
-        old = self._cache.get(("t", blind)) if cached else None
-        if old is not None and old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
-            return cast("_TermPostings", old)
-        entry = self._update(txn, d, blind, old) if old is not None and old.epoch == d.epoch else None
-        if entry is None:
+        if txn.write:  # nothing cached: a write transaction may abort
             holders = tuple(s for s in live if d.segs[s][0] <= SMALL_SEGMENT_DOCS and self._holds(txn, d, blind, s))
-            pairs, base = self._term_run(txn, d, blind, [s for s in live if d.segs[s][0] > SMALL_SEGMENT_DOCS],
-                                         _Pairs.empty())
-            entry = _TermPostings(d.epoch, live, self._dead_arrays(txn, d, live), pairs, base,
-                                  self._delta(txn, d, blind, holders, None), dead_sizes)
-        if cached:
-            self._cache.put(("t", blind), entry, entry.nbytes)
+            return self._build(txn, d, blind, holders, self._dead_arrays(txn, d, live))
+        old: _TermPostings | None = self._cache.get(("t", blind))
+        if old is not None and old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
+            return old
+        view = d.view or self._view(txn, d)
+        holders = tuple([s for s, t in view.small if t is None or blind in t])
+        if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
+            # the base is right as it is (the usual case after a commit or a small merge):
+            # relabel it, with the delta of the term's holders now (the same object when
+            # neither they nor their tombstones changed)
+            delta = old.delta
+            if delta.key[0] != holders or (dead_sizes and delta.key[1] != self._counts(d, holders)):
+                delta = self._delta(txn, d, blind, holders, delta)
+            entry = old.relabelled(live, view.dead, dead_sizes, delta, view.bkey)
+        else:
+            updated = self._update(txn, d, blind, old, holders, view) if old is not None and old.epoch == d.epoch else None
+            entry = self._build(txn, d, blind, holders, view.dead) if updated is None else updated
+            entry.bkey = view.bkey
+        self._cache.put(("t", blind), entry, entry.nbytes)
         return entry
 
-    def _update(self, txn: Txn, d: _Dir, blind: bytes, old: _TermPostings) -> _TermPostings | None:
-        """``old`` brought to ``d``'s state, or None when it cannot be (a large segment of
-        its base was merged away, or ``old`` is from a newer state than ``d``)."""
+    def _build(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...],
+               dead: dict[int, np.ndarray]) -> _TermPostings:
+        """A term's live postings in ``d``'s state read from the file (blocks the cache holds
+        are not read again): the large segments' run, and the delta of the small segments
+        ``holders`` (those that may hold the term). ``dead``: the state's dead docnos per
+        segment."""
+        live, dead_sizes = d.signature()
+        pairs, base = self._term_run(txn, d, blind, [s for s in live if d.segs[s][0] > SMALL_SEGMENT_DOCS],
+                                     _Pairs.empty())
+        return _TermPostings(d.epoch, live, dead, pairs, base, self._delta(txn, d, blind, holders, None), dead_sizes)
+
+    def _update(self, txn: Txn, d: _Dir, blind: bytes, old: _TermPostings, holders: tuple[int, ...],
+                view: _View) -> _TermPostings | None:
+        """``old`` brought to ``d``'s state when its base run is not right as it is (a large
+        segment came, or tombstones in one), the term being in the small segments
+        ``holders``; None when it cannot be (a large segment of its base was merged away, or
+        ``old`` is from a newer state than ``d``)."""
         live, dead_sizes = d.signature()
         if any(s not in d.segs for s in old.base.segs):
             return None
@@ -1460,33 +1549,13 @@ class SegmentedBM25:
                 if now is not None:
                     kill_parts.append(now)
         kill = np.concatenate(kill_parts).astype(np.int64) if kill_parts else None
-        diff = d.diffs.get(old.live)
-        if diff is None:
-            old_live = set(old.live)
-            new = [s for s in live if s not in old_live]
-            # the new small segments with their term sets (None: ask the postings table),
-            # looked up once per pair of states, not per term
-            diff = ([s for s in new if d.segs[s][0] > SMALL_SEGMENT_DOCS],
-                    [(s, self._terms_of(txn, d, s)) for s in new if d.segs[s][0] <= SMALL_SEGMENT_DOCS])
-            if not txn.write:
-                d.diffs[old.live] = diff
-        new_big, new_small = diff
+        old_base = set(old.base.segs)
+        new_big = [s for s in view.bkey[0] if s not in old_base]
         base, pairs = old.base, old.pairs
         if new_big or (kill is not None and base.docnos.size and np.isin(base.docnos, kill).any()):
             pairs, base = self._term_run(txn, d, blind, new_big, pairs, base, kill)
-        # the small segments holding the term: the old ones still live, and the new ones
-        # whose (cached) term sets hold it
-        segs = d.segs
-        held = [s for s in old.delta.key[0] if s in segs]
-        if new_small:
-            held.extend(s for s, t in new_small if t is None or blind in t)
-        delta = self._delta(txn, d, blind, tuple(sorted(held)), old.delta)
-        dead = d.dead_live
-        if dead is None:
-            dead = self._dead_arrays(txn, d, live)
-            if not txn.write:
-                d.dead_live = dead
-        return _TermPostings(d.epoch, live, dead, pairs, base, delta, dead_sizes)
+        delta = self._delta(txn, d, blind, holders, old.delta)
+        return _TermPostings(d.epoch, live, view.dead, pairs, base, delta, dead_sizes)
 
     # --- queries --------------------------------------------------------------------------
 
