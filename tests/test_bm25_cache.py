@@ -196,6 +196,38 @@ def test_catching_up_relabels_what_did_not_change_however_old_the_entry(store):
     assert idx.blocks_decoded == before
 
 
+def test_own_commit_prepares_the_next_states_view_from_memory(store):
+    """The handle that commits makes the new state's catch-up view (small segments with
+    their term sets, tombstones) in the commit's hook when all of it is in memory, so the
+    next query does not; when a tombstone run it wrote is not decoded yet, the first query
+    makes it. Answers equal a fresh handle's either way."""
+    rng = np.random.default_rng(12)
+    idx = _fresh(store)
+    docs = [(i + 1, _doc(rng)) for i in range(SMALL_SEGMENT_DOCS + 10)]
+    store.write(lambda txn: idx.apply(txn, docs, []))
+    query = ["w0", "w1", "w4"]
+    with store.read() as txn:
+        idx.search(txn, query, 10)
+    nxt = len(docs) + 1
+    store.write(lambda txn: idx.apply(txn, [(nxt, ["w0", "w4"])], []))
+    view = idx._dir.view
+    assert view is not None and [s for s, _ in view.small] == [s for s in sorted(idx._dir.segs)
+                                                                 if idx._dir.segs[s][0] <= SMALL_SEGMENT_DOCS]
+    with store.read() as txn:
+        assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+        assert idx._dir.view is view  # the query used it
+    store.write(lambda txn: idx.apply(txn, [(nxt + 1, ["w1"])], [5, nxt]))  # its tombstone runs: not decoded yet
+    assert idx._dir.view is None
+    with store.read() as txn:
+        assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+        assert idx._dir.view is not None and set(idx._dir.view.dead) == {s for s in idx._dir.segs
+                                                                         if idx._dir.dead_count(s)}
+    store.write(lambda txn: idx.apply(txn, [(nxt + 2, ["w1", "w4"])], []))  # the runs are decoded now
+    assert idx._dir.view is not None
+    with store.read() as txn:
+        assert idx.search(txn, query, 10) == _fresh(store).search(txn, query, 10)
+
+
 def test_tombstones_and_updates_after_caching(store):
     rng = np.random.default_rng(5)
     idx = _fresh(store)

@@ -1195,14 +1195,22 @@ class SegmentedBM25:
         if d is None:
             return
         with self._lock:
-            if self._txnid is None or sid > self._txnid:
+            adopted = self._txnid is None or sid > self._txnid
+            if adopted:
                 self._switch(d, sid)
         for segno, (blinds, docnos, tfs, bounds, seg) in w.segments.items():
             if segno in d.segs and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
                 fresh = _Fresh(blinds, docnos, tfs, bounds, seg)
                 self._cache.put(("s", segno), seg, seg.docnos.nbytes + seg.lens.nbytes)
                 self._cache.put(("f", segno), fresh, fresh.nbytes)
+                if adopted:
+                    d.fresh[segno] = fresh
+                    d.terms_of[segno] = fresh.rows
         w.segments.clear()
+        if adopted:
+            # the state's view now, while the commit's data is at hand, rather than in the
+            # next query (when everything it needs is in memory; else that query makes it)
+            self._view(None, d)
 
     def _remember(self, txn: Txn, segno: int, blinds: Sequence[bytes], docnos: np.ndarray, tfs: np.ndarray,
                   bounds: np.ndarray, seg_docnos: np.ndarray, seg_lens: np.ndarray) -> None:
@@ -1289,6 +1297,32 @@ class SegmentedBM25:
             elif local is not None:
                 local[segno] = seg
         return seg
+
+    def _dead_in_memory(self, d: _Dir) -> dict[int, np.ndarray] | None:
+        """:meth:`_dead_arrays` of every live segment of the committed state ``d`` from the
+        decoded runs in memory, without a transaction; None when one is not there."""
+        if any(d.pending.values()):
+            return None
+        out = {}
+        for segno, runs in d.runs.items():
+            numbers = tuple(run for run, _ in runs)
+            if not numbers or segno not in d.segs:
+                continue
+            hit = self._dead_union.get(segno)
+            if hit is not None and hit[0] == numbers:
+                out[segno] = hit[1]
+                continue
+            arrays = []
+            for run in numbers:
+                got = self._runs.get(run)
+                if got is None:
+                    return None
+                arrays.append(got)
+            union = arrays[0] if len(arrays) == 1 else np.sort(np.concatenate(arrays))
+            self._dead_union[segno] = (numbers, union)
+            if union.size:
+                out[segno] = union
+        return out
 
     def _dead_arrays(self, txn: Txn, d: _Dir, segnos: Iterable[int]) -> dict[int, np.ndarray]:
         """segno -> its sorted dead docnos, for the segments of ``segnos`` that have any."""
@@ -1468,19 +1502,30 @@ class SegmentedBM25:
             docnos, all_codes = docnos[order], all_codes[order]
         return pairs, _Run(tuple(segs), docnos, all_codes, len(pairs.index))
 
-    def _view(self, txn: Txn, d: _Dir) -> _View:
-        """:class:`_View` of the read state ``d`` (computed by its first query, then kept)."""
+    def _view(self, txn: Txn | None, d: _Dir) -> _View | None:
+        """:class:`_View` of the read state ``d``, computed once (by :meth:`_adopt` after this
+        handle's commit, else by the state's first query), then kept with ``d``. Without a
+        transaction (``txn`` None) only from what is in memory: None when a term set or a
+        tombstone run would have to be read."""
         view = d.view
         if view is None:
             live, dead_sizes = d.signature()
             segs = d.segs
             terms_of = d.terms_of
-            small = [(s, terms_of[s] if s in terms_of else self._terms_of(txn, d, s))
+            dead = d.dead_live
+            if txn is None:
+                if any(s not in terms_of for s in live if segs[s][0] <= SMALL_SEGMENT_DOCS):
+                    return None
+                if dead is None:
+                    dead = self._dead_in_memory(d)
+                    if dead is None:
+                        return None
+                    d.dead_live = dead
+            small = [(s, terms_of[s] if s in terms_of else self._terms_of(cast("Txn", txn), d, s))
                      for s in live if segs[s][0] <= SMALL_SEGMENT_DOCS]
             big = tuple(s for s in live if segs[s][0] > SMALL_SEGMENT_DOCS)
-            dead = d.dead_live
             if dead is None:
-                dead = d.dead_live = self._dead_arrays(txn, d, live)
+                dead = d.dead_live = self._dead_arrays(cast("Txn", txn), d, live)
             view = d.view = _View(small, (big, tuple(dead_sizes.get(s, 0) for s in big)), dead)
         return view
 
@@ -1495,7 +1540,7 @@ class SegmentedBM25:
         old: _TermPostings | None = self._cache.get(("t", blind))
         if old is not None and old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
             return old
-        view = d.view or self._view(txn, d)
+        view = d.view or cast("_View", self._view(txn, d))
         holders = tuple([s for s, t in view.small if t is None or blind in t])
         if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
             # the base is right as it is (the usual case after a commit or a small merge):
