@@ -6,4 +6,7 @@ skips it and engramdb runs its pure-Python path, which writes the same bytes.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("engramdb._native", ["engramdb/_native.c"], libraries=["crypto"], optional=True)])
+# -ffp-contract=off: no fused multiply-add, so pair_values rounds after every operation as
+# numpy does (the C and Python paths must give the same bits).
+setup(ext_modules=[Extension("engramdb._native", ["engramdb/_native.c"], libraries=["crypto"],
+                             extra_compile_args=["-ffp-contract=off"], optional=True)])

@@ -35,6 +35,7 @@ class Native(NamedTuple):
     count_postings: Callable[[Any, Any, Any, Any, int], tuple[bytes, bytes, bytes]]
     columns_pass: Callable[[Sequence[Any], tuple[tuple[str, int, int], ...]], bool]
     accumulate: Callable[[Any, Any, Any, Any], None]
+    pair_values: Callable[[Any, Sequence[tuple[Any, Any, float, float]], float, float, float], None]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -45,11 +46,11 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
         return None
     try:
         from ._native import (accumulate, columns_pass, count_postings, hmac_many, keep_tokens, new_nodes,
-                              plain_records, posting_blocks, scan_texts, seal_many, state_sum)
+                              pair_values, plain_records, posting_blocks, scan_texts, seal_many, state_sum)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
-                  count_postings, columns_pass, accumulate)
+                  count_postings, columns_pass, accumulate, pair_values)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -1433,6 +1433,108 @@ done:
     return result;
 }
 
+/* pair_values(out, groups, avgdl, k1, b): BM25 term parts (engramdb/index/bm25.py's _part) of
+ * each group (tf, dl, idf, w), tf and dl float64 arrays of one length and idf, w floats, written
+ * one group after another into out (float64, the groups' total length). The same float64
+ * operations in the same order as _part's numpy calls, one rounding each (setup.py builds with
+ * -ffp-contract=off, so no fused multiply-add merges two of them): the same bits:
+ *     x = dl * b; x = x / avgdl; x = x + (1 - b); x = x * k1; x = x + tf; x = tf / x; x = x * idf;
+ *     x = x * w (when w != 1; multiplying by 1 is exact either way). */
+static PyObject *
+pair_values(PyObject *self, PyObject *args)
+{
+    PyObject *out_obj, *groups, *seq = NULL, *result = NULL;
+    Py_buffer ob = {0};
+    int have_o = 0;
+    double avgdl, k1, b, shift;
+    Py_ssize_t at = 0, g, ng, nout;
+    double *out;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOddd", &out_obj, &groups, &avgdl, &k1, &b))
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &ob, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "pair_values: out must be a C-contiguous writable array");
+        return NULL;
+    }
+    have_o = 1;
+    if (buffer_kind(&ob, "out") != 'f') {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "pair_values: out must be float64");
+        goto done;
+    }
+    seq = PySequence_Fast(groups, "pair_values: groups must be a sequence");
+    if (seq == NULL)
+        goto done;
+    out = (double *)ob.buf;
+    nout = ob.shape[0];
+    shift = 1.0 - b;
+    ng = PySequence_Fast_GET_SIZE(seq);
+    for (g = 0; g < ng; g++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, g);
+        Py_buffer tb = {0}, db = {0};
+        double idf, w;
+        const double *tf, *dl;
+        Py_ssize_t n, i;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_TypeError, "pair_values: a group is a (tf, dl, idf, w) tuple");
+            goto done;
+        }
+        idf = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 2));
+        w = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 3));
+        if ((idf == -1.0 || w == -1.0) && PyErr_Occurred())
+            goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &tb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "pair_values: tf must be a C-contiguous array");
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 1), &db, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            PyBuffer_Release(&tb);
+            PyErr_SetString(PyExc_TypeError, "pair_values: dl must be a C-contiguous array");
+            goto done;
+        }
+        if (buffer_kind(&tb, "tf") != 'f' || buffer_kind(&db, "dl") != 'f' || tb.shape[0] != db.shape[0]
+                || tb.shape[0] > nout - at) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "pair_values: tf and dl must be float64 arrays of one length, "
+                                                  "fitting in out");
+            PyBuffer_Release(&tb);
+            PyBuffer_Release(&db);
+            goto done;
+        }
+        n = tb.shape[0];
+        tf = (const double *)tb.buf;
+        dl = (const double *)db.buf;
+        for (i = 0; i < n; i++) {
+            double x = dl[i] * b;
+            x = x / avgdl;
+            x = x + shift;
+            x = x * k1;
+            x = x + tf[i];
+            x = tf[i] / x;
+            x = x * idf;
+            if (w != 1.0)
+                x = x * w;
+            out[at + i] = x;
+        }
+        at += n;
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&db);
+    }
+    if (at != nout) {
+        PyErr_SetString(PyExc_ValueError, "pair_values: out is longer than the groups");
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    Py_XDECREF(seq);
+    if (have_o) PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
     {"hmac_many", hmac_many, METH_VARARGS, "HMAC-SHA256(key, head | v)[:size] of each value v."},
@@ -1446,6 +1548,7 @@ static PyMethodDef methods[] = {
     {"count_postings", count_postings, METH_VARARGS, "A segment's postings by counting (see the module comment)."},
     {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
     {"accumulate", accumulate, METH_VARARGS, "acc[docnos[i]] += values[codes[i]] (or values[i]): BM25 top()'s add."},
+    {"pair_values", pair_values, METH_VARARGS, "BM25 term parts of (tf, dl, idf, w) groups into out (see pair_values)."},
     {NULL, NULL, 0, NULL},
 };
 
