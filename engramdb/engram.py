@@ -1,11 +1,10 @@
 """The Engram facade: open a .engram file, unlock it, and read and write memories.
 
-Composes the layers below: the header and key slots (crypto), record encoding (codec),
-transactions (store) and the derived indexes. No storage logic of its own.
+Composes the layers below: the header and key slots (header), record encoding (codec),
+transactions (store), bulk ingest (bulk) and the derived indexes. No storage logic of its own.
 """
 from __future__ import annotations
 
-import base64
 import builtins
 import contextlib
 import hashlib
@@ -16,11 +15,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import bulk, codec, crypto
-from .bulk import INGEST_CHUNK as INGEST_CHUNK  # its home was here: error hints and users name it so
+from . import header as hdr
+# their home was here: users, error hints and the CLI name them so
+from .bulk import INGEST_CHUNK as INGEST_CHUNK
+from .header import FORMAT_VERSION as FORMAT_VERSION, read_key_file as read_key_file
 from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, ForeignFileError,
-    FormatVersionError, ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError,
-    WrongPassphraseError, shown,
+    ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, shown,
 )
 from .records import Edge, Node, now_ts
 from .fusion import FusionWeights, check_fusion
@@ -41,9 +42,6 @@ __all__ = ["Engram", "open", "Problem", "FORMAT_VERSION"]
 
 _D = TypeVar("_D")
 
-FORMAT_NAME = "engramdb"
-FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer minor opens
-RECOVERY_PREFIX = "ERK1-"
 _NODE_FIELDS = set(Node.__dataclass_fields__)
 _first = operator.itemgetter(0)
 _id_of = operator.attrgetter("id")
@@ -64,147 +62,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.detail}"
-
-
-# --- header and key slots -------------------------------------------------------------
-
-def _slot_aad(header: Mapping[str, Any], slot: Mapping[str, Any]) -> bytes:
-    """The wrap's associated data: everything that must not change without the key noticing."""
-    return codec.pack([crypto.FORMAT_TAG, header["format"], list(header["version"]), header["cipher"],
-                       header["store_id"], slot["kind"], slot.get("label", ""), slot.get("kdf"), slot["salt"]])
-
-
-def _make_slot(header: Mapping[str, Any], dek: bytes, *, passphrase: str | bytes | None = None,
-               raw_key: bytes | None = None, kdf: crypto.KDFParams | None = None, label: str = "") -> dict[str, Any]:
-    salt = os.urandom(16)
-    slot: dict[str, Any]
-    if passphrase is not None:
-        params = kdf or crypto.KDFParams.default()
-        slot = {"kind": "passphrase", "label": label, "kdf": params.to_dict(), "salt": salt}
-        kek = crypto.derive_kek(passphrase, salt, params)
-    else:
-        if raw_key is None:
-            raise ValidationError("a key slot needs a passphrase or a raw key")
-        slot = {"kind": "key", "label": label, "kdf": None, "salt": salt}
-        kek = crypto.kek_from_raw_key(raw_key, salt)
-    slot["nonce"], slot["wrapped"] = crypto.wrap_key(kek, dek, _slot_aad(header, slot))
-    return slot
-
-
-def _unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_key: bytes | None) -> bytes:
-    kind = "passphrase" if passphrase is not None else "key"
-    if not isinstance(header.get("slots"), list):
-        raise CorruptFileError("the header's key slots are malformed")
-    slots = [s for s in header["slots"] if isinstance(s, dict) and s.get("kind") == kind]
-    if not slots:
-        raise WrongPassphraseError(f"this file has no {kind} slot",
-                                   hint="open it with the passphrase" if kind == "key" else None)
-    if kind == "passphrase" and len(slots) > 1:
-        # engramdb writes one passphrase slot (rekey replaces it); each would cost a full KDF run,
-        # so a header listing thousands of them could make open() run for hours
-        raise CorruptFileError(f"the header lists {len(slots)} passphrase slots; engramdb writes one")
-    for slot in slots:
-        salt = slot.get("salt")
-        if not isinstance(salt, bytes) or not 8 <= len(salt) <= 1024:  # argon2 needs >= 8 bytes
-            raise CorruptFileError("a key slot in the header has a malformed salt")
-        try:
-            if passphrase is not None:
-                kek = crypto.derive_kek(passphrase, slot["salt"], crypto.KDFParams.from_dict(slot["kdf"]))
-            elif raw_key is not None:
-                kek = crypto.kek_from_raw_key(raw_key, slot["salt"])
-            else:
-                raise ValidationError("give a passphrase or a raw key")
-            dek = crypto.unwrap_key(kek, slot["nonce"], slot["wrapped"], _slot_aad(header, slot))
-        except (KeyError, TypeError):
-            raise CorruptFileError("a key slot in the header is malformed") from None
-        if dek is not None:
-            return dek
-    raise WrongPassphraseError("the passphrase does not unlock this file" if kind == "passphrase"
-                               else "the key does not unlock this file")
-
-
-def _parse_raw_key(key: bytes | str) -> bytes:
-    """Accept 32 raw bytes or a recovery key string ``ERK1-XXXX-...``."""
-    if isinstance(key, (bytes, bytearray)):
-        return bytes(key)
-    if isinstance(key, str):
-        text = key.strip().upper()
-        if text.startswith(RECOVERY_PREFIX):
-            text = text[len(RECOVERY_PREFIX):]
-        text = text.replace("-", "")
-        try:
-            raw = base64.b32decode(text + "=" * (-len(text) % 8))
-        except ValueError:
-            raise ValidationError("the recovery key is not valid base32",
-                                  hint="copy it exactly as add_recovery_key() printed it") from None
-        return raw
-    raise ValidationError("key must be 32 bytes or a recovery-key string")
-
-
-def read_key_file(path: str | os.PathLike[str]) -> bytes | str:
-    """The key in a --key-file: exactly 32 raw bytes, or a recovery key (``ERK1-...``) as text.
-
-    Raises:
-        ValidationError: the file cannot be read or holds neither.
-    """
-    try:
-        with builtins.open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise ValidationError(f"cannot read {path}: {exc.strerror}",
-                              hint="check the path and its permissions") from None
-    if len(data) == 32:
-        return data
-    try:
-        text = data.decode("utf-8").strip()
-        if len(_parse_raw_key(text)) == 32:
-            return text
-    except (UnicodeDecodeError, ValidationError):
-        pass
-    raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
-                          hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
-                               "(ERK1-...), or the 32 raw key bytes")
-
-
-def _format_recovery_key(raw: bytes) -> str:
-    text = base64.b32encode(raw).decode().rstrip("=")
-    return RECOVERY_PREFIX + "-".join(text[i:i + 4] for i in range(0, len(text), 4))
-
-
-def _read_header(txn: Txn, path: str) -> tuple[dict[str, Any], bytes, bool]:
-    """(header, its bytes, needs_repair). Prefers the primary copy; falls back to the backup."""
-    primary, backup, digest = (txn.get_header(k) for k in HEADER_KEYS)
-    if primary is None and backup is None:
-        raise ForeignFileError(f"{path} has no engramdb header")
-    chosen = None
-    for candidate in (primary, backup):
-        if candidate is not None and digest is not None and hashlib.sha256(candidate).digest() == digest:
-            chosen = candidate
-            break
-    if chosen is None:
-        raise CorruptFileError(f"the header of {path} is damaged (its checksum does not match)",
-                               hint="restore the header with `engramdb import-key` from an exported key file, "
-                                    "or restore from a dump")
-    try:
-        header = codec.unpack(chosen)
-    except CorruptFileError:
-        raise CorruptFileError(f"the header of {path} does not decode") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise ForeignFileError(f"{path} is not an engramdb file")
-    version = header.get("version")
-    if not (isinstance(version, list) and len(version) == 2 and all(isinstance(v, int) for v in version)):
-        raise CorruptFileError(f"the header of {path} has a malformed version")
-    if version[0] > FORMAT_VERSION[0]:
-        raise FormatVersionError(f"{path} uses format {version[0]}.{version[1]}; this engramdb reads "
-                                 f"{FORMAT_VERSION[0]}.x")
-    return header, chosen, chosen != primary or backup != primary
-
-
-def _write_header(txn: Txn, header: Mapping[str, Any]) -> None:
-    data = codec.pack(dict(header))
-    txn.put_header(b"header", data)
-    txn.put_header(b"header.bak", data)
-    txn.put_header(b"header.sha256", hashlib.sha256(data).digest())
 
 
 # --- the facade ----------------------------------------------------------------------
@@ -257,7 +114,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                               hint='pass the path of the .engram file, e.g. open("notes.engram", passphrase=...)')
     if passphrase is not None and key is not None:
         raise ValidationError("pass either passphrase or key, not both")
-    raw_key = _parse_raw_key(key) if key is not None else None
+    raw_key = hdr.parse_raw_key(key) if key is not None else None
     if raw_key is not None and len(raw_key) != 32:
         raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
     if kdf is not None:
@@ -339,57 +196,26 @@ class Engram:
             fresh = txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
                 and txn.count("nodes") == 0 and txn.count("meta") == 0
             if not fresh:
-                header, _, needs_repair = _read_header(txn, store.path)
+                header, _, needs_repair = hdr.read_header(txn, store.path)
         if fresh:
             if store.readonly:
                 raise ForeignFileError(f"{store.path} has no engramdb header")
             return cls._initialize(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
-        if header.get("encrypted"):
-            if passphrase is None and raw_key is None:
-                raise ModeMismatchError(f"{store.path} is encrypted; a passphrase or key is needed")
-            store.sealer = crypto.Sealer(_unlock(header, passphrase=passphrase, raw_key=raw_key))
-        else:
-            if passphrase is not None or raw_key is not None:
-                raise ModeMismatchError(f"{store.path} is a plaintext file; it takes no passphrase or key",
-                                        hint="open it without a passphrase (encrypted=False)")
-            blind_key = header.get("blind_key")
-            if not isinstance(blind_key, bytes) or len(blind_key) != 32:
-                raise CorruptFileError("the plaintext header lacks its index key")
-            store.sealer = crypto.Sealer(None, plain_blind_key=blind_key)
-        if header.get("cipher") != crypto.CIPHER_ID:
-            raise CorruptFileError(f"unknown cipher {header.get('cipher')!r}")
+        store.sealer = hdr.sealer_for(header, store.path, passphrase=passphrase, raw_key=raw_key)
         engram = cls(store, header)
         with store.read() as txn:
             txn.state  # the sealed state record must open under this key  # noqa: B018
         if needs_repair and not store.readonly:
-            store.write(lambda t: _write_header(t, header))
+            store.write(lambda t: hdr.write_header(t, header))
         return engram
 
     @classmethod
     def _initialize(cls, store: Store, *, passphrase: str | bytes | None, raw_key: bytes | None, encrypted: bool,
                     kdf: crypto.KDFParams | None) -> Engram:
-        from . import __version__
-
-        header: dict[str, Any] = {
-            "format": FORMAT_NAME, "version": list(FORMAT_VERSION), "created_by": __version__,
-            "encrypted": bool(encrypted), "cipher": crypto.CIPHER_ID, "kdf": crypto.KDF_ID,
-            "store_id": os.urandom(16), "slots": [],
-        }
-        if encrypted:
-            if passphrase is None and raw_key is None:
-                raise ModeMismatchError("a new encrypted file needs a passphrase or key",
-                                        hint="pass passphrase=..., or encrypted=False for a plaintext file")
-            dek = os.urandom(32)
-            header["slots"].append(_make_slot(header, dek, passphrase=passphrase, raw_key=raw_key, kdf=kdf))
-            store.sealer = crypto.Sealer(dek)
-        else:
-            if passphrase is not None or raw_key is not None:
-                raise ModeMismatchError("encrypted=False takes no passphrase or key")
-            header["blind_key"] = os.urandom(32)
-            store.sealer = crypto.Sealer(None, plain_blind_key=header["blind_key"])
+        header, store.sealer = hdr.new_header(encrypted=encrypted, passphrase=passphrase, raw_key=raw_key, kdf=kdf)
 
         def init(txn: Txn) -> None:
-            _write_header(txn, header)
+            hdr.write_header(txn, header)
             txn.state  # creates the sealed state record on commit  # noqa: B018
 
         store.write(init)
@@ -884,9 +710,9 @@ class Engram:
         self._require_encrypted()
         dek = self._dek()
         header = dict(self._header)
-        slot = _make_slot(header, dek, passphrase=new_passphrase, kdf=kdf)  # argon2 outside the write lock
+        slot = hdr.make_slot(header, dek, passphrase=new_passphrase, kdf=kdf)  # argon2 outside the write lock
         header["slots"] = [s for s in header["slots"] if s["kind"] != "passphrase"] + [slot]
-        self._store.write(lambda txn: _write_header(txn, header))
+        self._store.write(lambda txn: hdr.write_header(txn, header))
         self._header = header
 
     def add_recovery_key(self) -> str:
@@ -897,11 +723,11 @@ class Engram:
         self._require_encrypted()
         raw = os.urandom(32)
         header = dict(self._header)
-        slot = _make_slot(header, self._dek(), raw_key=raw, label="recovery")
+        slot = hdr.make_slot(header, self._dek(), raw_key=raw, label="recovery")
         header["slots"] = [s for s in header["slots"] if s.get("label") != "recovery"] + [slot]
-        self._store.write(lambda txn: _write_header(txn, header))
+        self._store.write(lambda txn: hdr.write_header(txn, header))
         self._header = header
-        return _format_recovery_key(raw)
+        return hdr.format_recovery_key(raw)
 
     def export_key(self, path: str | os.PathLike[str]) -> None:
         """Write the header (salt, KDF parameters, wrapped data keys; no secrets) to ``path``.
@@ -918,12 +744,12 @@ class Engram:
             # O_TRUNC on the data file itself would destroy the store the key is meant to save
             raise ValidationError(f"{os.fspath(path)} is this store's own file; the key file must go elsewhere",
                                   hint="choose another path, ideally on another disk than the data")
-        data = codec.pack(self._header)
+        data = hdr.pack_key_file(self._header)
         try:
             fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
-                fh.write(KEYFILE_MAGIC + data)
+                fh.write(data)
                 fh.flush()
                 os.fsync(fd)
         except OSError as exc:
@@ -1113,9 +939,6 @@ class Engram:
         return entity_table(self)
 
 
-KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
-
-
 def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
                key: bytes | str | None = None) -> None:
     """Put an exported header back into a file whose header is damaged.
@@ -1134,13 +957,8 @@ def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *,
     except OSError as exc:
         raise FileMissingError(f"cannot read the key file {os.fspath(keyfile)}: {exc.strerror}",
                                hint="pass the file written by export_key() / `engramdb export-key`") from None
-    keyfile_hint = "pass the file written by export_key() / `engramdb export-key`; the store's path comes first"
-    if not data.startswith(KEYFILE_MAGIC):
-        raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
-    header = codec.unpack(data[len(KEYFILE_MAGIC):])
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
-    dek = _unlock(header, passphrase=passphrase, raw_key=_parse_raw_key(key) if key is not None else None)
+    header = hdr.unpack_key_file(data, keyfile)
+    dek = hdr.unlock(header, passphrase=passphrase, raw_key=hdr.parse_raw_key(key) if key is not None else None)
     store = Store.open(path, create=False)
     try:
         store.sealer = crypto.Sealer(dek)
@@ -1150,7 +968,7 @@ def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *,
             except DecryptionError:
                 raise DecryptionError("this key file belongs to another store", hint="use that store's key file") \
                     from None
-        store.write(lambda txn: _write_header(txn, header))
+        store.write(lambda txn: hdr.write_header(txn, header))
     finally:
         store.close()
 

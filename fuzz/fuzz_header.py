@@ -5,7 +5,7 @@ Run (see fuzz/README.md)::
     python fuzz/fuzz_header.py /tmp/header-new fuzz/corpus/header -max_total_time=60
 
 The body of an input is the msgpack header; a fake transaction serves it as the header
-copies with a matching SHA-256, and ``engram._read_header`` then ``engram._unlock`` run on
+copies with a matching SHA-256, and ``header.read_header`` then ``header.unlock`` run on
 it. The first byte picks the case (``byte % 8``):
 
     bit 0      unlock with the passphrase (0) or with the raw key (1)
@@ -14,7 +14,7 @@ it. The first byte picks the case (``byte % 8``):
 
 Oracle: anything other than an EngramError is a crash; ``needs_repair`` is reported exactly
 when a copy is missing or damaged; an accepted header is written back with
-``_write_header`` and reads back equal; an unlock returns a 32-byte key; and the KDF never
+``header.write_header`` and reads back equal; an unlock returns a 32-byte key; and the KDF never
 runs with parameters above the cap, i.e. hostile parameters are refused before it runs.
 
 KDF cost: the test switch ``ENGRAM_TEST_WEAK_KDF=1`` lets the seeds use t=1, m=8 KiB, and
@@ -37,10 +37,12 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports(include=["engramdb"]):
-        from engramdb import codec, crypto, engram
+        from engramdb import codec, crypto
+        from engramdb import header as hdr
         from engramdb.errors import EngramError
 else:  # imported by tests/test_fuzz_regressions.py to replay the corpus without atheris
-    from engramdb import codec, crypto, engram
+    from engramdb import codec, crypto
+    from engramdb import header as hdr
     from engramdb.errors import EngramError
 
 import argon2.low_level
@@ -106,22 +108,22 @@ def header_txn(body: bytes, layout: int) -> FakeTxn:
 def check_header(body: bytes, mode: int) -> None:
     use_key, layout = mode & 1, (mode >> 1) & 3
     try:
-        header, chosen, needs_repair = engram._read_header(header_txn(body, layout), PATH)
+        header, chosen, needs_repair = hdr.read_header(header_txn(body, layout), PATH)
     except EngramError:
         return
-    assert isinstance(header, dict) and chosen == body, "_read_header returned the wrong copy"
+    assert isinstance(header, dict) and chosen == body, "read_header returned the wrong copy"
     assert needs_repair == (layout != 0), f"needs_repair={needs_repair} for layout {layout}"
     written = FakeTxn({})
-    engram._write_header(written, header)
-    again, again_bytes, repair_again = engram._read_header(written, PATH)
+    hdr.write_header(written, header)
+    again, again_bytes, repair_again = hdr.read_header(written, PATH)
     # compared as bytes: a header may hold NaN, which is not equal to itself
     assert codec.pack(again) == again_bytes and not repair_again, "a rewritten header reads back differently"
     try:
-        dek = engram._unlock(header, passphrase=None if use_key else PASSPHRASE,
-                             raw_key=RAW_KEY if use_key else None)
+        dek = hdr.unlock(header, passphrase=None if use_key else PASSPHRASE,
+                          raw_key=RAW_KEY if use_key else None)
     except EngramError:
         return
-    assert isinstance(dek, bytes) and len(dek) == 32, "_unlock returned a malformed key"
+    assert isinstance(dek, bytes) and len(dek) == 32, "unlock returned a malformed key"
 
 
 def TestOneInput(data: bytes) -> None:

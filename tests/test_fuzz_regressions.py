@@ -208,11 +208,11 @@ def _seed_header() -> dict:
 
 
 def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
-    """Review of fuzz_header, 2026-11-30: _unlock ran the KDF once per passphrase slot, and the
+    """Review of fuzz_header, 2026-11-30: _unlock (now header.unlock) ran the KDF once per passphrase slot, and the
     number of slots is not bounded; at the cap (t=20, m=4 GiB, p=16) one run would take about 75 s
     on the 2-core build VM (1.2 s measured at m=64 MiB, times 64), so a header listing 1,000
     slots would make open() run for most of a day."""
-    from engramdb import engram
+    from engramdb import header as engram_header
 
     header = _seed_header()
     slot = next(s for s in header["slots"] if s["kind"] == "passphrase")
@@ -220,7 +220,7 @@ def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
     runs = []
     monkeypatch.setattr(crypto, "derive_kek", lambda *args: runs.append(args) or bytes(32))
     with pytest.raises(CorruptFileError, match="1000 passphrase slots"):
-        engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
+        engram_header.unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
     assert runs == []
 
 
@@ -234,7 +234,7 @@ def test_many_passphrase_slots_refused_before_any_kdf_run(monkeypatch):
 def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf, monkeypatch):
     """fuzz_header oracle, 2026-11-30: the KDF guard of cheap_kdf() never fired; this pins the order
     (parameters checked, then argon2 run) with the real cap and without the test switch."""
-    from engramdb import engram
+    from engramdb import header as engram_header
 
     header = _seed_header()
     header = dict(header, slots=[dict(s, kdf=kdf) if s["kind"] == "passphrase" else s for s in header["slots"]])
@@ -243,7 +243,7 @@ def test_hostile_kdf_in_a_header_refused_before_the_kdf_runs(kdf, monkeypatch):
     runs = []
     monkeypatch.setattr(argon2.low_level, "hash_secret_raw", lambda *a, **k: runs.append(k) or bytes(32))
     with pytest.raises(WeakKDFError):
-        engram._unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
+        engram_header.unlock(header, passphrase=HEADER.PASSPHRASE, raw_key=None)
     assert runs == []
 
 

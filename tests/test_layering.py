@@ -26,6 +26,8 @@ RANKS = {
     # bulk ingest (add_many, import_many): builds nodes, writes chunks through the facade's
     # record writer, which it is handed (records and store only)
     "bulk": 4,
+    # the file header and its key slots (codec, crypto, store's header keys)
+    "header": 4,
     "aaak": 5, "importers": 5,
     "compress.*": 6, "compress": 6,
     # one meaning for every filter over memories (scan, recall); dates compare as compress does
