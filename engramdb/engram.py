@@ -10,22 +10,23 @@ import contextlib
 import hashlib
 import operator
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import bulk, codec, crypto
 from . import header as hdr
+from . import verify as verify_mod
 # their home was here: users, error hints and the CLI name them so
 from .bulk import INGEST_CHUNK as INGEST_CHUNK
 from .header import FORMAT_VERSION as FORMAT_VERSION, read_key_file as read_key_file
+from .verify import Problem as Problem
 from .errors import (
-    CorruptFileError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, ForeignFileError,
+    CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError,
     ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, shown,
 )
 from .records import Edge, Node, now_ts
 from .fusion import FusionWeights, check_fusion
-from .store import DEFAULT_TIMEOUT, HEADER_KEYS, TABLES, Store, Txn, structural_problems
+from .store import DEFAULT_TIMEOUT, TABLES, Store, Txn, structural_problems
 
 if TYPE_CHECKING:  # annotations only: recall and the indexes sit above or beside this layer's imports
     from numpy.typing import ArrayLike
@@ -51,17 +52,6 @@ _id_of = operator.attrgetter("id")
 # node pages ~90 % used: rewritten (at 1M, 0.96x -> 0.89x the fresh file; without it, 2 s
 # of CPU and ~0.4 GB of LMDB's dirty pages less)
 REPACK_BELOW_FILL = 0.95
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding of :meth:`Engram.verify`."""
-
-    kind: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.detail}"
 
 
 # --- the facade ----------------------------------------------------------------------
@@ -131,7 +121,7 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         engram = Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
         if not repair:  # the snapshot must be the last engramdb commit (a removed or older state is not)
             with store.read() as txn:
-                problems = [txn.binding_problem()] + (_digest_problems(txn) if verify else [])
+                problems = [txn.binding_problem()] + (verify_mod.digest_problems(txn) if verify else [])
             problems = [p for p in problems if p]
             if problems:
                 raise CorruptFileError(f"{store.path}: {problems[0]}",
@@ -809,9 +799,9 @@ class Engram:
         if problems:  # never read a damaged file through the map: a bad page can kill the process
             return problems
         with self._store.read() as txn:
-            problems += _check_contents(self, txn)
+            problems += verify_mod.check_contents(txn, self.indexes, self._id_key)
         if fix and problems and not self.readonly:
-            self._store.write(lambda txn: _rebuild_derived(self, txn))
+            self._store.write(lambda txn: verify_mod.rebuild_derived(txn, self.indexes, self._id_key))
         return problems
 
     def _verify_structure(self) -> list[Problem]:
@@ -1299,159 +1289,3 @@ def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _procedure_key(packed: bytes) -> bytes:
     return hashlib.sha256(packed).digest()[:16]
-
-
-# --- verify ---------------------------------------------------------------------------
-
-def _digest_mismatch(table: str, found: tuple[int, int], sealed: list[int]) -> str | None:
-    """What differs between a table's entries and the sealed state's count and digest, or None."""
-    (count, digest), (want_count, want_digest) = found, sealed
-    if count != want_count:
-        return (f"table {table}: {count} entries, but the sealed state counts {want_count}; entries were "
-                "removed or added outside engramdb")
-    if digest != want_digest:
-        return (f"table {table}: {count} entries as the sealed state counts, but their digest differs; an "
-                "entry was replaced, e.g. rolled back to an older value")
-    return None
-
-
-def _table_digests(txn: Txn, table: str, sealer: crypto.Sealer,
-                   on_entry: Callable[[bytes, bytes], None] | None = None) -> tuple[int, int]:
-    """(count, additive digest) of a table's entries, streamed; ``on_entry(key, envelope)`` sees each."""
-    count, digest, tname = 0, 0, table.encode()
-    for key, envelope in txn.raw_items(table):
-        if on_entry is not None:
-            on_entry(key, envelope)
-        count += 1
-        digest = (digest + sealer.state_term(tname, key, envelope)) % 2**256
-    return count, digest
-
-
-def _digest_problems(txn: Txn) -> list[str]:
-    """Every table's entries against the sealed state's count and digest (open(verify=True))."""
-    state, sealer = txn.state, txn.store.sealer
-    found = (_digest_mismatch(t, _table_digests(txn, t, sealer), state.digests.get(t, [0, 0]))
-             for t in TABLES if t != "meta")
-    return [p for p in found if p]
-
-
-class _Records(Mapping[int, Node]):
-    """Every docno of the file, but only the archived stubs' records (what the archive check
-    reads), so verify does not keep every decoded record."""
-
-    def __init__(self, docnos: Mapping[int, bytes], archived: dict[int, Node]) -> None:
-        self._docnos, self._archived = docnos, archived
-
-    def __contains__(self, docno: object) -> bool:
-        return docno in self._docnos
-
-    def __getitem__(self, docno: int) -> Node:
-        return self._archived[docno]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._archived)
-
-    def __len__(self) -> int:
-        return len(self._archived)
-
-
-def _check_contents(engram: Engram, txn: Txn) -> list[Problem]:
-    """Everything below the structure. It streams: per record only its docno and blind id key
-    are kept, so memory grows with the number of records by tens of bytes each."""
-    store = engram._store
-    sealer = store.sealer
-    problems: list[Problem] = []
-    header_bytes = [txn.get_header(k) for k in HEADER_KEYS]
-    if header_bytes[0] is None or hashlib.sha256(header_bytes[0]).digest() != header_bytes[2]:
-        problems.append(Problem("header", "the primary header does not match its checksum"))
-    if header_bytes[0] != header_bytes[1]:
-        problems.append(Problem("header", "the header backup differs from the primary"))
-    try:
-        state = txn.state
-    except EngramError as exc:
-        return problems + [Problem("state", f"the state record does not open: {exc.message}")]
-    binding = txn.binding_problem()
-    if binding:
-        problems.append(Problem("state", binding))
-    for key, envelope in txn.raw_items("meta"):
-        if key not in HEADER_KEYS:
-            try:
-                sealer.open(b"meta", key, envelope)
-            except DecryptionError:
-                problems.append(Problem("decrypt", f"meta/{key.hex()} does not authenticate"))
-    from .maintenance.archive import info as archive_info, problems as archive_problems
-
-    id_keys: dict[int, bytes] = {}  # docno -> blind id key of the record's id
-    archived: dict[int, Node] = {}  # only archived stubs are kept decoded (for the archive check)
-    archive_rows: list[tuple[bytes, bytes]] = []
-
-    for table in TABLES:
-        if table == "meta":
-            continue
-        tname = table.encode()
-
-        def check(key: bytes, envelope: bytes, table: str = table, tname: bytes = tname) -> None:
-            try:
-                plain = sealer.open(tname, key, envelope)
-            except DecryptionError:
-                problems.append(Problem("decrypt", f"{table}/{key.hex()} does not authenticate"))
-                return
-            if table == "archive":
-                archive_rows.append((key, plain))
-            if table == "nodes":
-                try:
-                    docno, node = codec.from_u64(key), codec.decode_node(plain)
-                except EngramError as exc:
-                    problems.append(Problem("record", f"node {key.hex()}: {exc.message}"))
-                    return
-                id_keys[docno] = engram._id_key(node.id)
-                if archive_info(node) is not None:
-                    archived[docno] = node
-                if docno >= state.next_docno:
-                    problems.append(Problem("state", f"record {docno} ({node.id[:60]!r}) is beyond the allocated "
-                                                     "docnos"))
-
-        mismatch = _digest_mismatch(table, _table_digests(txn, table, sealer, check),
-                                    state.digests.get(table, [0, 0]))
-        if mismatch:
-            problems.append(Problem("digest", mismatch))
-    mapped: set[int] = set()
-    for key, envelope in txn.raw_items("ids"):
-        try:
-            docno = codec.from_u64(sealer.open(b"ids", key, envelope))
-        except DecryptionError:
-            continue  # reported above
-        except CorruptFileError:
-            problems.append(Problem("ids", f"id entry {key.hex()} is malformed"))
-            continue
-        if id_keys.get(docno) != key:
-            problems.append(Problem("ids", f"id entry {key.hex()} points at a missing or different record"))
-        mapped.add(docno)
-    for docno in sorted(id_keys.keys() - mapped):
-        problems.append(Problem("ids", f"record {docno} has no id entry"))
-    problems += [Problem("archive", p) for p in archive_problems(_Records(id_keys, archived), archive_rows)]
-    try:
-        problems += [Problem("index", p) for p in engram.indexes.verify(txn)]  # index hook
-    except EngramError as exc:  # e.g. a record that does not decrypt (reported above): verify reports, never raises
-        problems.append(Problem("index", f"the indexes cannot be checked: {exc.message}"))
-    return problems
-
-
-def _rebuild_derived(engram: Engram, txn: Txn) -> None:
-    """Rebuild the id map from the records and re-derive the digests (verify --fix)."""
-    for key in list(txn.keys("ids")):
-        txn.delete("ids", key)
-    for key, value in list(txn.items("nodes")):
-        try:
-            node = codec.decode_node(value)
-        except EngramError:
-            continue
-        txn.put("ids", engram._id_key(node.id), key)
-    engram.indexes.rebuild(txn)  # index hook
-    state = txn.state
-    sealer = engram._store.sealer
-    for table in TABLES:
-        if table != "meta":
-            state.digests[table] = list(_table_digests(txn, table, sealer))
-    if state.next_docno <= max((codec.from_u64(k) for k in txn.keys("nodes")), default=0):
-        state.next_docno = max(codec.from_u64(k) for k in txn.keys("nodes")) + 1

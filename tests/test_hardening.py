@@ -679,7 +679,7 @@ def test_the_digest_message_says_whether_the_count_or_the_digest_differs(tmp_eng
     db.add_many([{"id": f"m{i}", "content": f"memory {i}"} for i in range(5)])
     with db._store.read() as txn:
         state = txn.state
-    from engramdb.engram import _digest_mismatch
+    from engramdb.verify import _digest_mismatch
 
     count, digest = state.digests["nodes"]
     assert _digest_mismatch("nodes", (count, digest), [count, digest]) is None

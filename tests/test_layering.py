@@ -38,6 +38,8 @@ RANKS = {
     "recall_features": 6,
     "recall": 7,
     "maintenance.*": 8, "maintenance": 8,
+    # verify's whole-file checks: the records, the archive (maintenance.archive) and the indexes
+    "verify": 9,
     # the agent layer works on an Engram through its public API (duck-typed, no import of it)
     "agent.*": 9, "agent": 9,
     # engram's facade and the modules that extend it with whole-store operations
