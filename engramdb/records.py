@@ -11,7 +11,7 @@ import operator
 import time
 import uuid
 from dataclasses import MISSING, dataclass, field, fields, replace
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -521,36 +521,33 @@ _DEFAULT_OBJECTS = {f.name: _NO_DEFAULT if f.default is MISSING else f.default f
 _POST_INIT_CHECKS = tuple((name, check, _DEFAULT_OBJECTS[name]) for name, check in _NODE_CHECKS)
 
 
-def _column_checks() -> dict[str, Any]:
-    """Per field, a check of a whole column that implies every value passes the field's
-    own check unchanged (exact types only: a subclass or a conversion goes row by row)."""
-    def texts(values: list[Any]) -> bool:
-        return set(map(type, values)) == {str}
-
-    def finite(values: list[Any]) -> bool:
-        return set(map(type, values)) == {float} and all(map(math.isfinite, values))
-
-    return {
-        "id": lambda v: texts(v) and all(v) and max(map(len, v)) * 4 <= MAX_ID_BYTES,
-        "content": lambda v: texts(v) and max(map(len, v)) <= MAX_CONTENT_BYTES,
-        "quote": texts,
-        "source": texts,
-        "weight": finite,
-        "importance": lambda v: finite(v) and min(v) >= 0.0 and max(v) <= 1.0,
-        "created_at": finite,
-        "last_accessed": finite,
-    }
-
-
-_COLUMN_CHECKS = _column_checks()
-
-
-# What the C extension's columns_pass checks per field, the same as _COLUMN_CHECKS: (kind,
-# limit), kind 0 an exact str of at most `limit` code points (-1: any length), 1 the same and
-# non-empty, 2 an exact finite float, 3 one in [0, 1] (engramdb/_native.c)
+# Per field with a column check, (kind, limit) as the C extension's columns_pass takes them
+# (engramdb/_native.c): kind 0 an exact str of at most `limit` code points (-1: any length),
+# 1 the same and non-empty, 2 an exact finite float, 3 one in [0, 1]. An id's limit is in code
+# points: at most 4 UTF-8 bytes each, so MAX_ID_BYTES // 4 of them always fit. The pure-Python
+# checks (_COLUMN_CHECKS) are made from this table, so the two paths share one set of limits.
 _NATIVE_COLUMNS = {"id": (1, MAX_ID_BYTES // 4), "content": (0, MAX_CONTENT_BYTES), "quote": (0, -1),
                    "source": (0, -1), "weight": (2, 0), "importance": (3, 0), "created_at": (2, 0),
                    "last_accessed": (2, 0)}
+
+
+def _column_check(kind: int, limit: int) -> Callable[[list[Any]], bool]:
+    """The pure-Python check of a whole column of ``kind`` and ``limit`` (see
+    :data:`_NATIVE_COLUMNS`); passing it implies every value passes the field's own check
+    unchanged (exact types only: a subclass or a conversion goes row by row)."""
+    if kind in (0, 1):
+        def texts(values: list[Any]) -> bool:
+            return set(map(type, values)) == {str} and (kind == 0 or all(values)) \
+                and (limit < 0 or max(map(len, values)) <= limit)
+        return texts
+
+    def finite(values: list[Any]) -> bool:
+        return set(map(type, values)) == {float} and all(map(math.isfinite, values)) \
+            and (kind == 2 or (min(values) >= 0.0 and max(values) <= 1.0))
+    return finite
+
+
+_COLUMN_CHECKS = {name: _column_check(kind, limit) for name, (kind, limit) in _NATIVE_COLUMNS.items()}
 
 
 def _columns_pass(rows: Sequence[Mapping[str, Any]], vectors_checked: bool = False) -> bool:

@@ -137,14 +137,6 @@ def test_insert_many_refuses_an_existing_key(tmp_engram):
         assert [k for k, _ in txn.items("sources")] == [b"k1", b"k2"]
 
 
-def test_contains_any_is_any_contains(tmp_engram):
-    store = tmp_engram._store
-    store.write(lambda txn: txn.insert_many("sources", [(b"k1", b"a"), (b"k3", b"b")]))
-    with store.read() as txn:
-        for probe in ([], [b"k2"], [b"k2", b"k4", b"k0"], [b"k4", b"k3"], [b"k1"], [b"k3", b"k3"]):
-            assert txn.contains_any("sources", probe) == any(txn.contains("sources", k) for k in probe)
-
-
 def test_add_many_refuses_an_id_stored_by_an_earlier_batch(tmp_engram):
     tmp_engram.add_many([{"id": f"n{i}", "content": f"note {i}"} for i in range(5)], now=NOW)
     with pytest.raises(DuplicateIdError, match="n3"):

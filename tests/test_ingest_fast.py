@@ -275,6 +275,21 @@ def test_build_many_asks_plain_many_once(monkeypatch):
     assert bulk.build_many(rows, None) == [Node(**row) for row in rows] and calls == [3]
 
 
+def test_the_pure_column_checks_take_the_native_limits():
+    """records._COLUMN_CHECKS are made from _NATIVE_COLUMNS (one table of limits for both
+    paths): each kind's boundaries on the pure path."""
+    from engramdb import records
+
+    checks = records._COLUMN_CHECKS
+    limit = records.MAX_ID_BYTES // 4
+    assert checks.keys() == records._NATIVE_COLUMNS.keys()
+    assert checks["id"](["x" * limit]) and not checks["id"](["x" * (limit + 1)]) and not checks["id"](["a", ""])
+    assert checks["content"](["", "x"]) and not checks["content"](["x" * (records.MAX_CONTENT_BYTES + 1)])
+    assert checks["quote"](["", "x" * 10_000]) and not checks["quote"]([1]) and not checks["quote"](["a", b"b"])
+    assert checks["importance"]([0.0, 1.0]) and not checks["importance"]([1.5]) and not checks["importance"]([1])
+    assert checks["weight"]([-5.0, 2.5]) and not checks["weight"]([math.inf]) and not checks["weight"]([True])
+
+
 def test_ingest_chunk_is_importable_from_the_facade():
     import engramdb.engram
     from engramdb import bulk

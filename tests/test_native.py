@@ -292,11 +292,6 @@ def test_column_checks_match_the_pure_path(names, nrows, change, vectors_checked
     assert native == pure
 
 
-def test_native_column_specs_cover_the_column_checks() -> None:
-    from engramdb import records
-    assert records._NATIVE_COLUMNS.keys() == records._COLUMN_CHECKS.keys()
-
-
 _BOUNDARY_VALUES = ["", "x", "x" * 256, "x" * 257, _Str("s"), 0.0, -0.0, 1.0, 1.0000001, -1e-300, 0.5, 2.0,
                     float("nan"), float("inf"), float("-inf"), _Float(0.5), True, 1, None, b"x"]
 
