@@ -648,10 +648,13 @@ class _TermPostings:
     automatic merges rewrite: updating the delta concatenates a few cached small blocks,
     never a copy of the term's whole list).
 
-    Immutable: a newer state gets a new object built from this one, reusing its parts.
+    Immutable but for :attr:`seen` and the memo: a newer state that changes the term's
+    postings gets a new object built from this one, reusing its parts; one that does not
+    (the usual case after a commit or a small merge: the term is in none of the new small
+    segments) is served by this one as it is.
     """
 
-    __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo", "bkey")
+    __slots__ = ("epoch", "live", "dead_sizes", "dead", "pairs", "base", "delta", "memo", "bkey", "seen")
 
     def __init__(self, epoch: int, live: tuple[int, ...], dead: dict[int, np.ndarray], pairs: _Pairs,
                  base: _Run, delta: _Delta, dead_sizes: dict[int, int] | None = None,
@@ -663,6 +666,11 @@ class _TermPostings:
         # the large segments the base covers and their tombstone counts (:attr:`_View.bkey`;
         # None: not known, e.g. built inside a write transaction)
         self.bkey = bkey
+        # the serial of the last read state (:attr:`_Dir.serial`) this entry was found to
+        # cover: ``live`` and ``dead_sizes`` name the state it was built for, and it stays
+        # right for every later state that changes neither its base nor its small segments
+        # (a hint, written by any thread: a stale one only costs a recheck)
+        self.seen = 0
         self.pairs = pairs  # the base run's pair table
         self.base = base
         self.delta = delta
@@ -676,7 +684,7 @@ class _TermPostings:
         the state ``(live, dead_sizes)``: nothing copied or recomputed."""
         out = object.__new__(_TermPostings)
         out.epoch, out.live, out.dead, out.dead_sizes = self.epoch, live, dead, dead_sizes
-        out.pairs, out.base, out.delta, out.memo, out.bkey = self.pairs, self.base, delta, {}, bkey
+        out.pairs, out.base, out.delta, out.memo, out.bkey, out.seen = self.pairs, self.base, delta, {}, bkey, 0
         return out
 
     @property
@@ -782,7 +790,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "_sig", "terms_of", "fresh", "dead_live", "view")
+                 "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -806,6 +814,7 @@ class _Dir:
         self.fresh: dict[int, _Fresh] = {}  # the small segments among those this handle wrote
         self.dead_live: dict[int, np.ndarray] | None = None  # read states: segno -> dead docnos
         self.view: _View | None = None  # read states only: what every term's catch-up asks
+        self.serial = 0  # read states: a number the handle gives each state it reads (never reused)
 
     @classmethod
     def decode(cls, data: bytes | None) -> _Dir:
@@ -1103,6 +1112,7 @@ class SegmentedBM25:
         self._blinds: dict[str, bytes] = {}
         self._txnid: int | None = None
         self._dir: _Dir | None = None
+        self._serials = itertools.count(1)  # _Dir.serial of each read state switched to
         self._cache = LRUCache(mb_to_bytes(cache_mb, DEFAULT_CACHE_MB))
         # committed tombstone runs (immutable, numbers never reused): run -> dead docnos
         self._runs: dict[int, np.ndarray] = {}
@@ -1185,6 +1195,7 @@ class SegmentedBM25:
             d.terms_of.update((segno, t) for segno, t in prev.terms_of.items() if segno in d.segs)
             d.fresh.update((segno, f) for segno, f in prev.fresh.items() if segno in d.segs)
         self._drop_old_runs(d)
+        d.serial = next(self._serials)
         self._dir, self._txnid = d, sid
 
     def _written_by(self, txn: Txn) -> _Written | None:
@@ -1552,22 +1563,27 @@ class SegmentedBM25:
             holders = tuple(s for s in live if d.segs[s][0] <= SMALL_SEGMENT_DOCS and self._holds(txn, d, blind, s))
             return self._build(txn, d, blind, holders, self._dead_arrays(txn, d, live))
         old: _TermPostings | None = self._cache.get(("t", blind))
-        if old is not None and old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
-            return old
+        if old is not None:
+            if old.seen == d.serial:
+                return old
+            if old.epoch == d.epoch and old.live == live and old.dead_sizes == dead_sizes:
+                old.seen = d.serial
+                return old
         view = d.view or cast("_View", self._view(txn, d))
         holders = tuple([s for s, t in view.small if t is None or blind in t])
         if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
-            # the base is right as it is (the usual case after a commit or a small merge):
-            # relabel it, with the delta of the term's holders now (the same object when
-            # neither they nor their tombstones changed)
+            # the base is right as it is (the usual case after a commit or a small merge)
             delta = old.delta
-            if delta.key[0] != holders or (dead_sizes and delta.key[1] != self._counts(d, holders)):
-                delta = self._delta(txn, d, blind, holders, delta)
-            entry = old.relabelled(live, view.dead, dead_sizes, delta, view.bkey)
+            if delta.key[0] == holders and (not dead_sizes or delta.key[1] == self._counts(d, holders)):
+                old.seen = d.serial  # and so is the delta: the entry covers this state as it is
+                return old
+            # relabelled with the delta of the term's holders now
+            entry = old.relabelled(live, view.dead, dead_sizes, self._delta(txn, d, blind, holders, delta), view.bkey)
         else:
             updated = self._update(txn, d, blind, old, holders, view) if old is not None and old.epoch == d.epoch else None
             entry = self._build(txn, d, blind, holders, view.dead) if updated is None else updated
             entry.bkey = view.bkey
+        entry.seen = d.serial
         self._cache.put(("t", blind), entry, entry.nbytes)
         return entry
 
