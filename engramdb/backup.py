@@ -25,7 +25,7 @@ from .errors import (
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 from .store import STORE_SIDECARS, Txn, remove_if_abandoned, replace_store
 
-__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "entity_table",
+__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "import_resumable", "entity_table",
            "SOURCE_META_PREFIX", "ENTITIES_META"]
 
 # Source texts (what recall_context cuts passages from) travel as @meta lines.
@@ -414,11 +414,7 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
 
     def flush() -> None:
         nonlocal count, nodes
-        for node in nodes:
-            for name, vec in sorted(node.embeddings.items()):
-                if name not in known:
-                    engram.add_space(name, dims=len(vec), model="imported", normalize=False)
-                    known.add(name)
+        _add_spaces(engram, nodes, known)
         count += len(engram.add_many(nodes))
         nodes = []
         if progress:
@@ -441,6 +437,107 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
 
         engram._store.write(put_edges)
     return count, len(edges)
+
+
+def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable], *, chunk: int | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> tuple[int, int, int]:
+    """Store imported items streamed, as :meth:`Engram.import_many` stores memories: a
+    ``chunk`` of them (default :data:`~engramdb.engram.INGEST_CHUNK`) per transaction,
+    those whose id is stored already (or came earlier) skipped. Returns ``(added,
+    skipped, edges)``: memories added and skipped, and edges written.
+
+    Unlike :func:`import_records`, this is **not atomic** and refuses nothing for an id
+    that exists: an interruption leaves whole chunks behind, and running the same import
+    again completes it without adding anything twice (give every memory an id: one
+    without gets a new one each run). ``items`` is read as it is stored, so what is held
+    at once is one chunk of memories; only the edges are held until the last memory is
+    stored (an edge needs both of its ends), then written in batches of
+    :data:`RESTORE_BATCH`, those stored already skipped. An entity table is merged as it
+    comes (merging the same one again changes nothing); an embedding space that does not
+    exist yet is created from the first vector seen, as :func:`import_records` does.
+
+    Args:
+        chunk: memories per transaction.
+        progress: called after each chunk's commit with the running ``(added, skipped)``.
+
+    Raises:
+        ValidationError: ``chunk`` is not a positive integer, or a memory is invalid (the
+            chunks before it are committed).
+        AAAKParseError: an edge names a memory that is neither imported nor stored (every
+            memory is stored by then; no edge is written).
+    """
+    from . import bulk
+
+    size = bulk.INGEST_CHUNK if chunk is None else chunk
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
+                              hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
+    known = set(engram.spaces())
+    nodes: list[Node] = []
+    edges: list[Edge] = []
+    added = skipped = 0
+
+    def flush() -> None:
+        nonlocal added, skipped
+        _add_spaces(engram, nodes, known)
+        count, seen = engram.import_many(nodes, chunk=len(nodes))
+        added, skipped = added + count, skipped + seen
+        nodes.clear()
+        if progress is not None:
+            progress(added, skipped)
+
+    for item in items:
+        if isinstance(item, Node):
+            nodes.append(item)
+            if len(nodes) >= size:
+                flush()
+        elif isinstance(item, Edge):
+            edges.append(item)
+        elif isinstance(item, EntityTable):
+            engram._store.write(partial(_merge_entities, incoming=item.code_to_name))
+    if nodes:
+        flush()
+    return added, skipped, _put_new_edges(engram, edges)
+
+
+def _add_spaces(engram: Engram, nodes: list[Node], known: set[str]) -> None:
+    """Create the embedding spaces of ``nodes``'s vectors that do not exist yet (model
+    ``"imported"``, not normalised), from the first vector of each."""
+    for node in nodes:
+        for name, vec in sorted(node.embeddings.items()):
+            if name not in known:
+                engram.add_space(name, dims=len(vec), model="imported", normalize=False)
+                known.add(name)
+
+
+def _put_new_edges(engram: Engram, edges: list[Edge]) -> int:
+    """Write those of ``edges`` that are not stored yet (same ends and kind), after checking
+    that every end is stored; returns how many were written.
+
+    Raises:
+        AAAKParseError: an edge names a memory that is not stored (nothing is written).
+    """
+    with engram._store.read() as txn:
+        tx = Transaction(engram, txn)
+        for edge in edges:
+            for end in (edge.src, edge.dst):
+                if tx._docno(end) is None:
+                    raise AAAKParseError(f"an edge names a memory that is not there: {end!r}",
+                                         hint="the memories are imported, no edge is; check the source file")
+    written = 0
+    for start in range(0, len(edges), RESTORE_BATCH):
+        def put_batch(txn: Txn, batch: list[Edge] = edges[start:start + RESTORE_BATCH]) -> int:
+            tx = Transaction(engram, txn)
+            new = []
+            for edge in batch:
+                src, dst = tx._docno(edge.src), tx._docno(edge.dst)
+                if src is not None and dst is not None and engram.indexes.graph.get(txn, src, dst, edge.kind) is None:
+                    new.append(edge)
+            _put_edges(engram, txn, new)
+            return len(new)
+
+        written += engram._store.write(put_batch)
+    return written
 
 
 def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) -> None:

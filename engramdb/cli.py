@@ -6,6 +6,7 @@ error. Passphrases come from ENGRAM_PASSPHRASE, --passphrase-file or a prompt, n
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import stat
@@ -1512,18 +1513,26 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
 @click.option("--skip-bad-embeddings", is_flag=True,
               help="Import Terronex memories whose embedding is damaged (wrong dimensions, not finite numbers) "
                    "without it, and count them, instead of stopping.")
+@click.option("--resume", is_flag=True,
+              help="Stream the source in chunks, each committed on its own, skipping memories whose id is "
+                   "stored already: running it again completes an interrupted import (not all or nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
-            id_prefix: str, create: bool, space: str, skip_bad_embeddings: bool, as_json: bool) -> None:
+            id_prefix: str, create: bool, space: str, skip_bad_embeddings: bool, resume: bool, as_json: bool) -> None:
     """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram 1.x/2.x file.
+
+    By default the import is all or nothing: it refuses a source with an id that is stored
+    already. With --resume it streams the source into FILE a chunk at a time (each chunk
+    its own transaction) and skips ids that are stored already, so re-running it completes
+    an interrupted import; edges are written after the last memory.
 
     Example:
 
         engramdb import memories.jsonl notes.engram
-    """
-    import io
 
+        engramdb import --resume big.jsonl notes.engram
+    """
     from .backup import import_records
     from .importers import ImportReport, iter_import
 
@@ -1532,6 +1541,10 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         source_pw = _read_secret_file(source_passphrase_file)
     else:
         source_pw = os.environ.get("ENGRAM_SOURCE_PASSPHRASE") or None
+    if resume:
+        _import_resumable(ctx, source, file, fmt=fmt, passphrase=source_pw, space=space, id_prefix=id_prefix,
+                          create=create, skip_bad_embeddings=skip_bad_embeddings, as_json=as_json)
+        return
     with click.open_file(source, "rb") as fh:
         data = io.BytesIO(fh.read())  # detection needs a seekable source
     from .records import Node
@@ -1552,6 +1565,63 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         return line + (f"; {len(bad)} bad embedding(s) left out" if bad else "")
 
     _emit({"file": file, "memories": nodes, "edges": edges, "bad_embeddings": len(bad)}, as_json, text)
+
+
+def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, passphrase: str | None, space: str,
+                      id_prefix: str, create: bool, skip_bad_embeddings: bool, as_json: bool) -> None:
+    """`engramdb import --resume`: the source read as it is stored (backup.import_resumable).
+    A failure keeps FILE, created or not: its committed chunks are what a re-run skips."""
+    from .backup import import_resumable
+    from .importers import ImportReport, detect_format, iter_import
+
+    report = ImportReport()
+    with click.open_file(source, "rb") as fh:
+        if fmt == "auto":  # from the first bytes, without reading the rest (stdin cannot seek back)
+            peeked = _Peeked(fh)
+            fmt = detect_format(peeked.head)
+            fh = io.BufferedReader(peeked)
+        items = iter_import(cast(BinaryIO, fh), fmt=fmt, passphrase=passphrase, space=space, id_prefix=id_prefix,
+                            skip_bad_embeddings=skip_bad_embeddings, report=report)
+        with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
+            added, skipped, edges = import_resumable(db, items, progress=lambda a, s: bar.update(a + s - bar.n))
+    bad = report.bad_embeddings
+    for nid, why in bad:
+        click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+
+    def text(_d: Any) -> str:
+        line = f"imported {added} memories and {edges} edges into {file}"
+        line += f"; skipped {skipped} memories stored already" if skipped else ""
+        return line + (f"; {len(bad)} bad embedding(s) left out" if bad else "")
+
+    _emit({"file": file, "memories": added, "skipped": skipped, "edges": edges, "bad_embeddings": len(bad)},
+          as_json, text)
+
+
+class _Peeked(io.RawIOBase):
+    """A binary stream whose first bytes (``head``, up to 64) were read ahead to detect its
+    format, and are read again from the start: a pipe cannot seek back."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        head = b""
+        while len(head) < 64 and (more := raw.read(64 - len(head))):
+            head += more
+        self.head = head
+        self._pending = head
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._pending:
+            n = min(len(view), len(self._pending))
+            view[:n], self._pending = self._pending[:n], self._pending[n:]
+            return n
+        data = self._raw.read(len(view))
+        view[:len(data)] = data
+        return len(data)
 
 
 @cli.command()

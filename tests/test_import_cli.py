@@ -70,3 +70,136 @@ def test_terronex_import_with_embeddings(tmp_path):
     assert info["memories"] == 2
     opening_the_foreign_file = _run("list", str(src))
     assert opening_the_foreign_file.exit_code == 1 and "engramdb import" in opening_the_foreign_file.output
+
+
+# --- `import --resume`: streamed, a chunk per commit, stored ids skipped --------------------
+
+def _open_store(path):
+    import engramdb
+    from conftest import TEST_KDF
+
+    return engramdb.open(path, passphrase="pw", kdf=TEST_KDF)
+
+
+def _jsonl_source(tmp_path, n=250):
+    """A JSONL export of ``n`` memories with ids, timestamps and (every third) a vector:
+    imported, each memory comes back exactly."""
+    from engramdb.importers import export_jsonl
+
+    nodes = [{"id": f"m{i:03d}", "content": f"memory {i} about topic {i % 7}", "created_at": 1000.0 + i,
+              "last_accessed": 2000.0 + i, "tags": [f"t{i % 3}"],
+              "embeddings": {"default": [float(i), 1.0, 0.5]} if i % 3 == 0 else {}} for i in range(n)]
+    path = tmp_path / "src.engram"
+    with _open_store(path) as db:
+        db.add_space("default", dims=3, normalize=False)
+        db.add_many(nodes)
+        out = tmp_path / "src.jsonl"
+        with open(out, "w", encoding="utf-8") as fh:
+            export_jsonl(iter(db), fh)
+    return out
+
+
+def _contents(path):
+    with _open_store(path) as db:
+        edges = sorted((e.src, e.dst, e.kind, e.label, e.weight) for node in db for e in db.edges(node.id))
+        return [n.to_dict() for n in db], edges, db.entity_table()
+
+
+def _fail_on_call(monkeypatch, k):
+    """Engram.import_many raises a StoreError at its ``k``-th call (a full disk, say)."""
+    from engramdb.engram import Engram
+    from engramdb.errors import StoreError
+
+    real, calls = Engram.import_many, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == k:
+            raise StoreError("simulated: the disk is full")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engram, "import_many", failing)
+
+
+def test_an_interrupted_then_resumed_import_equals_a_one_shot_import(tmp_path, monkeypatch):
+    from engramdb import bulk
+
+    src = _jsonl_source(tmp_path)
+    one, two = tmp_path / "one.engram", tmp_path / "two.engram"
+    assert _run("import", str(src), str(one), "--create").exit_code == 0
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", 40)
+    with monkeypatch.context() as m:
+        _fail_on_call(m, 3)
+        failed = _run("import", "--resume", str(src), str(two), "--create")
+        assert failed.exit_code == 1 and "disk is full" in failed.output
+    with _open_store(two) as db:
+        assert len(db) == 80  # the two chunks before the failure are committed, and the file kept
+    resumed = _run("import", "--resume", str(src), str(two), "--json")
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.output) == {"file": str(two), "memories": 170, "skipped": 80, "edges": 0,
+                                          "bad_embeddings": 0}
+    assert _contents(two) == _contents(one)
+    assert _run("verify", str(two)).output.strip() == "ok"
+    again = _run("import", "--resume", str(src), str(two), "--json")  # nothing is added twice
+    assert json.loads(again.output)["memories"] == 0 and json.loads(again.output)["skipped"] == 250
+    refused = _run("import", str(src), str(two))  # without --resume: all or nothing, as before
+    assert refused.exit_code == 1 and "exists" in refused.output
+
+
+def test_a_resumed_aaak_import_keeps_its_entity_table_and_edges(tmp_path, monkeypatch):
+    """Entity tables are merged as they come, edges written after the last memory: an
+    import interrupted after its first memory and run again has both, as a one-shot one has."""
+    from engramdb import bulk
+
+    src = tmp_path / "auth.aaak"
+    src.write_text(V2)
+    one, two = tmp_path / "one.engram", tmp_path / "two.engram"
+    assert _run("import", str(src), str(one), "--create").exit_code == 0
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", 1)
+    with monkeypatch.context() as m:
+        _fail_on_call(m, 2)
+        assert _run("import", "--resume", str(src), str(two), "--create").exit_code == 1
+    resumed = _run("import", "--resume", str(src), str(two))
+    assert resumed.exit_code == 0, resumed.output
+    assert "imported 1 memories and 1 edges" in resumed.output and "skipped 1" in resumed.output
+    (nodes_one, edges_one, table_one), (nodes_two, edges_two, table_two) = _contents(one), _contents(two)
+    fields = ("id", "content", "entities", "topics", "flags", "importance")  # not the import's clock
+    assert [{k: n[k] for k in fields} for n in nodes_two] == [{k: n[k] for k in fields} for n in nodes_one]
+    assert edges_two == edges_one == [("001", "002", "tunnel", "BOB", 1.0)]
+    assert table_two == table_one == {"ALC": "Alice", "BOB": "Bob"}
+    assert _run("verify", str(two)).output.strip() == "ok"
+
+
+def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, monkeypatch):
+    """What the import holds is counted as the items read from the source and not yet handed
+    to a write: a chunk with --resume, the whole source without it."""
+    from engramdb import bulk, importers
+    from engramdb.engram import Engram
+
+    src = _jsonl_source(tmp_path)
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", 40)
+    read, written, held = [0], [0], []
+    real_iter = importers.iter_import
+
+    def counting_iter(*args, **kwargs):
+        for item in real_iter(*args, **kwargs):
+            read[0] += 1
+            yield item
+
+    def recording(real):
+        def write(self, items, *args, **kwargs):
+            items = list(items)
+            held.append(read[0] - written[0])
+            written[0] += len(items)
+            return real(self, items, *args, **kwargs)
+        return write
+
+    monkeypatch.setattr(importers, "iter_import", counting_iter)
+    monkeypatch.setattr(Engram, "import_many", recording(Engram.import_many))
+    monkeypatch.setattr(Engram, "add_many", recording(Engram.add_many))
+    assert _run("import", "--resume", str(src), str(tmp_path / "s.engram"), "--create").exit_code == 0
+    assert read[0] == written[0] == 250 and len(held) == 7 and max(held) == 40
+    read[0] = written[0] = 0
+    held.clear()
+    assert _run("import", str(src), str(tmp_path / "all.engram"), "--create").exit_code == 0
+    assert held[0] == 250  # the default path reads the whole source before its first write
