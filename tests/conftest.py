@@ -82,9 +82,24 @@ def tmp_engram(make_db):
     return make_db()
 
 
+def unpack_segments(txn) -> None:
+    """Rewrite a file's packed BM25 segments as per-term records (a ``v`` term list and a
+    ``postings`` record per term, the same blocks): the layout of directory version 3, which
+    engramdb wrote before small segments were packed (and writes with ``PACK_SMALL`` off)."""
+    d = bm25._Dir.decode(txn.get("segments", bm25.DIR_KEY))
+    for segno in sorted(d.packed):
+        packed = bm25._Packed(txn.pop("segments", bm25._seg_key(bm25.PACKED_PREFIX, segno)))
+        blinds = packed.blinds()
+        txn.insert_many("postings", [(d.posting_key(b, segno), packed.block(b)) for b in blinds])
+        txn.put("segments", bm25._seg_key(b"v", segno), b"".join(blinds))
+    d.packed.clear()
+    txn.put("segments", bm25.DIR_KEY, d.encode())
+
+
 def postings_to_term_first(txn) -> None:
     """Rewrite a file's BM25 postings in the layout of directory version 2, keyed
     ``blind | segno`` (what files written before 2026-12-01 hold): a test-made old file."""
+    unpack_segments(txn)
     d = bm25._Dir.decode(txn.get("segments", bm25.DIR_KEY))
     assert d.seg_first
     txn.rekey("postings", lambda key: key[4:] + key[:4])

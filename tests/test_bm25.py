@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import unpack_segments
 from engramdb.crypto import Sealer
 from engramdb.errors import CorruptFileError, ValidationError
 from engramdb.index import bm25 as bm
@@ -347,13 +348,20 @@ def test_a_second_handle_sees_commits_and_drops_stale_cache(store, tmp_path):
         other.close()
 
 
-def test_verify_reports_damage_and_rebuild_repairs(store):
+@pytest.mark.parametrize("packed", [True, False])
+def test_verify_reports_damage_and_rebuild_repairs(store, packed):
     docs = [(i + 1, TOKENIZE(text)) for i, text in enumerate(CORPUS[:10])]
     _index(store, docs, [5, 5])
-    with store.read() as txn:
-        key = next(iter(txn.keys("postings")))
-
-    store.write(lambda txn: txn.delete("postings", key))
+    if packed:  # a packed segment's record loses its last block's last byte
+        with store.read() as txn:
+            key = next(iter(txn.keys("segments", bm.PACKED_PREFIX)))
+            data = txn.get("segments", key)
+        store.write(lambda txn: txn.put("segments", key, data[:-1]))
+    else:  # the layout engramdb wrote before 2026-12-01: a term's block goes missing
+        store.write(unpack_segments)
+        with store.read() as txn:
+            key = next(iter(txn.keys("postings")))
+        store.write(lambda txn: txn.delete("postings", key))
     fresh = SegmentedBM25(store.blind, store.last_txnid)
     with store.read() as txn:
         problems = fresh.verify(txn, docs)

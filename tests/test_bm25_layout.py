@@ -45,23 +45,30 @@ def _directory(db) -> dict:
 
 
 def _assert_segment_first(db) -> None:
-    """Every postings key is u32be(live segment) | a blind listed in that segment's terms."""
+    """Every postings key is u32be(live per-term segment) | a blind listed in that segment's
+    terms; a packed segment has its one record and no ``v`` record or postings."""
     with db._store.read() as txn:
         d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
         listed = set()
         for segno in d.segs:
             terms = txn.get("segments", bm._seg_key(b"v", segno))
-            listed |= {bm._SEG.pack(segno) + terms[i:i + 16] for i in range(0, len(terms), 16)}
+            packed = txn.get("segments", bm._seg_key(bm.PACKED_PREFIX, segno))
+            assert (terms is None) == (segno in d.packed) == (packed is not None)
+            if terms is not None:
+                listed |= {bm._SEG.pack(segno) + terms[i:i + 16] for i in range(0, len(terms), 16)}
         keys = list(txn.keys("postings"))
-    assert d.seg_first and keys and set(keys) == listed
+    assert d.seg_first and set(keys) == listed and (keys or d.packed)
 
 
-def test_adding_1000_documents_to_a_20k_file_writes_pages_for_what_it_adds(tmp_path):
+@pytest.mark.parametrize("packed", [True, False])
+def test_adding_1000_documents_to_a_20k_file_writes_pages_for_what_it_adds(tmp_path, monkeypatch, packed):
     """A count of pages, not a time: the pages a commit of 1,000 new documents writes (page
     numbers not in use before it; LMDB copies every page it changes). Keyed term first,
     the new segment's ~12,000 blocks landed on every page of the postings table: 1,794 of
     1,845 pages at 20k documents (and about 4,000 at 1M). Segment first they are appended:
-    about 250 pages, whatever the file's size."""
+    about 250 pages, whatever the file's size; packed (a segment of at most
+    SMALL_SEGMENT_DOCS documents is one record), about 110 pages of the segments table."""
+    monkeypatch.setattr(bm, "PACK_SMALL", packed)
     path = tmp_path / "w.engram"
     with engram_mod.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
         db.add_many([{"id": f"d{i}", "content": t} for i, t in enumerate(_texts(20_000, 1))], now=0.0)
@@ -73,8 +80,11 @@ def test_adding_1000_documents_to_a_20k_file_writes_pages_for_what_it_adds(tmp_p
         assert _bm25(db, ["w5x w77x", "w1234x w20x"]) != before_answers  # the new documents are found
     written = pages_written(before, page_owners(str(path)))
     assert tables["postings"] > 800  # the file's postings table, for scale (filled in key order)
-    assert written["postings"] <= 320  # 246 measured; 1,794 keyed term first
-    assert written.get("segments", 0) <= 64  # the new segment's records and the directory
+    if packed:  # the new segment's record (overflow pages), its documents and the directory
+        assert written.get("postings", 0) == 0 and written["segments"] <= 160  # 111 measured
+    else:
+        assert written["postings"] <= 320  # 246 measured; 1,794 keyed term first
+        assert written.get("segments", 0) <= 64  # the new segment's records and the directory
     assert written["nodes"] <= 160  # 1,000 records appended in docno order
     # ids are blinded (random) keys: 1,000 of them touch at most ~1,000 leaf pages whatever
     # the file's size; at 20k all of its 343 pages, filled in key order by the bulk ingest,
@@ -151,7 +161,7 @@ def test_a_term_first_file_answers_the_same_read_written_and_converted(tmp_path_
 
 
 def test_an_unknown_directory_version_is_a_clear_error():
-    data = bm._pack({"v": 4, "epoch": 0, "next": 1, "n": 0, "len": 0, "segs": [], "runs": []})
+    data = bm._pack({"v": 5, "epoch": 0, "next": 1, "n": 0, "len": 0, "segs": [], "runs": []})
     with pytest.raises(engramdb.EngramError, match="unknown version") as info:
         bm._Dir.decode(data)
     assert "upgrade" in info.value.hint

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
+from conftest import unpack_segments
 from engramdb.crypto import KDFParams
 from engramdb.errors import CorruptFileError
 from engramdb.index import bm25 as bm
@@ -60,9 +61,8 @@ def _segments(store, idx) -> dict[int, list[int]]:
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=6), data=st.data(),
-       chunk=st.sampled_from([1, 7, 64, 1 << 20]), threshold=st.sampled_from([0.0, 0.1, 0.5]))
-def test_purge_equals_a_rebuild_and_touches_only_segments_with_tombstones(store, monkeypatch, sizes, data, chunk,
-                                                                          threshold):
+       chunk=st.sampled_from([1, 7, 64, 1 << 20]))
+def test_purge_equals_a_rebuild_and_touches_only_segments_with_tombstones(store, monkeypatch, sizes, data, chunk):
     monkeypatch.setattr(bm, "MERGE_CHUNK_POSTINGS", chunk)
     idx = SegmentedBM25(store.blind, store.last_txnid)
     store.write(lambda txn: idx.rebuild(txn, []))
@@ -90,12 +90,12 @@ def test_purge_equals_a_rebuild_and_touches_only_segments_with_tombstones(store,
     expected = _rebuilt(store, sorted(live.items()))
     assert _answers(store, idx) == expected
     steps = 0
-    while store.write(lambda txn: idx.purge(txn, 1, min_dead_fraction=threshold)):
+    while store.write(lambda txn: idx.purge(txn, 1)):
         steps += 1
         assert _answers(store, idx) == expected  # after every step, bit for bit
     after = _segments(store, idx)
-    purged = {s for s, n in dead.items() if n > threshold * before[s][0]}
-    # the segments without (enough) tombstones are untouched, the others gone
+    purged = set(dead)
+    # the segments without tombstones are untouched, the others gone
     assert {s: v for s, v in before.items() if s not in purged} == {s: v for s, v in after.items() if s in before}
     assert not purged & set(after)
     assert steps <= len(purged) and len(after) <= len(before)
@@ -139,15 +139,25 @@ def test_purge_of_fully_dead_segments_deletes_them(store):
     assert _answers(store, idx) == _rebuilt(store, _docs(20, 2, 21))
 
 
-def test_purge_refuses_a_posting_outside_its_segment(store):
+@pytest.mark.parametrize("packed", [True, False])
+def test_purge_refuses_a_posting_outside_its_segment(store, packed):
     idx = SegmentedBM25(store.blind, store.last_txnid)
     store.write(lambda txn: idx.rebuild(txn, [(5, ["a", "b"]), (6, ["a"]), (7, ["b"])]))
     store.write(lambda txn: idx.apply(txn, [], [6]))
+    if not packed:
+        store.write(unpack_segments)
 
     def damage(txn):
         d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
         segno = next(iter(d.segs))
-        txn.put("postings", d.posting_key(idx.blind("a"), segno), bm.encode_block(np.array([5, 900]), np.array([1, 1])))
+        bad = bm.encode_block(np.array([5, 900]), np.array([1, 1]))
+        if packed:
+            key = bm._seg_key(bm.PACKED_PREFIX, segno)
+            p = bm._Packed(txn.get("segments", key))
+            blocks = [bad if b == idx.blind("a") else p.block(b) for b in p.blinds()]
+            txn.put("segments", key, bm.encode_packed(p.blinds(), blocks))
+        else:
+            txn.put("postings", d.posting_key(idx.blind("a"), segno), bad)
 
     store.write(damage)
     with pytest.raises(CorruptFileError):

@@ -124,11 +124,11 @@ class IncrementalEqualsRebuilt(RuleBasedStateMachine):
     def merge(self, steps, force):
         self.db.merge_indexes(steps, force=force)
 
-    @rule(steps=st.integers(1, 3), threshold=st.sampled_from([0.0, 0.3]))
-    def purge(self, steps, threshold):
+    @rule(steps=st.integers(1, 3))
+    def purge(self, steps):
         """Deleted documents purged from the segments holding them (compact() does this),
-        a tier group per step, with a threshold on the dead fraction or none."""
-        self.db._store.write(lambda txn: self.db.indexes.bm25.purge(txn, steps, min_dead_fraction=threshold))
+        a tier group per step."""
+        self.db._store.write(lambda txn: self.db.indexes.bm25.purge(txn, steps))
 
     @rule()
     def reopen(self):

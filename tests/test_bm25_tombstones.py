@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import unpack_segments
 from engramdb.crypto import Sealer
 from engramdb.errors import CorruptFileError
 from engramdb.index import bm25 as bm
@@ -110,6 +111,7 @@ def test_version_1_directory_reads_and_migrates(tmp_path_factory, seed, kill):
         expected = _answers(s, idx)
 
         def to_v1(txn):  # rewrite the directory as version 1, dropping the run records
+            unpack_segments(txn)  # version 1 knew no packed segments
             d = bm._Dir.decode(txn.get("segments", bm.DIR_KEY))
             txn.rekey("postings", lambda key: key[4:] + key[:4])  # version 1 keyed postings term first
             dead = {}

@@ -100,11 +100,22 @@ _HEAD = struct.Struct("<BIBB")  # kind, count, docno-delta width, value width
 _SEG = struct.Struct(">I")
 BLIND_LEN = 16
 DIR_KEY = b"dir"
+# 4: as 3, and a segment listed with layout 1 is packed (one PACKED_PREFIX record, no
+# per-term records); written while any segment is packed, else 3, which older engramdb reads.
 # 3: postings keyed segment first. 2: keyed ``blind | segno`` (read; a writable open converts
 # it, SegmentedBM25.migrate). 1: also tombstones inline in the directory (migrated by any write).
-DIR_VERSION = 3
+DIR_VERSION = 4
+PACKED_VERSION = 4
 SEG_FIRST_VERSION = 3
 RUN_PREFIX = b"d"  # b"d" | u32be(run) -> a run of one segment's dead docnos
+# b"p" | u32be(segment) -> a small segment's postings in one record (spec/bm25.md, "segments"):
+# a commit then seals a handful of records instead of one per distinct term, and a merge of
+# small segments reads one record per segment instead of one per (term, segment).
+PACKED_PREFIX = b"p"
+# Writers pack segments of at most SMALL_SEGMENT_DOCS documents (tests set it False to write
+# the version-3 layout, per-term records only, as engramdb before 2026-12-01 did).
+PACK_SMALL = True
+_U32 = struct.Struct("<I")
 # A new run of tombstones absorbs the segment's newest runs while they are smaller than this
 # many times its size: runs then shrink geometrically (at most ~log2(dead) of them) and each
 # tombstone is rewritten O(log dead) times in all.
@@ -369,6 +380,62 @@ def _blind_order(blinds: Sequence[bytes]) -> list[int]:
     words = np.frombuffer(blob, dtype=">u8").reshape(-1, 2)
     order: list[int] = np.lexsort((words[:, 1], words[:, 0])).tolist()
     return order
+
+
+def encode_packed(blinds: Sequence[bytes], blocks: Sequence[bytes]) -> bytes:
+    """A packed small segment (spec/bm25.md, "segments"): ``u32le n ‖ n sorted 16-byte
+    blinds ‖ (n + 1) u32le offsets into the blocks ‖ the blocks``, a term's block at the
+    blind's position. ``blinds`` need not be sorted; they are stored sorted."""
+    order = _blind_order(blinds)
+    sizes = np.fromiter((len(blocks[i]) for i in order), dtype=np.int64, count=len(order))
+    offsets = np.zeros(len(order) + 1, dtype="<u4")
+    if sizes.size and int(sizes.sum()) > 0xFFFFFFFF:
+        raise ValueError("a packed segment's blocks exceed 4 GiB")  # a bug: small segments are far smaller
+    offsets[1:] = np.cumsum(sizes)
+    return b"".join([_U32.pack(len(order)), *(blinds[i] for i in order), offsets.tobytes(),
+                     *(blocks[i] for i in order)])
+
+
+def _malformed_packed() -> CorruptFileError:
+    return CorruptFileError("a packed BM25 segment record is malformed", hint="run `engramdb verify --fix FILE`")
+
+
+class _Packed:
+    """A decoded packed segment: its terms (blind -> position, in sorted order) and the
+    plaintext the posting blocks are cut from. Immutable once committed (cached per handle)."""
+
+    __slots__ = ("index", "data", "offsets", "base")
+
+    def __init__(self, data: bytes) -> None:
+        n = _U32.unpack_from(data)[0] if len(data) >= _U32.size else -1
+        at = _U32.size + BLIND_LEN * n
+        self.base = at + 4 * (n + 1)
+        if n < 0 or len(data) < self.base:
+            raise _malformed_packed()
+        blinds = [data[i:i + BLIND_LEN] for i in range(_U32.size, at, BLIND_LEN)]
+        offsets = np.frombuffer(data, dtype="<u4", count=n + 1, offset=at)
+        if (offsets[0] != 0 or int(offsets[-1]) != len(data) - self.base
+                or (n and not bool(np.all(offsets[1:] - offsets[:-1].astype(np.int64) >= _HEAD.size)))
+                or any(a >= b for a, b in itertools.pairwise(blinds))):
+            raise _malformed_packed()  # every block holds at least a header; the blinds strictly increase
+        self.index = dict(zip(blinds, range(n)))
+        self.offsets: list[int] = offsets.tolist()
+        self.data = data
+
+    def block(self, blind: bytes) -> bytes | None:
+        """The term's block (plaintext), or None when the segment does not hold the term."""
+        i = self.index.get(blind)
+        if i is None:
+            return None
+        return self.data[self.base + self.offsets[i]:self.base + self.offsets[i + 1]]
+
+    def blinds(self) -> list[bytes]:
+        """The segment's terms, sorted."""
+        return list(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + 120 * len(self.index)
 
 
 class TermDocs:
@@ -790,7 +857,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
+                 "packed", "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -808,6 +875,8 @@ class _Dir:
         # record was read: their records are immutable and safe to cache in the handle
         self.committed = next_segno
         self.version = DIR_VERSION  # as read (1: migrated by the next write)
+        # the packed segments (layout 1: one PACKED_PREFIX record each, no per-term records)
+        self.packed: set[int] = set()
         self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
         # read states only: small segment -> its terms (carried over to the next state)
         self.terms_of: dict[int, Container[bytes]] = {}
@@ -822,13 +891,20 @@ class _Dir:
             return cls()
         raw = _unpack(data)
         try:
-            if raw["v"] not in (1, 2, DIR_VERSION):
+            if raw["v"] not in (1, 2, 3, PACKED_VERSION):
                 raise CorruptFileError("the BM25 directory has an unknown version", hint="upgrade engramdb")
             d = cls(int(raw["epoch"]), int(raw["next"]))
             d.version = raw["v"]
             d.n_docs = int(raw["n"])
             d.total_len = int(raw["len"])
-            d.segs = {int(s): [int(n), int(ln)] for s, n, ln in raw["segs"]}
+            if raw["v"] >= PACKED_VERSION:
+                d.segs = {int(s): [int(n), int(ln)] for s, n, ln, _ in raw["segs"]}
+                layouts = {int(s): layout for s, _, _, layout in raw["segs"]}
+                if any(layout not in (0, 1) for layout in layouts.values()):
+                    raise ValueError("a segment has an unknown layout")
+                d.packed = {s for s, layout in layouts.items() if layout == 1}
+            else:
+                d.segs = {int(s): [int(n), int(ln)] for s, n, ln in raw["segs"]}
             if raw["v"] == 1:
                 for s, b in raw["dead"]:
                     d.pending[int(s)] = [np.frombuffer(b, dtype="<u8").astype(np.uint64)]
@@ -845,13 +921,15 @@ class _Dir:
     def encode(self) -> bytes:
         if any(self.pending.values()):
             raise AssertionError("tombstones not stored as runs")  # a bug: every write stores them first
+        version = self.written_version
         return _pack({
-            "v": DIR_VERSION if self.seg_first else 2,
+            "v": version,
             "epoch": self.epoch,
             "next": self.next,
             "n": self.n_docs,
             "len": self.total_len,
-            "segs": [[s, n, ln] for s, (n, ln) in sorted(self.segs.items())],
+            "segs": [[s, n, ln, int(s in self.packed)] if version >= PACKED_VERSION else [s, n, ln]
+                     for s, (n, ln) in sorted(self.segs.items())],
             "runs": [[s, run, count] for s, runs in sorted(self.runs.items()) for run, count in runs],
         })
 
@@ -859,11 +937,23 @@ class _Dir:
         """What a reader decodes from :meth:`encode`'s record, without encoding and decoding
         it: a fresh copy with every number committed and nothing memoised."""
         c = _Dir(self.epoch, self.next)
-        c.version = DIR_VERSION if self.seg_first else 2
+        c.version = self.written_version
+        c.packed = set(self.packed)
         c.n_docs, c.total_len = self.n_docs, self.total_len
         c.segs = {s: [n, ln] for s, (n, ln) in sorted(self.segs.items())}
         c.runs = {s: [[run, count] for run, count in runs] for s, runs in sorted(self.runs.items()) if runs}
         return c
+
+    @property
+    def written_version(self) -> int:
+        """The version :meth:`encode` writes: 4 while a segment is packed, else 3 (which
+        engramdb before 2026-12-01 reads), or 2 for a file still keyed term first (a
+        ``repair=True`` open keeps its layout; such a file holds no packed segment)."""
+        if not self.seg_first:
+            if self.packed:
+                raise AssertionError("a packed segment in a term-first file")  # a bug: writers pack only segment first
+            return 2
+        return PACKED_VERSION if self.packed else 3
 
     @property
     def seg_first(self) -> bool:
@@ -927,15 +1017,6 @@ class _View:
         self.small = small
         self.bkey = bkey
         self.dead = dead
-
-
-def _live_mask(docnos: np.ndarray, dead: np.ndarray | None) -> np.ndarray:
-    """Which of ``docnos`` are not in the sorted ``dead`` (a binary search each)."""
-    if dead is None or not dead.size:
-        return np.ones(docnos.size, dtype=bool)
-    pos = np.minimum(np.searchsorted(dead, docnos), dead.size - 1)
-    out: np.ndarray = dead[pos] != docnos
-    return out
 
 
 def _dead_map(docnos: np.ndarray, dead: np.ndarray | None) -> tuple[int, np.ndarray] | None:
@@ -1005,14 +1086,12 @@ def plan_merge(segs: Mapping[int, Sequence[int]], dead: Mapping[int, np.ndarray 
     return None
 
 
-def _purge_group(segs: Mapping[int, Sequence[int]], dead: Mapping[int, int], min_dead_fraction: float) -> list[int]:
+def _purge_group(segs: Mapping[int, Sequence[int]], dead: Mapping[int, int]) -> list[int]:
     """The next :meth:`SegmentedBM25.purge` step: the oldest (at most :data:`MERGE_FACTOR`)
-    segments of the lowest tier holding a segment with more than ``min_dead_fraction`` of
-    its documents dead; empty when there is none."""
+    segments holding tombstones of the lowest tier that has any; empty when there is none."""
     tiers: dict[int, list[int]] = {}
     for segno in sorted(segs):
-        n = dead.get(segno, 0)
-        if n and n > min_dead_fraction * segs[segno][0]:
+        if n := dead.get(segno, 0):
             tiers.setdefault(_tier(segs[segno][0] - n), []).append(segno)
     return tiers[min(tiers)][:MERGE_FACTOR] if tiers else []
 
@@ -1191,6 +1270,7 @@ class SegmentedBM25:
                 if segno not in d.segs:  # merged-away segments never come back
                     self._cache.pop(("s", segno))
                     self._cache.pop(("f", segno))
+                    self._cache.pop(("p", segno))
             # the term sets of the small segments still live (immutable) carry over
             d.terms_of.update((segno, t) for segno, t in prev.terms_of.items() if segno in d.segs)
             d.fresh.update((segno, f) for segno, f in prev.fresh.items() if segno in d.segs)
@@ -1361,33 +1441,72 @@ class SegmentedBM25:
         return out
 
     def _terms_of(self, txn: Txn, d: _Dir, segno: int) -> Container[bytes] | None:
-        """The blinded terms of a small segment (its ``v`` record as a set, cached), or None
-        for a large segment or inside a write transaction (then the postings table answers)."""
+        """The blinded terms of a small segment (its packed record's, or its ``v`` record as
+        a set, cached), or None for a large segment or inside a write transaction (then the
+        postings table answers)."""
         terms = d.terms_of.get(segno)
         if terms is None and not txn.write and d.segs[segno][0] <= SMALL_SEGMENT_DOCS:
             fresh = self._cache.get(("f", segno))
             if fresh is not None:  # written by this handle (kept with the state while the segment lives)
                 d.fresh[segno] = fresh
                 terms = fresh.rows
+            elif segno in d.packed:
+                terms = self._packed(txn, d, segno).index
             else:
                 terms = self._cache.get(("v", segno))
-            if terms is None:
-                data = txn.get("segments", _seg_key(b"v", segno)) or b""
-                if len(data) % BLIND_LEN:
-                    return None  # damaged: let the postings table answer
-                terms = frozenset(data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN))
-                self._cache.put(("v", segno), terms, 100 * len(terms))
+                if terms is None:
+                    try:
+                        terms = frozenset(self._listed_terms(txn, segno))
+                    except CorruptFileError:
+                        return None  # damaged: let the postings table answer
+                    self._cache.put(("v", segno), terms, 100 * len(terms))
             d.terms_of[segno] = terms
         return cast("Container[bytes]", terms)
+
+    def _listed_terms(self, txn: Txn, segno: int) -> list[bytes]:
+        """The sorted blinds of a per-term segment's terms (its ``v`` record)."""
+        data = txn.get("segments", _seg_key(b"v", segno)) or b""
+        if len(data) % BLIND_LEN:
+            raise CorruptFileError(f"the term list of BM25 segment {segno} is damaged",
+                                   hint="run `engramdb verify --fix FILE`")
+        return [data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN)]
+
+    def _packed(self, txn: Txn, d: _Dir, segno: int) -> _Packed:
+        """Packed segment ``segno``, decoded once per handle (a committed segment is
+        immutable and its number never reused; one a write transaction created may abort,
+        so it is decoded again each time)."""
+        hit = self._cache.get(("p", segno))
+        if hit is not None:
+            return cast("_Packed", hit)
+        data = txn.get("segments", _seg_key(PACKED_PREFIX, segno))
+        if data is None:
+            raise CorruptFileError(f"BM25 segment {segno}'s postings are missing", hint="run `engramdb verify --fix FILE`")
+        packed = _Packed(data)
+        if not txn.write or segno < d.committed:
+            self._cache.put(("p", segno), packed, packed.nbytes)
+        return packed
+
+    def _segment_blocks(self, txn: Txn, d: _Dir, segno: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """Each term of segment ``segno`` with its block (None: listed, but no block)."""
+        if segno in d.packed:
+            packed = self._packed(txn, d, segno)
+            for blind in packed.index:
+                yield blind, packed.block(blind)
+        else:
+            for blind in self._listed_terms(txn, segno):
+                yield blind, txn.get("postings", d.posting_key(blind, segno))
 
     def _raw_block(self, txn: Txn, d: _Dir, blind: bytes,
                    segno: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """A term's postings in one segment, dead ones included: (docnos int64, tfs, doc
         lengths), or None when the segment does not hold the term."""
-        terms = self._terms_of(txn, d, segno)
-        if terms is not None and blind not in terms:
-            return None
-        data = txn.get("postings", d.posting_key(blind, segno))
+        if segno in d.packed:
+            data = self._packed(txn, d, segno).block(blind)
+        else:
+            terms = self._terms_of(txn, d, segno)
+            if terms is not None and blind not in terms:
+                return None
+            data = txn.get("postings", d.posting_key(blind, segno))
         if data is None:
             return None
         self.blocks_decoded += 1
@@ -1856,19 +1975,33 @@ class SegmentedBM25:
         d.next += 1
         words, docnos, tfs, bounds = count_postings(docs)
         blinds = self.blind_all(words)
-        self._insert_postings(txn, d, segno, blinds, encode_blocks(docnos, tfs, bounds))
+        blocks = encode_blocks(docnos, tfs, bounds)
         order = np.argsort(docs.docnos, kind="stable")
         seg_docnos = docs.docnos[order]
         seg_lens = docs.lengths[order].astype(np.uint64)
         self._remember(txn, segno, blinds, docnos, tfs, bounds, seg_docnos, seg_lens)
-        blinds = sorted(blinds)
         txn.put("segments", _seg_key(b"s", segno), encode_block(seg_docnos, seg_lens))
-        txn.put("segments", _seg_key(b"v", segno), b"".join(blinds))
+        if self._packs(d, len(docs)):
+            self._put_packed(txn, d, segno, blinds, blocks)
+        else:
+            self._insert_postings(txn, d, segno, blinds, blocks)
+            txn.put("segments", _seg_key(b"v", segno), b"".join(sorted(blinds)))
         total = int(seg_lens.sum())
         d.segs[segno] = [len(docs), total]
         d.n_docs += len(docs)
         d.total_len += total
         return segno
+
+    @staticmethod
+    def _packs(d: _Dir, ndocs: int) -> bool:
+        """Whether a new segment of ``ndocs`` documents is written packed: a small one (the
+        segments commits add and automatic merges rewrite) in a file keyed segment first."""
+        return PACK_SMALL and d.seg_first and ndocs <= SMALL_SEGMENT_DOCS
+
+    def _put_packed(self, txn: Txn, d: _Dir, segno: int, blinds: Sequence[bytes], blocks: Sequence[bytes]) -> None:
+        """Write a new small segment's blocks as one record (its term list included)."""
+        txn.insert_many("segments", [(_seg_key(PACKED_PREFIX, segno), encode_packed(blinds, blocks))])
+        d.packed.add(segno)
 
     def _insert_postings(self, txn: Txn, d: _Dir, segno: int, blinds: Sequence[bytes], blocks: Sequence[bytes]) -> None:
         """Write a new segment's blocks (keys of a fresh segment number are new). Segment
@@ -1996,7 +2129,7 @@ class SegmentedBM25:
         if force and done < max_steps and (len(d.segs) > 1 or d.dead_counts()):
             self._merge_segments(txn, d, sorted(d.segs))
             done += 1
-        if done or d.version != DIR_VERSION:  # a version-1 directory is migrated by any write
+        if done or d.version == 1:  # a version-1 directory is migrated by any write
             self._put_directory(txn, d)
         return done
 
@@ -2012,12 +2145,11 @@ class SegmentedBM25:
             done += 1
         return done
 
-    def purge(self, txn: Txn, max_steps: int = 1, *, min_dead_fraction: float = 0.0) -> int:
+    def purge(self, txn: Txn, max_steps: int = 1) -> int:
         """Rewrite segments that hold tombstones without their deleted documents, in up to
         ``max_steps`` steps; returns how many steps ran (0: nothing left to purge).
 
-        The candidates are the segments whose dead documents are more than
-        ``min_dead_fraction`` of their documents (0: any tombstone). A step rewrites the
+        The candidates are the segments holding any tombstone. A step rewrites the
         oldest candidates of one size tier (:func:`plan_merge`'s tiers), at most
         :data:`MERGE_FACTOR` of them, into one segment of their live documents (lowest
         tier first), so a purge leaves no more segments than it found and often fewer. Each
@@ -2031,12 +2163,12 @@ class SegmentedBM25:
         d = self._write_directory(txn)
         done = 0
         while done < max_steps:
-            group = _purge_group(d.segs, d.dead_counts(), min_dead_fraction)
+            group = _purge_group(d.segs, d.dead_counts())
             if not group:
                 break
             self._merge_segments(txn, d, group)
             done += 1
-        if done or d.version != DIR_VERSION:
+        if done or d.version == 1:
             self._put_directory(txn, d)
         return done
 
@@ -2059,14 +2191,6 @@ class SegmentedBM25:
         self._put_directory(txn, d)
         return 1
 
-    def _segment_terms(self, txn: Txn, segno: int) -> list[bytes]:
-        """The sorted blinds of the terms segment ``segno`` holds (its ``v`` record)."""
-        data = txn.get("segments", _seg_key(b"v", segno)) or b""
-        if len(data) % BLIND_LEN:
-            raise CorruptFileError(f"the term list of BM25 segment {segno} is damaged",
-                                   hint="run `engramdb verify --fix FILE`")
-        return [data[i:i + BLIND_LEN] for i in range(0, len(data), BLIND_LEN)]
-
     def _merge_segments(self, txn: Txn, d: _Dir, segnos: Sequence[int]) -> None:
         """Replace ``segnos`` by one segment holding their live documents.
 
@@ -2080,28 +2204,38 @@ class SegmentedBM25:
         live_docs, live_lens = [], []
         for segno in segnos:
             seg = self._segment(txn, segno, None, d.committed)
-            dead = self._dead(txn, d, segno)
-            keep = _live_mask(seg.docnos, dead)
+            dead = _dead_map(seg.docnos, self._dead(txn, d, segno))
+            keep = _live_rows(seg.docnos, dead)
             live_docs.append(seg.docnos[keep])
             live_lens.append(seg.lens[keep])
-            deads.append(_dead_map(seg.docnos, dead))
+            deads.append(dead)
         docnos = np.concatenate(live_docs)
         lens = np.concatenate(live_lens)
         if docnos.size > 1 and not np.all(docnos[1:] > docnos[:-1]):
             order = np.argsort(docnos, kind="stable")
             docnos, lens = docnos[order], lens[order]
         new = d.next if docnos.size else None
-        pairs = heapq.merge(*[[(blind, k) for blind in self._segment_terms(txn, segno)]
+        # a packed segment is read whole, once, and its record deleted; a per-term one's
+        # blocks are popped as the merge reaches them
+        packs = {k: self._packed(txn, d, segno) for k, segno in enumerate(segnos) if segno in d.packed}
+        pairs = heapq.merge(*[[(blind, k) for blind in (packs[k].blinds() if k in packs
+                                                        else self._listed_terms(txn, segno))]
                               for k, segno in enumerate(segnos)])
         new_blinds: list[bytes] = []
         if new is None:  # nothing stays: remove the blocks unread
             for batch in _batched(pairs, _MERGE_BATCH):
-                txn.delete_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
+                txn.delete_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch if k not in packs])
         else:
             small = docnos.size <= SMALL_SEGMENT_DOCS  # kept for this handle (_remember): bounded
+            packed = self._packs(d, int(docnos.size))
             cols: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-            for chunk, datas in self._merge_chunks(txn, d, segnos, pairs):
-                blinds, col_d, col_t, per_term = self._rewrite_chunk(txn, d, new, chunk, datas, deads)
+            new_blocks: list[bytes] = []
+            for chunk, datas in self._merge_chunks(txn, d, segnos, pairs, packs):
+                blinds, blocks, col_d, col_t, per_term = self._rewrite_chunk(chunk, datas, deads)
+                if packed:
+                    new_blocks += blocks
+                elif blinds:
+                    self._insert_postings(txn, d, new, blinds, blocks)
                 new_blinds += blinds
                 if small:
                     cols.append((col_d, col_t, per_term))
@@ -2109,9 +2243,12 @@ class SegmentedBM25:
                 bounds = np.concatenate(([0], np.cumsum(np.concatenate([c[2] for c in cols]))))
                 self._remember(txn, new, new_blinds, np.concatenate([c[0] for c in cols]),
                                np.concatenate([c[1] for c in cols]), bounds, docnos, lens)
+            if packed:
+                self._put_packed(txn, d, new, new_blinds, new_blocks)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
-            txn.delete("segments", _seg_key(b"v", segno))
+            txn.delete("segments", _seg_key(PACKED_PREFIX if segno in d.packed else b"v", segno))
+            d.packed.discard(segno)
             del d.segs[segno]
             for run, _ in d.runs.pop(segno, ()):
                 txn.delete("segments", _seg_key(RUN_PREFIX, run))
@@ -2119,19 +2256,30 @@ class SegmentedBM25:
         if new is not None:
             d.next += 1
             txn.put("segments", _seg_key(b"s", new), encode_block(docnos, lens))
-            txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
+            if new not in d.packed:
+                txn.put("segments", _seg_key(b"v", new), b"".join(new_blinds))
             d.segs[new] = [int(docnos.size), int(lens.sum())]
 
-    def _merge_chunks(self, txn: Txn, d: _Dir, segnos: Sequence[int], pairs: Iterable[tuple[bytes, int]]
-                      ) -> Iterator[tuple[list[tuple[bytes, int]], list[bytes]]]:
+    def _merge_chunks(self, txn: Txn, d: _Dir, segnos: Sequence[int], pairs: Iterable[tuple[bytes, int]],
+                      packs: Mapping[int, _Packed]) -> Iterator[tuple[list[tuple[bytes, int]], list[bytes]]]:
         """Remove the blocks of ``pairs`` (``(blind, segment index)`` in term order) and yield
         them in chunks of whole terms, a chunk closed once it holds
-        :data:`MERGE_CHUNK_POSTINGS` postings: ``(its pairs, their plaintexts)``."""
+        :data:`MERGE_CHUNK_POSTINGS` postings: ``(its pairs, their plaintexts)``. The blocks
+        of the packed segments ``packs`` (by segment index) are cut from their records
+        (which the caller deletes)."""
         chunk: list[tuple[bytes, int]] = []
         datas: list[bytes] = []
         total = 0
         for batch in _batched(pairs, _MERGE_BATCH):
-            got = txn.pop_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
+            if packs:
+                got: list[bytes | None] = [packs[k].block(blind) if k in packs else None for blind, k in batch]
+                rows = [i for i, (_, k) in enumerate(batch) if k not in packs]
+                if rows:
+                    popped = txn.pop_many("postings", [d.posting_key(batch[i][0], segnos[batch[i][1]]) for i in rows])
+                    for i, data in zip(rows, popped):
+                        got[i] = data
+            else:
+                got = txn.pop_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
             for pair, data in zip(batch, got):
                 if data is None:
                     raise CorruptFileError("a BM25 segment lists a term with no posting block",
@@ -2145,13 +2293,13 @@ class SegmentedBM25:
         if chunk:
             yield chunk, datas
 
-    def _rewrite_chunk(self, txn: Txn, d: _Dir, new: int, chunk: Sequence[tuple[bytes, int]],
-                       datas: list[bytes], deads: Sequence[tuple[int, np.ndarray] | None]
-                       ) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray]:
-        """Write the live postings of ``chunk``'s blocks (``(blind, segment index)`` pairs in
-        term order, their plaintexts ``datas``) as segment ``new``'s blocks; returns the
-        blinds that kept a posting, in order, and the columns written (docnos, tfs, and
-        each blind's number of postings)."""
+    def _rewrite_chunk(self, chunk: Sequence[tuple[bytes, int]], datas: list[bytes],
+                       deads: Sequence[tuple[int, np.ndarray] | None]
+                       ) -> tuple[list[bytes], list[bytes], np.ndarray, np.ndarray, np.ndarray]:
+        """Encode the live postings of ``chunk``'s blocks (``(blind, segment index)`` pairs in
+        term order, their plaintexts ``datas``) as the new segment's blocks; returns the
+        blinds that kept a posting, in order, their blocks, and the columns encoded
+        (docnos, tfs, and each blind's number of postings)."""
         col_d, col_t, counts = decode_blocks(datas)
         self.merge_chunk_postings = max(self.merge_chunk_postings, int(col_d.size))
         seg_of = np.fromiter((k for _, k in chunk), dtype=np.int64, count=len(chunk))
@@ -2180,12 +2328,11 @@ class SegmentedBM25:
                 col_d, col_t = col_d[order], col_t[order]
         present = np.flatnonzero(per_term)
         if not present.size:
-            return [], col_d, col_t, per_term[:0]
+            return [], [], col_d, col_t, per_term[:0]
         bounds = np.concatenate(([0], np.cumsum(per_term[present])))
         blocks = encode_blocks(col_d, col_t, bounds)
         blinds = [chunk[i][0] for i in np.flatnonzero(first)[present].tolist()]
-        self._insert_postings(txn, d, new, blinds, blocks)
-        return blinds, col_d, col_t, per_term[present]
+        return blinds, blocks, col_d, col_t, per_term[present]
 
     def needs_migration(self, txn: Txn) -> bool:
         """Whether the postings are keyed ``blind | segno`` (directory version 1 or 2): a
@@ -2211,7 +2358,7 @@ class SegmentedBM25:
             return False
         d = self._write_directory(txn)
         txn.rekey("postings", lambda key: key[BLIND_LEN:] + key[:BLIND_LEN])
-        d.version = DIR_VERSION
+        d.version = SEG_FIRST_VERSION
         self._put_directory(txn, d)
         return True
 
@@ -2232,7 +2379,7 @@ class SegmentedBM25:
         for table in ("postings", "segments"):
             keys = list(txn.keys(table))
             for key in keys:
-                if table == "segments" and key[:1] in (b"s", b"v", RUN_PREFIX) and len(key) == 5:
+                if table == "segments" and key[:1] in (b"s", b"v", RUN_PREFIX, PACKED_PREFIX) and len(key) == 5:
                     next_segno = max(next_segno, _SEG.unpack(key[1:])[0] + 1)
                 if table == "postings" and len(key) == BLIND_LEN + 4:
                     # either layout (the directory may be unreadable): the segment number is
@@ -2278,10 +2425,7 @@ class SegmentedBM25:
                         problems.append(f"bm25: document {docno} is live in two segments")
                     lengths[docno] = ln
                     actual.setdefault(docno, Counter())
-                terms = txn.get("segments", _seg_key(b"v", segno)) or b""
-                for i in range(0, len(terms), BLIND_LEN):
-                    blind = terms[i:i + BLIND_LEN]
-                    data = txn.get("postings", d.posting_key(blind, segno))
+                for blind, data in self._segment_blocks(txn, d, segno):
                     if data is None:
                         problems.append(f"bm25: segment {segno} lists a term with no posting block")
                         continue
