@@ -147,7 +147,10 @@ def test_add_many_refuses_an_id_stored_by_an_earlier_batch(tmp_engram):
 def test_add_many_through_map_growth_replays_batches(make_db):
     db = make_db("grow.engram", map_size=1 << 20)  # 1 MiB: the batch outgrows it several times
     before = db._store.env_info()["map_size"]
-    texts = [f"memory number {i} about topic {i % 97} and more words {i * 7}" for i in range(3000)]
+    # unique words enough that the nodes and ids alone outgrow the map (small segments' postings
+    # are one packed record each, much smaller than a record per term)
+    texts = [f"memory number {i} about topic {i % 97} and more words {i * 7} {i * 11} {i * 13} {i * 17} {i * 19}"
+             for i in range(3000)]
     with db.transaction():  # no up-front reserve here: the map grows mid-transaction, replaying batches
         ids = db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts[:1500])], now=NOW)
         ids += db.add_many([{"id": f"m{i}", "content": t} for i, t in enumerate(texts) if i >= 1500], now=NOW)
