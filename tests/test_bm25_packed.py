@@ -204,3 +204,31 @@ def test_a_damaged_packed_record_is_a_clean_error():
     for data in (b"", b"\x01", good[:-1], good + b"\x00", swapped, bad_offset, (10**6).to_bytes(4, "little") + good[4:]):
         with pytest.raises(CorruptFileError):
             bm._Packed(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.lists(st.tuples(st.lists(st.integers(1, 1 << 62), max_size=40, unique=True),
+                                 st.sampled_from([3, 300, 70_000, 1 << 40])), min_size=16, max_size=80))
+def test_decode_blocks_of_many_small_blocks_equals_decode_block(blocks):
+    """The vectorised decode of many raw blocks (a merge of small segments) gives what
+    :func:`decode_block` gives block by block; compressed blocks fall back to it."""
+    datas = [bm.encode_block(np.array(sorted(d), dtype=np.uint64), np.arange(1, len(d) + 1) % top + 1)
+             for d, top in blocks]
+    docnos, values, counts = bm.decode_blocks(datas)
+    one = [bm.decode_block(data) for data in datas]
+    assert counts.tolist() == [len(d) for d, _ in one]
+    assert docnos.tolist() == [x for d, _ in one for x in d.tolist()]
+    assert values.tolist() == [x for _, v in one for x in v.tolist()]
+    assert docnos.dtype == np.uint64 and values.dtype == np.int64
+
+
+def test_decode_blocks_of_many_small_blocks_rejects_damage():
+    datas = [bm.encode_block(np.array([1, 5]), np.array([1, 2])) for _ in range(20)]
+    assert bm._decode_raw_blocks(datas) is not None  # the vectorised path, not the fallback
+    flat = bytearray(datas[7])
+    flat[7 + 1] = 0  # the second delta 0: docnos not increasing
+    with pytest.raises(CorruptFileError, match="not increasing"):
+        bm.decode_blocks(datas[:7] + [bytes(flat)] + datas[8:])
+    for bad in (datas[3][:-1], b"\x09" + datas[3][1:], datas[3][:5] + b"\x03" + datas[3][6:]):
+        with pytest.raises(CorruptFileError):  # truncated, unknown kind, bad width: the precise error
+            bm.decode_blocks(datas[:3] + [bad] + datas[4:])
