@@ -232,3 +232,19 @@ def test_decode_blocks_of_many_small_blocks_rejects_damage():
     for bad in (datas[3][:-1], b"\x09" + datas[3][1:], datas[3][:5] + b"\x03" + datas[3][6:]):
         with pytest.raises(CorruptFileError):  # truncated, unknown kind, bad width: the precise error
             bm.decode_blocks(datas[:3] + [bad] + datas[4:])
+
+
+def test_single_adds_never_leave_the_file_shorter_than_its_last_page(make_db):
+    """Regression: a commit's new packed segment, merged away by the same commit (the tenth
+    small one), was stored and deleted in one LMDB transaction; its overflow pages were then
+    allocated past the end of the file but never written, and a reopen in that state
+    reported the file truncated (store.py's check). Records of segments a write creates are
+    now stored with the directory, and only when they survive it."""
+    db = make_db()
+    rng = random.Random(5)
+    vocab = [f"w{i}x" for i in range(4000)]
+    env = db._store._env
+    for i in range(400):
+        db.add(" ".join(rng.choice(vocab) for _ in range(60)), id=f"a{i}", now=0.0)
+        env._check_not_truncated()  # raises CorruptFileError in the state a reopen would refuse
+    assert db.verify() == []

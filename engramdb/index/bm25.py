@@ -906,7 +906,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "packed", "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
+                 "packed", "unwritten", "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -926,6 +926,12 @@ class _Dir:
         self.version = DIR_VERSION  # as read (1: migrated by the next write)
         # the packed segments (layout 1: one PACKED_PREFIX record each, no per-term records)
         self.packed: set[int] = set()
+        # write transactions: packed records of segments this write created, kept until it
+        # stores the directory. A merge in the same write often rewrites such a segment
+        # (the tenth small one), and a multi-page record stored and deleted in one LMDB
+        # transaction leaves its pages allocated past the end of the file but never written,
+        # which a reopen must take for a truncated file (store.py: _check_not_truncated)
+        self.unwritten: dict[int, bytes] = {}
         self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
         # read states only: small segment -> its terms (carried over to the next state)
         self.terms_of: dict[int, Container[bytes]] = {}
@@ -1527,6 +1533,9 @@ class SegmentedBM25:
         hit = self._cache.get(("p", segno))
         if hit is not None:
             return cast("_Packed", hit)
+        data = d.unwritten.get(segno) if txn.write else None
+        if data is not None:
+            return _Packed(data)
         data = txn.get("segments", _seg_key(PACKED_PREFIX, segno))
         if data is None:
             raise CorruptFileError(f"BM25 segment {segno}'s postings are missing", hint="run `engramdb verify --fix FILE`")
@@ -2048,8 +2057,9 @@ class SegmentedBM25:
         return PACK_SMALL and d.seg_first and ndocs <= SMALL_SEGMENT_DOCS
 
     def _put_packed(self, txn: Txn, d: _Dir, segno: int, blinds: Sequence[bytes], blocks: Sequence[bytes]) -> None:
-        """Write a new small segment's blocks as one record (its term list included)."""
-        txn.insert_many("segments", [(_seg_key(PACKED_PREFIX, segno), encode_packed(blinds, blocks))])
+        """Encode a new small segment's blocks as one record (its term list included), stored
+        with the directory (:meth:`_put_directory`) unless a merge of this write removes it."""
+        d.unwritten[segno] = encode_packed(blinds, blocks)
         d.packed.add(segno)
 
     def _insert_postings(self, txn: Txn, d: _Dir, segno: int, blinds: Sequence[bytes], blocks: Sequence[bytes]) -> None:
@@ -2125,6 +2135,10 @@ class SegmentedBM25:
         d.pending.clear()
 
     def _put_directory(self, txn: Txn, d: _Dir) -> None:
+        if d.unwritten:
+            txn.insert_many("segments", [(_seg_key(PACKED_PREFIX, segno), data)
+                                         for segno, data in sorted(d.unwritten.items()) if segno in d.segs])
+            d.unwritten.clear()
         self._store_tombstones(txn, d)
         txn.put("segments", DIR_KEY, d.encode())
         self._drop_old_runs(d)
@@ -2296,7 +2310,8 @@ class SegmentedBM25:
                 self._put_packed(txn, d, new, new_blinds, new_blocks)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
-            txn.delete("segments", _seg_key(PACKED_PREFIX if segno in d.packed else b"v", segno))
+            if d.unwritten.pop(segno, None) is None:
+                txn.delete("segments", _seg_key(PACKED_PREFIX if segno in d.packed else b"v", segno))
             d.packed.discard(segno)
             del d.segs[segno]
             for run, _ in d.runs.pop(segno, ()):
