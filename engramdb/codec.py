@@ -40,8 +40,19 @@ ZSTD_THRESHOLD = 2048
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 _U64 = struct.Struct(">Q")
 
-_compressor = zstandard.ZstdCompressor(level=3)
-_decompressor = zstandard.ZstdDecompressor()
+
+class ZstdPerThread(threading.local):
+    """``compress`` and ``decompress`` of a zstd compressor (``level``) and decompressor of
+    the calling thread's own: python-zstandard's objects must not be used by two threads at
+    once (one handle's queries run in several threads; a shared decompressor gave them
+    CorruptFileError on sound blocks), and making one per call costs a context each time."""
+
+    def __init__(self, level: int) -> None:
+        self.compress = zstandard.ZstdCompressor(level=level).compress
+        self.decompress = zstandard.ZstdDecompressor().decompress
+
+
+_compressor = _decompressor = ZstdPerThread(level=3)
 _local = threading.local()
 
 

@@ -720,8 +720,15 @@ class _Env:
     def committed(self, changes: Changes, state: tuple[int, int, int] | None = None) -> None:
         """Tell this process's caches what a commit of this process changed, and the state it
         committed: ``(seq, next_docno, snapshot id)``."""
-        for listener in list(self.listeners):
-            listener.purge(changes, state)
+        # list(WeakSet) runs WeakSet.__iter__, a Python generator: a thread switch inside lets
+        # another thread's on_commit (a query creating its handle's node cache) grow the set
+        # ("Set changed size during iteration", raised here, after the commit). Copy its set of
+        # weak references (``data``, in every CPython; not in typeshed) in C instead (no
+        # bytecode runs) and dereference the copy.
+        for ref in list(self.listeners.data):  # type: ignore[attr-defined]
+            listener = ref()
+            if listener is not None:
+                listener.purge(changes, state)
 
     def note_commit(self, unchanged_before: bool) -> None:
         """After a commit of this process: the file as it now is, if it was as expected just

@@ -51,6 +51,7 @@ import msgpack
 
 from .. import _accel
 from ..cache import LRUCache, mb_to_bytes
+from ..codec import ZstdPerThread
 from ..errors import CorruptFileError, ValidationError
 
 if TYPE_CHECKING:  # annotations only
@@ -144,8 +145,7 @@ _GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
 _COMPACT_MIN = 2048
 
 T = TypeVar("T")
-_zc = zstandard.ZstdCompressor(level=1)
-_zd = zstandard.ZstdDecompressor()
+_zc = _zd = ZstdPerThread(level=1)  # one compressor and decompressor per thread (see there)
 
 
 # --- pure functions -----------------------------------------------------------------
@@ -875,7 +875,9 @@ class _Term:
         state and weight, at least :data:`TERM_TOP_CACHED` deep)."""
         memo = self.best_memo
         depth = max(k, TERM_TOP_CACHED)
-        got = memo.get(depth) or next((v for d, v in memo.items() if d >= k), None)
+        # the memo is shared by the threads querying this term in this state, and another one
+        # may add a depth meanwhile: scan a copy made in C (tuple(); no thread switch inside)
+        got = memo.get(depth) or next((v for d, v in tuple(memo.items()) if d >= k), None)
         if got is None:
             parts = [top_k(docnos, values, depth) if codes is None else self.postings.base.best(depth, values)
                      for docnos, codes, values in self.runs]
@@ -888,7 +890,7 @@ class _Term:
 
     def ranked(self, k: int) -> bool:
         """Whether :meth:`best` of ``k`` is memoised already."""
-        return any(depth >= k for depth in self.best_memo)
+        return any(depth >= k for depth in tuple(self.best_memo))  # a copy: see best()
 
     def kth_best(self, k: int) -> float:
         """The k-th best weighted part (0.0 with fewer than ``k`` postings): a lower bound
@@ -1326,9 +1328,13 @@ class SegmentedBM25:
                     self._cache.pop(("s", segno))
                     self._cache.pop(("f", segno))
                     self._cache.pop(("p", segno))
-            # the term sets of the small segments still live (immutable) carry over
-            d.terms_of.update((segno, t) for segno, t in prev.terms_of.items() if segno in d.segs)
-            d.fresh.update((segno, f) for segno, f in prev.fresh.items() if segno in d.segs)
+            # the term sets of the small segments still live (immutable) carry over. Queries on
+            # ``prev`` insert into these dicts without the lock (_terms_of, _adopt): iterate a
+            # copy made in C (tuple(): no bytecode runs, so no thread switch), not the live dict,
+            # which another thread may grow between two steps of the loop ("dictionary changed
+            # size during iteration"). An entry added after the copy is only looked up again.
+            d.terms_of.update((segno, t) for segno, t in tuple(prev.terms_of.items()) if segno in d.segs)
+            d.fresh.update((segno, f) for segno, f in tuple(prev.fresh.items()) if segno in d.segs)
         self._drop_old_runs(d)
         d.serial = next(self._serials)
         self._dir, self._txnid = d, sid
@@ -1394,10 +1400,13 @@ class SegmentedBM25:
     def _drop_old_runs(self, d: _Dir) -> None:
         """Forget decoded tombstone runs that ``d`` no longer lists (merged or rewritten)."""
         live = {run for runs in d.runs.values() for run, _ in runs}
-        for run in [r for r in self._runs if r not in live and r < d.committed]:
-            del self._runs[run]
-        for segno in [s for s in self._dead_union if s not in d.segs]:
-            del self._dead_union[segno]
+        # Queries insert into both dicts without the lock (_run, _dead, _dead_in_memory), and
+        # _put_directory calls this without it while _switch may run it under it: scan a copy
+        # made in C (list(); no bytecode, so no thread switch) and pop what may be gone already.
+        for run in [r for r in list(self._runs) if r not in live and r < d.committed]:
+            self._runs.pop(run, None)
+        for segno in [s for s in list(self._dead_union) if s not in d.segs]:
+            self._dead_union.pop(segno, None)
 
     def _run(self, txn: Txn, d: _Dir, run: int) -> np.ndarray:
         """The dead docnos of tombstone run ``run`` (sorted uint64)."""

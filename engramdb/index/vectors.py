@@ -767,7 +767,10 @@ class VectorIndex:
             txn.delete("vectors", key)
         for name, space in spaces.items():
             txn.put("vectors", self._prefix(name) + _DIR, self._new_dir(space, seqs[name]).encode())
-        for cache in self._caches.values():
+        # a copy made in C (list(): no thread switch inside): a query of this handle in another
+        # thread may add a space's cache meanwhile (_cache), which a loop over the live dict
+        # would fail on ("dictionary changed size during iteration")
+        for cache in list(self._caches.values()):
             cache.last = None
         self.apply(txn, resolved, texts, [])
         return rewrite
