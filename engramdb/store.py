@@ -784,12 +784,20 @@ class _Env:
             raise _map_lmdb_error(exc, f"cannot open {path}") from None
 
     def _check_not_truncated(self) -> None:
-        # A page past the end of the file is a hole in the mapping: touching it is SIGBUS.
+        # A page past the end of the file is a hole in the mapping: touching it is SIGBUS. But
+        # a file may validly end before its last page number: pages a commit allocated and
+        # freed again are never written (check_file_end). The common case, a file that
+        # reaches its last page, needs nothing more (the size is read after the meta, and a
+        # committed meta's written pages are in the file before the meta is).
         info = self.env.info()
         psize = self.env.stat()["psize"]
-        if (info["last_pgno"] + 1) * psize > os.stat(self.path).st_size:
-            raise CorruptFileError(f"{self.path} is truncated: its last pages are missing",
-                                   hint="restore the file from a dump or backup")
+        if (info["last_pgno"] + 1) * psize <= os.stat(self.path).st_size:
+            return
+        # The read transaction pins the snapshot (and every later one): LMDB reuses only pages
+        # freed before the oldest reader, so no commit by another process rewrites the free
+        # tree pages check_file_end reads while it reads them.
+        with self.env.begin():
+            check_file_end(self.path)
 
     def _open_dbs(self, *, create: bool, new_file: bool, writer_held: bool = False) -> dict[str, lmdb._Database]:
         try:
@@ -908,11 +916,12 @@ def sniff(path: str) -> None:
 
     Raises:
         ForeignFileError: a Terronex .engram file, an SQLite file, or too short to be LMDB.
-        CorruptFileError: an empty file.
+        CorruptFileError: an empty file, or one cut inside its second meta page.
     """
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
+            size = os.fstat(fh.fileno()).st_size
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -928,6 +937,10 @@ def sniff(path: str) -> None:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
     if struct.unpack_from("<I", head, 16)[0] != _META_MAGIC:
         raise ForeignFileError(f"{path} is not an engramdb file (not an LMDB data file)")
+    psize = struct.unpack_from("<I", head, _META_PSIZE)[0]
+    if psize in _PAGE_SIZES and size < 2 * psize:  # LMDB would call it "not an LMDB file"
+        raise CorruptFileError(f"{path} is truncated: its second meta page is missing ({size} bytes)",
+                               hint="restore the file from a dump or backup")
 
 
 _META_MAGIC = 0xBEEFC0DE
@@ -991,6 +1004,176 @@ def scrub_unused_bytes(fd: int) -> int:
                     zeroed += end - start
         mm.flush()
     return zeroed
+
+
+# More of LMDB 0.9's layout (64-bit build), for check_file_end: MDB_meta's mm_dbs[FREE_DBI]
+# starts at _META_PSIZE (its md_pad is the page size); an MDB_db record holds md_pad (4),
+# md_flags (2), md_depth (2), four page/entry counts (8 each), md_root (8).
+_META_FREE_ROOT = _META_PSIZE + 40
+_P_INVALID = (1 << 64) - 1  # the root of an empty tree
+_NODE_HEADER = 8  # mn_lo, mn_hi (the value's size; a branch node: the child's page number
+# with mn_flags as its high 16 bits), mn_flags, mn_ksize; then the key, then the value
+_MAX_DEPTH = 32  # CURSOR_STACK: no LMDB tree is deeper
+_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _committed_meta(fd: int) -> tuple[int, int, int, int]:
+    """(page size, txnid, last page number, free tree root) of the meta page LMDB picks
+    (the larger txnid), read with pread, never through the map."""
+    first = os.pread(fd, _META_TXNID + 8, 0)
+    if len(first) < _META_TXNID + 8 or struct.unpack_from("<I", first, 16)[0] != _META_MAGIC:
+        raise _Damaged("meta page 0 is not an LMDB meta page")
+    psize = struct.unpack_from("<I", first, _META_PSIZE)[0]
+    if psize not in _PAGE_SIZES:
+        raise _Damaged(f"meta page 0 gives the page size {psize}")
+    second = os.pread(fd, _META_TXNID + 8, psize)
+    if len(second) < _META_TXNID + 8:
+        raise _Truncated("meta page 1 is missing")
+    metas = [(struct.unpack_from("<Q", page, _META_TXNID)[0], page) for page in (first, second)]
+    txnid, page = metas[metas[0][0] < metas[1][0]]  # mdb_env_pick_meta
+    return psize, txnid, struct.unpack_from("<Q", page, _META_LAST_PG)[0], \
+        struct.unpack_from("<Q", page, _META_FREE_ROOT)[0]
+
+
+def _free_pages_past(fd: int, psize: int, last_pg: int, root: int, have: int) -> set[int]:
+    """The page numbers >= ``have`` listed in the free tree (LMDB's FREE_DBI: key a txnid,
+    value an IDL, a count then that many 8-byte page numbers, in overflow pages when large).
+
+    Raises:
+        _Truncated: a page of the free tree itself is not in the file (its first ``have`` pages).
+        _Damaged: the free tree is not a sound LMDB 0.9 B-tree of IDLs.
+    """
+    free: set[int] = set()
+    if root == _P_INVALID:
+        return free
+    seen: set[int] = set()
+
+    def read(pgno: int, npages: int, what: str) -> bytes:
+        if not 2 <= pgno <= last_pg - npages + 1 or pgno in seen:
+            raise _Damaged(f"{what} points to page {pgno}")
+        if pgno + npages > have:
+            raise _Truncated(f"page {pgno + npages - 1} of the free-page list is missing")
+        seen.add(pgno)
+        data = os.pread(fd, npages * psize, pgno * psize)
+        if len(data) < npages * psize:
+            raise _Truncated(f"page {pgno} of the free-page list is missing")
+        if struct.unpack_from("<Q", data, 0)[0] != pgno:
+            raise _Damaged(f"page {pgno} of the free-page list stores another page number")
+        return data
+
+    stack = [(root, 1, "the meta page")]
+    while stack:
+        pgno, depth, parent = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise _Damaged("the free-page list is deeper than any LMDB tree")
+        page = read(pgno, 1, parent)
+        flags, lower, upper = struct.unpack_from("<HHH", page, 10)
+        kind = flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW | _P_LEAF2)
+        if kind not in (_P_BRANCH, _P_LEAF) or not _PAGE_HEADER <= lower <= upper <= psize or lower % 2:
+            raise _Damaged(f"page {pgno} of the free-page list has a bad header")
+        for ptr in range(_PAGE_HEADER, lower, 2):
+            node = struct.unpack_from("<H", page, ptr)[0]
+            if not upper <= node <= psize - _NODE_HEADER:
+                raise _Damaged(f"page {pgno} of the free-page list has a node outside it")
+            lo, hi, node_flags, key_size = struct.unpack_from("<HHHH", page, node)
+            if kind == _P_BRANCH:
+                stack.append((lo | hi << 16 | node_flags << 32, depth + 1, f"branch page {pgno}"))
+                continue
+            size = lo | hi << 16
+            start = node + _NODE_HEADER + key_size
+            if key_size != 8 or size < 8 or size % 8 or node_flags & ~_F_BIGDATA:
+                raise _Damaged(f"page {pgno} of the free-page list has a malformed record")
+            if node_flags & _F_BIGDATA:
+                if start + 8 > psize:
+                    raise _Damaged(f"page {pgno} of the free-page list has a node outside it")
+                first = struct.unpack_from("<Q", page, start)[0]
+                pages = -(-(_PAGE_HEADER + size) // psize)
+                data = read(first, pages, f"leaf page {pgno}")
+                if not struct.unpack_from("<H", data, 10)[0] & _P_OVERFLOW \
+                        or struct.unpack_from("<I", data, 12)[0] < pages:
+                    raise _Damaged(f"overflow page {first} of the free-page list has a bad header")
+                value = memoryview(data)[_PAGE_HEADER:_PAGE_HEADER + size]
+            else:
+                if start + size > psize:
+                    raise _Damaged(f"page {pgno} of the free-page list has a record outside it")
+                value = memoryview(page)[start:start + size]
+            ids = value.cast("Q")  # MDB_IDs in the file's (the host's) byte order
+            count = ids[0]
+            if count >= len(ids):
+                raise _Damaged(f"a record of the free-page list on page {pgno} claims {count} pages")
+            listed = ids[1:count + 1]
+            if count and not 2 <= min(listed) <= max(listed) <= last_pg:
+                raise _Damaged(f"a record of the free-page list on page {pgno} lists a page out of range")
+            free.update(p for p in listed if p >= have)
+    return free
+
+
+def check_file_end(path: str) -> None:
+    """Refuse a file that ends before a page in use; accept one whose missing last pages are
+    all free.
+
+    LMDB does not keep the file as long as its last page number (``mm_last_pg``): pages a
+    write transaction allocates and frees again before it commits (the overflow pages of a
+    value stored and deleted in one transaction, a page split then merged away) advance the
+    last page number, go to the free list (FREE_DBI) at the commit, and are never written
+    (``mdb_ovpage_free`` hands dirty pages back to ``me_pghead``, loose pages are skipped by
+    ``mdb_page_flush``; ``mdb_freelist_save`` saves both). LMDB never reads a free page, and
+    reuses one by writing it, so such a file is sound. What must be in the file is every
+    page in use, and the free list says which are not: this walks it with pread (a page
+    past the end of the file read through the map is a SIGBUS) and checks that every page
+    from the end of the file to the last page is listed free, and that the free tree's own
+    pages are in the file. The walk reads only the free tree (a few pages).
+
+    The file is left as it is, not extended with zero pages to its last page: a read-only
+    opener must accept it anyway, the next commit that reuses those pages writes them, and
+    extending it would need the writer lock (another process's commit may be writing pages
+    past the current end: an ``ftruncate`` from a stale size would cut them off) and would
+    change the file's size and ctime, the clean-close fingerprint.
+
+    Raises:
+        CorruptFileError: a page in use is missing (the file was truncated), or the free
+            list is damaged.
+    """
+    hint = "restore the file from a dump or backup"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _os_error(exc, f"cannot read {path}") from None
+    try:
+        for _ in range(3):  # a commit by another process between the reads: read again
+            psize, txnid, last_pg, root = _committed_meta(fd)
+            size = os.fstat(fd).st_size  # after the meta: a committed meta's pages are written first
+            have = size // psize  # a partial last page counts as missing
+            if last_pg < have:
+                return
+            free = _free_pages_past(fd, psize, last_pg, root, have)
+            if _committed_meta(fd)[1] == txnid:
+                break
+        missing = last_pg + 1 - have
+        if len(free) == missing:
+            return
+        # a missing page not listed free: among the first len(free) + 1 missing pages
+        used = next(p for p in range(have, have + len(free) + 1) if p not in free)
+        raise CorruptFileError(f"{path} is truncated: its last pages are missing (the file ends at page "
+                               f"{have}, {missing} page(s) before its last page {last_pg}, and page {used} "
+                               "is in use)", hint=hint)
+    except _Truncated as exc:
+        raise CorruptFileError(f"{path} is truncated: its last pages are missing ({exc})", hint=hint) from None
+    except _Damaged as exc:
+        raise CorruptFileError(f"{path}: the file's free-page list is damaged ({exc})",
+                               hint=hint) from None
+    except OSError as exc:
+        raise _os_error(exc, f"cannot read {path}") from None
+    finally:
+        os.close(fd)
 
 
 def meta_problem(path: str) -> str | None:
