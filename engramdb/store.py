@@ -796,8 +796,14 @@ class _Env:
         # The read transaction pins the snapshot (and every later one): LMDB reuses only pages
         # freed before the oldest reader, so no commit by another process rewrites the free
         # tree pages check_file_end reads while it reads them.
-        with self.env.begin():
+        try:
+            txn = self.env.begin()
+        except lmdb.Error as exc:
+            raise _map_lmdb_error(exc, f"cannot open {self.path}") from None
+        try:
             check_file_end(self.path)
+        finally:
+            txn.abort()
 
     def _open_dbs(self, *, create: bool, new_file: bool, writer_held: bool = False) -> dict[str, lmdb._Database]:
         try:

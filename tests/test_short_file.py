@@ -248,3 +248,144 @@ def test_any_cut_opens_with_all_data_or_is_refused(short_file, tmp_path, at):
         for suffix in ("", "-lock", "-maint"):
             if os.path.exists(f"{path}{suffix}"):
                 os.remove(f"{path}{suffix}")
+
+
+# --- a large free list (branch pages, an IDL in overflow pages), raw LMDB -------------------
+
+def make_raw_short(path) -> None:
+    """A plain LMDB file (no engramdb tables) that ends 1,000 pages before its last page and
+    whose free list is a two-level tree with a record in overflow pages."""
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 28)
+    try:
+        with env.begin(write=True) as txn:
+            for i in range(600):
+                txn.put(b"k%05d" % i, bytes([i % 251]) * 1000)
+            txn.put(b"big", b"b" * 1500 * PSIZE)
+        with env.begin(write=True) as txn:
+            txn.delete(b"big")  # a free-list record of 1,500 pages the commits below reclaim from
+        for i in range(3):  # until no reader could see it
+            with env.begin(write=True) as txn:
+                txn.put(b"tick", b"%d" % i)
+        reader = env.begin()  # keeps the records of the next commits in the free list: many leaves
+        try:
+            for i in range(150):
+                with env.begin(write=True) as txn:
+                    txn.delete(b"k%05d" % i)
+            with env.begin(write=True) as txn:
+                # reclaims from the big record (1,000 pages: longer than what is left of it)
+                txn.put(b"short", b"\0" * 1000 * PSIZE)
+                txn.delete(b"short")
+        finally:
+            reader.abort()
+    finally:
+        env.close()
+
+
+def free_tree(path) -> tuple[int, int, int]:
+    """(root, depth, overflow pages) of the committed meta's free tree."""
+    with open(path, "rb") as fh:
+        head = fh.read(2 * PSIZE)
+    metas = [(struct.unpack_from("<Q", head, n * PSIZE + 144)[0],
+              struct.unpack_from("<HQQQQQ", head, n * PSIZE + 46)) for n in (0, 1)]
+    depth, _branch, _leaf, overflow, _entries, root = max(metas)[1]
+    return root, depth, overflow
+
+
+@pytest.fixture(scope="module")
+def raw_short(tmp_path_factory):
+    path = tmp_path_factory.mktemp("raw") / "raw.mdb"
+    make_raw_short(path)
+    last_pgno, size = lmdb_frontier(path)
+    assert last_pgno + 1 - size // PSIZE >= 900
+    _, depth, overflow = free_tree(path)
+    assert depth >= 2 and overflow >= 2  # branch pages, and an IDL in overflow pages
+    return path
+
+
+@pytest.fixture
+def raw_copy(raw_short, tmp_path):
+    path = tmp_path / "r.mdb"
+    shutil.copyfile(raw_short, path)
+    return path
+
+
+def test_a_large_free_list_is_walked(raw_copy):
+    assert structural_problems(str(raw_copy)) == []
+    check_file_end(str(raw_copy))
+    env = lmdb.open(str(raw_copy), subdir=False, map_size=1 << 28)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(b"after", b"a" * 3 * PSIZE)
+        with env.begin() as txn:
+            assert [key for key, _ in txn.cursor()] == [b"after"] + [b"k%05d" % i for i in range(150, 600)] \
+                + [b"tick"]
+            assert txn.get(b"k00599") == bytes([599 % 251]) * 1000
+    finally:
+        env.close()
+    check_file_end(str(raw_copy))
+    assert structural_problems(str(raw_copy)) == []
+
+
+def overflow_page_of_free_list(path) -> int:
+    """The first overflow page of a free-list record (one of the root's leaves holds it)."""
+    root, _, _ = free_tree(path)
+    with open(path, "rb") as fh:
+        fh.seek(root * PSIZE)
+        page = fh.read(PSIZE)
+        lower = struct.unpack_from("<H", page, 12)[0]
+        for ptr in range(16, lower, 2):
+            lo, hi, flags = struct.unpack_from("<HHH", page, struct.unpack_from("<H", page, ptr)[0])
+            fh.seek((lo | hi << 16 | flags << 32) * PSIZE)
+            leaf = fh.read(PSIZE)
+            for leaf_ptr in range(16, struct.unpack_from("<H", leaf, 12)[0], 2):
+                node = struct.unpack_from("<H", leaf, leaf_ptr)[0]
+                if struct.unpack_from("<H", leaf, node + 4)[0] & 0x01:
+                    return struct.unpack_from("<Q", leaf, node + 16)[0]
+    raise AssertionError("no free-list record in overflow pages")
+
+
+def test_a_cut_through_the_free_list_is_refused(raw_copy, tmp_path):
+    root, _, _ = free_tree(raw_copy)
+    for page in (root, overflow_page_of_free_list(raw_copy)):
+        cut = tmp_path / f"cut{page}.mdb"
+        shutil.copyfile(raw_copy, cut)
+        os.truncate(cut, page * PSIZE + PSIZE // 2)  # the page only partly in the file
+        with pytest.raises(CorruptFileError, match=r"truncated.*of the free-page list is missing"):
+            check_file_end(str(cut))
+        assert structural_problems(str(cut)) != []
+
+
+@pytest.mark.parametrize("child", ["itself", "a meta page", "past the last page"])
+def test_a_damaged_branch_of_the_free_list_is_refused(raw_copy, child):
+    root, _, _ = free_tree(raw_copy)
+    last_pgno, _ = lmdb_frontier(raw_copy)
+    target = {"itself": root, "a meta page": 1, "past the last page": last_pgno + 5}[child]
+    with open(raw_copy, "r+b") as fh:
+        fh.seek(root * PSIZE)
+        page = bytearray(fh.read(PSIZE))
+        node = struct.unpack_from("<H", page, 16)[0]
+        struct.pack_into("<HHH", page, node, target & 0xFFFF, target >> 16 & 0xFFFF, target >> 32)
+        fh.seek(root * PSIZE)
+        fh.write(page)
+    with pytest.raises(CorruptFileError, match="free-page list is damaged"):
+        check_file_end(str(raw_copy))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(min_value=0, max_value=1 << 20))
+def test_the_check_agrees_with_lmdbs_verifier_at_any_cut(raw_short, tmp_path, at):
+    """Cut anywhere after the meta pages, the file passes the precise check exactly when
+    LMDB's offline verifier finds nothing wrong (it treats a missing page as legal only when
+    it is free)."""
+    cut = 2 * PSIZE + ((os.path.getsize(raw_short) - 2 * PSIZE) * at >> 20)
+    path = tmp_path / f"cut{cut}.mdb"
+    shutil.copyfile(raw_short, path)
+    os.truncate(path, cut)
+    sound = structural_problems(str(path)) == []
+    try:
+        check_file_end(str(path))
+        assert sound
+    except CorruptFileError:
+        assert not sound
+    finally:
+        os.remove(path)
