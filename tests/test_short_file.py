@@ -389,3 +389,11 @@ def test_the_check_agrees_with_lmdbs_verifier_at_any_cut(raw_short, tmp_path, at
         assert not sound
     finally:
         os.remove(path)
+
+
+@pytest.mark.parametrize("size", [PSIZE, PSIZE + 200, 2 * PSIZE - 1])
+def test_a_file_cut_inside_its_second_meta_page_is_reported_truncated(short_copy, size):
+    """LMDB itself calls it "not an LMDB file" (its read of meta page 1 comes up short)."""
+    os.truncate(short_copy, size)
+    with pytest.raises(CorruptFileError, match="truncated: its second meta page is missing"):
+        engram.open(short_copy, passphrase=PASSPHRASE, kdf=TEST_KDF)
