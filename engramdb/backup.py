@@ -12,10 +12,10 @@ import fcntl
 import io
 import os
 from functools import partial
-from typing import Any, BinaryIO, TextIO, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TextIO, TypeVar
 from collections.abc import Callable, Iterable, Iterator
 
-from . import aaak, codec
+from . import aaak, bulk, codec
 from .engram import Engram, Transaction, open as open_engram
 from .importers import EntityTable
 from .errors import (
@@ -25,8 +25,8 @@ from .errors import (
 from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 from .store import STORE_SIDECARS, Txn, remove_if_abandoned, replace_store
 
-__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "import_resumable", "entity_table",
-           "SOURCE_META_PREFIX", "ENTITIES_META"]
+__all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "import_resumable",
+           "ResumedImport", "entity_table", "SOURCE_META_PREFIX", "ENTITIES_META"]
 
 # Source texts (what recall_context cuts passages from) travel as @meta lines.
 SOURCE_META_PREFIX = "source:"
@@ -439,52 +439,73 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
     return count, len(edges)
 
 
+class ResumedImport(NamedTuple):
+    """What :func:`import_resumable` did."""
+
+    added: int
+    """Memories added."""
+    stored: int
+    """Memories skipped because their id is stored already (by an earlier run, say)."""
+    repeated: int
+    """Memories skipped because their id came earlier in the source (its first copy is kept)."""
+    edges: int
+    """Edges written."""
+    missing: list[Edge]
+    """Edges not written because an end is neither in the source nor stored."""
+
+
 def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable], *, chunk: int | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> tuple[int, int, int]:
+                     progress: Callable[[int, int], None] | None = None) -> ResumedImport:
     """Store imported items streamed, as :meth:`Engram.import_many` stores memories: a
-    ``chunk`` of them (default :data:`~engramdb.engram.INGEST_CHUNK`) per transaction,
-    those whose id is stored already (or came earlier) skipped. Returns ``(added,
-    skipped, edges)``: memories added and skipped, and edges written.
+    ``chunk`` of them (default :data:`~engramdb.bulk.INGEST_CHUNK`) per transaction,
+    those whose id is stored already or came earlier in ``items`` skipped (the first copy
+    is kept, counted apart from ids stored already).
 
     Unlike :func:`import_records`, this is **not atomic** and refuses nothing for an id
-    that exists: an interruption leaves whole chunks behind, and running the same import
-    again completes it without adding anything twice (give every memory an id: one
-    without gets a new one each run). ``items`` is read as it is stored, so what is held
-    at once is one chunk of memories; only the edges are held until the last memory is
-    stored (an edge needs both of its ends), then written in batches of
-    :data:`RESTORE_BATCH`, those stored already skipped. An entity table is merged as it
-    comes (merging the same one again changes nothing); an embedding space that does not
-    exist yet is created from the first vector seen, as :func:`import_records` does.
+    that exists or repeats: an interruption leaves whole chunks behind, and running the
+    same import again completes it without adding anything twice (give every memory an
+    id: one without gets a new one each run). ``items`` is read as it is stored, so what
+    is held at once is one chunk of memories and the blind keys of the ids read so far
+    (to tell a repeat from an id stored already: ~83 MB a million); only the edges are
+    held until the last memory is stored (an edge needs both of its ends), then written
+    in batches of :data:`RESTORE_BATCH`, those stored already skipped. An edge
+    naming a memory that is neither in ``items`` nor stored is not written and is
+    returned in ``missing``, so the other edges are stored and a re-run is not blocked.
+    An entity table is merged as it comes (merging the same one again changes nothing);
+    an embedding space that does not exist yet is created from the first vector seen, as
+    :func:`import_records` does.
 
     Args:
         chunk: memories per transaction.
-        progress: called after each chunk's commit with the running ``(added, skipped)``.
+        progress: called after each chunk's commit with the running ``(added, skipped)``
+            (skipped: stored already or repeated).
 
     Raises:
         ValidationError: ``chunk`` is not a positive integer, or a memory is invalid (the
             chunks before it are committed).
-        AAAKParseError: an edge names a memory that is neither imported nor stored (every
-            memory is stored by then; no edge is written).
     """
-    from . import bulk
-
-    size = bulk.INGEST_CHUNK if chunk is None else chunk
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
-                              hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
+    size = bulk.chunk_size(chunk)
     known = set(engram.spaces())
     nodes: list[Node] = []
     edges: list[Edge] = []
-    added = skipped = 0
+    seen: set[bytes] = set()  # the blind keys of the ids read, which is what the store compares
+    added = stored = repeated = 0
 
     def flush() -> None:
-        nonlocal added, skipped
-        _add_spaces(engram, nodes, known)
-        count, seen = engram.import_many(nodes, chunk=len(nodes))
-        added, skipped = added + count, skipped + seen
+        nonlocal added, stored, repeated
+        first = []
+        for node, key in zip(nodes, engram._id_keys([node.id for node in nodes])):
+            if key not in seen:
+                seen.add(key)
+                first.append(node)
+        repeated += len(nodes) - len(first)
         nodes.clear()
+        if first:
+            _add_spaces(engram, first, known)
+            count, skipped = engram.import_many(first, chunk=len(first))
+            added, stored = added + count, stored + skipped
         if progress is not None:
-            progress(added, skipped)
+            progress(added, stored + repeated)
 
     for item in items:
         if isinstance(item, Node):
@@ -497,7 +518,8 @@ def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable],
             engram._store.write(partial(_merge_entities, incoming=item.code_to_name))
     if nodes:
         flush()
-    return added, skipped, _put_new_edges(engram, edges)
+    written, missing = _put_new_edges(engram, edges)
+    return ResumedImport(added, stored, repeated, written, missing)
 
 
 def _add_spaces(engram: Engram, nodes: list[Node], known: set[str]) -> None:
@@ -510,34 +532,28 @@ def _add_spaces(engram: Engram, nodes: list[Node], known: set[str]) -> None:
                 known.add(name)
 
 
-def _put_new_edges(engram: Engram, edges: list[Edge]) -> int:
-    """Write those of ``edges`` that are not stored yet (same ends and kind), after checking
-    that every end is stored; returns how many were written.
-
-    Raises:
-        AAAKParseError: an edge names a memory that is not stored (nothing is written).
-    """
-    with engram._store.read() as txn:
-        tx = Transaction(engram, txn)
-        for edge in edges:
-            for end in (edge.src, edge.dst):
-                if tx._docno(end) is None:
-                    raise AAAKParseError(f"an edge names a memory that is not there: {end!r}",
-                                         hint="the memories are imported, no edge is; check the source file")
+def _put_new_edges(engram: Engram, edges: list[Edge]) -> tuple[int, list[Edge]]:
+    """Write those of ``edges`` that are not stored yet (same ends and kind) and whose ends
+    are both stored; returns how many were written, and the edges with an end missing."""
     written = 0
+    missing: list[Edge] = []
     for start in range(0, len(edges), RESTORE_BATCH):
-        def put_batch(txn: Txn, batch: list[Edge] = edges[start:start + RESTORE_BATCH]) -> int:
+        def put_batch(txn: Txn, batch: list[Edge] = edges[start:start + RESTORE_BATCH]) -> tuple[int, list[Edge]]:
             tx = Transaction(engram, txn)
-            new = []
+            new, lacking = [], []
             for edge in batch:
                 src, dst = tx._docno(edge.src), tx._docno(edge.dst)
-                if src is not None and dst is not None and engram.indexes.graph.get(txn, src, dst, edge.kind) is None:
+                if src is None or dst is None:
+                    lacking.append(edge)
+                elif engram.indexes.graph.get(txn, src, dst, edge.kind) is None:
                     new.append(edge)
             _put_edges(engram, txn, new)
-            return len(new)
+            return len(new), lacking
 
-        written += engram._store.write(put_batch)
-    return written
+        count, lacking = engram._store.write(put_batch)
+        written += count
+        missing += lacking
+    return written, missing
 
 
 def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) -> None:

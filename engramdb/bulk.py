@@ -22,7 +22,7 @@ from .errors import ValidationError
 from .records import Node, new_id, now_ts
 from .store import Store, Txn
 
-__all__ = ["INGEST_CHUNK", "ChunkWriter", "add_many", "build", "build_many", "import_many"]
+__all__ = ["INGEST_CHUNK", "ChunkWriter", "add_many", "build", "build_many", "chunk_size", "import_many"]
 
 # add_many builds, writes and indexes this many memories at a time (one BM25 segment each):
 # its own extra memory is a chunk's, whatever the batch's size. Measured at ~60 words a
@@ -213,6 +213,20 @@ def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float |
         return store.write(put_all, reserve=_reserve(seq))
 
 
+def chunk_size(chunk: int | None) -> int:
+    """The memories per transaction of a chunked import: ``chunk``, or :data:`INGEST_CHUNK`
+    (read at the call, so setting ``engramdb.bulk.INGEST_CHUNK`` changes the default) for None.
+
+    Raises:
+        ValidationError: ``chunk`` is not a positive integer.
+    """
+    size = INGEST_CHUNK if chunk is None else chunk
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
+                              hint="leave it out for the default, engramdb.bulk.INGEST_CHUNK")
+    return size
+
+
 def import_many(store: Store, batched: Batched, items: Iterable[Item], now: float | None, *,
                 chunk: int | None = None, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
     """:meth:`Engram.import_many <engramdb.engram.Engram.import_many>`: one transaction per
@@ -223,10 +237,7 @@ def import_many(store: Store, batched: Batched, items: Iterable[Item], now: floa
         ValidationError: ``chunk`` is not a positive integer, or an item is invalid (the
             chunks before it are committed).
     """
-    size = INGEST_CHUNK if chunk is None else chunk
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValidationError(f"chunk must be a positive number of memories, not {chunk!r}",
-                              hint="leave it out for the default, engramdb.engram.INGEST_CHUNK")
+    size = chunk_size(chunk)
     source = iter(items)
     added = skipped = 0
     while batch := list(itertools.islice(source, size)):

@@ -21,8 +21,8 @@ from . import __version__
 from . import engram as engram_mod
 from .crypto import KDFParams
 from .errors import (
-    DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
-    ModeMismatchError, ValidationError, WrongPassphraseError,
+    AAAKParseError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
+    ModeMismatchError, ValidationError, WrongPassphraseError, shown,
 )
 from .records import ALL_FLAGS, EDGE_KINDS, TIERS, Node
 from .store import DEFAULT_TIMEOUT, atomic_file
@@ -1515,7 +1515,8 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
                    "without it, and count them, instead of stopping.")
 @click.option("--resume", is_flag=True,
               help="Stream the source in chunks, each committed on its own, skipping memories whose id is "
-                   "stored already: running it again completes an interrupted import (not all or nothing).")
+                   "stored already or came earlier in the source: running it again completes an interrupted "
+                   "import (not all or nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
@@ -1524,8 +1525,10 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
 
     By default the import is all or nothing: it refuses a source with an id that is stored
     already. With --resume it streams the source into FILE a chunk at a time (each chunk
-    its own transaction) and skips ids that are stored already, so re-running it completes
-    an interrupted import; edges are written after the last memory.
+    its own transaction) and skips ids that are stored already or repeat in the source
+    (the first copy is kept), so re-running it completes an interrupted import; edges are
+    written after the last memory, and one naming a memory that is not there is left out
+    with a warning and exit status 1.
 
     Example:
 
@@ -1583,18 +1586,30 @@ def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, p
         items = iter_import(cast(BinaryIO, fh), fmt=fmt, passphrase=passphrase, space=space, id_prefix=id_prefix,
                             skip_bad_embeddings=skip_bad_embeddings, report=report)
         with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
-            added, skipped, edges = import_resumable(db, items, progress=lambda a, s: bar.update(a + s - bar.n))
+            done = import_resumable(db, items, progress=lambda a, s: bar.update(a + s - bar.n))
     bad = report.bad_embeddings
     for nid, why in bad:
         click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+    for edge in done.missing:
+        click.echo(f"warning: edge {shown(edge.src)} -> {shown(edge.dst)} ({edge.kind}) not imported: it names a "
+                   "memory that is neither in the source nor stored", err=True)
 
     def text(_d: Any) -> str:
-        line = f"imported {added} memories and {edges} edges into {file}"
-        line += f"; skipped {skipped} memories stored already" if skipped else ""
-        return line + (f"; {len(bad)} bad embedding(s) left out" if bad else "")
+        line = f"imported {done.added} memories and {done.edges} edges into {file}"
+        skips = [f"{done.stored} stored already"] if done.stored else []
+        skips += [f"{done.repeated} repeated in the source (first kept)"] if done.repeated else []
+        line += f"; skipped {', '.join(skips)}" if skips else ""
+        line += f"; {len(bad)} bad embedding(s) left out" if bad else ""
+        return line + (f"; {len(done.missing)} edge(s) left out" if done.missing else "")
 
-    _emit({"file": file, "memories": added, "skipped": skipped, "edges": edges, "bad_embeddings": len(bad)},
-          as_json, text)
+    _emit({"file": file, "memories": done.added, "skipped": done.stored, "repeated": done.repeated,
+           "edges": done.edges, "missing_edges": len(done.missing), "bad_embeddings": len(bad)}, as_json, text)
+    if done.missing:
+        # after the summary: the memories and the other edges are stored, a re-run adds nothing
+        raise AAAKParseError(f"{len(done.missing)} edge(s) name a memory that is neither in the source nor stored "
+                             "(listed above)",
+                             hint="everything else is imported; fix those edges in the source, or add the memories "
+                                  "they name and run the import again")
 
 
 class _Peeked(io.RawIOBase):

@@ -17,8 +17,11 @@ from . import bulk, codec, crypto
 from . import header as hdr
 from . import verify as verify_mod
 # their home was here: users, error hints and the CLI name them so
-from .bulk import INGEST_CHUNK as INGEST_CHUNK
-from .header import FORMAT_VERSION as FORMAT_VERSION, read_key_file as read_key_file
+from .bulk import INGEST_CHUNK as INGEST_CHUNK  # for reading: set engramdb.bulk.INGEST_CHUNK
+from .header import (
+    FORMAT_NAME as FORMAT_NAME, FORMAT_VERSION as FORMAT_VERSION, KEYFILE_MAGIC as KEYFILE_MAGIC,
+    RECOVERY_PREFIX as RECOVERY_PREFIX, read_key_file as read_key_file,
+)
 from .verify import Problem as Problem
 from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError,
@@ -420,9 +423,9 @@ class Engram:
     def add_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None) -> list[str]:
         """Store many memories in one transaction (all or nothing); returns their ids.
 
-        Memories are built, written and indexed :data:`INGEST_CHUNK` at a time (one BM25
-        segment per chunk), so the extra memory of a large batch is bounded by a chunk's,
-        not by the batch's size.
+        Memories are built, written and indexed :data:`~engramdb.bulk.INGEST_CHUNK` at a
+        time (one BM25 segment per chunk), so the extra memory of a large batch is bounded
+        by a chunk's, not by the batch's size.
 
         Raises:
             DuplicateIdError: an id exists already or repeats in ``items``.
@@ -432,7 +435,8 @@ class Engram:
     def import_many(self, items: Iterable[Node | str | Mapping[str, Any]], *, now: float | None = None,
                     chunk: int | None = None, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
         """Bulk import: store many memories, committing every ``chunk`` of them (default
-        :data:`INGEST_CHUNK`) in its own transaction; returns ``(added, skipped)``.
+        :data:`~engramdb.bulk.INGEST_CHUNK`) in its own transaction; returns ``(added,
+        skipped)``.
 
         Unlike :meth:`add_many`, the import as a whole is **not atomic**: a crash, a full
         disk or an error stops it after its last committed chunk (each chunk is all or

@@ -136,8 +136,8 @@ def test_an_interrupted_then_resumed_import_equals_a_one_shot_import(tmp_path, m
         assert len(db) == 80  # the two chunks before the failure are committed, and the file kept
     resumed = _run("import", "--resume", str(src), str(two), "--json")
     assert resumed.exit_code == 0, resumed.output
-    assert json.loads(resumed.output) == {"file": str(two), "memories": 170, "skipped": 80, "edges": 0,
-                                          "bad_embeddings": 0}
+    assert json.loads(resumed.output) == {"file": str(two), "memories": 170, "skipped": 80, "repeated": 0,
+                                          "edges": 0, "missing_edges": 0, "bad_embeddings": 0}
     assert _contents(two) == _contents(one)
     assert _run("verify", str(two)).output.strip() == "ok"
     again = _run("import", "--resume", str(src), str(two), "--json")  # nothing is added twice
@@ -203,3 +203,66 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
     held.clear()
     assert _run("import", str(src), str(tmp_path / "all.engram"), "--create").exit_code == 0
     assert held[0] == 250  # the default path reads the whole source before its first write
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def test_a_resumed_import_counts_ids_repeated_in_the_source_apart_from_stored_ones(tmp_path, monkeypatch):
+    """A repeated id keeps its first copy (a one-shot import refuses the source) and is
+    reported as a repeat, within a chunk and across chunks, interrupted or not."""
+    from engramdb import bulk
+
+    src = _jsonl(tmp_path / "rep.jsonl", [
+        {"id": "a", "content": "first a"}, {"id": "a", "content": "second a"},  # one chunk
+        {"id": "b", "content": "first b"}, {"id": "c", "content": "c"},
+        {"id": "b", "content": "second b"},  # the chunk after b's
+    ])
+    monkeypatch.setattr(bulk, "INGEST_CHUNK", 2)
+    one, two = tmp_path / "one.engram", tmp_path / "two.engram"
+    assert _run("import", str(src), str(one), "--create").exit_code == 1  # all or nothing refuses it
+    done = _run("import", "--resume", str(src), str(one), "--create", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output) == {"file": str(one), "memories": 3, "skipped": 0, "repeated": 2, "edges": 0,
+                                       "missing_edges": 0, "bad_embeddings": 0}
+    with _open_store(one) as db:
+        assert sorted((n.id, n.content) for n in db) == [("a", "first a"), ("b", "first b"), ("c", "c")]
+    again = _run("import", "--resume", str(src), str(one))
+    assert again.exit_code == 0, again.output
+    assert "imported 0 memories and 0 edges" in again.output
+    assert "skipped 3 stored already, 2 repeated in the source (first kept)" in again.output
+    with monkeypatch.context() as m:  # cut after the first chunk: a re-run counts the same repeats
+        _fail_on_call(m, 2)
+        assert _run("import", "--resume", str(src), str(two), "--create").exit_code == 1
+    resumed = _run("import", "--resume", str(src), str(two), "--json")
+    assert json.loads(resumed.output)["memories"] == 2
+    assert json.loads(resumed.output)["skipped"] == 1 and json.loads(resumed.output)["repeated"] == 2
+    with _open_store(two) as db:  # the same memories (not the import's clock)
+        assert sorted((n.id, n.content) for n in db) == [("a", "first a"), ("b", "first b"), ("c", "c")]
+
+
+def test_a_resumed_import_writes_the_good_edges_and_reports_the_bad_ones(tmp_path):
+    """An edge naming a memory neither in the source nor stored is left out with a warning
+    and a non-zero exit, after every memory and the other edges are stored: a re-run is not
+    blocked, and once the memory is there a re-run writes the edge."""
+    src = tmp_path / "bad.aaak"
+    src.write_text(V2 + "T:001<->009|BOB\n")
+    path = tmp_path / "b.engram"
+    first = _run("import", "--resume", str(src), str(path), "--create")
+    assert first.exit_code == 1
+    assert "imported 2 memories and 1 edges" in first.output and "1 edge(s) left out" in first.output
+    assert "warning: edge '001' -> '009' (tunnel) not imported" in first.output
+    assert "error: 1 edge(s) name a memory that is neither in the source nor stored" in first.output
+    assert _contents(path)[1] == [("001", "002", "tunnel", "BOB", 1.0)]
+    again = _run("import", "--resume", str(src), str(path), "--json")
+    assert again.exit_code == 1 and "warning: edge '001' -> '009'" in again.output
+    summary = next(line for line in again.output.splitlines() if line.startswith("{"))  # stderr is mixed in
+    assert json.loads(summary)["missing_edges"] == 1 and json.loads(summary)["skipped"] == 2
+    assert _run("add", str(path), "the missing one", "--id", "009").exit_code == 0
+    last = _run("import", "--resume", str(src), str(path))
+    assert last.exit_code == 0, last.output
+    assert "imported 0 memories and 1 edges" in last.output
+    assert _contents(path)[1] == [("001", "002", "tunnel", "BOB", 1.0), ("001", "009", "tunnel", "BOB", 1.0)]
+    assert _run("verify", str(path)).output.strip() == "ok"

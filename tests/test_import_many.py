@@ -75,10 +75,16 @@ def test_import_many_skips_stored_and_repeated_ids(tmp_path):
 
 @pytest.mark.parametrize("chunk", [0, -1, 2.5, True, "10"])
 def test_import_many_refuses_a_bad_chunk(tmp_path, chunk):
+    from engramdb.backup import import_resumable
+
     with _open(tmp_path / "c.engram") as db:
-        with pytest.raises(ValidationError):
+        with pytest.raises(ValidationError) as raised:
             db.import_many(_items(3), chunk=chunk)
+        with pytest.raises(ValidationError) as resumable:  # `engramdb import --resume`'s path, the same check
+            import_resumable(db, iter([]), chunk=chunk)
         assert len(db) == 0
+    # the default is read from bulk: setting engramdb.engram's re-exported copy changes nothing
+    assert raised.value.hint == resumable.value.hint == "leave it out for the default, engramdb.bulk.INGEST_CHUNK"
 
 
 def test_import_many_stops_at_a_bad_item_after_the_chunks_before_it(tmp_path):

@@ -54,3 +54,12 @@ def test_the_package_ships_its_types_and_mypy_checks_all_of_it_strictly():
         assert not any(m == "engramdb" or m.startswith("engramdb.") for m in modules), override
         assert not relaxed & set(override), override
     assert "python -m mypy" in (repo / ".ci" / "lint").read_text(encoding="utf-8")
+
+
+def test_the_header_constants_are_still_importable_from_the_facade():
+    """They moved to engramdb.header; `engramdb.engram.X` keeps working for callers that read them."""
+    import engramdb.engram
+    from engramdb import header
+
+    for name in ("FORMAT_NAME", "FORMAT_VERSION", "RECOVERY_PREFIX", "KEYFILE_MAGIC", "read_key_file"):
+        assert getattr(engramdb.engram, name) is getattr(header, name)
