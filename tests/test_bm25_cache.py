@@ -3,6 +3,7 @@ adds a segment decodes only that segment's blocks), it stays within its byte lim
 cached answers always equal a fresh handle's, also when another process commits."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -246,6 +247,47 @@ def test_tombstones_and_updates_after_caching(store):
     with store.read() as txn:
         for q in queries:
             assert _answer(idx, txn, q) == _answer(_fresh(store), txn, q)
+
+
+@pytest.mark.parametrize("small", [None, 1])
+def test_an_older_snapshot_queried_after_a_newer_one_answers_for_its_own_state(store, monkeypatch, small):
+    """A read transaction still on an older snapshot, queried after a newer state cached
+    the term, must not be served the newer entry: a delete the old snapshot does not see
+    once dropped a live document there and changed the other one's score (the cached
+    entry was served as it was whenever the old state had no tombstones at all). Each
+    step keeps its read transaction open; every one is queried again after the newer ones,
+    newest first and oldest first, and answers as a fresh handle does. ``small``: the
+    small-segment threshold (1: every segment of two or more documents is large)."""
+    import engramdb.index.bm25 as bm25
+
+    if small is not None:
+        monkeypatch.setattr(bm25, "SMALL_SEGMENT_DOCS", small)
+    idx, writer = _fresh(store), _fresh(store)
+    store.write(lambda txn: writer.apply(txn, [(1, ["a", "a", "b"]), (2, ["a", "c", "d", "e"]), (3, ["x"])], []))
+    steps = [
+        lambda txn: writer.apply(txn, [], [1]),  # the reported case: doc 1 deleted
+        lambda txn: writer.apply(txn, [(4, ["a", "b"])], []),  # a new segment holding the term
+        lambda txn: writer.apply(txn, [(2, ["a", "a"])], [2]),  # an update: a tombstone and a segment
+        lambda txn: idx.apply(txn, [], [4]),  # the querying handle's own commit
+        lambda txn: writer.merge(txn, 5, force=True),
+        lambda txn: writer.apply(txn, [], [3]),
+    ]
+    queries = [["a"], ["a", "b"], ["b", "x"], {"a": 2.0, "e": 0.5}]
+    with contextlib.ExitStack() as stack:
+        txns = [stack.enter_context(store.read())]
+        want = [{str(q): _fresh(store).search(txns[0], q, 5) for q in queries}]
+        for step in steps:
+            store.write(step)
+            txns.append(stack.enter_context(store.read()))
+            want.append({str(q): _fresh(store).search(txns[-1], q, 5) for q in queries})
+            for at in [len(txns) - 1, *range(len(txns) - 1)]:  # the new state first, then each older one
+                for q in queries:
+                    assert idx.search(txns[at], q, 5) == want[at][str(q)], (at, q)
+        for order in (reversed(range(len(txns))), range(len(txns))):
+            for at in order:
+                for q in queries:
+                    assert idx.search(txns[at], q, 5) == want[at][str(q)], (at, q)
+    assert want[0][str(["a"])] != want[1][str(["a"])]  # the delete changed the answer
 
 
 def test_a_tombstone_in_a_small_segment_reuses_its_decoded_blocks(store):

@@ -1760,7 +1760,11 @@ class SegmentedBM25:
         if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
             # the base is right as it is (the usual case after a commit or a small merge)
             delta = old.delta
-            if delta.key[0] == holders and (not dead_sizes or delta.key[1] == self._counts(d, holders)):
+            # compare the holders' tombstone counts even when this state has none: ``d`` may be
+            # OLDER than the entry (a read transaction or thread still on an earlier snapshot
+            # after a newer one was queried), and then the entry's delta is filtered by
+            # tombstones ``d`` does not have (``_counts`` gives zeros for a state without any)
+            if delta.key[0] == holders and delta.key[1] == self._counts(d, holders):
                 old.seen = d.serial  # and so is the delta: the entry covers this state as it is
                 return old
             # relabelled with the delta of the term's holders now
