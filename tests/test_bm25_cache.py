@@ -586,3 +586,37 @@ class CachedEqualsFreshWithLargeSegments(CachedEqualsFresh):
 TestCachedEqualsFreshWithLargeSegments = CachedEqualsFreshWithLargeSegments.TestCase
 TestCachedEqualsFreshWithLargeSegments.settings = settings(max_examples=5, stateful_step_count=12, deadline=None,
                                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_packed_segment_the_write_created_is_decoded_once_in_that_write(store, monkeypatch):
+    """Inside the write that created a packed segment (its record not stored yet), each
+    term's block read from it decodes the record once, not once per term."""
+    import engramdb.index.bm25 as bm25
+
+    made: list[bytes] = []
+
+    class Counting(bm25._Packed):
+        __slots__ = ()
+
+        def __init__(self, data: bytes) -> None:
+            made.append(data)
+            super().__init__(data)
+
+    monkeypatch.setattr(bm25, "_Packed", Counting)
+    idx = _fresh(store)
+    store.write(lambda txn: idx.apply(txn, [(1, ["w0", "w1"])], []))
+    seen: dict[str, object] = {}
+    put = idx._put_directory
+
+    def read_then_put(txn, d):
+        segno = max(d.unwritten)
+        seen["blocks"] = [idx._raw_block(txn, d, idx.blind(t), segno) for t in ["w0", "w1", "w2", "w0", "w3"]]
+        seen["made"] = len(made)
+        put(txn, d)
+
+    monkeypatch.setattr(idx, "_put_directory", read_then_put)
+    store.write(lambda txn: idx.apply(txn, [(2, ["w0", "w2", "w2"]), (3, ["w3"])], [], auto_merge=False))
+    assert seen["made"] == 1 and [b is None for b in seen["blocks"]] == [False, True, False, False, False]
+    monkeypatch.undo()
+    with store.read() as txn:
+        assert idx.search(txn, ["w0", "w2"], 5) == _fresh(store).search(txn, ["w0", "w2"], 5)

@@ -105,7 +105,6 @@ DIR_KEY = b"dir"
 # per-term records); written while any segment is packed, else 3, which older engramdb reads.
 # 3: postings keyed segment first. 2: keyed ``blind | segno`` (read; a writable open converts
 # it, SegmentedBM25.migrate). 1: also tombstones inline in the directory (migrated by any write).
-DIR_VERSION = 4
 PACKED_VERSION = 4
 SEG_FIRST_VERSION = 3
 RUN_PREFIX = b"d"  # b"d" | u32be(run) -> a run of one segment's dead docnos
@@ -145,7 +144,7 @@ _GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
 _COMPACT_MIN = 2048
 
 T = TypeVar("T")
-_zc = _zd = ZstdPerThread(level=1)  # one compressor and decompressor per thread (see there)
+_zstd = ZstdPerThread(level=1)  # one compressor and decompressor per thread (see there)
 
 
 # --- pure functions -----------------------------------------------------------------
@@ -273,7 +272,7 @@ def encode_blocks(docnos: np.ndarray, values: np.ndarray, bounds: np.ndarray) ->
                                      np.ascontiguousarray(bounds), _ZSTD_MIN)
         if made is not None:  # None: docnos not increasing somewhere, said below
             blocks, compress = made
-            zc = _zc.compress
+            zc = _zstd.compress
             for j in compress:
                 raw = blocks[j]
                 blocks[j] = raw[:_HEAD.size] + zc(memoryview(raw)[_HEAD.size:])
@@ -295,7 +294,7 @@ def encode_blocks(docnos: np.ndarray, values: np.ndarray, bounds: np.ndarray) ->
     cols_d = {w: deltas.astype(_DT[w]) for w in set(dws[nonempty].tolist())}
     cols_v = {w: values.astype(_DT[w]) for w in set(vws[nonempty].tolist())}
     out = []
-    head, zc = _HEAD.pack, _zc.compress
+    head, zc = _HEAD.pack, _zstd.compress
     for a, b, dw, vw in zip(starts.tolist(), ends.tolist(), dws.tolist(), vws.tolist()):
         if a == b:
             out.append(head(BLOCK_RAW, 0, 1, 1))
@@ -318,7 +317,7 @@ def _block_body(data: bytes) -> tuple[int, int, int, bytes]:
     body = data[_HEAD.size:]
     if kind == BLOCK_ZSTD:
         try:
-            body = _zd.decompress(body, max_output_size=count * (dw + vw))
+            body = _zstd.decompress(body, max_output_size=count * (dw + vw))
         except zstandard.ZstdError:
             raise CorruptFileError("a posting block does not decompress") from None
     elif kind != BLOCK_RAW:
@@ -908,7 +907,7 @@ class _Dir:
     """The decoded directory record (mutable copy inside a write transaction)."""
 
     __slots__ = ("epoch", "next", "n_docs", "total_len", "segs", "runs", "pending", "committed", "version",
-                 "packed", "unwritten", "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
+                 "packed", "unwritten", "unpacked", "_sig", "terms_of", "fresh", "dead_live", "view", "serial")
 
     def __init__(self, epoch: int = 0, next_segno: int = 1) -> None:
         self.epoch = epoch
@@ -925,15 +924,20 @@ class _Dir:
         # numbers (segments and runs share the counter) below this were committed when the
         # record was read: their records are immutable and safe to cache in the handle
         self.committed = next_segno
-        self.version = DIR_VERSION  # as read (1: migrated by the next write)
+        # as read (1: migrated by the next write); a new index is keyed segment first. Only
+        # the layout checks read it: the version a write stores is :attr:`written_version`
+        self.version = SEG_FIRST_VERSION
         # the packed segments (layout 1: one PACKED_PREFIX record each, no per-term records)
         self.packed: set[int] = set()
         # write transactions: packed records of segments this write created, kept until it
-        # stores the directory. A merge in the same write often rewrites such a segment
-        # (the tenth small one), and a multi-page record stored and deleted in one LMDB
-        # transaction leaves its pages allocated past the end of the file but never written,
-        # which a reopen must take for a truncated file (store.py: _check_not_truncated)
+        # stores the directory. An optimisation: a merge in the same write often rewrites
+        # such a segment (the tenth small one), and a record it never stored needs no pages
+        # that the same write then frees (LMDB would leave those unwritten past the end of
+        # the file, which the open accepts: store.py's check_file_end)
         self.unwritten: dict[int, bytes] = {}
+        # write transactions: the decoded :attr:`unwritten` records (a query or a merge in the
+        # write asks once per term and segment); dropped with them
+        self.unpacked: dict[int, _Packed] = {}
         self._sig: tuple[tuple[int, ...], dict[int, int]] | None = None
         # read states only: small segment -> its terms (carried over to the next state)
         self.terms_of: dict[int, Container[bytes]] = {}
@@ -1544,7 +1548,10 @@ class SegmentedBM25:
             return cast("_Packed", hit)
         data = d.unwritten.get(segno) if txn.write else None
         if data is not None:
-            return _Packed(data)
+            packed = d.unpacked.get(segno)
+            if packed is None:  # segment numbers are not reused within a write: decoded once
+                packed = d.unpacked[segno] = _Packed(data)
+            return packed
         data = txn.get("segments", _seg_key(PACKED_PREFIX, segno))
         if data is None:
             raise CorruptFileError(f"BM25 segment {segno}'s postings are missing", hint="run `engramdb verify --fix FILE`")
@@ -2149,9 +2156,12 @@ class SegmentedBM25:
 
     def _put_directory(self, txn: Txn, d: _Dir) -> None:
         if d.unwritten:
+            # every one is live: a merge removes the record of a segment it replaces
+            assert d.unwritten.keys() <= d.segs.keys(), "an unwritten packed segment is not listed"
             txn.insert_many("segments", [(_seg_key(PACKED_PREFIX, segno), data)
-                                         for segno, data in sorted(d.unwritten.items()) if segno in d.segs])
+                                         for segno, data in sorted(d.unwritten.items())])
             d.unwritten.clear()
+            d.unpacked.clear()
         self._store_tombstones(txn, d)
         txn.put("segments", DIR_KEY, d.encode())
         self._drop_old_runs(d)
@@ -2292,15 +2302,17 @@ class SegmentedBM25:
             docnos, lens = docnos[order], lens[order]
         new = d.next if docnos.size else None
         # a packed segment is read whole, once, and its record deleted; a per-term one's
-        # blocks are popped as the merge reaches them
-        packs = {k: self._packed(txn, d, segno) for k, segno in enumerate(segnos) if segno in d.packed}
+        # blocks are popped as the merge reaches them. When nothing stays, a packed segment
+        # is not read at all (its one record goes below), only the per-term ones' term lists
+        packs = {k: self._packed(txn, d, segno) for k, segno in enumerate(segnos)
+                 if segno in d.packed} if new is not None else {}
         pairs = heapq.merge(*[[(blind, k) for blind in (packs[k].blinds() if k in packs
                                                         else self._listed_terms(txn, segno))]
-                              for k, segno in enumerate(segnos)])
+                              for k, segno in enumerate(segnos) if k in packs or segno not in d.packed])
         new_blinds: list[bytes] = []
         if new is None:  # nothing stays: remove the blocks unread
             for batch in _batched(pairs, _MERGE_BATCH):
-                txn.delete_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch if k not in packs])
+                txn.delete_many("postings", [d.posting_key(blind, segnos[k]) for blind, k in batch])
         else:
             small = docnos.size <= SMALL_SEGMENT_DOCS  # kept for this handle (_remember): bounded
             packed = self._packs(d, int(docnos.size))
@@ -2323,6 +2335,7 @@ class SegmentedBM25:
                 self._put_packed(txn, d, new, new_blinds, new_blocks)
         for segno in segnos:
             txn.delete("segments", _seg_key(b"s", segno))
+            d.unpacked.pop(segno, None)
             if d.unwritten.pop(segno, None) is None:
                 txn.delete("segments", _seg_key(PACKED_PREFIX if segno in d.packed else b"v", segno))
             d.packed.discard(segno)
