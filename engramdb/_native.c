@@ -1277,10 +1277,30 @@ done:
 
 /* ---- BM25 top(): one posting run's contributions into the accumulator ----------------- */
 
-/* A 1-d C-contiguous buffer's element kind: 'f' float64, 'i' signed or 'u' unsigned
- * integer (its width in *size), 0 with TypeError set for anything else. */
+/* PyObject_GetBuffer, 1 on success. A refusal of the object or of its layout becomes a
+ * TypeError naming the caller ``fn`` and the argument ``what``: TypeError (no buffer),
+ * BufferError (e.g. bytes asked to be writable) and ValueError (numpy's answer for an array
+ * that is not C-contiguous or is read-only). Anything else (MemoryError, an error in a
+ * third-party exporter) propagates as raised, 0 returned. */
 static int
-buffer_kind(Py_buffer *b, const char *what)
+get_buffer(PyObject *obj, Py_buffer *buf, int flags, const char *fn, const char *what)
+{
+    if (PyObject_GetBuffer(obj, buf, flags) == 0)
+        return 1;
+    if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_BufferError)
+            || PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous%s array", fn, what,
+                     (flags & PyBUF_WRITABLE) ? " writable" : "");
+    }
+    return 0;
+}
+
+/* A 1-d C-contiguous buffer's element kind: 'f' float64, 'i' signed or 'u' unsigned
+ * integer (its width in *size), 0 with TypeError set for anything else. ``fn``: the
+ * calling function's name, for the message. */
+static int
+buffer_kind(Py_buffer *b, const char *fn, const char *what)
 {
     const char *f = b->format ? b->format : "B";
     char c;
@@ -1288,7 +1308,7 @@ buffer_kind(Py_buffer *b, const char *what)
         f++;
     c = f[0];
     if (b->ndim != 1 || (c && f[1])) {
-        PyErr_Format(PyExc_TypeError, "accumulate: %s must be a 1-d array of one native number type", what);
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a 1-d array of one native number type", fn, what);
         return 0;
     }
     if (c == 'd' && b->itemsize == 8)
@@ -1297,14 +1317,14 @@ buffer_kind(Py_buffer *b, const char *what)
         return 'i';
     if (c && strchr("BHILQ", c) && (b->itemsize == 1 || b->itemsize == 2 || b->itemsize == 4 || b->itemsize == 8))
         return 'u';
-    PyErr_Format(PyExc_TypeError, "accumulate: %s has an unsupported dtype (format '%s')", what,
+    PyErr_Format(PyExc_TypeError, "%s: %s has an unsupported dtype (format '%s')", fn, what,
                  b->format ? b->format : "B");
     return 0;
 }
 
 /* The largest element of an integer buffer; -1 (with ValueError set) when one is negative. */
 static int
-index_max(const Py_buffer *b, int kind, Py_ssize_t n, unsigned long long *out, const char *what)
+index_max(const Py_buffer *b, int kind, Py_ssize_t n, unsigned long long *out, const char *fn, const char *what)
 {
     unsigned long long m = 0;
     long long low = 0;
@@ -1330,7 +1350,7 @@ index_max(const Py_buffer *b, int kind, Py_ssize_t n, unsigned long long *out, c
     }
 #undef INDEX_MAX
     if (low < 0) {
-        PyErr_Format(PyExc_ValueError, "accumulate: %s holds a negative index", what);
+        PyErr_Format(PyExc_ValueError, "%s: %s holds a negative index", fn, what);
         return -1;
     }
     *out = m;
@@ -1359,12 +1379,8 @@ accumulate(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOO", &acc_obj, &doc_obj, &val_obj, &code_obj))
         return NULL;
 #define GET(obj, buf, have, fl, what) \
-    if (PyObject_GetBuffer(obj, &buf, fl) < 0) { \
-        PyErr_Clear(); \
-        PyErr_Format(PyExc_TypeError, "accumulate: %s must be a C-contiguous%s array", what, \
-                     ((fl) & PyBUF_WRITABLE) ? " writable" : ""); \
+    if (!get_buffer(obj, &buf, fl, "accumulate", what)) \
         goto done; \
-    } \
     have = 1;
     GET(acc_obj, ab, have_a, flags | PyBUF_WRITABLE, "acc")
     GET(doc_obj, db, have_d, flags, "docnos")
@@ -1373,14 +1389,14 @@ accumulate(PyObject *self, PyObject *args)
         GET(code_obj, cb, have_c, flags, "codes")
     }
 #undef GET
-    if (buffer_kind(&ab, "acc") != 'f' || buffer_kind(&vb, "values") != 'f') {
+    if (buffer_kind(&ab, "accumulate", "acc") != 'f' || buffer_kind(&vb, "accumulate", "values") != 'f') {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "accumulate: acc and values must be float64");
         goto done;
     }
-    dk = buffer_kind(&db, "docnos");
+    dk = buffer_kind(&db, "accumulate", "docnos");
     if (have_c)
-        ck = buffer_kind(&cb, "codes");
+        ck = buffer_kind(&cb, "accumulate", "codes");
     if (dk == 0 || (have_c && ck == 0))
         goto done;
     if (dk == 'f' || ck == 'f') {
@@ -1394,7 +1410,7 @@ accumulate(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, have_c ? "accumulate: one code per docno" : "accumulate: one value per docno");
         goto done;
     }
-    if (index_max(&db, dk, n, &dmax, "docnos") < 0 || (have_c && index_max(&cb, ck, n, &cmax, "codes") < 0))
+    if (index_max(&db, dk, n, &dmax, "accumulate", "docnos") < 0 || (have_c && index_max(&cb, ck, n, &cmax, "accumulate", "codes") < 0))
         goto done;
     if (n > 0 && dmax >= (unsigned long long)nacc) {
         PyErr_SetString(PyExc_ValueError, "accumulate: a docno is beyond the accumulator");
@@ -1452,13 +1468,10 @@ pair_values(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OOddd", &out_obj, &groups, &avgdl, &k1, &b))
         return NULL;
-    if (PyObject_GetBuffer(out_obj, &ob, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "pair_values: out must be a C-contiguous writable array");
+    if (!get_buffer(out_obj, &ob, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "pair_values", "out"))
         return NULL;
-    }
     have_o = 1;
-    if (buffer_kind(&ob, "out") != 'f') {
+    if (buffer_kind(&ob, "pair_values", "out") != 'f') {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "pair_values: out must be float64");
         goto done;
@@ -1484,18 +1497,13 @@ pair_values(PyObject *self, PyObject *args)
         w = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 3));
         if ((idf == -1.0 || w == -1.0) && PyErr_Occurred())
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &tb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "pair_values: tf must be a C-contiguous array");
+        if (!get_buffer(PyTuple_GET_ITEM(item, 0), &tb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS, "pair_values", "tf"))
             goto done;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 1), &db, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-            PyErr_Clear();
+        if (!get_buffer(PyTuple_GET_ITEM(item, 1), &db, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS, "pair_values", "dl")) {
             PyBuffer_Release(&tb);
-            PyErr_SetString(PyExc_TypeError, "pair_values: dl must be a C-contiguous array");
             goto done;
         }
-        if (buffer_kind(&tb, "tf") != 'f' || buffer_kind(&db, "dl") != 'f' || tb.shape[0] != db.shape[0]
+        if (buffer_kind(&tb, "pair_values", "tf") != 'f' || buffer_kind(&db, "pair_values", "dl") != 'f' || tb.shape[0] != db.shape[0]
                 || tb.shape[0] > nout - at) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "pair_values: tf and dl must be float64 arrays of one length, "

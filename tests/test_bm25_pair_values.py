@@ -71,7 +71,12 @@ def test_pair_values_refuses_bad_input() -> None:
         ((np.empty(2), [(one, one[:1], 1.0, 1.0)]), ValueError, "one length"),
         ((np.empty(1), [(one, one, 1.0, 1.0)]), ValueError, "fitting in out"),
         ((np.empty(3), [(one, one, 1.0, 1.0)]), ValueError, "longer than the groups"),
-        ((np.empty(2), [(one.astype(np.float32), one, 1.0, 1.0)]), TypeError, "unsupported dtype"),
+        # the shared checks name the function called (they once all said "accumulate:")
+        ((np.empty(2), [(one.astype(np.float32), one, 1.0, 1.0)]), TypeError, "^pair_values: tf has an unsupported dtype"),
+        ((np.empty((1, 2)), [(one, one, 1.0, 1.0)]), TypeError, "^pair_values: out must be a 1-d array"),
+        ((np.empty(2), [(one, one.astype(np.float16), 1.0, 1.0)]), TypeError, "^pair_values: dl has an unsupported dtype"),
+        ((np.empty(2), [(one, [1.0, 2.0], 1.0, 1.0)]), TypeError, "^pair_values: dl must be a C-contiguous array"),
+        ((bytes(16), [(one, one, 1.0, 1.0)]), TypeError, "^pair_values: out must be a C-contiguous writable array"),
         ((np.empty(2), [(one, one, "x", 1.0)]), TypeError, "must be real number"),
         ((np.empty(2), [(one, one, 1.0)]), TypeError, "a group is"),
         ((np.empty(2), 7), TypeError, "sequence"),
