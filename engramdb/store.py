@@ -34,6 +34,7 @@ from typing import IO, Any, Protocol, TypedDict, TypeVar
 from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
+import numpy as np
 
 from . import codec
 from .crypto import EPOCH_LIMIT, Sealer
@@ -801,7 +802,7 @@ class _Env:
         except lmdb.Error as exc:
             raise _map_lmdb_error(exc, f"cannot open {self.path}") from None
         try:
-            check_file_end(self.path)
+            check_file_end(self.path, pinned=txn.id())
         finally:
             txn.abort()
 
@@ -1031,22 +1032,64 @@ class _Damaged(Exception):
     pass
 
 
-def _committed_meta(fd: int) -> tuple[int, int, int, int]:
-    """(page size, txnid, last page number, free tree root) of the meta page LMDB picks
-    (the larger txnid), read with pread, never through the map."""
-    first = os.pread(fd, _META_TXNID + 8, 0)
-    if len(first) < _META_TXNID + 8 or struct.unpack_from("<I", first, 16)[0] != _META_MAGIC:
-        raise _Damaged("meta page 0 is not an LMDB meta page")
-    psize = struct.unpack_from("<I", first, _META_PSIZE)[0]
+_P_META = 0x08
+_MDB_DATA_VERSION = 1  # mm_version of LMDB 0.9 (mdb_env_read_header refuses any other)
+_META_LEN = _META_TXNID + 8  # the page header and MDB_meta up to mm_txnid
+_META_READS = 5  # a commit rewrites one meta page: five tries outlast a few commits in a row
+
+
+class _BadMeta(_Damaged):
+    pass
+
+
+def _meta_bytes(fd: int) -> bytes:
+    """The first _META_LEN bytes of meta page 0, then of meta page 1 (at the page size page 0
+    gives), read with pread, never through the map; shorter when they are not in the file."""
+    first = os.pread(fd, _META_LEN, 0)
+    psize = struct.unpack_from("<I", first, _META_PSIZE)[0] if len(first) == _META_LEN else 0
+    return first + os.pread(fd, _META_LEN, psize) if psize in _PAGE_SIZES else first
+
+
+def _parse_metas(data: bytes) -> tuple[int, int, int, int]:
+    if len(data) < _META_LEN:
+        raise _BadMeta("meta page 0 is not an LMDB meta page")
+    psize = struct.unpack_from("<I", data, _META_PSIZE)[0]
     if psize not in _PAGE_SIZES:
-        raise _Damaged(f"meta page 0 gives the page size {psize}")
-    second = os.pread(fd, _META_TXNID + 8, psize)
-    if len(second) < _META_TXNID + 8:
+        raise _BadMeta(f"meta page 0 gives the page size {psize}")
+    if len(data) < 2 * _META_LEN:
         raise _Truncated("meta page 1 is missing")
-    metas = [(struct.unpack_from("<Q", page, _META_TXNID)[0], page) for page in (first, second)]
+    pages = (data[:_META_LEN], data[_META_LEN:])
+    for n, page in enumerate(pages):  # what mdb_env_read_header checks of both
+        magic, version = struct.unpack_from("<II", page, 16)
+        if magic != _META_MAGIC or not struct.unpack_from("<H", page, 10)[0] & _P_META:
+            raise _BadMeta(f"meta page {n} is not an LMDB meta page")
+        if version != _MDB_DATA_VERSION:
+            raise _BadMeta(f"meta page {n} has the LMDB data version {version}")
+    metas = [(struct.unpack_from("<Q", page, _META_TXNID)[0], page) for page in pages]
     txnid, page = metas[metas[0][0] < metas[1][0]]  # mdb_env_pick_meta
     return psize, txnid, struct.unpack_from("<Q", page, _META_LAST_PG)[0], \
         struct.unpack_from("<Q", page, _META_FREE_ROOT)[0]
+
+
+def _committed_meta(fd: int, pinned: int) -> tuple[int, int, int, int]:
+    """(page size, txnid, last page number, free tree root) of the meta page LMDB picks
+    (the larger txnid), no older than the read transaction ``pinned``.
+
+    Another process's commit rewrites the older meta page while this reads it (one pwrite,
+    or field by field with MDB_WRITEMAP): a read can be half old, half new (an old free
+    root under a new txnid). Two reads in a row that agree were not torn by one write; a
+    txnid older than the pinned snapshot's cannot be the committed meta, and only a meta
+    at least as new as the pin has a free tree no commit may reuse while the pin holds.
+    """
+    for _ in range(_META_READS):
+        data = _meta_bytes(fd)
+        if data != _meta_bytes(fd):  # a write in between: read again
+            continue
+        meta = _parse_metas(data)
+        if meta[1] >= pinned:
+            return meta
+    raise BusyError("cannot check the end of the file: its meta pages kept changing while they were read",
+                    hint="another process is committing to the file; open it again")
 
 
 def _free_pages_past(fd: int, psize: int, last_pg: int, root: int, have: int) -> set[int]:
@@ -1100,6 +1143,12 @@ def _free_pages_past(fd: int, psize: int, last_pg: int, root: int, have: int) ->
             if node_flags & _F_BIGDATA:
                 if start + 8 > psize:
                     raise _Damaged(f"page {pgno} of the free-page list has a node outside it")
+                # The largest record LMDB writes (mdb_freelist_save): an IDL of distinct pages
+                # in [2, last_pg], or a record reserved for part of me_pghead (at most
+                # last_pg - 1 pages) plus a page's worth of room (psize / 8 - 3 entries), plus
+                # the count. A larger size (up to 4 GiB) is damage: reading it would allocate it.
+                if size > (last_pg + 1) * 8 + psize:
+                    raise _Damaged(f"a record of the free-page list on page {pgno} is {size} bytes long")
                 first = struct.unpack_from("<Q", page, start)[0]
                 pages = -(-(_PAGE_HEADER + size) // psize)
                 data = read(first, pages, f"leaf page {pgno}")
@@ -1111,18 +1160,23 @@ def _free_pages_past(fd: int, psize: int, last_pg: int, root: int, have: int) ->
                 if start + size > psize:
                     raise _Damaged(f"page {pgno} of the free-page list has a record outside it")
                 value = memoryview(page)[start:start + size]
-            ids = value.cast("Q")  # MDB_IDs in the file's (the host's) byte order
-            count = ids[0]
-            if count >= len(ids):
+            # MDB_IDs: a count, then the page numbers (little-endian, as all of the file is read)
+            count = struct.unpack_from("<Q", value)[0]
+            if count >= len(value) // 8:
                 raise _Damaged(f"a record of the free-page list on page {pgno} claims {count} pages")
-            listed = ids[1:count + 1]
-            if count and not 2 <= min(listed) <= max(listed) <= last_pg:
+            if count > 64:  # numpy's per-call cost pays only on a long list (most are short)
+                ids = np.frombuffer(value, "<u8", count, 8)
+                low, high, past = int(ids.min()), int(ids.max()), ids[ids >= have].tolist()
+            else:
+                listed = struct.unpack_from(f"<{count}Q", value, 8)
+                low, high, past = min(listed, default=2), max(listed, default=2), [p for p in listed if p >= have]
+            if not 2 <= low <= high <= last_pg:
                 raise _Damaged(f"a record of the free-page list on page {pgno} lists a page out of range")
-            free.update(p for p in listed if p >= have)
+            free.update(past)
     return free
 
 
-def check_file_end(path: str) -> None:
+def check_file_end(path: str, *, pinned: int = 0) -> None:
     """Refuse a file that ends before a page in use; accept one whose missing last pages are
     all free.
 
@@ -1144,9 +1198,15 @@ def check_file_end(path: str) -> None:
     past the current end: an ``ftruncate`` from a stale size would cut them off) and would
     change the file's size and ctime, the clean-close fingerprint.
 
+    ``pinned`` is the id of a read transaction the caller holds on the file (0: the file is
+    closed): a commit by another process reuses only pages freed before the oldest reader's
+    snapshot, so the free tree of a meta at least as new as the pin stays as it is while
+    this reads it. Without a pin, a walk the meta changed under is read again.
+
     Raises:
         CorruptFileError: a page in use is missing (the file was truncated), or the free
-            list is damaged.
+            list or a meta page is damaged.
+        BusyError: other processes' commits kept changing the file while it was read.
     """
     hint = "restore the file from a dump or backup"
     try:
@@ -1155,14 +1215,23 @@ def check_file_end(path: str) -> None:
         raise _os_error(exc, f"cannot read {path}") from None
     try:
         for _ in range(3):  # a commit by another process between the reads: read again
-            psize, txnid, last_pg, root = _committed_meta(fd)
+            psize, txnid, last_pg, root = _committed_meta(fd, pinned)
             size = os.fstat(fd).st_size  # after the meta: a committed meta's pages are written first
             have = size // psize  # a partial last page counts as missing
             if last_pg < have:
                 return
-            free = _free_pages_past(fd, psize, last_pg, root, have)
-            if _committed_meta(fd)[1] == txnid:
+            try:
+                free = _free_pages_past(fd, psize, last_pg, root, have)
+            except (_Truncated, _Damaged):
+                if pinned or _committed_meta(fd, pinned)[1] == txnid:
+                    raise
+                continue  # unpinned: a later commit may have reused the pages read
+            if _committed_meta(fd, pinned)[1] == txnid:
                 break
+        else:
+            if not pinned:  # the last walk's pages may have been reused under it
+                raise BusyError(f"cannot check the end of {path}: other processes kept committing while it "
+                                "was read", hint="open it again")
         missing = last_pg + 1 - have
         if len(free) == missing:
             return
@@ -1171,6 +1240,8 @@ def check_file_end(path: str) -> None:
         raise CorruptFileError(f"{path} is truncated: its last pages are missing (the file ends at page "
                                f"{have}, {missing} page(s) before its last page {last_pg}, and page {used} "
                                "is in use)", hint=hint)
+    except _BadMeta as exc:
+        raise CorruptFileError(f"{path} is damaged: {exc}", hint=hint) from None
     except _Truncated as exc:
         raise CorruptFileError(f"{path} is truncated: its last pages are missing ({exc})", hint=hint) from None
     except _Damaged as exc:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import lmdb
 import pytest
@@ -24,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engramdb.engram as engram
-from engramdb.errors import CorruptFileError, ForeignFileError
+from engramdb import store
+from engramdb.errors import BusyError, CorruptFileError, ForeignFileError
 from engramdb.store import check_file_end, structural_problems
 
 PSIZE = 4096
@@ -252,9 +255,10 @@ def test_any_cut_opens_with_all_data_or_is_refused(short_file, tmp_path, at):
 
 # --- a large free list (branch pages, an IDL in overflow pages), raw LMDB -------------------
 
-def make_raw_short(path) -> None:
+def make_raw_short(path, ticks=3) -> None:
     """A plain LMDB file (no engramdb tables) that ends 1,000 pages before its last page and
-    whose free list is a two-level tree with a record in overflow pages."""
+    whose free list is a two-level tree with a record in overflow pages (its newest meta is
+    meta page 0; one more tick: meta page 1)."""
     env = lmdb.open(str(path), subdir=False, map_size=1 << 28)
     try:
         with env.begin(write=True) as txn:
@@ -263,7 +267,7 @@ def make_raw_short(path) -> None:
             txn.put(b"big", b"b" * 1500 * PSIZE)
         with env.begin(write=True) as txn:
             txn.delete(b"big")  # a free-list record of 1,500 pages the commits below reclaim from
-        for i in range(3):  # until no reader could see it
+        for i in range(ticks):  # until no reader could see it
             with env.begin(write=True) as txn:
                 txn.put(b"tick", b"%d" % i)
         reader = env.begin()  # keeps the records of the next commits in the free list: many leaves
@@ -397,3 +401,229 @@ def test_a_file_cut_inside_its_second_meta_page_is_reported_truncated(short_copy
     os.truncate(short_copy, size)
     with pytest.raises(CorruptFileError, match="truncated: its second meta page is missing"):
         engram.open(short_copy, passphrase=PASSPHRASE, kdf=TEST_KDF)
+
+
+# --- review fixes: the meta pages, a damaged overflow record, a race with another process ----
+
+META_LEN = 152  # the page header and MDB_meta up to mm_txnid
+
+
+def newest_meta(path) -> int:
+    with open(path, "rb") as fh:
+        head = fh.read(2 * PSIZE)
+    return int(struct.unpack_from("<Q", head, 144)[0] < struct.unpack_from("<Q", head, PSIZE + 144)[0])
+
+
+def test_a_file_whose_newest_meta_is_meta_page_1(tmp_path):
+    """One more commit: the committed meta is meta page 1, whose last page is 1,000 pages
+    past the one meta page 0 gives. Cut page by page from the end, the first cut refused is
+    the first LMDB's verifier finds unsound (meta page 0 would accept cuts it refuses)."""
+    path = tmp_path / "m1.mdb"
+    make_raw_short(path, ticks=4)
+    assert newest_meta(path) == 1
+    _, depth, overflow = free_tree(path)
+    assert depth >= 2 and overflow >= 2
+    assert structural_problems(str(path)) == []
+    check_file_end(str(path))
+    whole = tmp_path / "whole.mdb"
+    shutil.copyfile(path, whole)
+    for pages in range(os.path.getsize(path) // PSIZE - 1, 1, -1):
+        os.truncate(path, pages * PSIZE)
+        try:
+            check_file_end(str(path))
+        except CorruptFileError as exc:
+            assert "of the free-page list is missing" in str(exc)
+            break
+    else:
+        raise AssertionError("no cut refused")
+    assert structural_problems(str(path)) != []
+    os.truncate(whole, (pages + 1) * PSIZE)  # one page longer: sound
+    assert structural_problems(str(whole)) == []
+
+
+def torn(page: bytes) -> bytes:
+    """A meta page read while a commit rewrote it: a new txnid over old fields, here a last
+    page number below the end of any file (it would end the check at once: nothing missing)."""
+    return page[:136] + struct.pack("<QQ", 2, struct.unpack_from("<Q", page, 144)[0] + 1) + page[152:]
+
+
+def tear_meta_reads(monkeypatch, path, tear) -> None:
+    """os.pread as store sees it, returning a torn meta page on the reads ``tear`` picks."""
+    real = os.pread
+    reads = iter(range(1 << 30))
+
+    def pread(fd, n, offset):
+        data = real(fd, n, offset)
+        if offset in (0, PSIZE) and n >= META_LEN and offset // PSIZE == newest_meta(path) and tear(next(reads)):
+            return torn(data)
+        return data
+
+    monkeypatch.setattr(store.os, "pread", pread)
+
+
+def cut_short(short_copy) -> None:
+    """The short file cut by a page it uses: refused."""
+    os.truncate(short_copy, os.path.getsize(short_copy) - PSIZE)
+    with pytest.raises(CorruptFileError, match="truncated"):
+        check_file_end(str(short_copy))
+
+
+def test_a_torn_meta_read_is_read_again(short_copy, monkeypatch):
+    cut_short(short_copy)
+    tear_meta_reads(monkeypatch, short_copy, lambda n: n == 0)
+    with pytest.raises(CorruptFileError, match="truncated"):
+        check_file_end(str(short_copy))
+
+
+def test_meta_reads_that_never_agree_are_not_trusted(short_copy, monkeypatch):
+    cut_short(short_copy)
+    tear_meta_reads(monkeypatch, short_copy, lambda n: n % 2 == 0)
+    with pytest.raises(BusyError, match="meta pages kept changing"):
+        check_file_end(str(short_copy))
+
+
+def test_a_meta_older_than_the_pinned_snapshot_is_not_trusted(short_copy):
+    """The committed meta cannot be older than a read transaction the caller holds."""
+    with open(short_copy, "rb") as fh:
+        head = fh.read(2 * PSIZE)
+    txnid = max(struct.unpack_from("<Q", head, n * PSIZE + 144)[0] for n in (0, 1))
+    check_file_end(str(short_copy), pinned=txnid)
+    with pytest.raises(BusyError):
+        check_file_end(str(short_copy), pinned=txnid + 1)
+
+
+@pytest.mark.parametrize("field", ["magic", "flags", "version"])
+@pytest.mark.parametrize("page", [0, 1])
+def test_both_meta_pages_are_checked(short_copy, page, field):
+    offset, value = {"magic": (16, b"\0\0\0\0"), "flags": (10, b"\x02\0"), "version": (20, b"\x07\0\0\0")}[field]
+    with open(short_copy, "r+b") as fh:
+        fh.seek(page * PSIZE + offset)
+        fh.write(value)
+    with pytest.raises(CorruptFileError, match=f"meta page {page} "):
+        check_file_end(str(short_copy))
+
+
+def overflow_record_node(path) -> tuple[int, int]:
+    """(file offset of the leaf node, first overflow page) of a free-list record in overflow pages."""
+    root, _, _ = free_tree(path)
+    with open(path, "rb") as fh:
+        fh.seek(root * PSIZE)
+        page = fh.read(PSIZE)
+        for ptr in range(16, struct.unpack_from("<H", page, 12)[0], 2):
+            lo, hi, flags = struct.unpack_from("<HHH", page, struct.unpack_from("<H", page, ptr)[0])
+            leaf_pg = lo | hi << 16 | flags << 32
+            fh.seek(leaf_pg * PSIZE)
+            leaf = fh.read(PSIZE)
+            for leaf_ptr in range(16, struct.unpack_from("<H", leaf, 12)[0], 2):
+                node = struct.unpack_from("<H", leaf, leaf_ptr)[0]
+                if struct.unpack_from("<H", leaf, node + 4)[0] & 0x01:
+                    return leaf_pg * PSIZE + node, struct.unpack_from("<Q", leaf, node + 16)[0]
+    raise AssertionError("no free-list record in overflow pages")
+
+
+@pytest.mark.parametrize("size", ["up to the last page", "4 GiB"])
+def test_an_overflow_record_larger_than_lmdb_writes_is_damaged(raw_copy, size):
+    """Its pages would be read (allocated) before anything else is checked, and pages past
+    the end of the file would make it "truncated"."""
+    node, first = overflow_record_node(raw_copy)
+    last_pgno, _ = lmdb_frontier(raw_copy)
+    value = {"up to the last page": (last_pgno + 1 - first) * PSIZE - 16, "4 GiB": (1 << 32) - 8}[size]
+    with open(raw_copy, "r+b") as fh:
+        fh.seek(node)
+        fh.write(struct.pack("<HH", value & 0xFFFF, value >> 16))
+    with pytest.raises(CorruptFileError, match=f"free-page list is damaged .*is {value} bytes long"):
+        check_file_end(str(raw_copy))
+
+
+COMMIT = """
+import sys
+import engramdb.engram as engram
+from engramdb.crypto import KDFParams
+with engram.open(sys.argv[1], passphrase=sys.argv[2], kdf=KDFParams.for_tests()) as db, db._store.transaction() as txn:
+    txn._lt.put(b"race", b"\\0" * 300 * 4096)  # a new last page, the main table as it was
+    txn._lt.delete(b"race")
+    db.add("added by another process", id=sys.argv[3], now=3.0)
+"""
+
+
+def commit_before_the_walk(monkeypatch, path, id_="raced") -> list[tuple[int, int]]:
+    """Another process commits between the meta read and the first walk of the free list;
+    returns (last page, txnid of the meta) of each walk."""
+    walks: list[tuple[int, int]] = []
+    real_walk, real_meta = store._free_pages_past, store._committed_meta
+    metas: list[int] = []
+
+    def meta(fd, pinned):
+        found = real_meta(fd, pinned)
+        metas.append(found[1])
+        return found
+
+    def walk(fd, psize, last_pg, root, have):
+        walks.append((last_pg, metas[-1]))
+        if len(walks) == 1:
+            subprocess.run([sys.executable, "-c", COMMIT, str(path), PASSPHRASE, id_], check=True, timeout=120)
+        return real_walk(fd, psize, last_pg, root, have)
+
+    monkeypatch.setattr(store, "_committed_meta", meta)
+    monkeypatch.setattr(store, "_free_pages_past", walk)
+    return walks
+
+
+def test_a_commit_during_the_check_is_read_again(short_copy, monkeypatch):
+    walks = commit_before_the_walk(monkeypatch, short_copy)
+    check_file_end(str(short_copy))
+    assert len(walks) == 2 and walks[1][1] > walks[0][1] and walks[1][0] > walks[0][0]
+    assert structural_problems(str(short_copy)) == []
+
+
+def test_a_commit_during_the_open_check_is_read_again(short_copy, monkeypatch):
+    """The open holds a read transaction (the pin) while it checks: the walked meta is never
+    older than it, and the commit in between is walked again; every memory is there."""
+    walks = commit_before_the_walk(monkeypatch, short_copy)
+    pins: list[int] = []
+    real_check = store.check_file_end
+
+    def check(path, *, pinned=0):
+        pins.append(pinned)
+        real_check(path, pinned=pinned)
+
+    monkeypatch.setattr(store, "check_file_end", check)
+    with engram.open(short_copy, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        assert_memories(db, dict(TEXTS, raced="added by another process"))
+        assert db.verify() == []
+    assert len(pins) == 1 and pins[0] > 0
+    assert len(walks) == 2 and walks[0][1] == pins[0] and walks[1][1] > pins[0] and walks[1][0] > walks[0][0]
+
+
+def test_a_walk_that_fails_after_a_commit_is_read_again_unless_pinned(short_copy, monkeypatch):
+    """Without a pin a commit may reuse the free-list pages being read: a walk that finds them
+    damaged, with a newer meta behind it, is walked again; with a pin, what it finds stands."""
+    real_walk = store._free_pages_past
+    for pinned, id_ in ((0, "raced"), (1, "raced again")):
+        monkeypatch.setattr(store, "_free_pages_past", real_walk)
+        walks = commit_before_the_walk(monkeypatch, short_copy, id_)
+
+        def walk_damaged_first(*args, walks=walks, committing_walk=store._free_pages_past):
+            found = committing_walk(*args)
+            if len(walks) == 1:
+                raise store._Damaged("a page reused by the commit")
+            return found
+
+        monkeypatch.setattr(store, "_free_pages_past", walk_damaged_first)
+        if pinned:
+            with pytest.raises(CorruptFileError, match="a page reused by the commit"):
+                check_file_end(str(short_copy), pinned=pinned)
+            assert len(walks) == 1
+        else:
+            check_file_end(str(short_copy))
+            assert len(walks) == 2
+
+
+def test_a_meta_that_changes_at_every_read_is_busy_unless_pinned(short_copy, monkeypatch):
+    real_meta = store._committed_meta
+    txnids = iter(range(10**6, 2 * 10**6))
+    monkeypatch.setattr(store, "_committed_meta", lambda fd, pinned: real_meta(fd, pinned)[:1] + (next(txnids),)
+                        + real_meta(fd, pinned)[2:])
+    with pytest.raises(BusyError, match="kept committing"):
+        check_file_end(str(short_copy))
+    check_file_end(str(short_copy), pinned=1)  # the pinned snapshot's free list stays as it is
