@@ -472,6 +472,8 @@ class CachedEqualsFresh(RuleBasedStateMachine):
         self.tiny = SegmentedBM25(self.store.blind, self.store.last_txnid, cache_mb=0.002)
         self.live: set[int] = set()
         self.next = 1
+        # read transactions kept open on older snapshots, with a fresh handle's answers there
+        self.held: list[tuple[contextlib.AbstractContextManager, object, list]] = []
 
     @initialize(n=st.integers(0, 60), seed=st.integers(0, 2**16))
     def start(self, n, seed):
@@ -535,6 +537,26 @@ class CachedEqualsFresh(RuleBasedStateMachine):
         handle = self.tiny if tiny else self.cached
         self.store.write(lambda txn: handle.purge(txn, steps))
 
+    @rule()
+    def hold_a_snapshot(self):
+        """Keep a read transaction open on the current state (at most three; the oldest goes)."""
+        if len(self.held) == 3:
+            self.held.pop(0)[0].__exit__(None, None, None)
+        ctx = self.store.read()
+        txn = ctx.__enter__()
+        fresh = SegmentedBM25(self.store.blind, self.store.last_txnid)
+        self.held.append((ctx, txn, [fresh.search(txn, q, 6) for q in QUERIES]))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def query_a_held_snapshot(self, data):
+        """An older snapshot queried after newer ones (the invariant queries the newest
+        state after every step): it answers for its own state, as a fresh handle did."""
+        _, txn, want = data.draw(st.sampled_from(self.held))
+        for q, expect in zip(QUERIES, want):
+            assert self.cached.search(txn, q, 6) == expect
+            assert self.tiny.search(txn, q, 6) == expect
+
     @invariant()
     def answers_equal_a_fresh_handle(self):
         fresh = SegmentedBM25(self.store.blind, self.store.last_txnid)
@@ -551,6 +573,8 @@ class CachedEqualsFresh(RuleBasedStateMachine):
     def teardown(self) -> None:
         import shutil
 
+        for ctx, _, _ in self.held:
+            ctx.__exit__(None, None, None)
         self.writer.close()
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
