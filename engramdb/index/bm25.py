@@ -620,14 +620,7 @@ def _parts(groups: Sequence[tuple[np.ndarray, np.ndarray, float, float]], avgdl:
         sizes = [g[0].size for g in groups]
         part: NDArray[np.float64] = np.empty(sum(sizes))
         native.pair_values(part, groups, avgdl, K1, B)
-        if len(sizes) == 1:
-            return [part]
-        out = []
-        at = 0
-        for n in sizes:
-            out.append(part[at:at + n])
-            at += n
-        return out
+        return [part] if len(sizes) == 1 else np.split(part, np.cumsum(sizes[:-1]))
     if len(groups) == 1:
         tf, dl, idf, w = groups[0]
         return [_part(tf, dl, idf, avgdl, w)]
@@ -636,12 +629,7 @@ def _parts(groups: Sequence[tuple[np.ndarray, np.ndarray, float, float]], avgdl:
                  np.repeat(np.array([g[2] for g in groups]), sizes), avgdl, 1.0)
     if any(g[3] != 1 for g in groups):
         part *= np.repeat(np.array([g[3] for g in groups]), sizes)
-    out = []
-    at = 0
-    for n in sizes:
-        out.append(part[at:at + n])
-        at += n
-    return out
+    return np.split(part, np.cumsum(sizes[:-1]))
 
 
 class _Pairs:
