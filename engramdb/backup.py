@@ -567,7 +567,11 @@ def _check_import_ids(engram: Engram, records: list[Node | Edge | EntityTable]) 
 
         for item in records:
             if isinstance(item, Node):
-                if item.id in new or stored(item.id):
+                if item.id in new:
+                    raise DuplicateIdError(f"the source holds the id {shown(item.id)} more than once",
+                                           hint="nothing was imported; give each memory its own id, or keep "
+                                                "the first copy with `engramdb import --resume`")
+                if stored(item.id):
                     raise DuplicateIdError(f"a memory with id {shown(item.id)} exists", hint=hint)
                 new.add(item.id)
         for item in records:

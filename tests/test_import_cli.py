@@ -222,7 +222,9 @@ def test_a_resumed_import_counts_ids_repeated_in_the_source_apart_from_stored_on
     ])
     monkeypatch.setattr(bulk, "INGEST_CHUNK", 2)
     one, two = tmp_path / "one.engram", tmp_path / "two.engram"
-    assert _run("import", str(src), str(one), "--create").exit_code == 1  # all or nothing refuses it
+    refused = _run("import", str(src), str(one), "--create")  # all or nothing refuses it, saying why
+    assert refused.exit_code == 1 and "the source holds the id 'a' more than once" in refused.output
+    assert "exists" not in refused.output  # regression: it used to say the id was stored already
     done = _run("import", "--resume", str(src), str(one), "--create", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.output) == {"file": str(one), "memories": 3, "skipped": 0, "repeated": 2, "edges": 0,
