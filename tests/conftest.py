@@ -96,6 +96,26 @@ def unpack_segments(txn) -> None:
     txn.put("segments", bm25.DIR_KEY, d.encode())
 
 
+def rebuilt_answers(store, live, queries) -> list:
+    """What a BM25 index built from scratch on ``live`` answers to ``queries`` (top 25 each,
+    then its stats), in a write that is rolled back: the reference the incremental index
+    must equal."""
+    fresh = bm25.SegmentedBM25(store.blind, store.last_txnid)
+    out = []
+
+    class _Done(Exception):
+        pass
+
+    def rebuild(txn):
+        fresh.rebuild(txn, live)
+        out.append([fresh.search(txn, q, 25) for q in queries] + [fresh.stats(txn)])
+        raise _Done
+
+    with pytest.raises(_Done):
+        store.write(rebuild)
+    return out[0]
+
+
 def postings_to_term_first(txn) -> None:
     """Rewrite a file's BM25 postings in the layout of directory version 2, keyed
     ``blind | segno`` (what files written before 2026-12-01 hold): a test-made old file."""

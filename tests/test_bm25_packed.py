@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import unpack_segments
+from conftest import rebuilt_answers, unpack_segments
 from engramdb.errors import CorruptFileError
 from engramdb.index import bm25 as bm
 from engramdb.index.bm25 import SegmentedBM25
@@ -107,20 +107,7 @@ def _live(batches, dead) -> list[tuple[int, list[str]]]:
 
 
 def _rebuilt(store, live) -> list:
-    fresh = SegmentedBM25(store.blind, store.last_txnid)
-    out = []
-
-    class _Done(Exception):
-        pass
-
-    def rebuild(txn):
-        fresh.rebuild(txn, live)
-        out.append([fresh.search(txn, q, 25) for q in QUERIES] + [fresh.stats(txn)])
-        raise _Done
-
-    with pytest.raises(_Done):
-        store.write(rebuild)
-    return out[0]
+    return rebuilt_answers(store, live, QUERIES)
 
 
 def test_packing_off_writes_what_unpacking_a_packed_file_gives(tmp_path):

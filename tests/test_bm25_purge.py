@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
-from conftest import unpack_segments
+from conftest import rebuilt_answers, unpack_segments
 from engramdb.crypto import KDFParams
 from engramdb.errors import CorruptFileError
 from engramdb.index import bm25 as bm
@@ -37,21 +37,7 @@ def _answers(store, idx) -> list:
 
 
 def _rebuilt(store, live) -> list:
-    """What an index built from scratch on ``live`` answers (the write is rolled back)."""
-    fresh = SegmentedBM25(store.blind, store.last_txnid)
-    out = []
-
-    class _Done(Exception):
-        pass
-
-    def rebuild(txn):
-        fresh.rebuild(txn, live)
-        out.append([fresh.search(txn, q, 25) for q in QUERIES] + [fresh.stats(txn)])
-        raise _Done
-
-    with pytest.raises(_Done):
-        store.write(rebuild)
-    return out[0]
+    return rebuilt_answers(store, live, QUERIES)
 
 
 def _segments(store, idx) -> dict[int, list[int]]:
