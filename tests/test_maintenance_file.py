@@ -281,3 +281,45 @@ def test_decode_without_vectors_is_the_node_without_embeddings():
     raw = codec.encode_node(node)
     assert codec.decode_node(raw, vectors=False) == node.replace(embeddings={})
     assert codec.decode_node(raw, fetch=lambda names: dict(node.embeddings)) == node
+
+
+@pytest.mark.parametrize("bad", ["surrogate", "too long"])
+def test_a_summary_no_memory_can_hold_leaves_its_group_alone_and_the_file_working(make_db, monkeypatch, bad):
+    # A summary longer than a memory may be used to be stored in the plan, whose apply then
+    # raised ValidationError on every later maintain() and forget(): the file was stuck.
+    import engramdb.records as records_mod
+
+    monkeypatch.setattr(records_mod, "MAX_CONTENT_BYTES", 4000)
+    db = make_db(encrypted=False)
+    fill(db, 60, seed=3)
+    good = db.maintain(now=NOW, summarizer=summarize, plan=True)
+    assert good.summary_ids
+    text = "a summary \ud800 of them" if bad == "surrogate" else "y" * 5000
+    report = db.maintain(now=NOW, summarizer=lambda texts: text)
+    assert report.clusters_found == good.clusters_found and report.summarized == 0 and report.summary_ids == []
+    assert not any(node.id.startswith("summary-") for node in db.scan())
+    again = db.maintain(now=NOW, summarizer=summarize)
+    assert again.summary_ids and db.verify() == []
+
+
+def test_a_stored_plan_with_a_summary_that_cannot_be_stored_is_finished(make_db, monkeypatch):
+    # a plan stored with a summary its apply refuses (stored before summaries were checked;
+    # here, stored under a larger limit): the next call finishes it, without that summary
+    import engramdb.records as records_mod
+
+    db = make_db(encrypted=False)
+    fill(db, 60, seed=3)
+
+    class Killed(Exception):
+        pass
+
+    def kill(phase, done, total):
+        if phase == "write":
+            raise Killed
+
+    with pytest.raises(Killed):
+        db.maintain(MaintenanceConfig(batch_size=1), now=NOW, summarizer=lambda texts: "y" * 5000, progress=kill)
+    monkeypatch.setattr(records_mod, "MAX_CONTENT_BYTES", 4000)
+    finished = db.maintain(now=NOW)
+    assert finished.summarized > 0 and not any(node.id.startswith("summary-") for node in db.scan())
+    assert not db.maintain(now=NOW).changed and db.verify() == []

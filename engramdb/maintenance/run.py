@@ -646,12 +646,15 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                     if not score[best] >= score[i]:
                         best = int(i)
                 lead = node(int(rows["docno"][best]))
-                summaries.append({
+                summary = {
                     "id": _summary_id([m.id for m in members]), "content": text,
                     "tags": list(dict.fromkeys(list(lead.tags) + ["consolidated"])),
                     "importance": max(m.importance for m in members), "tier": lead.tier, "source": lead.source,
                     "metadata": {"consolidatedFrom": len(group), "consolidatedAt": format_iso(now)},
-                    "sources": [m.id for m in members]})
+                    "sources": [m.id for m in members]}
+                if _summary_node(summary, now) is None:
+                    continue  # a text no memory can hold: left alone, like a summarizer that raises
+                summaries.append(summary)
                 report.summarized += len(group)
                 for i in group:
                     archive_now[i] = False  # sources are archived whole
@@ -763,12 +766,27 @@ def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
     txn.delete_many("meta", [key for _, key in due])  # our own changes: the new state accounts for them
 
 
+def _summary_node(s: Mapping[str, Any], now: float) -> Node | None:
+    """The memory a planned summary becomes, or None when its text cannot be stored (longer
+    than a memory may be, a lone surrogate): checked when the pass plans, so that a stored
+    plan never holds a summary its apply would refuse, which no later call could finish."""
+    try:
+        node = Node(id=s["id"], content=s["content"], tags=tuple(s["tags"]), importance=s["importance"],
+                    tier=s["tier"], source=s["source"], metadata=s["metadata"], created_at=now, last_accessed=now)
+        codec.encode_node(node)
+    except ValidationError:
+        return None
+    return node
+
+
 def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], op_docnos: set[int]) -> None:
     if tx.find(s["id"]) is not None:
         return
     now = plan["now"]
-    tx.put_new(Node(id=s["id"], content=s["content"], tags=tuple(s["tags"]), importance=s["importance"],
-                    tier=s["tier"], source=s["source"], metadata=s["metadata"], created_at=now, last_accessed=now))
+    node = _summary_node(s, now)
+    if node is None:  # a plan stored before summaries were checked: skipping it lets the pass finish
+        return
+    tx.put_new(node)
     for src in s["sources"]:
         if tx.find(src) is None:
             continue
