@@ -375,9 +375,10 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
     The temporary name is fixed and visible, not click's hidden random one: an interrupted
     run leaves one file the user can see, and the next run removes it first. A device or
     pipe (/dev/null, a FIFO) is written in place: a rename would put a regular file in its
-    stead. A symlink's target is replaced, not the link.
+    stead. A symlink's target is replaced, not the link. ``-`` is stdout, as ``-`` is stdin
+    for `add` and `restore`.
     """
-    if path is None:
+    if path is None or path == "-":
         with click.open_file("-", mode, **kwargs) as out:
             yield out
         return
@@ -1051,7 +1052,7 @@ def dump(ctx: click.Context, file: str, output: str | None, encrypt: bool, dump_
                        err=True)
         return
 
-    if encrypt and output is None and sys.stdout.isatty():
+    if encrypt and output in (None, "-") and sys.stdout.isatty():
         raise ValidationError("an encrypted dump is binary", hint="write it to a file with -o OUT")
     _refuse_same_file(output, file, "the dump")
     dump_pw = _dump_passphrase(dump_passphrase_file, confirm=True) if encrypt else None
