@@ -181,3 +181,20 @@ def test_forget_finishes_an_unfinished_maintenance_pass_first(make_db, now):
         assert txn.get("meta", run.PLAN_KEY) is None
     assert db.get("n2").tier != "hot" and "n1" not in db
     assert db.verify() == []
+
+
+def test_forget_by_embedding_checks_the_vector(make_db):
+    # a string or complex numbers raised a raw ValueError/TypeError; a 2-D batch was flattened
+    # into one vector (of another length, and it matched a space of that length and forgot by it);
+    # a finite vector of large values was normalised to zeros
+    db = make_db()
+    db.add_space("s", dims=4, model="m")
+    db.add("a", id="a", embeddings={"s": [1, 0, 0, 0]})
+    db.add("b", id="b", embeddings={"s": [0, 1, 0, 0]})
+    for bad in ("abcd", [1j, 0, 0, 0], {"a": 1}, [[1, 0], [0, 0]], [], [float("nan"), 0, 0, 0]):
+        with pytest.raises(engramdb.ValidationError) as exc:
+            db.forget(embedding=bad, dry_run=True)
+        assert exc.value.hint
+    assert db.forget(embedding=[[0, 2, 0, 0]], dry_run=True).ids == ("b",)  # one row, as an embedder returns it
+    assert db.forget(embedding=[1e30, 0, 0, 0], threshold=0.5).ids == ("a",)
+    assert db.ids() == ["b"]

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engramdb import codec
 from engramdb.crypto import ENVELOPE_OVERHEAD, Sealer
 from engramdb.errors import ConfigMismatchError, CorruptFileError, EmbeddingError, ValidationError
 from engramdb.index.vectors import (
@@ -254,3 +255,24 @@ def test_the_one_space_column_path_gives_the_rows_of_the_node_by_node_path(tmp_p
     for name in got:
         assert got[name][0] == want[name][0]
         assert got[name][1].dtype == np.float32 and got[name][1].tobytes() == want[name][1].tobytes()
+
+
+def test_a_normalised_space_keeps_the_direction_of_large_and_tiny_finite_vectors(make_db):
+    # float32 squares overflowed (norm inf: the vector was stored as zeros) or underflowed
+    # (norm 0: a nonzero vector was refused as zero)
+    db = make_db()
+    db.add_space("s", dims=4, model="m")
+    big = np.array([3e19, 4e19, 0, 0], dtype=np.float32)
+    tiny = np.array([0, 0, 3e-25, 4e-25], dtype=np.float32)
+    usual = np.array([1, 2, 2, 0], dtype=np.float32)
+    db.add_many([{"id": "big", "content": "b", "embeddings": {"s": big}},
+                 {"id": "tiny", "content": "t", "embeddings": {"s": tiny}},
+                 {"id": "usual", "content": "u", "embeddings": {"s": usual}}])
+    vi = db.indexes.vectors
+    with db._store.read() as txn:
+        rows = {i: vi.fetch(txn, codec.from_u64(txn.get("ids", db._id_key(i))), ["s"])["s"] for i in ("big", "tiny", "usual")}
+        assert np.allclose(rows["big"], [0.6, 0.8, 0, 0]) and np.allclose(rows["tiny"], [0, 0, 0.6, 0.8])
+        assert np.array_equal(rows["usual"], usual / np.linalg.norm(usual))  # the float32 path, as before
+        assert vi.search(txn, "s", big * 1e10, 1)[0][1] == pytest.approx(1.0)
+    with pytest.raises(EmbeddingError):
+        db.add("z", id="z", embeddings={"s": np.zeros(4, np.float32)})

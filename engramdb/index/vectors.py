@@ -351,12 +351,36 @@ def _check_matrix(space: EmbeddingSpace, vectors: Any) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise EmbeddingError(f"space {space.name!r}: the vector contains NaN or infinity")
     if space.normalize:
-        norms = np.linalg.norm(arr, axis=1, keepdims=True)
-        if np.any(norms == 0):
+        arr, zero = unit_rows(arr)
+        if zero.any():
             raise EmbeddingError(f"space {space.name!r} normalises vectors, and a zero vector cannot be normalised",
                                  hint="skip empty texts or create the space with normalize=False")
-        arr = (arr / norms).astype(np.float32)
     return arr
+
+
+# Float32 squares overflow above ~1.8e19 and lose precision below ~1e-19: a row whose float32
+# norm is infinite or under this floor is normalised in float64 instead.
+_NORM_FLOOR = 1e-15
+
+
+def unit_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows / their L2 norms as float32, which rows are zero)`` for a finite float32 matrix
+    (zero rows stay zero). Norms are float32, as engramdb always computed them, except for
+    rows whose float32 squares overflow or underflow: those are normalised in float64, so a
+    finite vector of large (or tiny) values is not stored as zeros (or refused as zero)."""
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    odd = np.flatnonzero(~(norms[:, 0] >= _NORM_FLOOR) | ~np.isfinite(norms[:, 0]))
+    if not odd.size:
+        return (arr / norms).astype(np.float32), np.zeros(arr.shape[0], dtype=bool)
+    wide = arr[odd].astype(np.float64)
+    wide_norms = np.linalg.norm(wide, axis=1, keepdims=True)
+    zero = np.zeros(arr.shape[0], dtype=bool)
+    zero[odd] = wide_norms[:, 0] == 0
+    norms[odd] = 1.0
+    out = (arr / norms).astype(np.float32)
+    out[odd] = np.divide(wide, wide_norms, out=np.zeros_like(wide), where=wide_norms > 0)
+    return out, zero
 
 
 def _one_space_column(spaces: Mapping[str, EmbeddingSpace],

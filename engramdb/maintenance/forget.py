@@ -35,6 +35,7 @@ from .. import codec
 from . import run
 from .archive import has_original
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
+from ..index.vectors import unit_rows
 from ..store import Txn
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
@@ -80,6 +81,27 @@ def _check_threshold(threshold: Any) -> float:
     return float(threshold)
 
 
+def _query_vector(embedding: ArrayLike) -> np.ndarray:
+    """``embedding`` as one float32 vector: 1-D, or one row (what an embedder returns for one text).
+
+    Raises:
+        ValidationError: not finite numbers, or not one vector (a batch of rows is not flattened into one).
+    """
+    try:
+        vec = np.asarray(embedding, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValidationError("embedding must be a vector of numbers",
+                              hint="pass a list or a 1-D NumPy array of floats") from None
+    if vec.ndim == 2 and vec.shape[0] == 1:
+        vec = vec[0]
+    if vec.ndim != 1 or vec.size == 0:
+        raise ValidationError(f"embedding must be one non-empty vector, got an array of shape {vec.shape}",
+                              hint="forget by one query vector per call")
+    if not np.isfinite(vec).all():
+        raise ValidationError("embedding contains NaN or infinity", hint="pass a vector of finite numbers")
+    return vec
+
+
 def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLike | None, threshold: float,
                    space: str | None) -> set[int]:
     """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
@@ -98,12 +120,10 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
             if vec is not None:
                 queries.append(vec)
         if embedding is not None:
-            vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
+            vec = _query_vector(embedding)
             if vec.shape[0] == spaces[name].dims:
                 if spaces[name].normalize:
-                    norm = float(np.linalg.norm(vec))
-                    if norm > 0:
-                        vec = vec / norm
+                    vec = unit_rows(vec[None, :])[0][0]
                 queries.append(vec)
         for vec in queries:
             try:
