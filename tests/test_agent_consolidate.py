@@ -88,3 +88,28 @@ def test_the_hooks_consolidate_once_the_threshold_is_reached(tmp_engram, now):
     assert cores and unconsolidated(tmp_engram) == []
     with pytest.raises(ValidationError):
         MemoryHooks(tmp_engram, sleep_threshold=1)
+
+
+@pytest.mark.parametrize("failure", ["bad value", "raises"])
+def test_a_summarizer_that_fails_on_a_later_group_leaves_the_file_untouched(tmp_engram, now, failure):
+    # The summaries used to be asked for group by group, each group written before the next
+    # was summarized: a model failing on the second group left the first consolidated (its
+    # originals archived) and raised, so the caller saw an error but the file had changed.
+    ids = _memories(tmp_engram, now, n_per_topic=2)
+    calls = []
+
+    def summarizer(texts):
+        calls.append(texts)
+        if len(calls) == 2:
+            if failure == "raises":
+                raise RuntimeError("the model is down")
+            return ""
+        return "a summary"
+
+    with pytest.raises(ValidationError if failure == "bad value" else RuntimeError):
+        consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now)
+    assert len(calls) == 2
+    assert all(tmp_engram.get(i).tier == "hot" for i in ids)
+    assert [n.id for n in tmp_engram.scan() if "core" in n.tags] == []
+    report = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=lambda texts: "ok", now=now)
+    assert report.archived == 10 and unconsolidated(tmp_engram) == []

@@ -127,6 +127,9 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     Each core memory (tags ``agent`` and ``core``, id ``core-<hash of its members' ids>``)
     has a ``derived_from`` edge to each original, and the originals are archived.
 
+    Every summary is made before anything is written: a summarizer that raises or does
+    not return text leaves the file as it was.
+
     Raises:
         ValidationError: bad arguments, or a summarizer that does not return text.
     """
@@ -143,6 +146,9 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     embed = HashedTfidfEmbedder(dims=512)
     contents = [node.content for node in nodes]
     vectors = _unit(embed(contents))
+    # every summary first, then the writes: a summarizer that fails (or returns no text) on
+    # a later group must not leave the earlier groups consolidated behind the error
+    planned: list[tuple[list[Node], str]] = []
     for group in _groups([n.id for n in nodes], vectors, min(target, len(nodes))):
         members = [nodes[i] for i in group]
         texts = [m.content for m in members]
@@ -153,6 +159,8 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
                                       hint="a Summarizer takes a list of texts and returns one non-empty string")
         else:
             summary = _extractive(texts, embed)
+        planned.append((members, summary))
+    for members, summary in planned:
         ids = [m.id for m in members]
         core_id = "core-" + hashlib.sha256("\x00".join(sorted(ids)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
         if core_id not in db:  # a run interrupted after this core was written
