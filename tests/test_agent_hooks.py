@@ -152,3 +152,53 @@ def test_a_fact_stored_meanwhile_by_another_process_is_skipped(make_db, now, mon
     assert hooks.after_task(_session1(), now=now) == []
     monkeypatch.setattr(type(db), "__contains__", real_contains)
     assert sorted(first) == sorted(i for i in db.ids() if i.startswith("fact-"))
+
+
+def test_a_transcript_with_a_lone_surrogate_is_stored_whole_or_not_at_all(make_db, now):
+    # JSON decoders turn a cut emoji ("\ud83d" with its pair lost) into a lone surrogate, which
+    # the file cannot encode. after_task used to store the first facts, then raise on the one
+    # that carried it (and never record the trajectory): now every fact and the task keep it
+    # as U+FFFD, and the whole call goes through.
+    db = make_db()
+    messages = [{"role": "user", "content": "Write a csv parser. Use only the standard library. Store it in "
+                                            "data.json with fields name, age and city \ud83d."},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "function": {"name": "bash\udc00", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                {"role": "assistant", "content": "We decided to use pytest \ud83d."}]
+    hooks = MemoryHooks(db)
+    ids = hooks.after_task(messages, outcome="success", now=now)
+    assert len(ids) == 3
+    assert any("pytest \ufffd" in db.get(i).content for i in ids)
+    assert db.get(ids[0]).metadata["agent"]["tool_sequence"] == ["bash\ufffd"]
+    assert [t.tools for t in hooks.graph.trajectories()] == [("bash\ufffd",)]
+    extracted = MemoryHooks(db, extractor=lambda text: ["first fact here", "second \udc80 fact"])
+    assert [db.get(i).content for i in extracted.after_task([{"role": "user", "content": "x"}], now=now)] == [
+        "first fact here", "second \ufffd fact"]
+
+
+def test_an_extractor_returning_a_mapping_is_refused(make_db, now):
+    # json.loads of a model's {"facts": [...]} reply is a dict; iterating it gave its keys, and
+    # the fact "facts" was stored.
+    db = make_db()
+    hooks = MemoryHooks(db, extractor=lambda text: {"facts": ["The user wants tabs"]})
+    with pytest.raises(ValidationError, match="must return a list"):
+        hooks.after_task([{"role": "user", "content": "Format the code."}], now=now)
+    assert len(db) == 0
+
+
+def test_tags_given_as_one_string_are_refused(make_db, now):
+    # tags="project-x" was split into the one-letter tags p, r, o, ...
+    db = make_db()
+    with pytest.raises(ValidationError, match="tags"):
+        MemoryHooks(db, tags="project-x")
+    with pytest.raises(ValidationError, match="tags"):
+        MemoryHooks(db, tags=["ok", 5])
+    assert MemoryHooks(db, tags=("project-x",)).tags == ["project-x"]
+
+
+@pytest.mark.parametrize("kwargs", [{"min_relevance": "0.2"}, {"top_k": "5"}, {"top_k": True},
+                                    {"min_relevance": None}])
+def test_hooks_arguments_of_the_wrong_type_are_validation_errors(make_db, kwargs):
+    with pytest.raises(ValidationError):
+        MemoryHooks(make_db(), **kwargs)

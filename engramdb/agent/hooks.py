@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..errors import DuplicateIdError, ValidationError
 from ..recall import Hit
@@ -21,7 +21,7 @@ from .extract import Fact, extract_facts
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
-from .text import content_words, overlap, scrub
+from .text import content_words, overlap, scrub, storable
 
 __all__ = ["MemoryHooks", "Extractor", "HEADER", "DEFAULT_MIN_RELEVANCE"]
 
@@ -52,10 +52,16 @@ class MemoryHooks:
                  min_relevance: float = DEFAULT_MIN_RELEVANCE, procedures: bool = True,
                  sleep_threshold: int | None = 50, summarizer: Summarizer | None = None,
                  tags: Sequence[str] = ("agent",)) -> None:
-        if not isinstance(top_k, int) or top_k < 1:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValidationError("top_k must be a positive int")
-        if not 0.0 <= min_relevance <= 1.0:
-            raise ValidationError("min_relevance must be between 0 and 1 (hit.relevance's range)")
+        if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
+                or not 0.0 <= min_relevance <= 1.0):
+            raise ValidationError("min_relevance must be a number between 0 and 1 (hit.relevance's range)")
+        if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+            raise ValidationError("tags must be a list of tags, not a single string", hint='e.g. tags=["agent"]')
+        tags = list(tags)
+        if not all(isinstance(tag, str) for tag in tags):
+            raise ValidationError("tags must be strings", hint='e.g. tags=["agent"]')
         if sleep_threshold is not None and (not isinstance(sleep_threshold, int) or sleep_threshold < 2):
             raise ValidationError("sleep_threshold must be an int of at least 2, or None")
         self.db = db
@@ -104,7 +110,8 @@ class MemoryHooks:
         if self.extractor is None:
             return extract_facts(conv, outcome=outcome)
         produced = self.extractor(conv.text)
-        if isinstance(produced, str) or not isinstance(produced, Iterable):
+        # a Mapping (a model's {"facts": [...]} parsed) would iterate its keys as facts
+        if isinstance(produced, (str, bytes, Mapping)) or not isinstance(produced, Iterable):
             raise ValidationError(f"the extractor returned a {type(produced).__name__}; it must return a list "
                                   "of fact strings", hint="return e.g. ['The user wants only the standard library']")
         facts = []
@@ -150,7 +157,7 @@ class MemoryHooks:
             if fact_id in seen or fact_id in self.db or self._is_duplicate(fact.text):
                 continue
             seen.add(fact_id)
-            provenance = {"session": session, "at": stamp, "tool_sequence": list(conv.tool_sequence),
+            provenance = {"session": session, "at": stamp, "tool_sequence": [storable(t) for t in conv.tool_sequence],
                           "outcome": outcome, "kind": fact.kind, "had_errors": conv.has_errors}
             try:
                 ids.append(self.db.remember(fact.text, id=fact_id, now=stamp, tags=[*self.tags, "fact", fact.kind],

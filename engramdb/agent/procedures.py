@@ -25,7 +25,7 @@ from ..errors import ValidationError
 from ..records import now_ts
 from .protocols import AgentMemory, AgentTransaction
 from .serialize import SerializedConversation, serialize_conversation
-from .text import content_words, overlap, scrub
+from .text import content_words, overlap, scrub, storable
 import itertools
 
 __all__ = [
@@ -283,7 +283,7 @@ class ProceduralGraph:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         conv = serialize_conversation(serialized)
         calls = [call for turn in conv.turns for call in turn.tool_calls]
-        tools = tuple(call.name for call in calls)
+        tools = tuple(storable(call.name) for call in calls)
         errors = tuple(i for i, call in enumerate(calls) if call.is_error)
         if task is None:
             task = next((turn.user for turn in conv.turns if turn.user), "")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["content_words", "overlap", "scrub", "has_noise"]
+__all__ = ["content_words", "overlap", "scrub", "has_noise", "storable"]
 
 _WORD = re.compile(r"[a-z0-9][a-z0-9_+#.-]*[a-z0-9+#]|[a-z0-9]")
 STOPWORDS = frozenset("""
@@ -28,6 +28,15 @@ _NOISE = [
 ]
 
 
+# A lone surrogate (JSON's "\ud83d" of an emoji cut in half) cannot be encoded into the file.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD, so the file can encode it."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def content_words(text: str) -> set[str]:
     """Lowercased words of ``text`` without stopwords and one-letter words."""
     return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS}
@@ -41,7 +50,9 @@ def overlap(a: set[str], b: set[str]) -> float:
 
 
 def scrub(text: str) -> str:
-    """``text`` without environment noise (absolute paths, temp dirs, hostnames, IPs), spaces tidied."""
+    """``text`` without environment noise (absolute paths, temp dirs, hostnames, IPs), spaces tidied,
+    lone surrogates replaced (:func:`storable`)."""
+    text = storable(text)
     for pattern in _NOISE:
         text = pattern.sub("", text)
     text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
