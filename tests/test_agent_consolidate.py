@@ -113,3 +113,13 @@ def test_a_summarizer_that_fails_on_a_later_group_leaves_the_file_untouched(tmp_
     assert [n.id for n in tmp_engram.scan() if "core" in n.tags] == []
     report = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=lambda texts: "ok", now=now)
     assert report.archived == 10 and unconsolidated(tmp_engram) == []
+
+
+def test_tags_given_as_one_string_are_refused(tmp_engram, now):
+    # tags="garden" was read as the tags g, a, r, d, e, n: no memory carried them all, so the
+    # run silently found nothing to consolidate
+    _memories(tmp_engram, now, n_per_topic=2)
+    with pytest.raises(ValidationError, match="tags"):
+        consolidate_sleep(tmp_engram, threshold=2, tags="garden", now=now)
+    with pytest.raises(ValidationError, match="tags"):
+        unconsolidated(tmp_engram, tags="garden")

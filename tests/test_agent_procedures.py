@@ -162,3 +162,20 @@ def test_rows_are_keyed_by_content_whatever_their_key_order(tmp_engram):
         with pytest.raises(ValidationError):
             tx.put_procedure_row(["not", "a", "map"])
     assert tmp_engram.procedure_rows() == []
+
+
+@pytest.mark.parametrize("returned", [None, 3, "add_pitfall", {"proposals": []}])
+def test_a_proposer_that_returns_no_list_is_a_validation_error(tmp_engram, now, returned):
+    # None or a number raised a bare TypeError from iterating it; a string or a mapping (a
+    # model's {"proposals": [...]} parsed) was iterated as characters or keys.
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    with pytest.raises(ValidationError, match="the proposer returned"):
+        graph.refine(proposer=lambda c: returned, now=now)
+    assert graph.decided() == {}
+
+
+@pytest.mark.parametrize("kwargs", [{"holdout": "0.3"}, {"holdout": None}, {"min_trajectories": True}])
+def test_graph_arguments_of_the_wrong_type_are_validation_errors(tmp_engram, kwargs):
+    with pytest.raises(ValidationError):
+        ProceduralGraph(tmp_engram, **kwargs)

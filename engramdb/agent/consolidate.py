@@ -49,7 +49,13 @@ class SleepReport:
 
 def unconsolidated(db: AgentMemory, *, tags: Iterable[str] | None = None) -> list[Node]:
     """The memories sleep consolidation would take: live (not archived), not pinned, not a
-    core memory, carrying every tag in ``tags``; in insertion order."""
+    core memory, carrying every tag in ``tags``; in insertion order.
+
+    Raises:
+        ValidationError: ``tags`` is a single string, or not a list of strings.
+    """
+    if tags is not None and (isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable)):
+        raise ValidationError("tags must be a list of tags, not a single string", hint='e.g. tags=["agent"]')
     return [node for node in db.scan(tiers=list(LIVE_TIERS), tags=list(tags) if tags else None)
             if not node.pinned and CORE_TAG not in node.tags]
 

@@ -227,9 +227,9 @@ class ProceduralGraph:
 
     def __init__(self, db: AgentMemory, *, min_trajectories: int = 10, proposer: Proposer | None = None,
                  holdout: float = 1 / 3, seed: int = 0) -> None:
-        if not isinstance(min_trajectories, int) or min_trajectories < 2:
+        if isinstance(min_trajectories, bool) or not isinstance(min_trajectories, int) or min_trajectories < 2:
             raise ValidationError("min_trajectories must be an int of at least 2")
-        if not 0 < holdout < 1:
+        if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
             raise ValidationError("holdout must be between 0 and 1 (exclusive)")
         self.db = db
         self.min_trajectories = min_trajectories
@@ -422,7 +422,13 @@ class ProceduralGraph:
                 "graph": self.to_dict(),
                 "decided": sorted(rows.decided),
             }
-            proposals = [Proposal.parse(p, n) for n, p in enumerate(proposer(contrast))]
+            produced = proposer(contrast)
+            # a str or a Mapping (a model's {"proposals": [...]} parsed) would iterate as characters or keys
+            if isinstance(produced, (str, bytes, Mapping)) or not isinstance(produced, Iterable):
+                raise ValidationError(f"the proposer returned a {type(produced).__name__}; it must return a list "
+                                      "of proposals", hint="return e.g. [{'op': 'add_pitfall', 'src': 'edit_file', "
+                                                           "'dst': 'run_tests', 'text': 'run the linter first'}]")
+            proposals = [Proposal.parse(p, n) for n, p in enumerate(produced)]
         seen: set[str] = set()
         decisions: list[tuple[Proposal, str, str]] = []
         for proposal in proposals:
