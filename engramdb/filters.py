@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 from collections.abc import Iterable, Sequence
 
 from .compress.recall import resolved_in_range
@@ -72,12 +73,24 @@ def parse_time(value: object, name: str = "time") -> float | None:
                           hint=_TIME_HINT)
 
 
+_EXTENDED_DATE = re.compile(r"[0-9]{4}(-[0-9]{2}(-[0-9]{2})?)?")
+
+
 def _iso_bound(value: TimeBound) -> str:
     """A date bound as ISO text for comparing with a ``resolved_date``: a string as given (a
-    datetime string cut to its date), a date or datetime as its date, a timestamp as its UTC date."""
+    datetime string cut to its date), a date or datetime as its date, a timestamp as its UTC date.
+    A string in another form ``parse_time`` takes (ISO basic ``20230501``, a week date
+    ``2023-W18``, ...) is its date in the extended form: compared as text, ``20230501`` or
+    ``2023-W18`` would not sort with ``2023-05-03``."""
     if isinstance(value, str):
         text = value.strip()
-        return text[:10] if len(text) > 10 else text
+        cut = text[:10] if len(text) > 10 else text
+        if not _EXTENDED_DATE.fullmatch(cut):
+            try:
+                return _dt.datetime.fromisoformat(text).date().isoformat()
+            except ValueError:
+                pass
+        return cut
     if isinstance(value, _dt.datetime):
         utc = value.astimezone(_dt.timezone.utc) if value.tzinfo is not None else value
         return utc.date().isoformat()

@@ -121,3 +121,13 @@ def test_the_fuzz_filters_oracle_can_fail(monkeypatch):
     monkeypatch.setattr(target, "parse_time", lambda value, name: float("inf"))
     with pytest.raises(AssertionError):
         target.TestOneInput(b"2023-05-01")
+
+
+@pytest.mark.parametrize("after", ["20230501", "2023-W18", "2023-W18-1", "20230501T120000"])
+def test_a_resolved_date_is_compared_with_any_iso_form_of_the_bound(after):
+    # the bound was compared as its text: "2023-05-03"[:8] sorts before "20230501", so a memory
+    # about 3 May was left out of after="20230501" (and of the week date of 1 May)
+    node = Node(id="n", content="c", created_at=NOW, resolved_date="2023-05-03")
+    assert Filter(after=after)(node) and Filter(after=after)(node) == Filter(after="2023-05-01")(node)
+    assert not Filter(before=after)(node)
+    assert Filter(after="2023-05-03T23:59:00")(node) and not Filter(after="20230504")(node)
