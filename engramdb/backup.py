@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from . import aaak, bulk, codec
 from .engram import Engram, Transaction, open as open_engram
 from .importers import EntityTable
+from .index.vectors import EmbeddingSpace
 from .errors import (
     AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
     ValidationError, shown,
@@ -384,7 +385,8 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
 
 def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *, batch: int = RESTORE_BATCH,
                    progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-    """Store imported nodes (in batches of ``batch``) and then their edges; returns (nodes, edges).
+    """Store imported nodes and then their edges in one transaction (all or nothing; a BM25
+    segment per ``batch`` nodes); returns (nodes, edges).
 
     An :class:`~engramdb.importers.EntityTable` (an AAAK ``E:`` index) is merged into the
     store's entity table first (see :func:`entity_table`).
@@ -400,43 +402,31 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
     """
     records = list(items)
     _check_import_ids(engram, records)
+    nodes = [item for item in records if isinstance(item, Node)]
+    edges = [item for item in records if isinstance(item, Edge)]
     tables = [item for item in records if isinstance(item, EntityTable)]
-    if tables:
-        def put_tables(txn: Txn) -> None:
-            for table in tables:
-                _merge_entities(txn, table.code_to_name)
+    spaces = _new_spaces(engram, nodes)
 
-        engram._store.write(put_tables)
-    known = set(engram.spaces())
-    nodes: list[Node] = []
-    edges: list[Edge] = []
-    count = 0
+    # One transaction: a failure after the first write (a vector that does not fit the
+    # space an earlier memory created, a full disk) used to leave that space, the entity
+    # table and the batches before it behind, and the corrected import was then refused.
+    def put_all(txn: Txn) -> int:
+        for table in tables:
+            _merge_entities(txn, table.code_to_name)
+        for space in spaces:
+            engram.indexes.add_space(txn, space)
+        count = 0
+        with engram._batched(txn) as tx:
+            for start in range(0, len(nodes), batch):
+                count += len(tx.put_new_many(bulk.build_many(nodes[start:start + batch], None)))
+                tx._end_chunk()  # a segment per batch, as a commit per batch made
+                if progress:
+                    progress(count)
+        _put_edges(engram, txn, edges)
+        return count
 
-    def flush() -> None:
-        nonlocal count, nodes
-        _add_spaces(engram, nodes, known)
-        count += len(engram.add_many(nodes))
-        nodes = []
-        if progress:
-            progress(count)
-
-    for item in records:
-        if isinstance(item, Node):
-            nodes.append(item)
-            if len(nodes) >= batch:
-                flush()
-        elif isinstance(item, Edge):
-            edges.append(item)
-    if nodes:
-        flush()
-    for start in range(0, len(edges), batch):
-        chunk = edges[start:start + batch]
-
-        def put_edges(txn: Txn, chunk: list[Edge] = chunk) -> None:
-            _put_edges(engram, txn, chunk)
-
-        engram._store.write(put_edges)
-    return count, len(edges)
+    with bulk._gc_paused():
+        return engram._store.write(put_all, reserve=bulk._reserve(nodes)), len(edges)
 
 
 class ResumedImport(NamedTuple):
@@ -520,6 +510,19 @@ def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable],
         flush()
     written, missing = _put_new_edges(engram, edges)
     return ResumedImport(added, stored, repeated, written, missing)
+
+
+def _new_spaces(engram: Engram, nodes: list[Node]) -> list[EmbeddingSpace]:
+    """The embedding spaces :func:`_add_spaces` would create for ``nodes``, to create in
+    the import's own transaction."""
+    known = set(engram.spaces())
+    spaces = []
+    for node in nodes:
+        for name, vec in sorted(node.embeddings.items()):
+            if name not in known:
+                spaces.append(EmbeddingSpace(name=name, model="imported", dims=len(vec), normalize=False, auto=False))
+                known.add(name)
+    return spaces
 
 
 def _add_spaces(engram: Engram, nodes: list[Node], known: set[str]) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from engramdb.cli import cli
@@ -174,7 +176,7 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
     """What the import holds is counted as the items read from the source and not yet handed
     to a write: a chunk with --resume, the whole source without it."""
     from engramdb import bulk, importers
-    from engramdb.engram import Engram
+    from engramdb.engram import Engram, Transaction
 
     src = _jsonl_source(tmp_path)
     monkeypatch.setattr(bulk, "INGEST_CHUNK", 40)
@@ -196,7 +198,7 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
 
     monkeypatch.setattr(importers, "iter_import", counting_iter)
     monkeypatch.setattr(Engram, "import_many", recording(Engram.import_many))
-    monkeypatch.setattr(Engram, "add_many", recording(Engram.add_many))
+    monkeypatch.setattr(Transaction, "put_new_many", recording(Transaction.put_new_many))
     assert _run("import", "--resume", str(src), str(tmp_path / "s.engram"), "--create").exit_code == 0
     assert read[0] == written[0] == 250 and len(held) == 7 and max(held) == 40
     read[0] = written[0] = 0
@@ -268,3 +270,39 @@ def test_a_resumed_import_writes_the_good_edges_and_reports_the_bad_ones(tmp_pat
     assert "imported 0 memories and 1 edges" in last.output
     assert _contents(path)[1] == [("001", "002", "tunnel", "BOB", 1.0), ("001", "009", "tunnel", "BOB", 1.0)]
     assert _run("verify", str(path)).output.strip() == "ok"
+
+
+def test_a_failed_import_leaves_no_embedding_space_and_no_memories_behind(tmp_path):
+    """The import is all or nothing, but a vector that does not fit the space its first
+    memory created failed after the space (and earlier batches) were committed: the
+    corrected source was then refused ("space 'default' has 3 dims")."""
+    store = tmp_path / "s.engram"
+    _init(store)
+    bad = tmp_path / "bad.jsonl"
+    _jsonl(bad, [{"id": "a", "content": "x", "embedding": [1, 2, 3]},
+                 {"id": "b", "content": "y", "embedding": [1, 2, 3, 4]}])
+    result = _run("import", str(bad), str(store))
+    assert result.exit_code == 1 and "3 dims" in result.output
+    with _open_store(store) as db:
+        assert db.spaces() == {} and len(db) == 0
+    good = tmp_path / "good.jsonl"
+    _jsonl(good, [{"id": "a", "content": "x", "embedding": [1, 2, 3, 4]}])
+    assert _run("import", str(good), str(store)).exit_code == 0
+    with _open_store(store) as db:
+        assert db.spaces()["default"].dims == 4 and db.ids() == ["a"]
+
+
+def test_an_import_failing_in_a_later_batch_writes_nothing(tmp_path):
+    from engramdb.backup import import_records
+    from engramdb.errors import EmbeddingError
+    from engramdb.importers import EntityTable
+    from engramdb.records import Node
+
+    store = tmp_path / "s.engram"
+    _init(store)
+    items = [EntityTable({"ALC": "Alice"}), Node(id="a", content="x", embeddings={"v": (1.0, 2.0)}),
+             Node(id="b", content="y"), Node(id="c", content="z", embeddings={"v": (1.0, 2.0, 3.0)})]
+    with _open_store(store) as db:
+        with pytest.raises(EmbeddingError):
+            import_records(db, items, batch=1)
+        assert len(db) == 0 and db.spaces() == {} and db.entity_table() == {}
