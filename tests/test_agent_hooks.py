@@ -10,7 +10,7 @@ import pytest
 import engramdb
 from engramdb.agent import MemoryHooks, extract_facts, serialize_conversation
 from engramdb.agent.hooks import HEADER
-from engramdb.agent.text import has_noise, scrub
+from engramdb.agent.text import content_words, has_noise, scrub
 from engramdb.errors import ValidationError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
@@ -202,3 +202,26 @@ def test_tags_given_as_one_string_are_refused(make_db, now):
 def test_hooks_arguments_of_the_wrong_type_are_validation_errors(make_db, kwargs):
     with pytest.raises(ValidationError):
         MemoryHooks(make_db(), **kwargs)
+
+
+def test_facts_and_tasks_in_other_scripts_are_compared_by_their_words(make_db, now):
+    # content_words kept only ASCII letters: a Cyrillic (Greek, CJK ...) fact had no words,
+    # so its reworded twin was never a duplicate, a task never matched a recorded one, and
+    # "café" was the word "caf".
+    assert content_words("Écrire un analyseur café") == {"écrire", "un", "analyseur", "café"}
+    assert content_words("build the CLI with python3 and C++") == {"cli", "python3", "c++"}
+    db = make_db()
+    _other_memories(db, now)
+    fact = "Пользователь хочет только стандартную библиотеку и табуляцию"
+    first = MemoryHooks(db, extractor=lambda text: [fact]).after_task([{"role": "user", "content": "Парсер"}],
+                                                                      outcome="success", now=now)
+    assert len(first) == 1
+    again = MemoryHooks(db, extractor=lambda text: [fact + ", всегда"])
+    assert again.after_task([{"role": "user", "content": "Парсер"}], now=now) == []
+    tools = [{"role": "user", "content": "Напиши парсер CSV для отчётов"},
+             {"role": "assistant", "content": None,
+              "tool_calls": [{"id": "c1", "function": {"name": "write_file", "arguments": "{}"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    hooks = MemoryHooks(db)
+    hooks.after_task(tools, outcome="success", now=now)
+    assert "1. write_file" in hooks.graph.guidance_for("напиши парсер CSV для отчётов о продажах")

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 __all__ = ["content_words", "overlap", "scrub", "has_noise", "storable"]
 
-_WORD = re.compile(r"[a-z0-9][a-z0-9_+#.-]*[a-z0-9+#]|[a-z0-9]")
+# A word: letters and digits of any script (not only ASCII: a Cyrillic or CJK fact has words
+# too), with inner _ + # . - and a final + or # (c++, c#, node.js).
+_WORD = re.compile(r"[^\W_][\w+#.-]*(?:[^\W_]|[+#])|[^\W_]")
 STOPWORDS = frozenset("""
 a an the and or but if then else of to in on at by for with from into onto over under as is are was were be been
 being this that these those it its it's i me my we our you your he she they them their there here what which who
@@ -38,8 +41,8 @@ def storable(text: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
-    """Lowercased words of ``text`` without stopwords and one-letter words."""
-    return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS}
+    """Lowercased (NFKC) words of ``text`` without stopwords and one-letter words."""
+    return {w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower()) if len(w) > 1 and w not in STOPWORDS}
 
 
 def overlap(a: set[str], b: set[str]) -> float:
