@@ -221,7 +221,7 @@ class EmbeddingError(ValidationError):
 class ImportFormatError(EngramError):
     """A file given to `engramdb import` is not in a format it can read."""
 
-    default_hint = "supported sources: AAAK v1/v2 text, JSONL memories, Terronex .engram v1"
+    default_hint = "supported sources: AAAK v1/v2 text, JSONL memories, Terronex .engram 1.x/2.x"
 
 
 

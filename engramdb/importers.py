@@ -335,6 +335,8 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
         if not line:
             return
         lineno += 1
+        if lineno == 1 and line.startswith("\ufeff"):  # a BOM (Notepad, PowerShell), as detect_format allows
+            line = line[1:]
         if len(line) > max_line_chars:
             raise ImportFormatError(f"line {lineno} is longer than {max_line_chars} characters")
         if not line.strip():

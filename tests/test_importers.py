@@ -175,6 +175,17 @@ def test_jsonl_errors_name_the_line(line, message):
         list(iter_jsonl(text, now=NOW))
 
 
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_jsonl_with_a_utf8_bom_is_read(as_bytes):
+    """detect_format looks past a BOM (Notepad, PowerShell write one) and calls it JSONL, but
+    the reader then failed on line 1: "Unexpected UTF-8 BOM"."""
+    text = "\ufeff" + TRACE_LITE
+    source = io.BytesIO(text.encode("utf-8")) if as_bytes else text
+    assert detect_format(text.encode("utf-8")) == "jsonl"
+    assert [n.id for n in iter_jsonl(source, now=NOW)] == ["m1", "m2"]
+    assert [n.id for n in iter_import(io.BytesIO(text.encode("utf-8")), now=NOW)] == ["m1", "m2"]
+
+
 TEXT = st.text(st.characters(exclude_categories=()), max_size=20)
 META = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False,
                     allow_infinity=False) | TEXT | st.binary(max_size=6),
