@@ -20,6 +20,7 @@ from hypothesis.stateful import (
 import engramdb.engram as engram_mod
 from engramdb.errors import EmbeddingError, ValidationError
 from engramdb.maintenance.lifecycle import MaintenanceConfig
+import engramdb.maintenance.run as run_mod
 from engramdb.maintenance.run import BUILTIN_SPACE, iter_dirty, read_last_pass
 
 DAY = 86400.0
@@ -322,4 +323,56 @@ def test_a_stored_plan_with_a_summary_that_cannot_be_stored_is_finished(make_db,
     monkeypatch.setattr(records_mod, "MAX_CONTENT_BYTES", 4000)
     finished = db.maintain(now=NOW)
     assert finished.summarized > 0 and not any(node.id.startswith("summary-") for node in db.scan())
+    assert not db.maintain(now=NOW).changed and db.verify() == []
+
+
+def test_format_iso_writes_every_javascript_date_as_to_iso_string_does():
+    # datetime cannot hold years past 9999: format_iso raised ValueError there
+    from engramdb.maintenance.lifecycle import format_iso
+
+    assert format_iso(NOW) == "2023-11-14T22:13:20.000Z" and format_iso(951782400) == "2000-02-29T00:00:00.000Z"
+    # the values Node.js 20 prints for new Date(ms).toISOString()
+    assert format_iso(1.7e12) == "+055840-11-08T22:13:20.000Z"
+    assert format_iso(253402300800) == "+010000-01-01T00:00:00.000Z"
+    assert format_iso(-62167219200) == "0000-01-01T00:00:00.000Z"
+    assert format_iso(-62167219201) == "-000001-12-31T23:59:59.000Z"
+    assert format_iso(-42484026532.35) == "0623-09-26T17:31:07.650Z"
+    assert format_iso(8.64e12) == "+275760-09-13T00:00:00.000Z" and format_iso(-8.64e12) == "-271821-04-20T00:00:00.000Z"
+    for bad in (8.64e12 + 1, float("nan"), float("inf")):
+        with pytest.raises(ValidationError):
+            format_iso(bad)
+
+
+def test_a_pass_with_now_past_year_9999_finishes(make_db):
+    # now=1.7e12 (a millisecond clock given as seconds) stored the plan, then raised a raw
+    # ValueError writing its time, on this call and every later maintain() and forget()
+    db = make_db(encrypted=False)
+    fill(db, 30, seed=1)
+    report = db.maintain(now=1.7e12, summarizer=summarize)
+    assert report.after_by_tier["archive"] > 0
+    assert db.stats()["last_maintenance"]["at"] == "+055840-11-08T22:13:20.000Z"
+    assert not db.maintain(now=1.7e12).changed
+    with pytest.raises(ValidationError) as exc:
+        db.maintain(now=1e15)
+    assert "millisecond" in exc.value.hint
+    with db._store.read() as txn:
+        assert txn.get("meta", run_mod.PLAN_KEY) is None
+
+
+def test_a_stored_plan_with_a_now_beyond_javascript_dates_is_finished(make_db, monkeypatch):
+    db = make_db(encrypted=False)
+    fill(db, 30, seed=1)
+    monkeypatch.setattr(run_mod, "MAX_TIME", float("inf"), raising=False)  # a version that took any finite now
+
+    class Killed(Exception):
+        pass
+
+    def kill(phase, done, total):
+        if phase == "write":
+            raise Killed
+
+    with pytest.raises(Killed):
+        db.maintain(now=1e15, progress=kill)
+    monkeypatch.undo()
+    assert db.maintain().now == 1e15
     assert not db.maintain(now=NOW).changed and db.verify() == []

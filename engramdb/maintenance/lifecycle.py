@@ -257,11 +257,37 @@ def parse_iso(text: str) -> float:
     return value.timestamp()
 
 
+# JavaScript's Date range: +-8.64e15 ms around the epoch (Trace Lite's clock cannot go further)
+MAX_TIME = 8.64e12
+
+
 def format_iso(ts: float) -> str:
-    """``2026-06-01T12:00:00.000Z`` (milliseconds, UTC), as JavaScript's toISOString()."""
+    """``2026-06-01T12:00:00.000Z`` (milliseconds, UTC), as JavaScript's toISOString(),
+    including its expanded years (``+055841-...``, ``-000001-...``) outside 0000-9999, which
+    Python's datetime cannot represent.
+
+    Raises:
+        ValidationError: ``ts`` is not finite or beyond JavaScript's Date range (``MAX_TIME``).
+    """
+    if not -MAX_TIME <= ts <= MAX_TIME:  # also NaN
+        raise ValidationError(f"a time of {ts!r} seconds is beyond the dates JavaScript can write",
+                              hint="times are seconds since the epoch (a millisecond value is 1000 times too large)")
     ms = round(ts * 1000)
-    value = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
-    return value.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+    days, rest = divmod(ms, 86_400_000)
+    # days -> civil date (H. Hinnant's algorithm, proleptic Gregorian, any year)
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    shown = f"{year:04d}" if 0 <= year <= 9999 else f"{year:+07d}"
+    hours, rest = divmod(rest, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    return f"{shown}-{month:02d}-{day:02d}T{hours:02d}:{minutes:02d}:{rest // 1000:02d}.{rest % 1000:03d}Z"
 
 
 def _ms(ts: float) -> int:

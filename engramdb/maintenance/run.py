@@ -47,6 +47,7 @@ from .lifecycle import (
     Summarizer,
     count_by_tier,
     decay_tiers,
+    MAX_TIME,
     format_iso,
     greedy_clusters,
     greedy_dedupe,
@@ -858,7 +859,8 @@ def _finish(txn: Txn, plan: Mapping[str, Any]) -> None:
 def _last_record(report: MaintenanceReport) -> dict[str, Any]:
     """What ``stats`` shows of the last pass: when (the pass's clock) and what it did. Counts
     only: no ids, so a forgotten memory leaves no trace here."""
-    return {"at": format_iso(report.now), "memories": report.after_total, "decayed": report.decayed,
+    # clamped: a plan stored by a version that took any finite ``now`` must still finish
+    return {"at": format_iso(min(max(report.now, -MAX_TIME), MAX_TIME)), "memories": report.after_total, "decayed": report.decayed,
             "deduplicated": report.deduplicated, "clusters": report.clusters_found,
             "summarized": report.summarized, "archived": report.archived, "bytes_dropped": report.bytes_dropped,
             "compared": report.compared, "full": report.full}
@@ -901,8 +903,10 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         report.duration_s = time.perf_counter() - started
         return report
     now = time.time() if now is None else float(now)
-    if not math.isfinite(now):
-        raise ValidationError("now must be a finite number of seconds")
+    if not -MAX_TIME <= now <= MAX_TIME:  # the pass writes it as an ISO time, as JavaScript can
+        raise ValidationError(f"now must be a finite number of seconds since the epoch within JavaScript's dates "
+                              f"(+-{MAX_TIME:.3g}), got {now!r}",
+                              hint="a millisecond timestamp (Date.now()) is 1000 times too large")
     new_plan = _plan(target, config, summarizer, now, plan_only=plan, progress=progress)
     report = new_plan["report"]
     if plan:
