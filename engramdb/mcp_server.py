@@ -81,20 +81,21 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
     @tool("Search memories: the best matches for the query, best first, each with its relevance in [0, 1].")
     def recall(query: str, top_k: int = 5) -> dict[str, Any]:
         if not 1 <= top_k <= 100:
-            raise ValidationError("top_k must be between 1 and 100")
+            raise ValidationError(f"top_k must be between 1 and 100, got {top_k}", hint="pass a top_k between 1 and 100")
         hits = db.recall(query, top_k=top_k)
         return {"hits": [{**_node_view(h.node), "relevance": h.relevance, "score": h.score} for h in hits]}
 
     @tool("The source passages behind the best memories for the query, within a token budget, as text.")
     def recall_context(query: str, max_tokens: int = 1000) -> str:
         if not 1 <= max_tokens <= 100_000:
-            raise ValidationError("max_tokens must be between 1 and 100000")
+            raise ValidationError(f"max_tokens must be between 1 and 100000, got {max_tokens}",
+                                  hint="pass max_tokens between 1 and 100000")
         return db.recall_context(query, max_tokens=max_tokens).text
 
     @tool("Delete memories by id for good (records, index entries, edges, archived text). Returns a receipt.")
     def forget(ids: list[str]) -> dict[str, Any]:
         if not ids:
-            raise ValidationError("forget needs at least one id")
+            raise ValidationError("forget needs at least one id", hint="pass the ids that remember or recall returned")
         return db.forget(ids=list(ids)).to_dict()
 
     @tool("Call before starting a task: the memories relevant to it (and a procedure that worked for similar "

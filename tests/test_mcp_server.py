@@ -108,3 +108,28 @@ def test_mcp_needs_a_passphrase_from_the_environment(tmp_path):
                             text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
     assert result.returncode == 1 and result.stdout == ""
     assert "no passphrase given" in result.stderr and "ENGRAM_PASSPHRASE" in result.stderr
+
+
+def test_the_servers_own_argument_errors_say_what_to_pass(tmp_path):
+    # They carried ValidationError's default hint, "help(engramdb.Node) for fields": Python
+    # advice, about another object, for an MCP client.
+    from engramdb.mcp_server import build_server
+
+    db = engramdb.open(tmp_path / "agent.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    server = build_server(db)
+
+    async def failing(name, args):
+        try:
+            result = await server.call_tool(name, args)
+        except Exception as exc:  # the SDK raises its ToolError in process
+            return str(exc)
+        assert _field(result, "is_error", "isError"), result
+        return result.content[0].text
+
+    for name, args, hint in [("recall", {"query": "x", "top_k": 0}, "top_k between 1 and 100"),
+                             ("recall_context", {"query": "x", "max_tokens": 0}, "max_tokens between 1 and 100000"),
+                             ("forget", {"ids": []}, "the ids that remember or recall returned"),
+                             ("after_task", {"messages": [], "outcome": "done"}, "'success' or 'failure'")]:
+        text = asyncio.run(failing(name, args))
+        assert "hint: " in text and hint in text and "engramdb.Node" not in text, text
+    db.close()

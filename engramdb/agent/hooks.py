@@ -146,7 +146,8 @@ class MemoryHooks:
                 named), a bad outcome, or an extractor that returns something else than strings.
         """
         if outcome is not None and outcome not in OUTCOMES:
-            raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}")
+            raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}",
+                                  hint="pass 'success' or 'failure', or no outcome when it is not known")
         conv = serialize_conversation(messages)
         stamp = now_ts(now)
         session = session or "s-" + hashlib.sha256(conv.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
