@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
+import inspect
 import re
 import struct
 from dataclasses import dataclass, field
@@ -624,6 +625,11 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
         raise ValidationError("source must be a string", hint=_ARGS_HINT)
     if source_text is not None and not isinstance(source_text, str):
         raise ValidationError("source_text must be the source text (a str)", hint=_ARGS_HINT)
+    unknown = sorted(set(recall_kwargs) - _RECALL_OPTIONS)
+    if unknown:  # else recall() raises a TypeError that names recall, not what the caller called
+        raise ValidationError(f"recall_context takes no option {', '.join(unknown)}",
+                              hint="its options: max_tokens, source, source_text, count_tokens, source_loader, "
+                                   "top_k and recall's " + ", ".join(sorted(_RECALL_OPTIONS)))
     count = token_counter(count_tokens)
     hits = recall(store, indexes, query, top_k=top_k, source=source, **recall_kwargs)
     loader = source_loader or default_source_loader(store)
@@ -653,6 +659,8 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
     return Context(passages=passages, tokens=count(text) if passages else 0, hits=tuple(hits))
 
 
+# what recall_context passes on to recall() (its other options are recall_context's own)
+_RECALL_OPTIONS = frozenset(inspect.signature(recall).parameters) - {"store", "indexes", "query", "top_k", "source"}
 _SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n")
 _WORD_END = re.compile(r"\S(?=\s|$)")
 # how far a span is widened to reach a sentence boundary (a longer sentence is cut at a word)

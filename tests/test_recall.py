@@ -467,3 +467,14 @@ def test_filtered_recall_checks_best_first_and_equals_checking_every_match(make_
     slow = [[(h.id, h.score) for h in db.recall(q, top_k=k, **f)] for q in queries for f in filters for k in (1, 7)]
     assert fast == slow
     assert any(len(hits) == 7 for hits in fast) and all(hits for hits in fast)
+
+
+def test_recall_context_names_an_option_it_does_not_take(make_db):
+    # A typo (max_token=) reached recall() and raised TypeError "recall() got an unexpected
+    # keyword argument", naming a function the caller never called.
+    db = make_db()
+    db.remember("Darcy proposed to Elizabeth at Hunsford.")
+    with pytest.raises(ValidationError, match="max_token") as caught:
+        db.recall_context("Darcy", max_token=50)
+    assert "max_tokens" in caught.value.hint and "min_relevance" in caught.value.hint
+    assert db.recall_context("Darcy", max_tokens=50, min_relevance=0.0, hops=False).passages
