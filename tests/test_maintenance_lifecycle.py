@@ -221,3 +221,16 @@ def test_pure_functions_never_mutate_their_input(memories, parity, with_summariz
                 (lambda t: "summary: " + " ".join(t)) if with_summarizer else None, now=NOW)
     assert memories == before
     assert [dict(m.__dict__, metadata=dict(m.metadata)) for m in memories] == snapshot
+
+
+@pytest.mark.parametrize("bad", [{"id": None}, {"createdAt": None}, {"id": 7}, {"createdAt": 5},
+                                 {"embedding": [1, "x"]}, {"embedding": "12"}, {"importance": "high"}, {"tags": "abc"},
+                                 {"metadata": [1, 2]}, {"accessCount": "many"}, {"createdAt": "yesterday"}])
+def test_from_trace_lite_refuses_a_malformed_memory_with_a_validation_error(bad):
+    # raised KeyError, AttributeError, ValueError or TypeError; tags="abc" became ("a", "b", "c")
+    base = {"id": "a", "content": "x", "embedding": [1, 0], "createdAt": "2026-01-01T00:00:00Z"}
+    data = {k: v for k, v in {**base, **bad}.items() if v is not None}  # None: the field is missing
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_trace_lite(data)
+    assert exc.value.message
+    assert Memory.from_trace_lite(base).embedding == (1.0, 0.0)

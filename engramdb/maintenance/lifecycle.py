@@ -152,15 +152,47 @@ class Memory:
 
     @classmethod
     def from_trace_lite(cls, data: Mapping[str, Any]) -> Memory:
-        """A memory from Trace Lite's JSON form (camelCase keys, ISO 8601 times)."""
+        """A memory from Trace Lite's JSON form (camelCase keys, ISO 8601 times).
+
+        Raises:
+            ValidationError: ``id`` or ``createdAt`` is missing, or a field has the wrong type.
+        """
+        if not isinstance(data, Mapping):
+            raise ValidationError(f"a Trace Lite memory is a JSON object, got {type(data).__name__}")
+        for key in ("id", "createdAt"):
+            if key not in data:
+                raise ValidationError(f"a Trace Lite memory needs {key!r}", hint="Trace Lite writes id and createdAt")
+        id_ = data["id"]
+        if not isinstance(id_, str) or not id_:
+            raise ValidationError(f"a Trace Lite memory's id must be a non-empty string, got {id_!r}")
+        field_name = ""
+        try:
+            field_name = "tags"
+            tags = data.get("tags", ())
+            if isinstance(tags, str):  # never a tuple of its letters
+                raise TypeError("a string")
+            tags = tuple(tags)
+            field_name = "embedding"
+            raw = data.get("embedding", ())
+            if isinstance(raw, (str, bytes)):
+                raise TypeError("a string")
+            embedding = tuple(float(x) for x in raw)
+            field_name = "importance"
+            importance = float(data.get("importance", 0.5))
+            field_name = "accessCount"
+            access_count = int(data.get("accessCount", 0))
+            field_name = "metadata"
+            metadata = dict(data.get("metadata") or {})
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValidationError(f"Trace Lite memory {id_!r}: {field_name} has the wrong type ({exc})",
+                                  hint="tags: a list of strings; embedding: a list of numbers; importance, "
+                                       "accessCount: numbers; metadata: an object") from None
         return cls(
-            id=data["id"], content=data.get("content", ""),
-            embedding=tuple(float(x) for x in data.get("embedding", ())),
-            tags=tuple(data.get("tags", ())), importance=float(data.get("importance", 0.5)),
+            id=id_, content=data.get("content", ""), embedding=embedding, tags=tags, importance=importance,
             tier=data.get("tier", "hot"), created_at=parse_iso(data["createdAt"]),
             last_accessed=parse_iso(data.get("lastAccessed", data["createdAt"])),
-            access_count=int(data.get("accessCount", 0)), source=data.get("source") or "",
-            metadata=dict(data.get("metadata") or {}), pinned=bool(data.get("pinned", False)))
+            access_count=access_count, source=data.get("source") or "",
+            metadata=metadata, pinned=bool(data.get("pinned", False)))
 
     def to_trace_lite(self) -> dict[str, Any]:
         """Trace Lite's JSON form of this memory (``pinned`` only when set)."""
@@ -247,7 +279,13 @@ class Consolidated(NamedTuple):
 # --- times ------------------------------------------------------------------------------
 
 def parse_iso(text: str) -> float:
-    """Seconds since the epoch of an ISO 8601 time (``Z`` or an offset; naive means UTC)."""
+    """Seconds since the epoch of an ISO 8601 time (``Z`` or an offset; naive means UTC).
+
+    Raises:
+        ValidationError: not a string in ISO 8601 form.
+    """
+    if not isinstance(text, str):
+        raise ValidationError(f"not an ISO 8601 time: {text!r}", hint="write it like 2026-06-01T12:00:00Z")
     try:
         value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except (TypeError, ValueError):
