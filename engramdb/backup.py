@@ -475,7 +475,6 @@ def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable],
             chunks before it are committed).
     """
     size = bulk.chunk_size(chunk)
-    known = set(engram.spaces())
     nodes: list[Node] = []
     edges: list[Edge] = []
     seen: set[bytes] = set()  # the blind keys of the ids read, which is what the store compares
@@ -491,9 +490,8 @@ def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable],
         repeated += len(nodes) - len(first)
         nodes.clear()
         if first:
-            _add_spaces(engram, first, known)
-            count, skipped = engram.import_many(first, chunk=len(first))
-            added, stored = added + count, stored + skipped
+            count = _put_chunk(engram, first)
+            added, stored = added + count, stored + len(first) - count
         if progress is not None:
             progress(added, stored + repeated)
 
@@ -512,9 +510,28 @@ def import_resumable(engram: Engram, items: Iterable[Node | Edge | EntityTable],
     return ResumedImport(added, stored, repeated, written, missing)
 
 
+def _put_chunk(engram: Engram, nodes: list[Node]) -> int:
+    """Store those of ``nodes`` whose id is not stored yet, as :meth:`Engram.import_many`
+    stores a chunk, and the embedding spaces their vectors need, in one transaction (a
+    space committed apart stayed behind when the chunk failed, and refused the corrected
+    source); returns how many were stored."""
+    spaces = _new_spaces(engram, nodes)
+    built = bulk.build_many(nodes, None)
+
+    def put(txn: Txn) -> int:
+        for space in spaces:
+            engram.indexes.add_space(txn, space)
+        with engram._batched(txn) as tx:
+            return tx._put_unstored(built)
+
+    with bulk._gc_paused():
+        return engram._store.write(put, reserve=bulk._reserve(nodes))
+
+
 def _new_spaces(engram: Engram, nodes: list[Node]) -> list[EmbeddingSpace]:
-    """The embedding spaces :func:`_add_spaces` would create for ``nodes``, to create in
-    the import's own transaction."""
+    """The embedding spaces ``nodes``'s vectors need that do not exist yet (model
+    ``"imported"``, not normalised), from the first vector of each: created in the
+    transaction that stores the nodes."""
     known = set(engram.spaces())
     spaces = []
     for node in nodes:
@@ -523,16 +540,6 @@ def _new_spaces(engram: Engram, nodes: list[Node]) -> list[EmbeddingSpace]:
                 spaces.append(EmbeddingSpace(name=name, model="imported", dims=len(vec), normalize=False, auto=False))
                 known.add(name)
     return spaces
-
-
-def _add_spaces(engram: Engram, nodes: list[Node], known: set[str]) -> None:
-    """Create the embedding spaces of ``nodes``'s vectors that do not exist yet (model
-    ``"imported"``, not normalised), from the first vector of each."""
-    for node in nodes:
-        for name, vec in sorted(node.embeddings.items()):
-            if name not in known:
-                engram.add_space(name, dims=len(vec), model="imported", normalize=False)
-                known.add(name)
 
 
 def _put_new_edges(engram: Engram, edges: list[Edge]) -> tuple[int, list[Edge]]:

@@ -108,11 +108,11 @@ def _contents(path):
 
 
 def _fail_on_call(monkeypatch, k):
-    """Engram.import_many raises a StoreError at its ``k``-th call (a full disk, say)."""
-    from engramdb.engram import Engram
+    """The ``k``-th chunk's write raises a StoreError inside its transaction (a full disk, say)."""
+    from engramdb.engram import Transaction
     from engramdb.errors import StoreError
 
-    real, calls = Engram.import_many, []
+    real, calls = Transaction._put_unstored, []
 
     def failing(self, *args, **kwargs):
         calls.append(1)
@@ -120,7 +120,7 @@ def _fail_on_call(monkeypatch, k):
             raise StoreError("simulated: the disk is full")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Engram, "import_many", failing)
+    monkeypatch.setattr(Transaction, "_put_unstored", failing)
 
 
 def test_an_interrupted_then_resumed_import_equals_a_one_shot_import(tmp_path, monkeypatch):
@@ -176,7 +176,7 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
     """What the import holds is counted as the items read from the source and not yet handed
     to a write: a chunk with --resume, the whole source without it."""
     from engramdb import bulk, importers
-    from engramdb.engram import Engram, Transaction
+    from engramdb.engram import Transaction
 
     src = _jsonl_source(tmp_path)
     monkeypatch.setattr(bulk, "INGEST_CHUNK", 40)
@@ -197,7 +197,7 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
         return write
 
     monkeypatch.setattr(importers, "iter_import", counting_iter)
-    monkeypatch.setattr(Engram, "import_many", recording(Engram.import_many))
+    monkeypatch.setattr(Transaction, "_put_unstored", recording(Transaction._put_unstored))
     monkeypatch.setattr(Transaction, "put_new_many", recording(Transaction.put_new_many))
     assert _run("import", "--resume", str(src), str(tmp_path / "s.engram"), "--create").exit_code == 0
     assert read[0] == written[0] == 250 and len(held) == 7 and max(held) == 40
@@ -306,3 +306,22 @@ def test_an_import_failing_in_a_later_batch_writes_nothing(tmp_path):
         with pytest.raises(EmbeddingError):
             import_records(db, items, batch=1)
         assert len(db) == 0 and db.spaces() == {} and db.entity_table() == {}
+
+
+def test_a_resumed_import_whose_chunk_fails_leaves_no_embedding_space_behind(tmp_path):
+    """Each chunk of `import --resume` is all or nothing, but the space its first vector
+    created was committed before the chunk: the chunk failed and the space stayed, so the
+    corrected source was refused on every re-run."""
+    store = tmp_path / "s.engram"
+    _init(store)
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"id": "a", "content": "x", "embedding": [1, 2, 3]},
+                                          {"id": "b", "content": "y", "embedding": [1, 2, 3, 4]}])
+    result = _run("import", "--resume", str(bad), str(store))
+    assert result.exit_code == 1 and "3 dims" in result.output
+    with _open_store(store) as db:
+        assert db.spaces() == {} and len(db) == 0
+    good = _jsonl(tmp_path / "good.jsonl", [{"id": "a", "content": "x", "embedding": [1, 2, 3, 4]},
+                                            {"id": "b", "content": "y", "embedding": [4, 3, 2, 1]}])
+    assert _run("import", "--resume", str(good), str(store)).exit_code == 0
+    with _open_store(store) as db:
+        assert db.spaces()["default"].dims == 4 and db.ids() == ["a", "b"]
