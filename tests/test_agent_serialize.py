@@ -155,3 +155,17 @@ def test_ingest_names_the_message_it_cannot_parse(make_db):
     with pytest.raises(ValidationError, match=r"message 1: content\[0\]\.type 'video'"):
         db.ingest([{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "video"}]}])
     assert len(db) == 0
+
+
+@pytest.mark.parametrize("messages, where", [
+    ([{"role": "assistant", "content": [{"type": ["text"], "text": "x"}]}], "message 0: content[0].type ['text']"),
+    ([{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": {"t": 1}}]}]}],
+     "message 1: content[0].content[0].type {'t': 1}"),
+])
+def test_a_block_type_that_is_not_a_string_is_named(messages, where):
+    # A list or a mapping as a block's type (JSON a client built wrong) raised a bare
+    # TypeError ("unhashable type") from the lookup of the placeholder blocks.
+    with pytest.raises(ValidationError) as err:
+        serialize_conversation(messages)
+    assert where in err.value.message and err.value.hint

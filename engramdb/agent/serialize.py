@@ -122,6 +122,8 @@ def _text_of(value: Any, n: int, where: str) -> str:
             if not isinstance(block, Mapping):
                 raise _fail(n, f"{where}[{i}]", f"is a {type(block).__name__}, not a content block")
             kind = block.get("type")
+            if not isinstance(kind, str):  # a list or a mapping cannot even be looked up
+                raise _fail(n, f"{where}[{i}].type", f"{kind!r} is not a text, image or document block")
             if kind in ("text", "input_text", "output_text"):
                 parts.append(_str_field(block, "text", n, f"{where}[{i}].text"))
             elif kind in _PLACEHOLDER_BLOCKS:
@@ -230,6 +232,10 @@ def _blocks(content: list[Any], msg: Message, n: int, calls: dict[str, ToolCall]
         if not isinstance(block, Mapping):
             raise _fail(n, where, f"is a {type(block).__name__}, not a content block")
         kind = block.get("type")
+        if not isinstance(kind, str):  # a list or a mapping cannot even be looked up
+            kind = repr(kind)
+            raise _fail(n, f"{where}.type", f"{kind} is not a known content block "
+                                            "(text, thinking, tool_use, tool_result, image, document)")
         if kind in ("text", "input_text", "output_text"):
             msg.texts.append(_str_field(block, "text", n, f"{where}.text"))
         elif kind == "thinking":
