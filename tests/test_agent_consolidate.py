@@ -123,3 +123,10 @@ def test_tags_given_as_one_string_are_refused(tmp_engram, now):
         consolidate_sleep(tmp_engram, threshold=2, tags="garden", now=now)
     with pytest.raises(ValidationError, match="tags"):
         unconsolidated(tmp_engram, tags="garden")
+
+
+def test_a_forced_run_with_one_candidate_says_it_needs_two(tmp_engram, now):
+    # it said "sleep consolidation runs at 50": with force it runs at 2, the reason it did not
+    tmp_engram.remember("a lone memory", now=now)
+    report = consolidate_sleep(tmp_engram, threshold=50, force=True, now=now)
+    assert report.skipped == "1 unconsolidated memories; a forced sleep consolidation needs at least 2"

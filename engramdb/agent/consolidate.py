@@ -147,7 +147,9 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     nodes = unconsolidated(db, tags=tags)
     report = SleepReport(candidates=len(nodes), threshold=threshold)
     if len(nodes) < (2 if force else threshold):
-        report.skipped = f"{len(nodes)} unconsolidated memories; sleep consolidation runs at {threshold}"
+        report.skipped = (f"{len(nodes)} unconsolidated memories; "
+                          + ("a forced sleep consolidation needs at least 2" if force
+                             else f"sleep consolidation runs at {threshold}"))
         return report
     embed = HashedTfidfEmbedder(dims=512)
     contents = [node.content for node in nodes]
