@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -475,10 +476,22 @@ def _readable(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# C0/C1 controls and the Unicode line and paragraph separators: each would end, rewind or
+# restyle a terminal line (CRLF text put the cursor back over the id).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(name: str) -> str:
+    """An id or tag on one line: its control characters as Python escapes (``\\n``), so the
+    line still tells what to type."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], name)
+
+
 def _node_line(node: Any) -> str:
-    tags = f"  [{', '.join(node.tags)}]" if node.tags else ""
-    text = node.content.replace("\n", " ")
-    return f"{node.id}  {node.tier:<7} {text[:80]}{'…' if len(text) > 80 else ''}{tags}"
+    """One line per memory: the text's runs of control characters (newlines too) shown as one space."""
+    tags = f"  [{', '.join(map(_escaped, node.tags))}]" if node.tags else ""
+    text = re.sub(f"(?:{_CONTROLS.pattern})+", " ", node.content)
+    return f"{_escaped(node.id)}  {node.tier:<7} {text[:80]}{'…' if len(text) > 80 else ''}{tags}"
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -797,8 +810,8 @@ def edges(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
         data = _readable({"src": edge.src, "dst": edge.dst, "kind": edge.kind, "weight": edge.weight,
                           "label": edge.label, "created_at": edge.created_at, "valid_from": edge.valid_from,
                           "valid_to": edge.valid_to})
-        _emit(data, as_json, lambda d: f"{d['src']} -[{d['kind']}]-> {d['dst']}  weight={d['weight']:g}"
-                                        + (f"  {d['label']}" if d["label"] else ""))
+        _emit(data, as_json, lambda d: f"{_escaped(d['src'])} -[{d['kind']}]-> {_escaped(d['dst'])}  "
+                                        f"weight={d['weight']:g}" + (f"  {_escaped(d['label'])}" if d["label"] else ""))
 
 
 @cli.command()

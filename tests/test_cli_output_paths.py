@@ -34,3 +34,27 @@ def test_output_dash_is_stdout_not_a_file_named_dash(store, tmp_path, command):
     assert to_file.returncode == 0 and dashed.returncode == 0, dashed.stderr
     assert not (tmp_path / "-").exists()
     assert dashed.stdout == (tmp_path / "out").read_bytes() != b""
+
+
+def test_list_and_recall_print_one_line_per_memory_whatever_the_text_holds(tmp_path):
+    """`list` and `recall` print a memory per line, but only LF was replaced: the CR of CRLF
+    text moved the cursor back over the id, an escape sequence reached the terminal, and a
+    tag or id with a newline split the line."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = str(tmp_path / "s.engram")
+    with engramdb.open(path, encrypted=False) as db:
+        db.add("hello\r\nworld \x1b[2J\u2028 cleared\x85 next\x00", id="crlf", tags=["a\nb", "c\rd"], now=1.0)
+        db.add("hello tail", id="id\x1b]0;title\x07", now=2.0)
+        db.link("crlf", "id\x1b]0;title\x07", "related", label="two\r\nlines")
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    for args in (["list", path], ["recall", path, "hello", "--top-k", "5"]):
+        out = CliRunner().invoke(cli, args, env=env, catch_exceptions=False).stdout
+        lines = out.splitlines()
+        assert len(lines) == 2, (args, out)
+        assert not any(ch in out for ch in "\r\x1b\x07\x00\x85\u2028"), (args, out)
+        assert "crlf" in out and "hello world" in out and "a\\nb" in out and "id\\x1b]0;title\\x07" in out
+    edges = CliRunner().invoke(cli, ["edges", path, "crlf"], env=env, catch_exceptions=False).stdout
+    assert edges == "crlf -[related]-> id\\x1b]0;title\\x07  weight=1  two\\r\\nlines\n"
