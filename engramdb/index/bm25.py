@@ -137,6 +137,10 @@ SMALL_SEGMENT_DOCS = AUTO_MERGE_MAX_DOCS // MERGE_FACTOR
 # The per-thread score accumulator of top() is allocated with this much room past the
 # largest docno (a fraction), so a stream of new documents reallocates it rarely.
 _ACC_HEADROOM = 1 / 16
+# A handle remembers where its latest merges moved each input segment's postings (for
+# relabelling cached deltas, SegmentedBM25._moved) for about this many merged-away segments
+# (~100 bytes each; an entry older than that is rebuilt from the blocks, as before).
+_MERGES_KEPT = 4096
 # Runs longer than this keep their postings' count per (tf, dl) pair, for ranking.
 _GROUPED_MIN = 4 * TERM_TOP_CACHED + 64
 # Runs longer than this keep their docnos as uint32 when they fit (half the memory of int64;
@@ -740,21 +744,23 @@ class _Delta:
     computed per posting (:func:`_part`; there are few).
 
     ``key`` is what it was built from: the small segments holding the term, in order, and
-    their tombstone counts. Immutable.
+    their tombstone counts; ``sizes`` how many of the postings each of those segments gave
+    (what :meth:`SegmentedBM25._moved` follows through merges). Immutable.
     """
 
-    __slots__ = ("key", "docnos", "tf", "dl")
+    __slots__ = ("key", "docnos", "tf", "dl", "sizes")
 
     def __init__(self, key: tuple[tuple[int, ...], tuple[int, ...]], docnos: np.ndarray, tf: np.ndarray,
-                 dl: np.ndarray) -> None:
+                 dl: np.ndarray, sizes: tuple[int, ...]) -> None:
         self.key = key
         self.docnos = docnos
         self.tf = tf
         self.dl = dl
+        self.sizes = sizes
 
     @property
     def nbytes(self) -> int:
-        return int(self.docnos.nbytes + self.tf.nbytes + self.dl.nbytes)
+        return int(self.docnos.nbytes + self.tf.nbytes + self.dl.nbytes) + 8 * len(self.sizes)
 
 
 class _TermPostings:
@@ -1069,15 +1075,34 @@ class _View:
     ``dead``
         segment -> its dead docnos, for the live segments that have any (what the entries
         of this state are labelled as filtered by).
+
+    A cached entry's holders here are its delta's holders still live plus those of the
+    small segments its state did not have (:meth:`since`) that hold the term: a few set
+    lookups per term instead of one per small segment (:meth:`SegmentedBM25._holders`).
     """
 
-    __slots__ = ("small", "bkey", "dead")
+    __slots__ = ("small", "bkey", "dead", "small_set", "_since")
 
     def __init__(self, small: list[tuple[int, Container[bytes] | None]],
                  bkey: tuple[tuple[int, ...], tuple[int, ...]], dead: dict[int, np.ndarray]) -> None:
         self.small = small
         self.bkey = bkey
         self.dead = dead
+        self.small_set = frozenset(s for s, _ in small)
+        # an entry's live segments -> the small segments of this state not among them (entries
+        # of one earlier state share the answer; a few dozen earlier states are remembered)
+        self._since: dict[tuple[int, ...], list[tuple[int, Container[bytes] | None]]] = {}
+
+    def since(self, live: tuple[int, ...]) -> list[tuple[int, Container[bytes] | None]]:
+        """The small segments of this state (with their term sets) that ``live`` lacks."""
+        got = self._since.get(live)
+        if got is None:
+            known = set(live)
+            got = [(s, t) for s, t in self.small if s not in known]
+            if len(self._since) >= 64:
+                self._since.clear()  # queries may add meanwhile (no lock): a lost entry is recomputed
+            self._since[live] = got
+        return got
 
 
 def _dead_map(docnos: np.ndarray, dead: np.ndarray | None) -> tuple[int, np.ndarray] | None:
@@ -1218,12 +1243,14 @@ class _Written:
     """What a write transaction wrote, for the read path to adopt once it commits: the
     directory as last written and the small segments it created (their columns)."""
 
-    __slots__ = ("dir", "segments")
+    __slots__ = ("dir", "segments", "merges")
 
     def __init__(self) -> None:
         self.dir: _Dir | None = None
         # segno -> (blinds, docnos, tfs, bounds) as count_postings / a merge gave them, and the segment
         self.segments: dict[int, tuple[Sequence[bytes], np.ndarray, np.ndarray, np.ndarray, _Seg]] = {}
+        # merged-away segno -> (epoch, the segment its live postings went to, its tombstones then)
+        self.merges: dict[int, tuple[int, int, int]] = {}
 
 
 class SegmentedBM25:
@@ -1276,6 +1303,12 @@ class SegmentedBM25:
         self.runs_built = 0
         # the most postings one merge or purge chunk held (tests check the bound)
         self.merge_chunk_postings = 0
+        # this handle's committed merges (the latest :data:`_MERGES_KEPT`): merged-away segno ->
+        # (epoch, the segment its live postings went to, its tombstone count then). Facts about
+        # the file's history (segment numbers are never reused within an epoch), whatever state
+        # a query reads: :meth:`_moved` follows them to relabel a term's delta without reading it
+        self._merged: dict[int, tuple[int, int, int]] = {}
+        self.deltas_moved = 0  # deltas relabelled through merges (a work counter for tests)
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -1326,6 +1359,7 @@ class SegmentedBM25:
         prev = self._dir
         if prev is not None and d.epoch != prev.epoch:
             self._cache.clear()
+            self._merged.clear()  # hygiene: records carry their epoch, and no entry of the old one is left
         elif prev is not None:
             for segno in prev.segs:
                 if segno not in d.segs:  # merged-away segments never come back
@@ -1377,6 +1411,13 @@ class SegmentedBM25:
                     d.fresh[segno] = fresh
                     d.terms_of[segno] = fresh.rows
         w.segments.clear()
+        if w.merges:
+            merged = self._merged
+            merged.update(w.merges)  # one C call: readers may look up meanwhile (no lock)
+            w.merges.clear()
+            if len(merged) > _MERGES_KEPT:
+                for segno in list(merged)[:len(merged) - _MERGES_KEPT // 2]:  # the oldest (insertion order)
+                    merged.pop(segno, None)
         if adopted:
             # the state's view now, while the commit's data is at hand, rather than in the
             # next query (when everything it needs is in memory; else that query makes it)
@@ -1648,27 +1689,37 @@ class SegmentedBM25:
         counts = self._counts(d, holders)
         if old is not None and old.key[0] == holders and old.key[1] == counts:
             return old
-        self.deltas_built += 1
         parts = []
+        sizes: list[int] = []
         at = 0
-        if old is not None and old.docnos.size and (at := len(old.key[0])) < len(holders) \
+        if old is not None and (at := len(old.key[0])) < len(holders) \
                 and holders[:at] == old.key[0] and counts[:at] == old.key[1]:
-            parts.append((old.docnos, old.tf, old.dl))  # only segments were added: append theirs
+            if old.docnos.size:
+                parts.append((old.docnos, old.tf, old.dl))  # only segments were added: append theirs
+            sizes.extend(old.sizes)
         else:
             at = 0
+            if old is not None and self._merged:
+                moved = self._moved(txn, d, blind, holders, counts, old)
+                if moved is not None:
+                    self.deltas_moved += 1
+                    return moved
+        self.deltas_built += 1
         for segno, count in zip(holders[at:], counts[at:]):
             block = self._small_block(txn, d, blind, segno)
             if block is None:
+                sizes.append(0)
                 continue
             if count:
                 dead = self._dead(txn, d, segno)
                 if dead is not None and dead.size:
                     keep = ~np.isin(block[0], dead)
                     block = (block[0][keep], block[1][keep], block[2][keep])
+            sizes.append(int(block[0].size))
             if block[0].size:
                 parts.append(block)
         if not parts:
-            return _Delta((holders, counts), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+            return _Delta((holders, counts), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), tuple(sizes))
         if len(parts) == 1:
             docnos, tf, dl = parts[0]
         else:
@@ -1676,7 +1727,65 @@ class SegmentedBM25:
             if any(int(a[0][-1]) >= int(b[0][0]) for a, b in itertools.pairwise(parts)):
                 order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
                 docnos, tf, dl = docnos[order], tf[order], dl[order]
-        return _Delta((holders, counts), docnos, tf, dl)
+        return _Delta((holders, counts), docnos, tf, dl, tuple(sizes))
+
+    def _moved(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], counts: tuple[int, ...],
+               old: _Delta) -> _Delta | None:
+        """``old``'s postings relabelled as the term's delta in the small segments ``holders``
+        (tombstone ``counts``) when they are the same postings, moved by merges this handle
+        committed; None when that is not shown (then the delta is rebuilt).
+
+        Shown when every old holder that gave postings is either still a holder with the
+        same tombstones, or was merged, with the tombstones ``old`` was filtered by (an equal
+        count is an equal set: a segment's tombstones only grow), into a segment that was
+        merged on with none, and so on, into a holder of ``d`` with none; and the holders
+        of ``d`` are those and no other, and hold as many of the term's postings as ``old``
+        had from them. Each moved posting is then in ``d``'s holders (a merge keeps every
+        live posting), so an equal count leaves no room for another one (an update that
+        re-added an older docno, a new segment merged in). A delta is in docno order, so
+        the same postings are the same arrays."""
+        merged = self._merged
+        segs = d.segs
+        epoch = d.epoch
+        kept: dict[int, int] = {}  # old holder still live -> its tombstones then
+        kept_sizes: dict[int, int] = {}
+        targets: set[int] = set()
+        need = 0
+        for segno, count, size in zip(old.key[0], old.key[1], old.sizes):
+            if segno in segs:
+                kept[segno], kept_sizes[segno] = count, size
+                continue
+            if not size:
+                continue  # gave nothing: wherever its postings went, none of them was live
+            at = segno
+            while True:
+                step = merged.get(at)
+                if step is None or step[0] != epoch or step[2] != count:
+                    return None
+                at = step[1]
+                if at in segs:
+                    break
+                count = 0  # a merge output moves on whole only when it had no tombstones
+            targets.add(at)
+            need += size
+        sizes = []
+        got = 0
+        for segno, count in zip(holders, counts):
+            if segno in kept:
+                if kept.pop(segno) != count:
+                    return None
+                sizes.append(kept_sizes[segno])
+            elif segno in targets and not count:
+                targets.discard(segno)
+                block = self._small_block(txn, d, blind, segno)
+                size = 0 if block is None else int(block[0].size)
+                sizes.append(size)
+                got += size
+            else:
+                return None  # a holder ``old`` knows nothing of
+        if kept or targets or got != need:
+            return None
+        return _Delta((holders, counts), old.docnos, old.tf, old.dl, tuple(sizes))
 
     def _term_run(self, txn: Txn, d: _Dir, blind: bytes, segnos: Sequence[int], pairs: _Pairs,
                   prefix: _Run | None = None, kill: np.ndarray | None = None) -> tuple[_Pairs, _Run]:
@@ -1763,7 +1872,10 @@ class SegmentedBM25:
                 old.seen = d.serial
                 return old
         view = d.view or cast("_View", self._view(txn, d))
-        holders = tuple([s for s, t in view.small if t is None or blind in t])
+        if old is not None and old.epoch == d.epoch:
+            holders = self._holders(view, old, blind)
+        else:
+            holders = tuple([s for s, t in view.small if t is None or blind in t])
         if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
             # the base is right as it is (the usual case after a commit or a small merge)
             delta = old.delta
@@ -1783,6 +1895,22 @@ class SegmentedBM25:
         entry.seen = d.serial
         self._cache.put(("t", blind), entry, entry.nbytes)
         return entry
+
+    @staticmethod
+    def _holders(view: _View, old: _TermPostings, blind: bytes) -> tuple[int, ...]:
+        """The small segments of ``view``'s state that may hold the term (increasing) from its
+        cached entry ``old`` (same epoch): the holders of ``old``'s delta that are still live
+        (``old.live``'s small segments holding the term are exactly those: term sets are
+        immutable), and of the segments ``old``'s state lacked, those that hold it. The same
+        segments as asking every small segment of the state, with lookups only for the ones
+        that came since (a holder of ``old`` whose term set was unknown then stays one)."""
+        small = view.small_set
+        held = [s for s in old.delta.key[0] if s in small]
+        new = [s for s, t in view.since(old.live) if t is None or blind in t]
+        if new:
+            held.extend(new)
+            held.sort()  # usually sorted already: the segments that came are the newest
+        return tuple(held)
 
     def _build(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...],
                dead: dict[int, np.ndarray]) -> _TermPostings:
@@ -2301,6 +2429,10 @@ class SegmentedBM25:
             order = np.argsort(docnos, kind="stable")
             docnos, lens = docnos[order], lens[order]
         new = d.next if docnos.size else None
+        if new is not None and (w := self._written_by(txn)) is not None:
+            # where each input's live postings go (their tombstones as filtered now), kept by
+            # the handle once the write commits (:meth:`_adopt`, :meth:`_moved`)
+            w.merges.update((segno, (d.epoch, new, d.dead_count(segno))) for segno in segnos)
         # a packed segment is read whole, once, and its record deleted; a per-term one's
         # blocks are popped as the merge reaches them. When nothing stays, a packed segment
         # is not read at all (its one record goes below), only the per-term ones' term lists
