@@ -1672,14 +1672,20 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
     from .importers import export_jsonl
 
     _refuse_same_file(output, file, "the export")
-    with _open(ctx, file, readonly=True) as db, _output(output, "w", encoding="utf-8") as out, \
-            _progress(ctx, desc="exporting", unit=" memories", total=len(db)) as bar:
-        def counted() -> Iterator[Any]:
-            for node in db.scan():
-                yield node
-                bar.update(1)
+    with _open(ctx, file, readonly=True) as db:
+        spaces = sorted(db.spaces())
+        if space is not None and space not in spaces:  # a typo would write "embedding": null everywhere
+            raise ValidationError(f"{file} has no embedding space {space!r}",
+                                  hint=f"its spaces: {', '.join(map(repr, spaces))}" if spaces
+                                  else "it has no embedding spaces; leave out --space")
+        with _output(output, "w", encoding="utf-8") as out, \
+                _progress(ctx, desc="exporting", unit=" memories", total=len(db)) as bar:
+            def counted() -> Iterator[Any]:
+                for node in db.scan():
+                    yield node
+                    bar.update(1)
 
-        export_jsonl(counted(), out, space=space)
+            export_jsonl(counted(), out, space=space)
 
 
 # -- lifecycle: archive, pin, forget, stats (engramdb/maintenance/) -----------------------

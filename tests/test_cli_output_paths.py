@@ -58,3 +58,22 @@ def test_list_and_recall_print_one_line_per_memory_whatever_the_text_holds(tmp_p
         assert "crlf" in out and "hello world" in out and "a\\nb" in out and "id\\x1b]0;title\\x07" in out
     edges = CliRunner().invoke(cli, ["edges", path, "crlf"], env=env, catch_exceptions=False).stdout
     assert edges == "crlf -[related]-> id\\x1b]0;title\\x07  weight=1  two\\r\\nlines\n"
+
+
+def test_export_refuses_a_space_the_store_does_not_have(tmp_path):
+    """--space with a typo wrote every memory with "embedding": null and exit status 0."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = str(tmp_path / "s.engram")
+    with engramdb.open(path, encrypted=False) as db:
+        db.add_space("minilm", dims=2, model="minilm", normalize=False)
+        db.add("alpha", id="a", embeddings={"minilm": [0.5, 0.25]}, now=1.0)
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    out = tmp_path / "m.jsonl"
+    result = CliRunner().invoke(cli, ["export", path, "--space", "minlm", "-o", str(out)], env=env)
+    assert result.exit_code == 1 and "minlm" in result.output and "minilm" in result.output
+    assert not out.exists()
+    result = CliRunner().invoke(cli, ["export", path, "--space", "minilm", "-o", str(out)], env=env)
+    assert result.exit_code == 0 and '"embedding":[0.5,0.25]' in out.read_text()
