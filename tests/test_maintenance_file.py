@@ -17,6 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+import engramdb
 import engramdb.engram as engram_mod
 from engramdb.errors import EmbeddingError, ValidationError
 from engramdb.maintenance.lifecycle import MaintenanceConfig
@@ -375,4 +376,52 @@ def test_a_stored_plan_with_a_now_beyond_javascript_dates_is_finished(make_db, m
         db.maintain(now=1e15, progress=kill)
     monkeypatch.undo()
     assert db.maintain().now == 1e15
+    assert not db.maintain(now=NOW).changed and db.verify() == []
+
+
+def _during_planning(db, action):
+    """A progress callback that runs ``action`` once, while the pass plans (before it writes)."""
+    done = []
+
+    def progress(phase, n, total):
+        if not done and phase != "write":
+            done.append(phase)
+            action()
+    return progress
+
+
+def test_a_pass_planned_while_another_pass_ran_plans_again(make_db, tmp_path):
+    # the other pass applied the same operations and dropped their change-log entries, so
+    # every operation of the stale plan looked unchanged: it deleted a memory deleted
+    # already, and NotFoundError stopped this and every later maintain() and forget()
+    db = make_db("race.engram", encrypted=False)
+    fill(db, 40, seed=2)
+    other = engramdb.open(tmp_path / "race.engram", encrypted=False)
+    try:
+        first = []
+        report = db.maintain(now=NOW, progress=_during_planning(db, lambda: first.append(other.maintain(now=NOW))))
+    finally:
+        other.close()
+    assert first[0].deduplicated > 0 and first[0].changed
+    assert not report.changed
+    assert not db.maintain(now=NOW).changed and db.verify() == []
+    with db._store.read() as txn:
+        assert list(iter_dirty(txn)) == []
+
+
+def test_a_pass_skips_memories_forgotten_while_it_planned(make_db, tmp_path):
+    # forget drops a memory's change-log entry with it: an operation on it looked unchanged
+    db = make_db("forget.engram", encrypted=False)
+    db.add("alpha bravo charlie delta", id="a", now=NOW)
+    db.add("alpha bravo charlie delta", id="b", now=NOW)  # a duplicate of a, deleted by the pass
+    other = engramdb.open(tmp_path / "forget.engram", encrypted=False)
+
+    def forget_b():
+        with pytest.raises(engramdb.AlreadyOpenError):  # removed; compacting waits for db to close
+            other.forget(ids=["b"])
+    try:
+        report = db.maintain(now=NOW, progress=_during_planning(db, forget_b))
+    finally:
+        other.close()
+    assert report.removed_ids == ["b"] and db.ids() == ["a"]
     assert not db.maintain(now=NOW).changed and db.verify() == []

@@ -23,6 +23,7 @@ and a transaction factory from ``Engram.maintain``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import codec
-from ..errors import CorruptFileError, EmbeddingError, ValidationError
+from ..errors import BusyError, CorruptFileError, EmbeddingError, ValidationError
 from ..records import ARCHIVE_KEY, Node
 from ..index import Indexes
 from ..store import Store, Txn
@@ -706,7 +707,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         report.after_by_tier = count_by_tier([TIERS[t] for t in post["tier"]] + [s["tier"] for s in summaries])
         report.batches = -(-(len(ops) + len(summaries)) // config.batch_size) if ops or summaries else 0
     return {"id": os.urandom(16), "now": now, "space": space_name, "create_space": create, "ops": ops,
-            "summaries": summaries, "report": report, "tokens": tokens, "next_docno": next_docno,
+            "summaries": summaries, "report": report, "tokens": tokens, "next_docno": next_docno, "base": raw_state,
             "state": {"fingerprint": fingerprint, "next_docno": int(next_docno), "rows": _pack_rows(post)}}
 
 
@@ -737,6 +738,8 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     key = DIRTY_PREFIX + codec.u64(docno)
     if txn.get("meta", key) != token:
         return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
+    if not _is_stored(tx, id_, docno):
+        return 0  # gone without a change-log entry (forget drops it): nothing left to change
     dropped = 0
     changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
     if "archive" in op:  # one record write: the changes, then the stub (index rebuilt from it)
@@ -745,11 +748,7 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
         # none of these fields is indexed: patch the record in place (no decoding of its
         # embeddings, no index entries rewritten). The change-log entry an update would
         # write is the one dropped just below.
-        raw = txn.get("nodes", codec.u64(docno))
-        if raw is None:
-            tx.update(id_, **changes)  # raises NotFoundError, as before
-        else:
-            txn.put("nodes", codec.u64(docno), codec.patch_node(raw, changes))
+        txn.put("nodes", codec.u64(docno), codec.patch_node(txn.get_present("nodes", codec.u64(docno)), changes))
     txn.delete("meta", key)  # our own change: the new state accounts for it
     return dropped
 
@@ -760,7 +759,7 @@ def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
     memory that the pass deletes, so doing them first in their batch changes no outcome."""
     txn = tx.txn
     keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
-    due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2]]
+    due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[1], e[0])]
     if not due:
         return
     tx.delete_many([e[1] for e, _ in due])
@@ -800,6 +799,13 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], o
         if tx.txn.get("meta", key) == expected:
             archive_ops.archive(tx, src, truncate=False, now=now)
             tx.txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
+
+
+def _is_stored(tx: PassTxn, id_: str, docno: int) -> bool:
+    """Whether memory ``id_`` is still stored under ``docno`` (not deleted, nor deleted and
+    added again under a new docno)."""
+    raw = tx.txn.get("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
+    return raw is not None and codec.from_u64(raw) == docno
 
 
 def _docno_of(tx: PassTxn, id_: str) -> int:
@@ -907,26 +913,27 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         raise ValidationError(f"now must be a finite number of seconds since the epoch within JavaScript's dates "
                               f"(+-{MAX_TIME:.3g}), got {now!r}",
                               hint="a millisecond timestamp (Date.now()) is 1000 times too large")
-    new_plan = _plan(target, config, summarizer, now, plan_only=plan, progress=progress)
-    report = new_plan["report"]
-    if plan:
-        report.duration_s = time.perf_counter() - started
-        return report
-    if new_plan["create_space"]:
-        from ..index.vectors import HASHED_MODEL, EmbeddingSpace
+    for _ in range(_PLAN_ATTEMPTS):
+        new_plan = _plan(target, config, summarizer, now, plan_only=plan, progress=progress)
+        report = new_plan["report"]
+        if plan:
+            report.duration_s = time.perf_counter() - started
+            return report
+        if new_plan["create_space"]:
+            from ..index.vectors import HASHED_MODEL, EmbeddingSpace
 
-        space = EmbeddingSpace(name=BUILTIN_SPACE, model=HASHED_MODEL, dims=BUILTIN_DIMS, normalize=True, auto=True)
-        target.store.write(lambda t: target.indexes.add_space(t, space))
-    if not new_plan["ops"] and not new_plan["summaries"]:
-        target.store.write(lambda t: _finish_empty(t, new_plan))  # the state, and when this pass ran
+            space = EmbeddingSpace(name=BUILTIN_SPACE, model=HASHED_MODEL, dims=BUILTIN_DIMS, normalize=True,
+                                   auto=True)
+            target.store.write(functools.partial(_add_builtin_space, target, space=space))
+        if target.store.write(functools.partial(_begin, plan=new_plan)):
+            break
+        # Another pass (another process) or a forget changed the state after this plan's
+        # snapshot: it may have applied these very operations already (and dropped their
+        # change-log entries, which is how an operation sees a change), so plan again.
     else:
-        def begin(t: Txn) -> None:
-            if t.get("meta", PLAN_KEY) is not None:
-                raise ValidationError("another maintenance pass is running on this file",
-                                      hint="wait for it; a killed pass is finished by the next call")
-            t.put("meta", PLAN_KEY, _encode_plan(new_plan))
-            t.put("meta", PROGRESS_KEY, codec.pack([new_plan["id"], 0, 0]))
-        target.store.write(begin)
+        raise BusyError(f"other maintenance passes changed the file while this one planned, {_PLAN_ATTEMPTS} times",
+                        hint="run maintain again once the other passes have finished")
+    if new_plan["ops"] or new_plan["summaries"]:
         if progress:
             progress("write", 0, len(new_plan["ops"]) + len(new_plan["summaries"]))
         report = _run_plan(target, new_plan, config.batch_size, progress)
@@ -934,9 +941,32 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
     return report
 
 
-def _finish_empty(txn: Txn, plan: Mapping[str, Any]) -> None:
+_PLAN_ATTEMPTS = 3
+
+
+def _add_builtin_space(target: Target, txn: Txn, *, space: Any) -> None:
+    if space.name not in target.indexes.vectors.spaces(txn):  # another pass may have created it
+        target.indexes.add_space(txn, space)
+
+
+def _begin(txn: Txn, plan: Mapping[str, Any]) -> bool:
+    """Store ``plan`` (or, with nothing to write, finish it: the state and when this pass
+    ran), unless another pass or a forget has changed the state or the change log it was
+    planned from: False then."""
+    if txn.get("meta", PLAN_KEY) is not None:
+        raise ValidationError("another maintenance pass is running on this file",
+                              hint="wait for it; a killed pass is finished by the next call")
+    if txn.get("meta", STATE_KEY) != plan["base"]:
+        return False
+    # a change-log entry is removed only by a pass (or forget) that has dealt with its memory
+    if any(txn.get("meta", DIRTY_PREFIX + codec.u64(d)) is None for d in plan["tokens"]):
+        return False
     txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], 0, 0]))
-    _finish(txn, plan)
+    if plan["ops"] or plan["summaries"]:
+        txn.put("meta", PLAN_KEY, _encode_plan(plan))
+    else:
+        _finish(txn, plan)
+    return True
 
 
 def iter_dirty(txn: Txn) -> Iterator[int]:
