@@ -367,7 +367,14 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
             raise ValidationError("two stores would dump to the same NAME.aaak",
                                   hint="dump stores with distinct file names in separate runs")
         if "://" not in out:
-            os.makedirs(out, exist_ok=True)
+            if os.path.exists(out) and not os.path.isdir(out):
+                raise ValidationError(f"{out} is not a folder; the dump job writes NAME.aaak files into one",
+                                      hint="pass a folder (it is created if missing) or an fsspec URL as --out")
+            try:
+                os.makedirs(out, exist_ok=True)
+            except OSError as exc:
+                raise ValidationError(f"cannot create the output folder {out}: {exc.strerror}",
+                                      hint="pass a folder you can write to, or an fsspec URL, as --out") from None
         options["out"] = out
     if not isinstance(retries, int) or retries < 0:
         raise ValidationError(f"retries must be a whole number >= 0, got {retries!r}")

@@ -262,3 +262,18 @@ def test_user_function_job_and_bad_arguments(tmp_path):
         fleet.run(str(tmp_path / "nothing-*.engram"), "verify")
     with pytest.raises(ValidationError, match="named twice"):
         fleet.run([path, path], "verify")
+
+
+def test_dump_out_that_is_a_file_is_refused_before_any_task(tmp_path):
+    """out= naming a file raised a raw FileExistsError from os.makedirs (the CLI printed
+    "File exists" with a hint about permissions); a folder that cannot be made, the same."""
+    path = str(tmp_path / "u.engram")
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("hello", id="h")
+    taken = tmp_path / "backups"
+    taken.write_text("not a folder")
+    with pytest.raises(ValidationError, match="not a folder"):
+        fleet.run([path], "dump", out=str(taken))
+    assert taken.read_text() == "not a folder"
+    with pytest.raises(ValidationError, match="cannot create the output folder"):
+        fleet.run([path], "dump", out=str(taken / "sub"))
