@@ -661,8 +661,12 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
 
 # what recall_context passes on to recall() (its other options are recall_context's own)
 _RECALL_OPTIONS = frozenset(inspect.signature(recall).parameters) - {"store", "indexes", "query", "top_k", "source"}
-_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)|\n")
-_WORD_END = re.compile(r"\S(?=\s|$)")
+# A sentence ends at . ! ? … before whitespace, at the full stops of Chinese and Japanese
+# (U+3002, U+FF01, U+FF1F, never followed by a space), or at a line break.
+_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"
+                           r"|[\u3002\uff01\uff1f]+[\u300d\u300f\uff09\"'\u201d\u2019)\]]*|\n")
+# A word ends before whitespace; Chinese and Japanese have no spaces, so after each character.
+_WORD_END = re.compile(r"\S(?=\s|$)|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff](?=\S)")
 # how far a span is widened to reach a sentence boundary (a longer sentence is cut at a word)
 SENTENCE_REACH = 400
 
@@ -671,7 +675,7 @@ def sentence_span(text: str, start: int, end: int, reach: int = SENTENCE_REACH) 
     """``[start, end)`` widened to whole sentences of ``text``: back to the start of the
     sentence holding ``start`` and on to the end of the one holding ``end - 1`` (a sentence
     ends at ``.``, ``!``, ``?`` or ``…`` (with closing quotes or brackets) before whitespace,
-    or at a line break). When no boundary lies within ``reach`` characters, the span is
+    at a Chinese or Japanese full stop, or at a line break). When no boundary lies within ``reach`` characters, the span is
     widened to whole words instead. Leading and trailing whitespace is left out."""
     lo = max(0, start - reach)
     ends = [m.end() for m in _SENTENCE_END.finditer(text, lo, start)]

@@ -160,3 +160,22 @@ def test_context_heads_each_passage_and_separates_them(make_db):
     assert second.text == "Sentence number 15 talks about topic15." and second.heading == "### minutes.md (2024-06-01)"
     assert bare.heading == "### memory bare (2023-11-14)" and bare.text == "a bare memory about topic4"
     assert all(b.startswith("### ") for b in blocks)
+
+
+def test_chinese_and_japanese_text_is_cut_at_its_own_sentence_ends(make_db):
+    # 。！？ end a sentence with no space after them, and CJK text has no spaces to cut
+    # words at: a long Japanese memory was one sentence of one word, so under any budget
+    # smaller than all of it recall_context returned nothing.
+    text = "東京タワーは一九五八年に完成した。" * 3 + "アリスは東京に住んでいる！" + "ボブは大阪で働いている。" * 30
+    a = text.index("アリス")
+    assert text[slice(*sentence_span(text, a, a + 3))] == "アリスは東京に住んでいる！"
+    db = make_db()
+    db.remember(text, id="jp", quote="アリスは東京に住んでいる！", resolved_date="2026-12-01")
+    context = db.recall_context("アリスは東京に住んでいる", max_tokens=10)
+    assert context.text == "### memory jp (2026-12-01)\nアリスは東京に住んでいる！" and context.tokens == 10
+    longer = db.recall_context("アリスは東京に住んでいる", max_tokens=20)
+    assert longer.passages[0].text.startswith("アリスは東京に住んでいる！ボブは") and longer.tokens <= 20
+    assert longer.passages[0].text.endswith("。")
+    # not even the sentence fits: it is cut after a character, marked as cut
+    tight = db.recall_context("アリスは東京に住んでいる", max_tokens=9)
+    assert tight.passages[0].text == "アリスは東京に \u2026" and tight.tokens == 9
