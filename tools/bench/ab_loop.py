@@ -50,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the other tree (a directory holding engramdb/)")
     ap.add_argument("--file", required=True, help="a file bench_loop.py built (copied, never changed)")
-    ap.add_argument("--kind", default="mid", choices=["mid", "common"])
+    ap.add_argument("--kind", default="mid", choices=["mid", "common", "one"])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()

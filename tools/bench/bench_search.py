@@ -73,13 +73,16 @@ def corpus(n: int, seed: int) -> list[str]:
 def queries(n: int, seed: int, kind: str = "mid") -> list[str]:
     """``mid``: 3-5 words uniform over frequency ranks 200-6000 (short posting lists);
     ``common``: 3-5 words drawn by corpus frequency from rank 30 on (long posting lists,
-    closer to natural questions)."""
+    closer to natural questions); ``one``: one word drawn as ``common``'s (a single-term
+    query: a term's best documents, spec/bm25.md)."""
     vocab, p = vocabulary(seed)
-    rng = np.random.default_rng(seed + (1 if kind == "mid" else 2))
+    rng = np.random.default_rng(seed + {"mid": 1, "common": 2, "one": 3}[kind])
     if kind == "mid":
         mid = vocab[200:6000]
         return [" ".join(rng.choice(mid, size=int(rng.integers(3, 6)), replace=False)) for _ in range(n)]
     tail, tp = vocab[30:], p[30:] / p[30:].sum()
+    if kind == "one":
+        return [str(w) for w in rng.choice(tail, size=n, p=tp)]
     return [" ".join(rng.choice(tail, size=int(rng.integers(3, 6)), replace=False, p=tp)) for _ in range(n)]
 
 

@@ -1,0 +1,167 @@
+"""A long run's best documents (bm25._Run.best, spec/bm25.md "Caches"): found from its
+frontier (the pairs few postings dominate) without scanning the run, they are exactly
+``top_k(docnos, values[codes], k)``: the same docnos, values, order and dtypes, ties to the
+lower docno, also when values tie exactly or do not grow with tf (then it falls back)."""
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engramdb.index import bm25
+from engramdb.index.bm25 import _frontier, _Pairs, _part, _Run, top_k
+
+
+def _run(docnos: np.ndarray, tfs: np.ndarray, dls: np.ndarray) -> tuple[_Pairs, _Run]:
+    pairs, codes = _Pairs.empty().extend(tfs, dls)
+    return pairs, _Run((1,), docnos, codes, pairs)
+
+
+def _same(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
+    assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
+    assert got[0].tolist() == want[0].tolist()
+    assert got[1].tobytes() == want[1].tobytes()  # bit for bit
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(docnos increasing, tf, dl) of a run longer than bm25._GROUPED_MIN: one pair, a few,
+    or many."""
+    n = draw(st.integers(bm25._GROUPED_MIN + 1, 3000))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    shape = draw(st.sampled_from(["one", "few", "many"]))
+    max_tf, dl_span = {"one": (1, 1), "few": (3, 3), "many": (12, 60)}[shape]
+    tfs = rng.integers(1, max_tf + 1, size=n).astype(np.uint32)
+    dls = rng.integers(20, 20 + dl_span, size=n).astype(np.uint32)
+    gaps = rng.integers(1, draw(st.sampled_from([2, 5, 1000])), size=n)
+    docnos = np.cumsum(gaps).astype(np.int64) + draw(st.sampled_from([0, 2**32 - 3 * 10**6]))
+    return docnos, tfs, dls
+
+
+@st.composite
+def pair_values(draw: st.DrawFn, pairs: _Pairs) -> np.ndarray:
+    """Values of the pairs (and maybe of pairs added to the table since the run was built):
+    BM25 parts, parts rounded to a few values (exact ties across pairs), or arbitrary
+    values from a small set (not growing with tf: the frontier cannot tell)."""
+    kind = draw(st.sampled_from(["bm25", "rounded", "arbitrary"]))
+    extra = draw(st.integers(0, 3))
+    tf = np.concatenate([pairs.tf, np.arange(1, extra + 1, dtype=np.float64)])
+    dl = np.concatenate([pairs.dl, np.full(extra, 30.0)])
+    avgdl = draw(st.floats(5.0, 200.0))
+    idf = draw(st.floats(0.01, 12.0))
+    w = draw(st.sampled_from([1.0, 2.0, 0.5]))
+    values = _part(tf, dl, idf, avgdl, w)
+    if kind == "rounded":
+        values = np.round(values, draw(st.integers(0, 2)))
+        values[values <= 0] = 0.25
+    elif kind == "arbitrary":
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        values = rng.choice(np.array([0.5, 1.0, 1.5, 2.0]), size=tf.size)
+    return values
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), run=runs())
+def test_best_is_top_k(data: st.DataObject, run: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """Differential: best() against top_k over the whole run, the frontier built at various
+    depths and kept whatever its share (so small runs exercise it too)."""
+    docnos, tfs, dls = run
+    depth = data.draw(st.sampled_from([1, 4, 64, 256]))
+    with mock.patch.object(bm25, "_FRONTIER_DEPTH", depth), mock.patch.object(bm25, "_FRONTIER_MAX_SHARE", 1.0):
+        pairs, r = _run(docnos, tfs, dls)
+    assert r.front is not None
+    values = data.draw(pair_values(pairs))
+    for k in data.draw(st.lists(st.integers(0, docnos.size + 5), min_size=1, max_size=4)) + [1, 10, 64]:
+        want = top_k(r.docnos, values[r.codes], k)
+        _same(r.best(k, values), want)
+        got = r._frontier_best(k, values)  # the frontier's answer, when it gives one, is exact
+        if got is not None:
+            _same(got, want)
+        if k > 0:
+            _same(r._pairs_best(k, values), want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), run=runs())
+def test_best_default_build(data: st.DataObject, run: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """The same with the frontier as built by default (dropped when it would hold too much)."""
+    docnos, tfs, dls = run
+    pairs, r = _run(docnos, tfs, dls)
+    values = data.draw(pair_values(pairs))
+    for k in (1, 10, 64, data.draw(st.integers(0, docnos.size + 5))):
+        _same(r.best(k, values), top_k(r.docnos, values[r.codes], k))
+
+
+def test_frontier_answers_without_scanning() -> None:
+    """With BM25 parts (growing with tf, falling with dl) and k within the frontier's depth,
+    the frontier answers under any avgdl and idf: the run's codes are never scanned."""
+    rng = np.random.default_rng(3)
+    n = 40_000
+    docnos = np.cumsum(rng.integers(1, 4, size=n)).astype(np.int64)
+    tfs = np.minimum(rng.zipf(2.0, size=n), 30).astype(np.uint32)
+    dls = rng.integers(40, 81, size=n).astype(np.uint32)
+    pairs, r = _run(docnos, tfs, dls)
+    assert r.front is not None and r.front_docnos is not None
+    assert r.front_docnos.size < n // 10  # the frontier is a small part of the run
+    assert r.nbytes >= r.docnos.nbytes + r.codes.nbytes + r.front_docnos.nbytes  # counted
+    with mock.patch.object(_Run, "_pairs_best", side_effect=AssertionError("scanned the run")):
+        for avgdl in (20.0, 60.0, 61.37, 500.0):
+            for idf in (0.3, 2.5):
+                values = _part(pairs.tf, pairs.dl, idf, avgdl, 1.0)
+                for k in (1, 10, 64, 80, bm25._FRONTIER_DEPTH):
+                    _same(r.best(k, values), top_k(r.docnos, values[r.codes], k))
+
+
+def test_frontier_tie_with_excluded_pair_falls_back() -> None:
+    """A pair off the frontier worth as much as the k-th best (here forced: values that do
+    not follow tf) makes the frontier decline, and the scan gives the exact answer."""
+    n = 2000
+    docnos = np.arange(n, dtype=np.int64) * 3
+    tfs = np.where(np.arange(n) < 1700, 1, 5).astype(np.uint32)  # 300 postings of (5, 40) dominate
+    dls = np.full(n, 40, dtype=np.uint32)
+    pairs, r = _run(docnos, tfs, dls)
+    assert r.front is not None and r.rest is not None and r.rest.size == 1  # (1, 40) is off the frontier
+    values = np.ones(pairs.tf.size)  # every posting ties: the lowest docnos, all from the excluded pair
+    assert r._frontier_best(10, values) is None
+    _same(r.best(10, values), top_k(r.docnos, values[r.codes], 10))
+    assert r.best(10, values)[0].tolist() == list(range(0, 30, 3))
+
+
+def test_renamed_shares_the_frontier() -> None:
+    rng = np.random.default_rng(5)
+    n = 5000
+    pairs, r = _run(np.arange(n, dtype=np.int64), rng.integers(1, 6, size=n).astype(np.uint32),
+                    rng.integers(30, 90, size=n).astype(np.uint32))
+    other = r.renamed((1, 2))
+    assert other.segs == (1, 2) and r.segs == (1,)
+    assert other.front_docnos is r.front_docnos and other.nbytes == r.nbytes
+    values = _part(pairs.tf, pairs.dl, 1.5, 55.0, 1.0)
+    _same(other.best(20, values), r.best(20, values))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_pairs=st.integers(0, 80), limit=st.integers(1, 300))
+def test_frontier_matches_brute_force(seed: int, n_pairs: int, limit: int) -> None:
+    """_frontier against counting, per pair, the postings of every other pair that dominates it."""
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(20 * 20, size=n_pairs, replace=False)
+    tf = (keys // 20 + 1).astype(np.float64)
+    dl = (keys % 20 + 10).astype(np.float64)
+    counts = rng.integers(1, 40, size=n_pairs).astype(np.int64)
+    want = [sum(int(counts[q]) for q in range(n_pairs) if q != p and tf[q] >= tf[p] and dl[q] <= dl[p]) < limit
+            for p in range(n_pairs)]
+    assert _frontier(tf, dl, counts, limit).tolist() == want
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_best_of_nothing(k: int) -> None:
+    rng = np.random.default_rng(9)
+    n = 1000
+    pairs, r = _run(np.arange(n, dtype=np.int64), rng.integers(1, 4, size=n).astype(np.uint32),
+                    rng.integers(30, 40, size=n).astype(np.uint32))
+    values = _part(pairs.tf, pairs.dl, 1.0, 35.0, 1.0)
+    _same(r.best(k, values), top_k(r.docnos, values[r.codes], k))
