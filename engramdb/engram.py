@@ -1136,6 +1136,10 @@ class Transaction:
         if unknown:
             raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}")
         new = old.replace(**changes)
+        if old.archived and "metadata" in changes:  # new metadata keeps the memory archived
+            from .maintenance.archive import keep_entry
+
+            new = keep_entry(self._txn, docno, old, new)
         if old.archived and new.archived and new.content != old.content:
             # the archive row holds the full text of the preview: a new text would be lost on unarchive
             raise ValidationError(f"memory {id!r} is archived; its content is a preview",

@@ -219,6 +219,27 @@ def test_an_archived_memory_keeps_changes_to_other_fields_but_not_a_new_content(
     assert restored.content == LONG and restored.tags == ("a", "b") and restored.pinned and restored.tier == "hot"
 
 
+@pytest.mark.parametrize("truncate", [False, True])
+def test_new_metadata_keeps_an_archived_memory_archived(tmp_engram, now, truncate):
+    # the new metadata replaced the archive entry: the memory looked live, its content (the
+    # preview) could be changed, and unarchive (or get(full=True)) brought back the old text
+    # over the new one
+    db = tmp_engram
+    db.add(LONG, id="m", metadata={"k": 1}, now=now)
+    db.archive("m", truncate=truncate)
+    db.update("m", metadata={"k": 2})
+    stub = db.get("m")
+    assert stub.archived and stub.metadata["k"] == 2 and ARCHIVE_KEY in stub.metadata
+    with pytest.raises(engramdb.ValidationError):
+        db.update("m", metadata={}, content="new text")
+    assert db.verify() == []
+    if not truncate:
+        restored = db.unarchive("m")
+        assert restored.content == LONG and restored.metadata == {"k": 2} and not restored.archived
+        db.update("m", metadata={"k": 3})  # a live memory's metadata is replaced as before
+        assert db.get("m").metadata == {"k": 3}
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=st.lists(st.tuples(texts, st.sampled_from(TIERS), st.sampled_from(["keep", "archive", "truncate"])),
                       min_size=1, max_size=6))

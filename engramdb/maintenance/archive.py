@@ -48,6 +48,7 @@ __all__ = [
     "has_original",
     "info",
     "iter_originals",
+    "keep_entry",
     "pack_group",
     "pack_groups",
     "preview",
@@ -320,6 +321,20 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
     tx.update(id, **{**(changes or {}), "content": kept, "tier": "archive",
                      "metadata": {**node.metadata, ARCHIVE_KEY: entry}})
     return dropped
+
+
+def keep_entry(txn: Any, docno: int, old: Node, new: Node) -> Node:
+    """``new``, an update of the record ``old`` of memory ``docno``, with ``old``'s archive
+    entry when ``old`` is a stub and the update's metadata leaves the entry out (a user
+    replacing the metadata): the memory stays archived, its content still a preview of the
+    archived text, so its content stays protected and ``unarchive`` still restores it. Not
+    when the archive row is gone: ``unarchive`` drops it before writing the original back."""
+    entry = info(old)
+    if entry is None or ARCHIVE_KEY in new.metadata:
+        return new
+    if not entry.get("truncated") and not has_original(txn, docno):
+        return new
+    return new.replace(metadata={**new.metadata, ARCHIVE_KEY: entry})
 
 
 def full(tx: ArchiveTxn, id: str) -> Node:
