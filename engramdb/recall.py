@@ -644,7 +644,12 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
                 layout.texts[name] = src_text = source_text
             elif node.source and node.source_start is not None and node.source_end is not None:
                 if node.source not in layout.texts:
-                    layout.texts[node.source] = loader(txn, node.source)
+                    loaded = loader(txn, node.source)
+                    if loaded is not None and not isinstance(loaded, str):
+                        raise ValidationError(f"source_loader returned a {type(loaded).__name__} for "
+                                              f"{node.source!r}; it must return the text (a str) or None",
+                                              hint="decode bytes first; return None for a source it does not have")
+                    layout.texts[node.source] = loaded
                 src_text = layout.texts[node.source]
             s0, e0 = node.source_start, node.source_end
             if src_text is not None and s0 is not None and e0 is not None and 0 <= s0 < e0 <= len(src_text):

@@ -478,3 +478,15 @@ def test_recall_context_names_an_option_it_does_not_take(make_db):
         db.recall_context("Darcy", max_token=50)
     assert "max_tokens" in caught.value.hint and "min_relevance" in caught.value.hint
     assert db.recall_context("Darcy", max_tokens=50, min_relevance=0.0, hops=False).passages
+
+
+@pytest.mark.parametrize("loaded", [b"Alice moved to Berlin in May.", 5])
+def test_a_source_loader_that_returns_no_text_is_a_validation_error(make_db, loaded):
+    # bytes reached the sentence regex (TypeError: cannot use a string pattern on a bytes-like
+    # object), an int len() (TypeError: object of type 'int' has no len())
+    db = make_db()
+    db.remember("Alice moved to Berlin.", source="doc", source_start=0, source_end=20)
+    with pytest.raises(ValidationError, match="source_loader returned"):
+        db.recall_context("Alice", source_loader=lambda txn, name: loaded)
+    assert db.recall_context("Alice", source_loader=lambda txn, name: None).passages[0].text == \
+        "Alice moved to Berlin."
