@@ -198,3 +198,19 @@ def test_forget_by_embedding_checks_the_vector(make_db):
     assert db.forget(embedding=[[0, 2, 0, 0]], dry_run=True).ids == ("b",)  # one row, as an embedder returns it
     assert db.forget(embedding=[1e30, 0, 0, 0], threshold=0.5).ids == ("a",)
     assert db.ids() == ["b"]
+
+
+def test_forget_compares_by_cosine_in_a_space_that_does_not_normalise(make_db):
+    # the space's scores are dot products: [1, 0, 0] scored 10, 5 and 1 against these rows,
+    # all at or above 0.9, and forget removed all three (cosines 1, 0.71, 0.11)
+    db = make_db()
+    db.add_space("raw", dims=3, model="m", normalize=False)
+    db.add("a", id="a", embeddings={"raw": [10, 0, 0]})
+    db.add("b", id="b", embeddings={"raw": [5, 5, 0]})
+    db.add("c", id="c", embeddings={"raw": [1, 9, 0]})
+    assert db.forget(embedding=[1, 0, 0], threshold=0.9, dry_run=True).ids == ("a",)
+    assert db.forget(embedding=[3, 1, 0], threshold=0.9, dry_run=True).ids == ("a",)  # b: 0.894
+    assert db.forget(embedding=[2, 1, 0], threshold=0.8).ids == ("a", "b")  # c: 0.54
+    with pytest.raises(engramdb.ValidationError):
+        db.forget(embedding=[0, 0, 0], dry_run=True)
+    assert db.ids() == ["c"]

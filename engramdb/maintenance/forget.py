@@ -102,6 +102,23 @@ def _query_vector(embedding: ArrayLike) -> np.ndarray:
     return vec
 
 
+def _cosines(vectors: Any, txn: Txn, name: str, vec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(docnos, cosine of each stored row with ``vec``) in a space that keeps its vectors as
+    given: its search scores are dot products, which a cosine threshold does not bound (a
+    row of norm 10 scores 10). A zero row scores 0, as in Trace Lite.
+
+    Raises:
+        EmbeddingError: ``vec`` is the zero vector (no direction to compare).
+    """
+    q, zero = unit_rows(np.asarray(vec, dtype=np.float32).reshape(1, -1))
+    if zero[0]:
+        raise EmbeddingError("a zero vector has no direction to compare")
+    docnos, matrix = vectors.live_rows(txn, name)
+    rows, _ = unit_rows(np.asarray(matrix, dtype=np.float32))
+    scores: np.ndarray = rows @ q[0]
+    return docnos, scores
+
+
 def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLike | None, threshold: float,
                    space: str | None) -> set[int]:
     """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
@@ -127,7 +144,10 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
                 queries.append(vec)
         for vec in queries:
             try:
-                docnos, scores = vectors.scores(txn, name, vec)
+                if spaces[name].normalize:
+                    docnos, scores = vectors.scores(txn, name, vec)
+                else:
+                    docnos, scores = _cosines(vectors, txn, name, vec)
             except EmbeddingError as exc:
                 raise ValidationError(f"the query does not fit space {name!r}: {exc.message}") from None
             used += 1
