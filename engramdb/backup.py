@@ -111,13 +111,24 @@ def _procedures(txn: Txn, salvage: _Salvage) -> list[Any]:
     return rows
 
 
-def _read_node(engram: Engram, txn: Txn, docno: int) -> Node:
+def _read_node(engram: Engram, txn: Txn, docno: int, salvage: _Salvage) -> Node:
     """The memory ``docno`` with its vectors, which the scan that listed it found in this
-    same transaction."""
+    same transaction. Under salvage, a vector that cannot be read is reported and left
+    out, and the memory kept (its record was read whole by the scan)."""
     data = txn.get("nodes", codec.u64(docno))
     if data is None:
         raise CorruptFileError(f"memory #{docno} is listed but not stored")
-    return engram.indexes.read_node(txn, docno, data)
+    if salvage.on_damaged is None:
+        return engram.indexes.read_node(txn, docno, data)
+
+    def fetch(names: list[str]) -> dict[str, Any]:
+        vectors: dict[str, Any] = {}
+        for name in names:
+            vectors.update(salvage.attempt(f"the {name!r} vector of memory #{docno}",
+                                           engram.indexes.vectors.fetch, txn, docno, [name]) or {})
+        return vectors
+
+    return codec.decode_node(data, fetch=fetch)
 
 
 def _counting(nodes: Iterator[Node], progress: Callable[[int], None] | None, every: int = 1000) -> Iterator[Node]:
@@ -141,8 +152,9 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
 
     Salvage: with ``on_damaged`` given, a value that fails authentication or does not
     decode is reported to it (one line each) and left out, together with the edges and
-    archive rows of the memory it belongs to, instead of failing the dump. The dump stays
-    valid and restores into a clean store holding every intact memory.
+    archive rows of the memory it belongs to, instead of failing the dump (a damaged
+    vector leaves out only that vector). The dump stays valid and restores into a clean
+    store holding every intact memory.
 
     Raises:
         DecryptionError, CorruptFileError: a damaged value, unless ``on_damaged`` is given.
@@ -157,7 +169,7 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         if table:
             sources[ENTITIES_META] = table
         salvage.attempt("the vector blocks", indexes.vectors.preload, txn)  # nodes are read in id order
-        nodes = _counting((_read_node(engram, txn, docno) for docno in docnos), progress)
+        nodes = _counting((_read_node(engram, txn, docno, salvage) for docno in docnos), progress)
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
                                nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
                                procedures=_procedures(txn, salvage))
@@ -659,7 +671,7 @@ def dump_v2(engram: Engram, fp: TextIO | BinaryIO) -> bool:
     with engram._store.read() as txn:
         docnos, _, edges, _ = _scan(engram, txn, _Salvage(None))
         engram.indexes.vectors.preload(txn)
-        nodes = [_read_node(engram, txn, docno) for docno in docnos]
+        nodes = [_read_node(engram, txn, docno, _Salvage(None)) for docno in docnos]
         table = read_entities(txn)
     result, renumbered = zettel_view(nodes, edges, table)
     _write_text(fp, aaak.encode(result, version=2))

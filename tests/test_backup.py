@@ -242,3 +242,37 @@ def test_salvage_dump_skips_a_damaged_record_and_restores_the_rest(tmp_path):
     engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "salvaged.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
     with engramdb.open(tmp_path / "salvaged.engram", passphrase=PASSPHRASE) as db:
         assert db.ids() == ["m0", "m1", "m3", "m4"] and db.edges("m1") == [] and db.verify() == []
+
+
+def test_salvage_dump_keeps_the_memories_of_a_damaged_vector_block(tmp_path):
+    """A flipped byte in a vector block failed the salvage dump as a whole (the nodes were
+    read with their vectors outside the salvage), though every memory record was intact."""
+    import lmdb
+
+    path = tmp_path / "damaged.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_space("v", dims=4, model="m", normalize=False)
+        db.add_many([{"id": f"m{i}", "content": f"memory number {i}", "embeddings": {"v": [1.0, 2.0, 3.0, i]}}
+                     for i in range(5)])
+        db.link("m1", "m2", "related", now=1.0)
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    with env.begin(db=env.open_db(b"t5", create=False)) as txn:  # the vectors table
+        values = [value for _, value in txn.cursor()]
+    env.close()
+    data = bytearray(path.read_bytes())
+    for value in values:  # every vector value: the directory and the blocks
+        at = data.index(value) + len(value) - 1
+        data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    with engramdb.open(path, passphrase=PASSPHRASE, readonly=True) as db:
+        with pytest.raises(engramdb.DecryptionError):
+            db.dump(io.StringIO())
+        damaged: list[str] = []
+        buf = io.StringIO()
+        db.dump(buf, on_damaged=damaged.append)
+    assert damaged and all("vector" in line for line in damaged)
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "salvaged.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with engramdb.open(tmp_path / "salvaged.engram", passphrase=PASSPHRASE) as db:
+        assert db.ids() == [f"m{i}" for i in range(5)] and db.get("m3").content == "memory number 3"
+        assert [e.dst for e in db.edges("m1")] == ["m2"] and db.verify() == []
+        assert all(not db.get(f"m{i}").embeddings for i in range(5))
