@@ -79,6 +79,24 @@ def test_tunnels_link_shared_entities_and_are_recomputed(store):
     assert tunnel_tokens(nodes[0][1]) == frozenset({"e:caroline", "t:adoption"})
 
 
+def test_tunnels_keep_a_user_edge_of_kind_tunnel(make_db):
+    # the derived edge replaced the user's (same key), and the next recomputation, with the
+    # entities changed, deleted it: the user's edge was lost
+    db = make_db()
+    db.add("Alice works at Acme", id="a", entities=["Alice", "Acme"])
+    db.add("Alice likes Acme", id="b", entities=["Alice", "Acme"])
+    db.add("Alice again", id="c", entities=["Alice", "Acme"])
+    db.link("a", "b", "tunnel", weight=0.5, label="mine")
+    assert db.link_tunnels() == 2  # a-c and b-c; a-b is the user's
+    edges = {e.dst: (e.label, e.weight) for e in db.edges("a")}
+    assert edges == {"b": ("mine", 0.5), "c": ("shared entities/topics", 1.0)}
+    db.update("b", entities=["Zed"])
+    assert db.link_tunnels() == 1
+    assert {e.dst: e.label for e in db.edges("a")} == {"b": "mine", "c": "shared entities/topics"}
+    db.verify(fix=True)  # rebuilds the indexes, tunnels included
+    assert {e.dst: e.label for e in db.edges("a")} == {"b": "mine", "c": "shared entities/topics"}
+
+
 def _closed_form(adj: np.ndarray, seeds: np.ndarray, alpha: float) -> np.ndarray:
     n = len(seeds)
     s = seeds / seeds.sum()

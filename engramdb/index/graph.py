@@ -276,20 +276,27 @@ class Graph:
 
         Uses :func:`engramdb.index.tunnels.link_sets` (exact below 500 nodes, seeded
         MinHash/LSH above), so the result is the same in every process. Each link is
-        stored once, from the lower docno to the higher, weighted by its Jaccard score.
+        stored once, from the lower docno to the higher, weighted by its Jaccard score,
+        unless a user edge of kind ``tunnel`` holds that place: the user's edge is kept
+        (a derived edge there would replace it, and the next recomputation delete it).
 
         Returns:
-            The number of tunnel edges now stored.
+            The number of derived tunnel edges now stored.
         """
         nodes = sorted(nodes, key=lambda item: item[0])
         self.drop_derived(txn)
         sets = [tunnel_tokens(node) for _, node in nodes]
         links = link_sets(sets, threshold=threshold, top_k=top_k)
+        tunnel = _kind_no("tunnel")
+        stored = 0
         for link in links:
             (a, na), (b, nb) = nodes[link.i], nodes[link.j]
+            if txn.get("edges", _KEY.pack(b"f", a, tunnel, b)) is not None:
+                continue  # every derived edge is gone: this one is the user's
             self.put(txn, a, b, Edge(src=na.id, dst=nb.id, kind="tunnel", weight=link.score,
                                      label=TUNNEL_LABEL, created_at=now), derived=True)
-        return len(links)
+            stored += 1
+        return stored
 
     def drop_derived(self, txn: Txn) -> None:
         """Delete every derived (tunnel) edge."""
