@@ -530,6 +530,8 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
     if os.path.exists(file):
         raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
     kdf = _parse_kdf(kdf_text)
+    if recovery_key and _key_source(ctx) == "plaintext":
+        raise click.UsageError("--recovery-key needs an encrypted file; a plaintext file has no keys")
     keys = _key_kwargs(ctx, confirm=True)
     if "passphrase" in keys:
         keys["kdf"] = kdf
@@ -955,8 +957,10 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
         ENGRAM_PASSPHRASE=old ENGRAM_NEW_PASSPHRASE=new engramdb rekey notes.engram
     """
     kdf = _parse_kdf(kdf_text)
-    new = _secret("new passphrase", new_passphrase_file, NEW_PASSPHRASE_ENV, "--new-passphrase-file", confirm=True)
     with _open(ctx, file) as db:
+        _require_encrypted(db, file)
+        new = _secret("new passphrase", new_passphrase_file, NEW_PASSPHRASE_ENV, "--new-passphrase-file",
+                      confirm=True)
         db.rekey(new, kdf=kdf)
         if not no_compact:
             try:
@@ -966,6 +970,15 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
                                 hint=f"use the new passphrase from now on; run `engramdb compact {file}` later "
                                      "so the old wrapped key leaves the file") from None
     click.echo("passphrase changed")
+
+
+def _require_encrypted(db: engram_mod.Engram, file: str) -> None:
+    """Refuse a key command on a plaintext file with the way to an encrypted one."""
+    if not db.encrypted:
+        raise ModeMismatchError(f"{file} is a plaintext file; it has no passphrase or keys",
+                                hint=f"to encrypt it, dump it and restore the dump into a new file with a "
+                                     f"passphrase: `engramdb dump {file} -o F.aaak`, then "
+                                     f"`ENGRAM_PASSPHRASE=... engramdb restore F.aaak NEW.engram`")
 
 
 @cli.command(name="recovery-key")
@@ -980,6 +993,7 @@ def recovery_key(ctx: click.Context, file: str, as_json: bool) -> None:
         engramdb recovery-key notes.engram > recovery.txt
     """
     with _open(ctx, file) as db:
+        _require_encrypted(db, file)
         _emit({"recovery_key": db.add_recovery_key()}, as_json, lambda d: d["recovery_key"])
 
 

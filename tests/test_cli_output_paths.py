@@ -77,3 +77,27 @@ def test_export_refuses_a_space_the_store_does_not_have(tmp_path):
     assert not out.exists()
     result = CliRunner().invoke(cli, ["export", path, "--space", "minilm", "-o", str(out)], env=env)
     assert result.exit_code == 0 and '"embedding":[0.5,0.25]' in out.read_text()
+
+
+def test_key_commands_on_a_plaintext_file_say_how_to_encrypt_it(tmp_path):
+    """`init --plaintext --recovery-key` printed "created" and then failed (the file removed);
+    `rekey` asked for a new passphrase before finding the file plaintext; both, and
+    `recovery-key`, ended with the hint "pass the passphrase (or key) for an encrypted file"."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None,
+           "ENGRAM_NEW_PASSPHRASE": None}
+    new = tmp_path / "new.engram"
+    result = CliRunner().invoke(cli, ["init", str(new), "--recovery-key"], env=env)
+    assert result.exit_code == 2 and "created" not in result.output and "encrypted" in result.output
+    assert not new.exists()
+    path = str(tmp_path / "s.engram")
+    with engramdb.open(path, encrypted=False) as db:
+        db.add("alpha", id="a", now=1.0)
+    for command in (["rekey", path], ["recovery-key", path]):
+        result = CliRunner().invoke(cli, command, env=env)
+        assert result.exit_code == 1, result.output
+        assert "plaintext" in result.output and "engramdb restore" in result.output, result.output
+        assert "new passphrase" not in result.output
