@@ -425,3 +425,26 @@ def test_a_pass_skips_memories_forgotten_while_it_planned(make_db, tmp_path):
         other.close()
     assert report.removed_ids == ["b"] and db.ids() == ["a"]
     assert not db.maintain(now=NOW).changed and db.verify() == []
+
+
+def test_a_state_listing_a_forgotten_memory_makes_a_full_pass(make_db, tmp_path):
+    # x, added after the last pass, was forgotten while another pass planned: that pass wrote
+    # x's row back into the state, and a later pass whose decay reached x read its missing
+    # record: CorruptFileError on every maintain() from then on
+    db = make_db("stale.engram", encrypted=False)
+    db.add("alpha bravo charlie", id="a", now=NOW)
+    db.maintain(now=NOW)
+    db.add("kilo lima mike november", id="x", now=NOW)
+    other = engramdb.open(tmp_path / "stale.engram", encrypted=False)
+
+    def forget_x():
+        with pytest.raises(engramdb.AlreadyOpenError):
+            other.forget(ids=["x"])
+    try:
+        db.maintain(now=NOW + DAY, progress=_during_planning(db, forget_x))
+    finally:
+        other.close()
+    for days in (10, 100, 1000):
+        report = db.maintain(now=NOW + days * DAY)
+        assert report.before_total == 1 and report.after_total == 1
+    assert db.get("a").tier == "archive" and db.verify() == []

@@ -483,12 +483,8 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                 or state.get("fingerprint") != fingerprint)
         tokens = _dirty(txn)
         next_docno = txn.state.next_docno
-        if full:
-            records: list[tuple[int, list[Any]]] = [(codec.from_u64(k), codec.record_fields(v))
-                                                    for k, v in txn.items("nodes")]
-            rows = _rows_from(records)
-            dirty = rows["docno"].copy()
-        else:
+        records: list[tuple[int, list[Any]]]
+        if not full:
             assert state is not None
             old = _unpack_rows(state["rows"])
             start = int(state["next_docno"])
@@ -502,6 +498,13 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             keep = ~np.isin(old["docno"], np.asarray(changed, dtype=np.uint64))
             rows = _concat(_take(old, keep), _rows_from(records))
             dirty = np.asarray([d for d, _ in records], dtype=np.uint64)
+            # one row per stored memory, or the state lists memories that are gone (a forget
+            # while a pass planned in another process, which then wrote the rows back): a full pass
+            full = len(rows["docno"]) != txn.count("nodes")
+        if full:
+            records = [(codec.from_u64(k), codec.record_fields(v)) for k, v in txn.items("nodes")]
+            rows = _rows_from(records)
+            dirty = rows["docno"].copy()
         report.full = full
         if create:
             vdocs, vmat = _builtin_vectors(target, txn, rows["docno"])
