@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import numbers
 import re
 from collections.abc import Iterable, Sequence
 
@@ -57,7 +58,8 @@ def parse_time(value: object, name: str = "time") -> float | None:
         return aware.timestamp()
     if isinstance(value, _dt.date):
         return _dt.datetime(value.year, value.month, value.day, tzinfo=_dt.timezone.utc).timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+    # any real number (a NumPy or pandas integer too: they are not ints), but not a bool
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     if isinstance(value, str):
         text = value.strip()

@@ -131,3 +131,17 @@ def test_a_resolved_date_is_compared_with_any_iso_form_of_the_bound(after):
     assert Filter(after=after)(node) and Filter(after=after)(node) == Filter(after="2023-05-01")(node)
     assert not Filter(before=after)(node)
     assert Filter(after="2023-05-03T23:59:00")(node) and not Filter(after="20230504")(node)
+
+
+def test_parse_time_takes_numpy_and_other_real_numbers():
+    # a NumPy integer (what pandas and numpy give for a timestamp column) is not an int: refused
+    import fractions
+
+    import numpy as np
+
+    assert parse_time(np.int64(1_700_000_000)) == 1_700_000_000.0 and parse_time(np.float32(2.5)) == 2.5
+    assert parse_time(fractions.Fraction(3, 2)) == 1.5
+    assert Filter(after=np.int64(NOW))(_node()) and not Filter(after=np.int64(NOW + 1))(_node())
+    for bad in (np.bool_(True), np.float64("nan")):
+        with pytest.raises(ValidationError):
+            parse_time(bad)
