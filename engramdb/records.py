@@ -7,6 +7,7 @@ writes and reads all of them as text.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import time
 import uuid
@@ -84,7 +85,8 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
 def _finite(name: str, value: Any) -> float:
     if type(value) is float and math.isfinite(value):  # the common case, same result
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # any real number but a bool: a NumPy scalar (what a pandas column gives) is stored as the float it holds
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValidationError(f"{name} must be a number, got {type(value).__name__}")
     try:
         number = float(value)
@@ -98,9 +100,9 @@ def _finite(name: str, value: Any) -> float:
 def _opt_int(name: str, value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValidationError(f"{name} must be a non-negative integer or None")
-    return value
+    return int(value)  # a NumPy integer as the int it holds
 
 
 def _normalize_metadata(value: Any, depth: int = 0) -> Any:
@@ -436,13 +438,19 @@ def _check_tier(d: dict[str, Any]) -> None:
 
 def _check_access_count(d: dict[str, Any]) -> None:
     count = d["access_count"]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+    if count.__class__ is not int:
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+            raise ValidationError("access_count must be a non-negative integer")
+        count = d["access_count"] = int(count)  # a NumPy integer as the int it holds
+    if count < 0:
         raise ValidationError("access_count must be a non-negative integer")
 
 
 def _check_pinned(d: dict[str, Any]) -> None:
     if not isinstance(d["pinned"], bool):
-        raise ValidationError("pinned must be a bool")
+        if not isinstance(d["pinned"], np.bool_):
+            raise ValidationError("pinned must be a bool")
+        d["pinned"] = bool(d["pinned"])
 
 
 def _check_metadata(d: dict[str, Any]) -> None:

@@ -244,3 +244,28 @@ def test_compact_merges_away_a_deleted_memorys_postings(make_db):
     db.compact()
     assert not stored()
     assert db.recall("zanzibar") == [] and len(db) == 300
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_hold(make_db):
+    # a pandas frame's rows hold NumPy scalars: "importance must be a number, got float64"
+    # for an int64, float32 or bool_ (NumPy's float64 subclasses float and passed)
+    import numpy as np
+
+    from engramdb import codec
+    from engramdb.records import Edge, Node
+
+    given = {"importance": np.float32(0.5), "access_count": np.int64(3), "created_at": np.int64(1_700_000_000),
+             "last_accessed": np.float32(2.5), "weight": np.int32(2), "source_start": np.uint16(1),
+             "source_end": np.int64(4), "pinned": np.bool_(True)}
+    plain = {k: v.item() for k, v in given.items()}
+    node = Node(id="x", **given)
+    assert node == Node(id="x", **plain) and codec.encode_node(node) == codec.encode_node(Node(id="x", **plain))
+    assert all(type(getattr(node, k)) is type(Node(id="x", **plain).__dict__[k]) for k in given)
+    assert Edge(src="a", dst="b", weight=np.float32(0.5)).weight == 0.5
+    db = make_db()
+    db.add_many([{"id": "a", "content": "text", **given}, {"id": "b", "content": "text", **plain}])
+    a, b = db.get("a"), db.get("b")
+    assert a.replace(id="b") == b
+    for bad in ({"access_count": np.int64(-1)}, {"importance": np.float64(2)}, {"pinned": np.int64(1)}):
+        with pytest.raises(engramdb.ValidationError):
+            Node(id="x", **bad)
