@@ -133,6 +133,8 @@ def _normalize_metadata(value: Any, depth: int = 0) -> Any:
         return value
     if value is None or isinstance(value, (str, bool, bytes)):
         return value
+    if isinstance(value, (np.integer, np.floating, np.bool_)):  # NumPy scalars (pandas rows): their Python value
+        return _normalize_metadata(value.item(), depth)
     raise ValidationError(f"metadata values must be JSON-like, got {type(value).__name__}")
 
 

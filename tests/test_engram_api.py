@@ -266,6 +266,9 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_hold(make_db):
     db.add_many([{"id": "a", "content": "text", **given}, {"id": "b", "content": "text", **plain}])
     a, b = db.get("a"), db.get("b")
     assert a.replace(id="b") == b
-    for bad in ({"access_count": np.int64(-1)}, {"importance": np.float64(2)}, {"pinned": np.int64(1)}):
+    meta = Node(id="x", metadata={"n": np.int64(7), "f": np.float32(0.5), "b": np.bool_(False), "l": [np.uint8(1)]})
+    assert meta.metadata == {"n": 7, "f": 0.5, "b": False, "l": [1]} and type(meta.metadata["n"]) is int
+    for bad in ({"access_count": np.int64(-1)}, {"importance": np.float64(2)}, {"pinned": np.int64(1)},
+                {"metadata": {"x": np.float64("nan")}}, {"metadata": {"x": np.complex64(1)}}):
         with pytest.raises(engramdb.ValidationError):
             Node(id="x", **bad)
