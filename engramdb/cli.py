@@ -31,6 +31,7 @@ from .tokens import estimate_tokens
 
 if TYPE_CHECKING:  # annotations only: recall loads with the first command that needs it
     from .recall import Hit
+    from .importers import ImportReport
 
 PASSPHRASE_ENV = "ENGRAM_PASSPHRASE"
 KEY_FILE_ENV = "ENGRAM_KEY_FILE"
@@ -1588,14 +1589,28 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
             _progress(ctx, desc="importing", unit=" memories", total=total) as bar:
         nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
     bad = report.bad_embeddings
-    for nid, why in bad:
-        click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+    _report_source_warnings(source, report)
 
     def text(_d: Any) -> str:
         line = f"imported {nodes} memories and {edges} edges into {file}"
-        return line + (f"; {len(bad)} bad embedding(s) left out" if bad else "")
+        line += f"; {len(bad)} bad embedding(s) left out" if bad else ""
+        return line + _source_warnings_note(report)
 
-    _emit({"file": file, "memories": nodes, "edges": edges, "bad_embeddings": len(bad)}, as_json, text)
+    _emit({"file": file, "memories": nodes, "edges": edges, "bad_embeddings": len(bad),
+           "warnings": len(report.warnings)}, as_json, text)
+
+
+def _report_source_warnings(source: str, report: ImportReport) -> None:
+    """The import's warnings on stderr: embeddings left out, and the lines of an AAAK source
+    its lenient reader skipped (a memory the source holds but the store will not)."""
+    for nid, why in report.bad_embeddings:
+        click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+    for warning in report.warnings:
+        click.echo(f"warning: {source}: {warning}", err=True)
+
+
+def _source_warnings_note(report: ImportReport) -> str:
+    return f"; {len(report.warnings)} warning(s) about the source (on stderr)" if report.warnings else ""
 
 
 def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, passphrase: str | None, space: str,
@@ -1616,8 +1631,7 @@ def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, p
         with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
             done = import_resumable(db, items, progress=lambda a, s: bar.update(a + s - bar.n))
     bad = report.bad_embeddings
-    for nid, why in bad:
-        click.echo(f"warning: memory {nid} imported without its embedding: {why}", err=True)
+    _report_source_warnings(source, report)
     for edge in done.missing:
         click.echo(f"warning: edge {shown(edge.src)} -> {shown(edge.dst)} ({edge.kind}) not imported: it names a "
                    "memory that is neither in the source nor stored", err=True)
@@ -1628,10 +1642,12 @@ def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, p
         skips += [f"{done.repeated} repeated in the source (first kept)"] if done.repeated else []
         line += f"; skipped {', '.join(skips)}" if skips else ""
         line += f"; {len(bad)} bad embedding(s) left out" if bad else ""
-        return line + (f"; {len(done.missing)} edge(s) left out" if done.missing else "")
+        line += f"; {len(done.missing)} edge(s) left out" if done.missing else ""
+        return line + _source_warnings_note(report)
 
     _emit({"file": file, "memories": done.added, "skipped": done.stored, "repeated": done.repeated,
-           "edges": done.edges, "missing_edges": len(done.missing), "bad_embeddings": len(bad)}, as_json, text)
+           "edges": done.edges, "missing_edges": len(done.missing), "bad_embeddings": len(bad),
+           "warnings": len(report.warnings)}, as_json, text)
     if done.missing:
         # after the summary: the memories and the other edges are stored, a re-run adds nothing
         raise AAAKParseError(f"{len(done.missing)} edge(s) name a memory that is neither in the source nor stored "

@@ -139,7 +139,7 @@ def iter_import(
     if fmt in ("aaak-dump", "aaak-encrypted"):
         raise ImportFormatError("this is an engramdb dump", hint="use `engramdb restore DUMP FILE` for dumps")
     if fmt == "aaak":
-        return iter_aaak(source, now=now, id_prefix=id_prefix)
+        return iter_aaak(source, now=now, id_prefix=id_prefix, report=report)
     if fmt == "jsonl":
         return iter_jsonl(source, space=space, now=now, id_prefix=id_prefix)
     if fmt == "terronex":
@@ -153,7 +153,7 @@ def iter_import(
 
 def iter_aaak(
     source: str | bytes | TextIO | BinaryIO, *, strict: bool = False, now: float | None = None,
-    id_prefix: str = "",
+    id_prefix: str = "", report: ImportReport | None = None,
 ) -> Iterator[ImportItem]:
     """The entity table of an AAAK result document, its zettels as nodes, then its tunnels
     as ``tunnel`` edges.
@@ -163,7 +163,8 @@ def iter_aaak(
     ``meta["source"]`` and offsets, else its quote. Its ``importance`` is the zettel's
     weight (zettel-compress normalizes weights into [0, 1]; a weight outside is clamped to
     it; a non-finite weight is refused). ``created_at``/``last_accessed`` are ``now``;
-    ``metadata["aaak"]`` keeps the document's date and title.
+    ``metadata["aaak"]`` keeps the document's date and title. The lenient reader's
+    warnings (a malformed line it skipped, ...) go to ``report.warnings``.
 
     Raises:
         ImportFormatError: the text is not AAAK (or, with ``strict``, malformed), or a
@@ -176,6 +177,8 @@ def iter_aaak(
     except AAAKParseError as exc:
         raise ImportFormatError(f"not a readable AAAK document: {exc.message}",
                                 hint=exc.hint) from None
+    if report is not None:  # each is a line the reader skipped or read otherwise than it says
+        report.warnings.extend(str(w) for w in result.meta.get("warnings") or ())
     ts = now_ts(now)
     text_source = result.meta.get("source")
     doc = {k: result.meta[k] for k in ("date", "title") if isinstance(result.meta.get(k), str)}
@@ -445,9 +448,12 @@ _MIN_NORM = 1e-6
 @dataclass
 class ImportReport:
     """What an import left out: ``bad_embeddings`` holds ``(node id, reason)`` for every
-    Terronex embedding dropped under ``skip_bad_embeddings=True``."""
+    Terronex embedding dropped under ``skip_bad_embeddings=True``; ``warnings`` the lenient
+    AAAK reader's messages (``meta["warnings"]``: a malformed line skipped, a header count
+    that does not match, ...), one per line."""
 
     bad_embeddings: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _tx_embedding(value: Any) -> tuple[np.ndarray | None, str]:

@@ -139,7 +139,7 @@ def test_an_interrupted_then_resumed_import_equals_a_one_shot_import(tmp_path, m
     resumed = _run("import", "--resume", str(src), str(two), "--json")
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.output) == {"file": str(two), "memories": 170, "skipped": 80, "repeated": 0,
-                                          "edges": 0, "missing_edges": 0, "bad_embeddings": 0}
+                                          "edges": 0, "missing_edges": 0, "bad_embeddings": 0, "warnings": 0}
     assert _contents(two) == _contents(one)
     assert _run("verify", str(two)).output.strip() == "ok"
     again = _run("import", "--resume", str(src), str(two), "--json")  # nothing is added twice
@@ -230,7 +230,7 @@ def test_a_resumed_import_counts_ids_repeated_in_the_source_apart_from_stored_on
     done = _run("import", "--resume", str(src), str(one), "--create", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.output) == {"file": str(one), "memories": 3, "skipped": 0, "repeated": 2, "edges": 0,
-                                       "missing_edges": 0, "bad_embeddings": 0}
+                                       "missing_edges": 0, "bad_embeddings": 0, "warnings": 0}
     with _open_store(one) as db:
         assert sorted((n.id, n.content) for n in db) == [("a", "first a"), ("b", "first b"), ("c", "c")]
     again = _run("import", "--resume", str(src), str(one))
@@ -325,3 +325,29 @@ def test_a_resumed_import_whose_chunk_fails_leaves_no_embedding_space_behind(tmp
     assert _run("import", "--resume", str(good), str(store)).exit_code == 0
     with _open_store(store) as db:
         assert db.spaces()["default"].dims == 4 and db.ids() == ["a", "b"]
+
+
+BROKEN_V2 = """FILE:003|ALC+BOB|2026-06-12|Auth Design|v2
+E:ALC=Alice;BOB=Bob
+001:ALC+BOB|authentication,security|"We decided to use JWT tokens."|0.91|conviction|DECISION+TECHNICAL
+002 this line lost its colon and its quote
+003:BOB|rollout|"Bob ships it on Friday."|0.40||
+"""
+
+
+def test_an_aaak_source_with_lines_the_reader_skipped_says_so(tmp_path):
+    """The lenient AAAK reader skips a malformed zettel line with a warning in the result's
+    meta, which the import dropped: a memory was lost without a word, exit status 0."""
+    src = tmp_path / "broken.aaak"
+    src.write_text(BROKEN_V2, encoding="utf-8")
+    for resume in ([], ["--resume"]):
+        store = tmp_path / f"s{len(resume)}.engram"
+        _init(store)
+        result = CliRunner().invoke(cli, ["import", *resume, str(src), str(store)], env=ENV)
+        assert result.exit_code == 0, result.output
+        assert "line 4" in result.stderr and "warning" in result.stderr, result.stderr
+        assert "2 warning(s) about the source" in result.stdout
+        with _open_store(store) as db:
+            assert db.ids() == ["001", "003"]
+    as_json = CliRunner().invoke(cli, ["import", "--json", "--id-prefix", "j", str(src), str(store)], env=ENV)
+    assert json.loads(as_json.stdout)["warnings"] == 2

@@ -141,7 +141,7 @@ def test_cli_import_stops_on_bad_embeddings_unless_told(tmp_path):
     assert stopped.exit_code == 1 and "node n2" in stopped.output and "--skip-bad-embeddings" in stopped.output
     done = runner.invoke(cli, ["import", src, str(store), "--skip-bad-embeddings", "--json"], env=env)
     assert done.exit_code == 0, done.output
-    assert json.loads(done.stdout) == {"file": str(store), "memories": 3, "edges": 6, "bad_embeddings": 2}
+    assert json.loads(done.stdout) == {"file": str(store), "memories": 3, "edges": 6, "bad_embeddings": 2, "warnings": 0}
     assert "memory n2 imported without its embedding" in done.stderr
 
 
