@@ -448,3 +448,24 @@ def test_a_state_listing_a_forgotten_memory_makes_a_full_pass(make_db, tmp_path)
         report = db.maintain(now=NOW + days * DAY)
         assert report.before_total == 1 and report.after_total == 1
     assert db.get("a").tier == "archive" and db.verify() == []
+
+
+@pytest.mark.parametrize("length", [50, 500, 0])
+def test_the_file_pass_truncates_at_the_configured_length(make_db, length):
+    # the file pass cut at 200 characters whatever archive_truncate_length said: with 500 it
+    # dropped 300 characters the config kept, and with 0 (no truncation in the pure pass) it
+    # truncated anyway
+    from engramdb.maintenance import lifecycle
+
+    db = make_db(encrypted=False)
+    text = "word " * 200
+    db.add(text, id="old", tier="cold", importance=0.0, now=NOW - 900 * DAY)
+    config = MaintenanceConfig.trace_lite(archive_truncate_length=length)
+    report = db.maintain(config, now=NOW)
+    memory = lifecycle.Memory(id="old", content=text, tier="archive")
+    out, _, pure_dropped = lifecycle._archive([memory], config)
+    assert report.bytes_dropped == pure_dropped
+    if length:
+        assert db.get("old").content == out[0].content
+    else:  # the pure pass keeps the text; the file pass archives it whole, as without archive_truncate
+        assert out[0].content == text and db.get("old", full=True).content == text

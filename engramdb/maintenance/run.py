@@ -663,10 +663,12 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                 report.summarized += len(group)
                 for i in group:
                     archive_now[i] = False  # sources are archived whole
-        # 5. archive: memories in the archive tier not archived yet
+        # 5. archive: memories in the archive tier not archived yet (truncated at the config's
+        # length, as the pure pass truncates; a length of 0 truncates nothing there either)
+        truncating = config.archive_truncate and config.archive_truncate_length > 0
         to_archive = np.nonzero(alive & (new_tier == 3) & ((rows["flags"] & STUB) == 0))[0]
         for i in to_archive.tolist():
-            archive_now.setdefault(i, config.archive_truncate and not (rows["flags"][i] & CONSOLIDATED))
+            archive_now.setdefault(i, truncating and not (rows["flags"][i] & CONSOLIDATED))
         report.archived = len(archive_now)
 
         # the operations, one per memory, in docno order
@@ -710,6 +712,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         report.after_by_tier = count_by_tier([TIERS[t] for t in post["tier"]] + [s["tier"] for s in summaries])
         report.batches = -(-(len(ops) + len(summaries)) // config.batch_size) if ops or summaries else 0
     return {"id": os.urandom(16), "now": now, "space": space_name, "create_space": create, "ops": ops,
+            "chars": config.archive_truncate_length if truncating else archive_ops.PREVIEW_CHARS,
             "summaries": summaries, "report": report, "tokens": tokens, "next_docno": next_docno, "base": raw_state,
             "state": {"fingerprint": fingerprint, "next_docno": int(next_docno), "rows": _pack_rows(post)}}
 
@@ -720,6 +723,7 @@ def _encode_plan(plan: Mapping[str, Any]) -> bytes:
     report: MaintenanceReport = plan["report"]
     return codec.pack({
         "v": 1, "id": plan["id"], "now": plan["now"], "space": plan["space"], "create_space": plan["create_space"],
+        "chars": plan["chars"],
         "ops": plan["ops"], "summaries": plan["summaries"], "report": report.to_dict(),
         "tokens": [[d, t] for d, t in sorted(plan["tokens"].items())], "state": plan["state"]})
 
@@ -746,7 +750,10 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     dropped = 0
     changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
     if "archive" in op:  # one record write: the changes, then the stub (index rebuilt from it)
-        dropped = archive_ops.archive(tx, id_, truncate=bool(op["archive"]), now=plan["now"], changes=changes)
+        truncate = bool(op["archive"])
+        # a plan stored before "chars" was recorded truncated at the preview's length
+        chars = int(plan.get("chars", archive_ops.PREVIEW_CHARS)) if truncate else archive_ops.PREVIEW_CHARS
+        dropped = archive_ops.archive(tx, id_, truncate=truncate, chars=chars, now=plan["now"], changes=changes)
     elif changes:
         # none of these fields is indexed: patch the record in place (no decoding of its
         # embeddings, no index entries rewritten). The change-log entry an update would
