@@ -402,6 +402,11 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
 # --- Terronex .engram v1 ------------------------------------------------------------
 
 
+# the source's own passphrase, apart from the store's (and a Terronex file has no recovery key)
+_TX_PASSPHRASE_HINT = ("give the Terronex file's own passphrase: $ENGRAM_SOURCE_PASSPHRASE or "
+                       "--source-passphrase-file (passphrase= in Python), not the store's")
+
+
 def _tx_key(passphrase: str | bytes, salt: bytes, kdf: str) -> bytes:
     secret = passphrase.encode("utf-8") if isinstance(passphrase, str) else bytes(passphrase)
     if not secret:
@@ -655,7 +660,7 @@ def iter_terronex(
                                 hint="use an undamaged copy, or pass verify_integrity=False to try anyway")
     if security.get("encrypted"):
         if passphrase is None:
-            raise ModeMismatchError("this Terronex file is encrypted", hint="pass its passphrase")
+            raise ModeMismatchError("this Terronex file is encrypted", hint=_TX_PASSPHRASE_HINT)
         salt, nonce = security.get("salt"), security.get("nonce")
         if not isinstance(salt, (bytes, bytearray)) or not isinstance(nonce, (bytes, bytearray)) or len(nonce) != 12:
             raise ImportFormatError("the encrypted Terronex header lacks a salt or a 12-byte nonce")
@@ -664,8 +669,8 @@ def iter_terronex(
         try:
             payload = AESGCM(key).decrypt(bytes(nonce), payload, None)
         except InvalidTag:
-            raise WrongPassphraseError("the passphrase does not decrypt this Terronex file (or it is damaged)") \
-                from None
+            raise WrongPassphraseError("the passphrase does not decrypt this Terronex file (or it is damaged)",
+                                       hint=_TX_PASSPHRASE_HINT) from None
         except ValueError as exc:
             raise ImportFormatError(f"the Terronex payload cannot be decrypted: {exc}") from None
     try:

@@ -351,3 +351,19 @@ def test_an_aaak_source_with_lines_the_reader_skipped_says_so(tmp_path):
             assert db.ids() == ["001", "003"]
     as_json = CliRunner().invoke(cli, ["import", "--json", "--id-prefix", "j", str(src), str(store)], env=ENV)
     assert json.loads(as_json.stdout)["warnings"] == 2
+
+
+def test_an_encrypted_terronex_source_points_to_the_source_passphrase(tmp_path):
+    """A wrong or missing Terronex passphrase got the store's hints: "check the passphrase
+    (ENGRAM_PASSPHRASE or --passphrase-file); use the recovery key", which the source has not."""
+    src = tmp_path / "brain.engram"
+    src.write_bytes(terronex_file([tx_node("root", "the root")], passphrase="tx-pw"))
+    store = tmp_path / "s.engram"
+    _init(store)
+    for env in ({"ENGRAM_SOURCE_PASSPHRASE": "wrong"}, {"ENGRAM_SOURCE_PASSPHRASE": None}):
+        result = CliRunner().invoke(cli, ["import", str(src), str(store)], env={**ENV, **env})
+        assert result.exit_code == 1
+        assert "ENGRAM_SOURCE_PASSPHRASE" in result.output and "--source-passphrase-file" in result.output
+        assert "recovery" not in result.output
+    ok = CliRunner().invoke(cli, ["import", str(src), str(store)], env={**ENV, "ENGRAM_SOURCE_PASSPHRASE": "tx-pw"})
+    assert ok.exit_code == 0, ok.output
