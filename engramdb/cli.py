@@ -555,11 +555,16 @@ def info(ctx: click.Context, file: str, as_json: bool) -> None:
     """
     with _open(ctx, file, readonly=True) as db:
         data = db.info()
+        # what EmbeddingError's hint sends the user here for: each space's model and dims
+        data["spaces"] = {name: {"model": sp.model, "dims": sp.dims, "normalize": sp.normalize, "auto": sp.auto}
+                          for name, sp in sorted(db.spaces().items())}
 
     def text(d: dict[str, Any]) -> str:
-        lines = [f"{k:<17}{v}" for k, v in d.items() if k not in ("tables", "key_slots")]
+        lines = [f"{k:<17}{v}" for k, v in d.items() if k not in ("tables", "key_slots", "spaces")]
         lines.append(f"{'key_slots':<17}{', '.join(s['label'] or s['kind'] for s in d['key_slots']) or '-'}")
         lines.append(f"{'tables':<17}" + ", ".join(f"{k}={v}" for k, v in d["tables"].items() if v))
+        lines += [f"{'space ' + name:<16} " + ", ".join(f"{k}={v}" for k, v in sp.items())
+                  for name, sp in d["spaces"].items()]
         return "\n".join(lines)
 
     _emit(data, as_json, text)
@@ -1881,7 +1886,7 @@ def _stats_text(d: dict[str, Any]) -> str:
                                             if v["entries"]),
              f"{'bm25':<17}{bm25['segments']} segments, {bm25['live_docs']} live, {bm25['dead_docs']} dead"]
     for name, v in d["index"]["vectors"].items():
-        lines.append(f"{'space ' + name:<17}{v['blocks']} blocks, {v['rows']} rows, {v['dead_rows']} dead")
+        lines.append(f"{'space ' + name:<16} {v['blocks']} blocks, {v['rows']} rows, {v['dead_rows']} dead")
     last = d["last_maintenance"]
     lines.append(f"{'last_maintenance':<17}" + ("never" if not last else ", ".join(f"{k}={v}" for k, v in last.items())))
     return "\n".join(lines)

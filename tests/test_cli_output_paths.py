@@ -2,6 +2,7 @@
 stdin `-` of `add` and `restore` lead a user to expect (it made a file named "-")."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,27 @@ def test_key_commands_on_a_plaintext_file_say_how_to_encrypt_it(tmp_path):
         assert result.exit_code == 1, result.output
         assert "plaintext" in result.output and "engramdb restore" in result.output, result.output
         assert "new passphrase" not in result.output
+
+
+def test_info_shows_the_embedding_spaces_the_dims_hint_points_to(tmp_path):
+    """EmbeddingError's hint says "check the embedding space's dims with `engramdb info FILE`",
+    but info showed no space; and stats ran a long space name into its figures
+    ("space hashed-tfidf-v11 blocks")."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = str(tmp_path / "s.engram")
+    with engramdb.open(path, encrypted=False) as db:
+        db.add_space("minilm-l6-v2", dims=3, model="all-MiniLM-L6-v2", normalize=False)
+        db.add("alpha", id="a", embeddings={"minilm-l6-v2": [0.5, 0.25, 0.0]}, now=1.0)
+        with pytest.raises(engramdb.EmbeddingError) as info:
+            db.add("beta", id="b", embeddings={"minilm-l6-v2": [0.5, 0.25]}, now=1.0)
+    assert "engramdb info" in info.value.hint
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    text = CliRunner().invoke(cli, ["info", path], env=env, catch_exceptions=False).stdout
+    assert "space minilm-l6-v2 model=all-MiniLM-L6-v2, dims=3" in text, text
+    data = json.loads(CliRunner().invoke(cli, ["info", path, "--json"], env=env, catch_exceptions=False).stdout)
+    assert data["spaces"]["minilm-l6-v2"]["dims"] == 3
+    stats = CliRunner().invoke(cli, ["stats", path], env=env, catch_exceptions=False).stdout
+    assert "space minilm-l6-v2 1 blocks" in stats, stats
