@@ -469,3 +469,18 @@ def test_the_file_pass_truncates_at_the_configured_length(make_db, length):
         assert db.get("old").content == out[0].content
     else:  # the pure pass keeps the text; the file pass archives it whole, as without archive_truncate
         assert out[0].content == text and db.get("old", full=True).content == text
+
+
+def test_times_and_counts_past_int64_milliseconds_saturate(make_db):
+    # a time stored from a nanosecond clock (as seconds), or an access count of 2**63, did
+    # not fit the state's int64 columns: a raw OverflowError on every maintain()
+    db = make_db(encrypted=False)
+    db.add("alpha bravo charlie", id="past", created_at=-1e300, now=NOW)
+    db.add("kilo lima mike", id="future", created_at=1.7e18, now=NOW)  # time.time_ns() as seconds
+    db.add("november oscar papa", id="used", access_count=2**63, now=NOW)
+    db.add("quebec romeo sierra", id="seen", last_accessed=1e300, now=NOW)
+    db.maintain(MaintenanceConfig(decay_from="last_accessed"), now=NOW)
+    assert db.get("past").tier == "archive" and db.get("future").tier == "hot"
+    assert db.get("used").tier == "hot" and db.get("used").access_count == 2**63
+    assert not db.maintain(MaintenanceConfig(decay_from="last_accessed"), now=NOW).changed
+    assert db.maintain(now=NOW).decayed == 0 and db.verify() == []

@@ -182,8 +182,22 @@ def _row_of(docno: int, f: list[Any]) -> tuple[int, int, int, int, float, int, i
     the pass reads every record of the file on a full pass)."""
     flags = (PINNED if f[_POS["pinned"]] is True else 0) | (CONSOLIDATED if "consolidated" in f[_POS["tags"]] else 0) \
         | (STUB if ARCHIVE_KEY in f[_POS["metadata"]] else 0)
-    return (docno, TIER_CODE.get(f[_POS["tier"]], 0), round(f[_POS["created_at"]] * 1000),
-            round(f[_POS["last_accessed"]] * 1000), float(f[_POS["importance"]]), int(f[_POS["access_count"]]), flags, 0)
+    return (docno, TIER_CODE.get(f[_POS["tier"]], 0), _ms(f[_POS["created_at"]]),
+            _ms(f[_POS["last_accessed"]]), float(f[_POS["importance"]]),
+            _i64(int(f[_POS["access_count"]])), flags, 0)
+
+
+def _i64(value: int, limit: int = 2**63 - 1) -> int:
+    """``value`` within ``-limit..limit``, for the state's int64 columns. A memory may hold a
+    time past them (a nanosecond clock given as seconds) or an access count of 2**63 or
+    more: saturated, they decay as they would, instead of failing every pass."""
+    return -limit if value < -limit else limit if value > limit else value
+
+
+def _ms(value: float) -> int:
+    """A time in milliseconds for the state, within +-2**62 (some 146 million years), so that
+    an age (now minus it, in int64) cannot overflow."""
+    return _i64(round(value * 1000), 2**62)
 
 
 def _rows_from(records: Sequence[tuple[int, list[Any]]]) -> dict[str, np.ndarray]:
@@ -603,7 +617,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                                                "last_accessed": int(rows["last"][keeper])})
                 lost = node(int(rows["docno"][loser]))
                 m["tags"] = list(dict.fromkeys(m["tags"] + list(lost.tags)))
-                m["access_count"] += int(rows["access"][loser])
+                m["access_count"] = _i64(m["access_count"] + int(rows["access"][loser]))
                 m["last_accessed"] = max(m["last_accessed"], int(rows["last"][loser]))
 
         # 4. cluster neighbour counts (an upper bound kept in the state), clusters, summaries
