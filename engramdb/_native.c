@@ -60,6 +60,9 @@
  *       acc[docnos[i]] += values[codes[i]] (values[i] when codes is None) for each i, over
  *       float64 acc/values and integer docnos/codes of any width; the same float64
  *       additions as numpy's fancy-indexed add when the docnos are distinct
+ *   frontier_best(values, front, sizes, starts, docnos, rest, k, out_docnos, out_values) -> int
+ *       engramdb/index/bm25.py's _Run._frontier_best: a run's k best from its frontier, or -1
+ *       when the frontier cannot tell them (see the function, at the end of the file)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1543,6 +1546,8 @@ done:
     return result;
 }
 
+static PyObject *frontier_best(PyObject *self, PyObject *args);  /* at the end of the file */
+
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
     {"hmac_many", hmac_many, METH_VARARGS, "HMAC-SHA256(key, head | v)[:size] of each value v."},
@@ -1557,6 +1562,7 @@ static PyMethodDef methods[] = {
     {"keep_tokens", keep_tokens, METH_VARARGS, "The kept tokens' values and each text's count: (ids, lengths)."},
     {"accumulate", accumulate, METH_VARARGS, "acc[docnos[i]] += values[codes[i]] (or values[i]): BM25 top()'s add."},
     {"pair_values", pair_values, METH_VARARGS, "BM25 term parts of (tf, dl, idf, w) groups into out (see pair_values)."},
+    {"frontier_best", frontier_best, METH_VARARGS, "A BM25 posting run's k best from its frontier (see frontier_best)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1589,4 +1595,227 @@ PyInit__native(void)
         return NULL;
     }
     return PyModule_Create(&module);
+}
+
+/* frontier_best(values, front, sizes, starts, docnos, rest, k, out_docnos, out_values) -> int
+ * engramdb/index/bm25.py's _Run._frontier_best: the k best (docno, value) of a posting run from
+ * its frontier. `front` (int64) are the frontier's pair codes, pair p holding sizes[p] postings
+ * whose docnos are docnos[starts[p]:starts[p] + sizes[p]], increasing; `rest` (int64) the run's
+ * other pair codes; `values` (float64) the value per pair code. Ranks the frontier's pairs by
+ * value (descending, then position); the k-th best posting's value is kth. Returns -1 when the
+ * frontier holds fewer than k postings or a pair of `rest` is worth kth or more (the frontier
+ * cannot tell the answer: the caller ranks the whole run). Else writes the k best into
+ * out_docnos (the dtype of docnos) and out_values (float64), value descending then docno
+ * ascending, and returns k: every posting of the pairs worth more than kth, then the lowest
+ * docnos of those worth kth (comparisons only, no arithmetic on values: the same values and
+ * order as numpy's top_k over the whole run). Values are finite (BM25 parts). */
+typedef struct { double v; Py_ssize_t i; } fb_pair;
+
+static int
+fb_pair_cmp(const void *a, const void *b)
+{
+    const fb_pair *x = (const fb_pair *)a, *y = (const fb_pair *)b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->i < y->i ? -1 : (x->i > y->i);
+}
+
+static int
+fb_docno_cmp(const void *a, const void *b)
+{
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : (x > y);
+}
+
+static unsigned long long
+fb_read(const Py_buffer *b, int kind, Py_ssize_t i)
+{
+    const char *p = (const char *)b->buf;
+    switch (b->itemsize) {
+    case 1: return kind == 'i' ? (unsigned long long)(long long)((const signed char *)p)[i] : ((const unsigned char *)p)[i];
+    case 2: return kind == 'i' ? (unsigned long long)(long long)((const short *)p)[i] : ((const unsigned short *)p)[i];
+    case 4: return kind == 'i' ? (unsigned long long)(long long)((const int *)p)[i] : ((const unsigned int *)p)[i];
+    default: return ((const unsigned long long *)p)[i];
+    }
+}
+
+static void
+fb_write(Py_buffer *b, Py_ssize_t i, unsigned long long v)
+{
+    char *p = (char *)b->buf;
+    switch (b->itemsize) {
+    case 1: ((unsigned char *)p)[i] = (unsigned char)v; break;
+    case 2: ((unsigned short *)p)[i] = (unsigned short)v; break;
+    case 4: ((unsigned int *)p)[i] = (unsigned int)v; break;
+    default: ((unsigned long long *)p)[i] = v;
+    }
+}
+
+static PyObject *
+frontier_best(PyObject *self, PyObject *args)
+{
+    PyObject *objs[8];
+    Py_buffer bufs[8];
+    int have[8] = {0}, kinds[8] = {0}, b;
+    static const char *names[8] = {"values", "front", "sizes", "starts", "docnos", "rest", "out_docnos", "out_values"};
+    Py_ssize_t k, m, nrest, nval, ndoc, i, j, above, tied, at, room, total, out_at;
+    const long long *front, *sizes, *starts, *rest;
+    const double *values;
+    double kth;
+    fb_pair *pairs = NULL;
+    unsigned long long *tmp = NULL;
+    long long cum;
+    PyObject *result = NULL;
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOnOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &k,
+                          &objs[6], &objs[7]))
+        return NULL;
+    for (b = 0; b < 8; b++) {
+        if (!get_buffer(objs[b], &bufs[b], flags | (b >= 6 ? PyBUF_WRITABLE : 0), "frontier_best", names[b]))
+            goto done;
+        have[b] = 1;
+        kinds[b] = buffer_kind(&bufs[b], "frontier_best", names[b]);
+        if (kinds[b] == 0)
+            goto done;
+    }
+    if (kinds[0] != 'f' || kinds[7] != 'f') {
+        PyErr_SetString(PyExc_TypeError, "frontier_best: values and out_values must be float64");
+        goto done;
+    }
+    for (b = 1; b <= 5; b += (b == 3 ? 2 : 1)) {  /* front, sizes, starts, rest: int64 */
+        if (kinds[b] != 'i' || bufs[b].itemsize != 8) {
+            PyErr_Format(PyExc_TypeError, "frontier_best: %s must be int64", names[b]);
+            goto done;
+        }
+    }
+    if (kinds[4] == 'f' || kinds[6] != kinds[4] || bufs[6].itemsize != bufs[4].itemsize) {
+        PyErr_SetString(PyExc_TypeError, "frontier_best: docnos and out_docnos must be integers of one dtype");
+        goto done;
+    }
+    values = (const double *)bufs[0].buf;
+    front = (const long long *)bufs[1].buf;
+    sizes = (const long long *)bufs[2].buf;
+    starts = (const long long *)bufs[3].buf;
+    rest = (const long long *)bufs[5].buf;
+    nval = bufs[0].shape[0];
+    m = bufs[1].shape[0];
+    nrest = bufs[5].shape[0];
+    ndoc = bufs[4].shape[0];
+    if (bufs[2].shape[0] != m || bufs[3].shape[0] != m) {
+        PyErr_SetString(PyExc_ValueError, "frontier_best: one size and one start per frontier pair");
+        goto done;
+    }
+    if (k <= 0 || bufs[6].shape[0] < k || bufs[7].shape[0] < k) {
+        PyErr_SetString(PyExc_ValueError, "frontier_best: k must be positive and the outputs hold k");
+        goto done;
+    }
+    for (i = 0; i < m; i++) {
+        if (front[i] < 0 || front[i] >= nval || sizes[i] < 0 || starts[i] < 0 || starts[i] > ndoc - sizes[i]) {
+            PyErr_SetString(PyExc_ValueError, "frontier_best: a frontier pair is beyond the values or the docnos");
+            goto done;
+        }
+    }
+    for (i = 0; i < nrest; i++) {
+        if (rest[i] < 0 || rest[i] >= nval) {
+            PyErr_SetString(PyExc_ValueError, "frontier_best: a pair code is beyond the values");
+            goto done;
+        }
+    }
+    pairs = (fb_pair *)PyMem_Malloc((size_t)(m ? m : 1) * sizeof(fb_pair));
+    if (pairs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < m; i++) {
+        pairs[i].v = values[front[i]];
+        pairs[i].i = i;
+    }
+    qsort(pairs, (size_t)m, sizeof(fb_pair), fb_pair_cmp);
+    cum = 0;
+    for (j = 0; j < m; j++) {
+        cum += sizes[pairs[j].i];
+        if (cum >= k)
+            break;
+    }
+    if (j == m) {  /* fewer than k postings on the frontier */
+        result = PyLong_FromLong(-1);
+        goto done;
+    }
+    kth = pairs[j].v;
+    for (i = 0; i < nrest; i++) {
+        if (values[rest[i]] >= kth) {  /* a pair off the frontier may reach the k best */
+            result = PyLong_FromLong(-1);
+            goto done;
+        }
+    }
+    above = j;
+    while (above > 0 && pairs[above - 1].v == kth)
+        above--;
+    tied = j + 1;
+    while (tied < m && pairs[tied].v == kth)
+        tied++;
+    room = k;
+    for (i = 0; i < above; i++)
+        room -= (Py_ssize_t)sizes[pairs[i].i];  /* stays positive: those hold fewer than k */
+    total = 0;  /* the largest group of equal-valued pairs, as taken */
+    for (i = 0; i < tied; i = at) {
+        Py_ssize_t n = 0;
+        for (at = i; at < tied && pairs[at].v == pairs[i].v; at++) {
+            Py_ssize_t s = (Py_ssize_t)sizes[pairs[at].i];
+            n += at >= above && s > room ? room : s;
+        }
+        if (at - i > 1 && n > total)
+            total = n;
+    }
+    tmp = (unsigned long long *)PyMem_Malloc((size_t)(total ? total : 1) * sizeof(unsigned long long));
+    if (tmp == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out_at = 0;
+    /* groups of equal-valued pairs in value order: one pair's docnos are in order already;
+     * the docnos of several are sorted together; the tied group gives only its `room` lowest */
+    for (i = 0; i < tied; i = at) {
+        Py_ssize_t n = 0, want, g;
+        for (at = i; at < tied && pairs[at].v == pairs[i].v; at++)
+            ;
+        want = i >= above ? room : k;  /* pairs above kth are taken whole */
+        if (at - i == 1) {
+            Py_ssize_t p = pairs[i].i, s = (Py_ssize_t)sizes[p];
+            if (s > want)
+                s = want;
+            for (g = 0; g < s; g++) {
+                fb_write(&bufs[6], out_at, fb_read(&bufs[4], kinds[4], (Py_ssize_t)starts[p] + g));
+                ((double *)bufs[7].buf)[out_at++] = pairs[i].v;
+            }
+            continue;
+        }
+        for (g = i; g < at; g++) {
+            Py_ssize_t p = pairs[g].i, s = (Py_ssize_t)sizes[p], e;
+            if (g >= above && s > room)
+                s = room;
+            for (e = 0; e < s; e++)
+                tmp[n++] = fb_read(&bufs[4], kinds[4], (Py_ssize_t)starts[p] + e);
+        }
+        qsort(tmp, (size_t)n, sizeof(unsigned long long), fb_docno_cmp);
+        if (n > want)
+            n = want;
+        for (g = 0; g < n; g++) {
+            fb_write(&bufs[6], out_at, tmp[g]);
+            ((double *)bufs[7].buf)[out_at++] = pairs[i].v;
+        }
+    }
+    if (out_at != k) {
+        PyErr_SetString(PyExc_SystemError, "frontier_best: gathered a wrong count");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(k);
+done:
+    PyMem_Free(pairs);
+    PyMem_Free(tmp);
+    for (b = 0; b < 8; b++)
+        if (have[b])
+            PyBuffer_Release(&bufs[b]);
+    return result;
 }

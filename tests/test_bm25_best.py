@@ -4,6 +4,7 @@ frontier (the pairs few postings dominate) without scanning the run, they are ex
 lower docno, also when values tie exactly or do not grow with tf (then it falls back)."""
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import numpy as np
@@ -11,8 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engramdb import _accel
 from engramdb.index import bm25
 from engramdb.index.bm25 import _frontier, _Pairs, _part, _Run, top_k
+
+# the C extension's frontier_best against the numpy path (skip without the extension unless
+# ENGRAMDB_REQUIRE_NATIVE=1, as tests/test_native.py does)
+NATIVE = _accel.load({})
+if NATIVE is None and os.environ.get("ENGRAMDB_REQUIRE_NATIVE") == "1":
+    raise RuntimeError("ENGRAMDB_REQUIRE_NATIVE=1 but engramdb._native is not built")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="engramdb._native is not built")
 
 
 def _run(docnos: np.ndarray, tfs: np.ndarray, dls: np.ndarray) -> tuple[_Pairs, _Run]:
@@ -165,3 +174,65 @@ def test_best_of_nothing(k: int) -> None:
                     rng.integers(30, 40, size=n).astype(np.uint32))
     values = _part(pairs.tf, pairs.dl, 1.0, 35.0, 1.0)
     _same(r.best(k, values), top_k(r.docnos, values[r.codes], k))
+
+
+def _native_frontier_best(r: _Run, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    saved = _accel.NATIVE
+    try:
+        _accel.NATIVE = NATIVE
+        return r._frontier_best(k, values)
+    finally:
+        _accel.NATIVE = saved
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), run=runs())
+def test_native_frontier_best_equals_numpys(data: st.DataObject, run: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """Differential: the C extension's frontier_best declines exactly when the numpy path
+    does, and otherwise gives the same arrays (dtypes, docnos, value bits)."""
+    docnos, tfs, dls = run
+    depth = data.draw(st.sampled_from([1, 4, 64, 256]))
+    with mock.patch.object(bm25, "_FRONTIER_DEPTH", depth), mock.patch.object(bm25, "_FRONTIER_MAX_SHARE", 1.0):
+        pairs, r = _run(docnos, tfs, dls)
+    values = data.draw(pair_values(pairs))
+    for k in data.draw(st.lists(st.integers(1, docnos.size + 5), min_size=1, max_size=4)) + [1, 10, 64]:
+        native = _native_frontier_best(r, k, values)
+        pure = r._frontier_best_numpy(k, values) if r.front_total >= k else None
+        assert (native is None) == (pure is None), k
+        if native is not None and pure is not None:
+            _same(native, pure)
+            _same(native, top_k(r.docnos, values[r.codes], k))
+
+
+@needs_native
+def test_native_frontier_best_refuses_bad_arguments() -> None:
+    assert NATIVE is not None
+    rng = np.random.default_rng(2)
+    n = 3000
+    pairs, r = _run(np.arange(n, dtype=np.int64), rng.integers(1, 6, size=n).astype(np.uint32),
+                    rng.integers(30, 90, size=n).astype(np.uint32))
+    assert r.front is not None and r.front_docnos is not None
+    values = _part(pairs.tf, pairs.dl, 1.5, 55.0, 1.0)
+    args = [values, r.front, r.front_sizes, r.front_starts, r.front_docnos, r.rest]
+
+    def call(*a: object, k: int = 5, out_docnos: object = None, out_values: object = None) -> int:
+        od = np.empty(k, dtype=r.front_docnos.dtype) if out_docnos is None else out_docnos
+        ov = np.empty(k) if out_values is None else out_values
+        return NATIVE.frontier_best(*a, k, od, ov)
+
+    assert call(*args) == 5
+    with pytest.raises(TypeError, match="values"):
+        call(values.astype(np.float32), *args[1:])
+    with pytest.raises(TypeError, match="front must be int64"):
+        call(values, r.front.astype(np.int32), *args[2:])
+    with pytest.raises(TypeError, match="one dtype"):
+        call(*args, out_docnos=np.empty(5, dtype=np.int32))
+    with pytest.raises(ValueError, match="outputs hold k"):
+        call(*args, out_values=np.empty(4))
+    with pytest.raises(ValueError, match="k must be positive"):
+        call(*args, k=0)
+    with pytest.raises(ValueError, match="beyond the values"):
+        call(values[:1], *args[1:])
+    with pytest.raises(ValueError, match="beyond the values or the docnos"):
+        call(values, args[1], args[2] + n, *args[3:])

@@ -773,10 +773,25 @@ class _Run:
         return got if got is not None else self._pairs_best(k, values)
 
     def _frontier_best(self, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """:meth:`best` from the frontier, or None when the frontier cannot tell it."""
-        sizes = cast("np.ndarray", self.front_sizes)
+        """:meth:`best` from the frontier, or None when the frontier cannot tell it. The C
+        extension's ``frontier_best`` does the same in one call (the same arrays: it only
+        compares values; a differential test checks it): ~25 numpy calls cost ~70 µs on
+        the CPU a commit leaves cold."""
         if k <= 0 or self.front_total < k:
             return None
+        native = _accel.NATIVE
+        if native is not None:
+            docnos = np.empty(k, dtype=cast("np.ndarray", self.front_docnos).dtype)
+            scores = np.empty(k)
+            if native.frontier_best(values, self.front, self.front_sizes, self.front_starts, self.front_docnos,
+                                    self.rest, k, docnos, scores) < 0:
+                return None
+            return docnos, scores
+        return self._frontier_best_numpy(k, values)
+
+    def _frontier_best_numpy(self, k: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`_frontier_best` in numpy (``k`` positive, the frontier holding ``k``)."""
+        sizes = cast("np.ndarray", self.front_sizes)
         vals = values[cast("np.ndarray", self.front)]
         order = np.argsort(-vals, kind="stable")
         ranked = vals[order]
