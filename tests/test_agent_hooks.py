@@ -225,3 +225,46 @@ def test_facts_and_tasks_in_other_scripts_are_compared_by_their_words(make_db, n
     hooks = MemoryHooks(db)
     hooks.after_task(tools, outcome="success", now=now)
     assert "1. write_file" in hooks.graph.guidance_for("напиши парсер CSV для отчётов о продажах")
+
+
+def _config_module(entries: int) -> list:
+    code = "PATH = 'tasks.json'\nCONFIG = {\n" + "".join(f'    "key_{i}": "value {i}",\n' for i in range(entries)) + \
+        '    "nested": {"a": 1},\n}\nSTORE = {"id": 1, "title": "x"}\n'
+    return [{"role": "user", "content": "Write the config module."},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": {
+                "name": "write_file", "arguments": json.dumps({"path": "config.py", "content": code})}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "ok"}]
+
+
+def _within_a_minute(work):
+    """``work()``, or an AssertionError when it hangs (SIGALRM after 60 s; what is tested takes
+    milliseconds, the old code hours)."""
+    import signal
+
+    def hang(signum, frame):
+        raise AssertionError("did not finish within 60 s")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(60)
+    try:
+        return work()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_dict_literal_that_does_not_close_before_a_nested_one_is_read_in_linear_time():
+    # The dict-literal regex repeated its entries with optional commas and a value that may
+    # be empty, so a literal interrupted by a nested dict was backtracked exponentially: a
+    # 20-entry config took seconds, 30 entries hours, and after_task hung.
+    facts = _within_a_minute(lambda: extract_facts(serialize_conversation(_config_module(40))))
+    # the first literal that closes with two keys is the one read, as before
+    assert [f.text for f in facts if f.kind == "storage"] == [
+        "Storage shape (from: write the config module): tasks.json holds records with the fields id, title."]
+
+
+def test_a_long_run_of_blanks_is_scrubbed_in_linear_time():
+    # each blank of a run rescanned the rest of it for a following punctuation mark:
+    # quadratic, 20,000 blanks took 2 s, a megabyte of padding hours
+    text = "x" + " " * 400_000 + "y ."
+    assert _within_a_minute(lambda: scrub(text)) == "x y."

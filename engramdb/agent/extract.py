@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from .serialize import SerializedConversation
 from .text import scrub
@@ -36,7 +36,10 @@ _FILE = re.compile(r"(?<![\w/.-])(\.?[A-Za-z_][\w-]*\.(?:json|jsonl|csv|tsv|db|s
                    r"parquet|md))\b")
 _FIELD_LIST = re.compile(r"\b(?:with|fields?|keys?|columns?|containing|holding|has|have)\s*:?\s+"
                          r"((?:`?[A-Za-z_]\w*`?\s*(?:,\s*|\s+and\s+|\s*\(\w+\)\s*,?\s*)){1,15}`?[A-Za-z_]\w*`?)")
-_DICT_KEYS = re.compile(r"\{\s*((?:[\"'][A-Za-z_]\w*[\"']\s*:\s*[^,{}]*,?\s*){2,})\}")
+# A dict literal without nested braces; its body is checked by _dict_body (one regex for the
+# whole literal, entries repeated with optional commas, backtracked exponentially when the
+# literal did not close, e.g. at a nested dict: 20 entries took seconds, 30 hours).
+_BRACES = re.compile(r"\{([^{}]*)\}")
 _KEY = re.compile(r"[\"']([A-Za-z_]\w*)[\"']\s*:")
 _CODE_ARGS = ("content", "file_text", "new_str", "new_string", "text", "code", "patch", "command", "cmd")
 
@@ -105,6 +108,18 @@ def _call_texts(conv: SerializedConversation) -> list[str]:
     return texts
 
 
+def _dict_bodies(text: str) -> Iterator[str]:
+    """The bodies of the brace pairs of ``text`` (no braces inside) made only of entries
+    ``"key": value`` (values without commas; the commas between entries optional, a trailing
+    one allowed) with at least two keys, in order."""
+    for m in _BRACES.finditer(text):
+        chunks = m.group(1).split(",")
+        if len(chunks) > 1 and not chunks[-1].strip():
+            chunks.pop()  # a trailing comma
+        if all(_KEY.match(chunk.lstrip()) for chunk in chunks) and len(_KEY.findall(m.group(1))) >= 2:
+            yield m.group(1).lstrip()
+
+
 def _storage(user_text: str, code: list[str]) -> list[tuple[str, list[str]]]:
     """(file name, fields) for every data file named by the user or written by a tool."""
     shapes: dict[str, list[str]] = {}
@@ -119,8 +134,8 @@ def _storage(user_text: str, code: list[str]) -> list[tuple[str, list[str]]]:
     for text in code:
         names = [m.group(1) for m in _FILE.finditer(text) if not m.group(1).lower().endswith(".md")]
         keys: list[str] = []
-        for d in _DICT_KEYS.finditer(text):
-            keys = list(dict.fromkeys(_KEY.findall(d.group(1))))
+        for body in _dict_bodies(text):
+            keys = list(dict.fromkeys(_KEY.findall(body)))
             if len(keys) >= 2:
                 break
         for name in names:
