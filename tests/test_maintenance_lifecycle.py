@@ -234,3 +234,26 @@ def test_from_trace_lite_refuses_a_malformed_memory_with_a_validation_error(bad)
         Memory.from_trace_lite(data)
     assert exc.value.message
     assert Memory.from_trace_lite(base).embedding == (1.0, 0.0)
+
+
+def test_the_package_exports_the_pure_forget_and_every_pure_function_checks_its_input():
+    # engramdb.maintenance.forget was the submodule forget.py (importing it rebinds the name):
+    # "TypeError: 'module' object is not callable"; a list of Trace Lite dicts raised AttributeError
+    import engramdb  # noqa: F401  (imports engramdb.maintenance.forget, the submodule)
+    import engramdb.maintenance as maintenance
+    from engramdb.maintenance import cluster, consolidate, decay, deduplicate, forget
+
+    assert callable(maintenance.forget) and forget is maintenance.forget
+    kept = forget([Memory(id="a", embedding=(1.0, 0.0)), Memory(id="b", embedding=(0.0, 1.0))], [1, 0])
+    assert [m.id for m in kept.memories] == ["b"] and kept.forgotten == 1
+    raw = {"id": "a", "content": "x", "embedding": [1, 0], "createdAt": "2026-01-01T00:00:00Z"}
+    calls = [lambda m: decay(m, now=NOW), lambda m: deduplicate(m), lambda m: cluster(m),
+             lambda m: forget(m, [1, 0]), lambda m: consolidate(m, now=NOW)]
+    for call in calls:
+        for bad in ([raw, raw], "ab", [Memory(id="a"), None]):
+            with pytest.raises(ValidationError) as exc:
+                call(bad)
+            assert "from_trace_lite" in exc.value.hint
+    for query in ("ab", [[1, 0]], [object()]):
+        with pytest.raises(ValidationError):
+            forget([Memory(id="a", embedding=(1.0, 0.0))], query)

@@ -332,6 +332,18 @@ def _ms(ts: float) -> int:
     return round(ts * 1000)
 
 
+def _check_memories(memories: Any) -> None:
+    """Raises ValidationError unless ``memories`` is a sequence of :class:`Memory` (a list of
+    Trace Lite's JSON objects raised AttributeError deep inside)."""
+    if isinstance(memories, (str, bytes, Mapping)) or not isinstance(memories, Sequence):
+        raise ValidationError(f"memories must be a list of Memory, got {type(memories).__name__}",
+                              hint="convert Trace Lite's JSON objects with Memory.from_trace_lite")
+    for m in memories:
+        if not isinstance(m, Memory):
+            raise ValidationError(f"memories must be Memory objects, got {type(m).__name__}",
+                                  hint="convert Trace Lite's JSON objects with Memory.from_trace_lite")
+
+
 # --- decay ------------------------------------------------------------------------------
 
 def next_tier(tier: str, effective_age: float, config: MaintenanceConfig) -> str:
@@ -390,6 +402,7 @@ def decay(memories: Sequence[Memory], config: MaintenanceConfig | None = None, *
 
     Returns the new list (unchanged memories are the same objects) and how many moved.
     """
+    _check_memories(memories)
     config = config or MaintenanceConfig()
     now_ms = _ms(time.time() if now is None else now)
     out, changed = [], 0
@@ -534,6 +547,7 @@ def deduplicate(memories: Sequence[Memory], threshold: float | None = None, *,
     the earlier one on ties. Extensions (config): pinned memories stay; a removed
     duplicate's tags and access count are merged into its survivor.
     """
+    _check_memories(memories)
     config = config or MaintenanceConfig()
     t = config.dedupe_threshold if threshold is None else threshold
     if len(memories) < 2:
@@ -592,6 +606,7 @@ def cluster(memories: Sequence[Memory], config: MaintenanceConfig | None = None)
     the seed; groups smaller than ``min_cluster_size`` are released. Pinned memories are
     left out when ``config.keep_pinned``.
     """
+    _check_memories(memories)
     config = config or MaintenanceConfig()
     candidates = _cluster_candidates(memories, config)
     if len(candidates) < config.min_cluster_size:
@@ -608,8 +623,18 @@ def cluster(memories: Sequence[Memory], config: MaintenanceConfig | None = None)
 # --- forget -----------------------------------------------------------------------------
 
 def forget(memories: Sequence[Memory], query: Sequence[float], threshold: float = 0.7) -> Forgotten:
-    """The memories whose cosine with ``query`` is below ``threshold`` (the survivors)."""
-    q = np.asarray(query, dtype=np.float64)
+    """The memories whose cosine with ``query`` is below ``threshold`` (the survivors).
+
+    Raises:
+        ValidationError: ``memories`` are not Memory objects, or ``query`` is not a vector of numbers.
+    """
+    _check_memories(memories)
+    try:
+        q = np.asarray(query, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValidationError("query must be a vector of numbers", hint="the embedding to forget by") from None
+    if q.ndim != 1:
+        raise ValidationError(f"query must be one vector, got an array of shape {q.shape}")
     qn = math.sqrt(float(q @ q)) if q.size else 0.0
     survivors = []
     rows, units = _matrix(memories)
@@ -714,6 +739,7 @@ def consolidate(memories: Sequence[Memory], config: MaintenanceConfig | None = N
     other members go. A summary under 10 characters, or a summarizer that raises, leaves
     its cluster alone.
     """
+    _check_memories(memories)
     config = config or MaintenanceConfig()
     now = time.time() if now is None else float(now)
     started = time.perf_counter()
