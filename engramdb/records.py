@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _accel
-from .errors import ValidationError
+from .errors import EmbeddingError, ValidationError
 
 __all__ = [
     "TIERS",
@@ -157,7 +157,12 @@ STORED: Any = _Stored()
 
 def _freeze_vector(name: str, value: Any) -> Any:
     """A read-only float32 copy of ``value`` (a NumPy array, list or tuple): NumPy input is
-    copied as it is, never through Python floats."""
+    copied as it is, never through Python floats.
+
+    Raises:
+        EmbeddingError: not a non-empty 1-D vector of finite numbers (spec/vectors.md: a
+            vector with NaN or infinity MUST fail with EmbeddingError, a ValidationError).
+    """
     if value is STORED:
         return value
     if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.ndim == 1 and not value.flags.writeable:
@@ -166,12 +171,12 @@ def _freeze_vector(name: str, value: Any) -> Any:
         try:
             arr = np.array(value, dtype=np.float32)
         except (TypeError, ValueError):
-            raise ValidationError(f"embedding {name!r} must be a vector of numbers") from None
+            raise EmbeddingError(f"embedding {name!r} must be a vector of numbers") from None
         arr.flags.writeable = False
     if arr.ndim != 1 or arr.size == 0:
-        raise ValidationError(f"embedding {name!r} must be a non-empty 1-D vector")
+        raise EmbeddingError(f"embedding {name!r} must be a non-empty 1-D vector")
     if not np.isfinite(arr).all():
-        raise ValidationError(f"embedding {name!r} contains NaN or infinity")
+        raise EmbeddingError(f"embedding {name!r} contains NaN or infinity")
     return arr
 
 

@@ -276,3 +276,20 @@ def test_a_normalised_space_keeps_the_direction_of_large_and_tiny_finite_vectors
         assert vi.search(txn, "s", big * 1e10, 1)[0][1] == pytest.approx(1.0)
     with pytest.raises(EmbeddingError):
         db.add("z", id="z", embeddings={"s": np.zeros(4, np.float32)})
+
+
+def test_a_vector_with_nan_or_infinity_is_an_embedding_error(make_db):
+    # spec/vectors.md: it MUST fail with EmbeddingError; the record check raised a plain
+    # ValidationError, which `except EmbeddingError` did not catch
+    db = make_db()
+    db.add_space("s", dims=3, model="m")
+    db.add("a", id="a", embeddings={"s": [1, 0, 0]})
+    for bad in ([np.nan, 0, 0], [np.inf, 0, 0], np.array([0, -np.inf, 0], np.float32), "abc", [[1, 0, 0]]):
+        with pytest.raises(EmbeddingError):
+            db.add("x", id="x", embeddings={"s": bad})
+        with pytest.raises(EmbeddingError):
+            db.update("a", embeddings={"s": bad})
+        with pytest.raises(EmbeddingError):
+            db.add_many([{"id": "y", "content": "y", "embeddings": {"s": np.asarray([1, 0, 0], np.float32)}},
+                         {"id": "x", "content": "x", "embeddings": {"s": bad}}])
+    assert db.ids() == ["a"] and np.array_equal(db.get("a").embeddings["s"], [1, 0, 0])
