@@ -453,7 +453,13 @@ def _text_arg(text: str) -> str:
     stores "hi", as the shell's $(...) would (issue 12, bug 8)."""
     if text != "-":
         return text
-    return sys.stdin.read().rstrip("\r\n")
+    data = sys.stdin.buffer.read()  # bytes: the stream's own decoding raised, or smuggled surrogates in
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"stdin is not UTF-8 text (byte {exc.start} cannot be decoded)",
+                              hint="convert it to UTF-8 first, e.g. with `iconv -f latin1 -t utf-8`") from None
+    return io.StringIO(decoded, newline=None).read().rstrip("\n")  # newlines as text-mode stdin reads them
 
 
 _TIME_FIELDS = ("created_at", "last_accessed", "valid_from", "valid_to")

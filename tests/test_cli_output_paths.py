@@ -126,3 +126,21 @@ def test_info_shows_the_embedding_spaces_the_dims_hint_points_to(tmp_path):
     assert data["spaces"]["minilm-l6-v2"]["dims"] == 3
     stats = CliRunner().invoke(cli, ["stats", path], env=env, catch_exceptions=False).stdout
     assert "space minilm-l6-v2 1 blocks" in stats, stats
+
+
+def test_add_from_stdin_that_is_not_utf8_says_so(tmp_path):
+    """`add F -` with Latin-1 on stdin failed with "cannot encode value: 'utf-8' codec can't
+    encode characters ...: surrogates not allowed", which says nothing of the input."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = str(tmp_path / "s.engram")
+    engramdb.open(path, encrypted=False).close()
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    result = CliRunner().invoke(cli, ["add", path, "-"], env=env, input=b"caf\xe9 au lait\n")
+    assert result.exit_code == 1 and "stdin is not UTF-8" in result.output and "byte 3" in result.output
+    ok = CliRunner().invoke(cli, ["add", path, "-", "--id", "c"], env=env, input="café\r\nau lait\r\n".encode())
+    assert ok.exit_code == 0, ok.output
+    with engramdb.open(path, encrypted=False) as db:
+        assert db.get("c").content == "café\nau lait"  # newlines read as text mode reads them
