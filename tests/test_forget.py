@@ -192,7 +192,7 @@ def test_forget_by_embedding_checks_the_vector(make_db):
     db.add("a", id="a", embeddings={"s": [1, 0, 0, 0]})
     db.add("b", id="b", embeddings={"s": [0, 1, 0, 0]})
     for bad in ("abcd", [1j, 0, 0, 0], {"a": 1}, [[1, 0], [0, 0]], [], [float("nan"), 0, 0, 0]):
-        with pytest.raises(engramdb.ValidationError) as exc:
+        with pytest.raises(engramdb.EmbeddingError) as exc:  # a ValidationError too
             db.forget(embedding=bad, dry_run=True)
         assert exc.value.hint
     assert db.forget(embedding=[[0, 2, 0, 0]], dry_run=True).ids == ("b",)  # one row, as an embedder returns it

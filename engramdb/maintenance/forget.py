@@ -85,20 +85,20 @@ def _query_vector(embedding: ArrayLike) -> np.ndarray:
     """``embedding`` as one float32 vector: 1-D, or one row (what an embedder returns for one text).
 
     Raises:
-        ValidationError: not finite numbers, or not one vector (a batch of rows is not flattened into one).
+        EmbeddingError: not finite numbers, or not one vector (a batch of rows is not flattened into one).
     """
     try:
         vec = np.asarray(embedding, dtype=np.float32)
     except (TypeError, ValueError):
-        raise ValidationError("embedding must be a vector of numbers",
+        raise EmbeddingError("embedding must be a vector of numbers",
                               hint="pass a list or a 1-D NumPy array of floats") from None
     if vec.ndim == 2 and vec.shape[0] == 1:
         vec = vec[0]
     if vec.ndim != 1 or vec.size == 0:
-        raise ValidationError(f"embedding must be one non-empty vector, got an array of shape {vec.shape}",
+        raise EmbeddingError(f"embedding must be one non-empty vector, got an array of shape {vec.shape}",
                               hint="forget by one query vector per call")
     if not np.isfinite(vec).all():
-        raise ValidationError("embedding contains NaN or infinity", hint="pass a vector of finite numbers")
+        raise EmbeddingError("embedding contains NaN or infinity", hint="pass a vector of finite numbers")
     return vec
 
 
