@@ -104,6 +104,9 @@ def detect_format(head: bytes) -> str:
     if is_encrypted_dump(head):
         return "aaak-encrypted"
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text:
+        raise ImportFormatError("the source is empty (or begins with nothing but blank lines): nothing to import",
+                                hint="check the path, and that whatever wrote the file finished")
     if text.startswith(b"FILE:||||v3|dump"):
         return "aaak-dump"
     if text.startswith(b"{"):

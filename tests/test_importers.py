@@ -186,6 +186,14 @@ def test_jsonl_with_a_utf8_bom_is_read(as_bytes):
     assert [n.id for n in iter_import(io.BytesIO(text.encode("utf-8")), now=NOW)] == ["m1", "m2"]
 
 
+@pytest.mark.parametrize("head", [b"", b"\n\n", b"\xef\xbb\xbf  \r\n"])
+def test_an_empty_source_is_named_as_such(head):
+    """An empty file (a failed export, a wrong path to a fresh file) was "unrecognized file
+    format (expected AAAK, JSONL memories or a Terronex .engram file)"."""
+    with pytest.raises(ImportFormatError, match="empty"):
+        detect_format(head)
+
+
 TEXT = st.text(st.characters(exclude_categories=()), max_size=20)
 META = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False,
                     allow_infinity=False) | TEXT | st.binary(max_size=6),
