@@ -759,7 +759,7 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     key = DIRTY_PREFIX + codec.u64(docno)
     if txn.get("meta", key) != token:
         return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
-    if not _is_stored(tx, id_, docno):
+    if not _is_stored(tx, docno):
         return 0  # gone without a change-log entry (forget drops it): nothing left to change
     dropped = 0
     changes = {k: op[k] for k in ("tier", "tags", "access_count", "last_accessed") if k in op}
@@ -783,7 +783,7 @@ def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
     memory that the pass deletes, so doing them first in their batch changes no outcome."""
     txn = tx.txn
     keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
-    due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[1], e[0])]
+    due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[0])]
     if not due:
         return
     tx.delete_many([e[1] for e, _ in due])
@@ -825,11 +825,10 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], o
             tx.txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
 
 
-def _is_stored(tx: PassTxn, id_: str, docno: int) -> bool:
-    """Whether memory ``id_`` is still stored under ``docno`` (not deleted, nor deleted and
-    added again under a new docno)."""
-    raw = tx.txn.get("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
-    return raw is not None and codec.from_u64(raw) == docno
+def _is_stored(tx: PassTxn, docno: int) -> bool:
+    """Whether memory ``docno`` is still stored. A docno is never given again, so its
+    record is the memory the plan named (an id deleted and added again has a new docno)."""
+    return tx.txn.contains("nodes", codec.u64(docno))
 
 
 def _docno_of(tx: PassTxn, id_: str) -> int:
