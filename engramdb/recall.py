@@ -667,8 +667,10 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
 # what recall_context passes on to recall() (its other options are recall_context's own)
 _RECALL_OPTIONS = frozenset(inspect.signature(recall).parameters) - {"store", "indexes", "query", "top_k", "source"}
 # A sentence ends at . ! ? … before whitespace, at the full stops of Chinese and Japanese
-# (U+3002, U+FF01, U+FF1F, never followed by a space), or at a line break.
-_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)"
+# (U+3002, U+FF01, U+FF1F, never followed by a space), or at a line break. Only match ends
+# are used: {1,16}, not +, so a long run of dots is not rescanned from each of its dots
+# (quadratic), and a run still ends where it did.
+_SENTENCE_END = re.compile(r"[.!?\u2026]{1,16}[\"'\u201d\u2019)\]]*(?=\s|$)"
                            r"|[\u3002\uff01\uff1f]+[\u300d\u300f\uff09\"'\u201d\u2019)\]]*|\n")
 # A word ends before whitespace; Chinese and Japanese have no spaces, so after each character.
 _WORD_END = re.compile(r"\S(?=\s|$)|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff](?=\S)")

@@ -268,3 +268,13 @@ def test_a_long_run_of_blanks_is_scrubbed_in_linear_time():
     # quadratic, 20,000 blanks took 2 s, a megabyte of padding hours
     text = "x" + " " * 400_000 + "y ."
     assert _within_a_minute(lambda: scrub(text)) == "x y."
+
+
+def test_a_field_list_followed_by_a_long_run_of_blanks_is_read_in_linear_time():
+    # "\s*" before alternatives starting with "\s" split every run of blanks both ways:
+    # quadratic (40,000 blanks: 5 s). scrub() collapses spaces and tabs, not other blanks.
+    conv = serialize_conversation([{"role": "user",
+                                    "content": "Save data.json with id, name" + "\u00a0" * 400_000 + "(x"}])
+    facts = _within_a_minute(lambda: extract_facts(conv))
+    storage = [f.text for f in facts if f.kind == "storage"]
+    assert len(storage) == 1 and storage[0].endswith("data.json holds records with the fields id, name.")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import engramdb
 from engramdb.compress import compress, inject_context
 from engramdb.errors import ValidationError
+from engramdb import recall as recall_module
 from engramdb.recall import sentence_span
 from engramdb.tokens import estimate_tokens, token_counter
 
@@ -179,3 +180,23 @@ def test_chinese_and_japanese_text_is_cut_at_its_own_sentence_ends(make_db):
     # not even the sentence fits: it is cut after a character, marked as cut
     tight = db.recall_context("アリスは東京に住んでいる", max_tokens=9)
     assert tight.passages[0].text == "アリスは東京に \u2026" and tight.tokens == 9
+
+
+def test_a_long_run_of_dots_is_cut_in_linear_time():
+    # the sentence-end regex retried a run of dots that ends no sentence from each of its
+    # dots (quadratic: 12,000 took 3 s); _fit_first scans the whole span of the best memory
+    import signal
+
+    def hang(signum, frame):
+        raise AssertionError("did not finish within 60 s")
+
+    text = "Alice met Bob in Paris. " + "\u2026" * 300_000 + "x The end."
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(60)
+    try:
+        ends = [m.end() for m in recall_module._SENTENCE_END.finditer(text)]
+        lo, hi = sentence_span(text, 3, 5)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ends == [23, len(text)] and text[lo:hi] == "Alice met Bob in Paris."
