@@ -389,8 +389,26 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
         with open(path, mode, **kwargs) as out:
             yield out
         return
+    _refuse_a_store(path)
     with atomic_file(path, mode, **kwargs) as out:
         yield out
+
+
+LMDB_MAGIC = 0xBEEFC0DE  # at offset 16 of an LMDB data file's first meta page (store.sniff)
+
+
+def _refuse_a_store(path: str) -> None:
+    """Refuse to replace an engramdb store (an LMDB data file) by a dump or export: `dump
+    a.engram -o b.engram` is a completion slip away. An older dump or export is replaced."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError:
+        return  # missing or unreadable: the write itself says what is wrong
+    if len(head) == 20 and int.from_bytes(head[16:20], "little") == LMDB_MAGIC:
+        raise ValidationError(f"{path} is an engramdb store; writing there would destroy it",
+                              hint="write to a new path, e.g. NAME.aaak or NAME.jsonl; delete the store first "
+                                   "if that is what you mean")
 def _check_time(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """An --after/--before value the library's date parser accepts, or a usage error."""
     from .filters import parse_time

@@ -144,3 +144,28 @@ def test_add_from_stdin_that_is_not_utf8_says_so(tmp_path):
     assert ok.exit_code == 0, ok.output
     with engramdb.open(path, encrypted=False) as db:
         assert db.get("c").content == "café\nau lait"  # newlines read as text mode reads them
+
+
+@pytest.mark.parametrize("command", ["dump", "export"])
+def test_dump_and_export_do_not_write_over_another_store(tmp_path, command):
+    """`engramdb dump a.engram -o b.engram` (a completion slip) replaced the store b.engram by
+    text, without --force or a word: only the store being read was protected."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    source, other = str(tmp_path / "a.engram"), tmp_path / "b.engram"
+    for path, text in ((source, "alpha"), (str(other), "the other store's only memory")):
+        with engramdb.open(path, encrypted=False) as db:
+            db.add(text, id="m", now=1.0)
+    before = other.read_bytes()
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    result = CliRunner().invoke(cli, [command, source, "-o", str(other)], env=env)
+    assert result.exit_code == 1 and "engramdb store" in result.output, result.output
+    assert other.read_bytes() == before
+    with engramdb.open(str(other), encrypted=False) as db:
+        assert db.get("m").content == "the other store's only memory"
+    backup = tmp_path / "a.aaak"
+    backup.write_text("an older dump")  # an existing dump or export is replaced, as before
+    assert CliRunner().invoke(cli, [command, source, "-o", str(backup)], env=env).exit_code == 0
+    assert backup.read_text() != "an older dump"
