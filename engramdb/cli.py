@@ -1166,9 +1166,23 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None) -> TextIO |
     encrypted dump decrypts to."""
     from .aaak import decrypt_dump, is_encrypted_dump
 
+    from .importers import detect_format
+
     raw = cast(BinaryIO, click.open_file(source, "rb"))  # click types it IO[Any]; "rb" opens bytes
-    head = raw.peek(16)[:16] if hasattr(raw, "peek") else b""
-    if is_encrypted_dump(head):
+    head = raw.peek(64)[:64] if hasattr(raw, "peek") else b""
+    # a store or an import source given as the dump failed as "not UTF-8 text ... look for a hand edit"
+    if len(head) >= 20 and int.from_bytes(head[16:20], "little") == LMDB_MAGIC:
+        raise ValidationError(f"{source} is an engramdb store, not a dump",
+                              hint=f"to copy a store, dump it first (`engramdb dump {source} -o COPY.aaak`) and "
+                                   "restore that")
+    try:
+        kind = detect_format(head)
+    except EngramError:
+        kind = ""
+    if kind in ("terronex", "jsonl"):
+        raise ValidationError(f"{source} is a {'Terronex .engram' if kind == 'terronex' else 'JSONL'} file, "
+                              "not a dump", hint=f"bring it in with `engramdb import {source} FILE --create`")
+    if is_encrypted_dump(head[:16]):
         try:
             return decrypt_dump(raw, _dump_passphrase(dump_passphrase_file, confirm=False))
         except WrongPassphraseError as exc:  # its default hint names the store's passphrase

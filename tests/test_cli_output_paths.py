@@ -169,3 +169,26 @@ def test_dump_and_export_do_not_write_over_another_store(tmp_path, command):
     backup.write_text("an older dump")  # an existing dump or export is replaced, as before
     assert CliRunner().invoke(cli, [command, source, "-o", str(backup)], env=env).exit_code == 0
     assert backup.read_text() != "an older dump"
+
+
+def test_restore_of_a_store_or_an_import_source_says_what_it_is(tmp_path):
+    """`restore notes.engram copy.engram` (a store as the dump) said "line 1, column 1: not
+    UTF-8 text ... look for a hand edit there"; a JSONL file, "the first line must be
+    'FILE:||||v3|dump' ... look for a hand edit"."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    store = str(tmp_path / "a.engram")
+    with engramdb.open(store, encrypted=False) as db:
+        db.add("alpha", id="m", now=1.0)
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text('{"id": "m", "content": "alpha"}\n')
+    env = {"ENGRAM_PLAINTEXT": "1", "ENGRAM_PASSPHRASE": None, "ENGRAM_KEY_FILE": None}
+    target = tmp_path / "copy.engram"
+    result = CliRunner().invoke(cli, ["restore", store, str(target)], env=env)
+    assert result.exit_code == 1 and "is an engramdb store, not a dump" in result.output
+    assert "engramdb dump" in result.output and not target.exists()
+    result = CliRunner().invoke(cli, ["restore", str(jsonl), str(target)], env=env)
+    assert result.exit_code == 1 and "is a JSONL file, not a dump" in result.output
+    assert "engramdb import" in result.output and not target.exists()
