@@ -130,3 +130,36 @@ def test_a_forced_run_with_one_candidate_says_it_needs_two(tmp_engram, now):
     tmp_engram.remember("a lone memory", now=now)
     report = consolidate_sleep(tmp_engram, threshold=50, force=True, now=now)
     assert report.skipped == "1 unconsolidated memories; a forced sleep consolidation needs at least 2"
+
+
+def test_a_run_interrupted_while_archiving_is_finished_by_the_next_one(tmp_engram, now, monkeypatch):
+    # The next run grouped the members the interrupted one had not archived yet with the
+    # others, so they got a second core memory beside the first (which already had
+    # derived_from edges to them): their content twice in recall. Now they are archived
+    # under the core written for them, and the rest is consolidated as usual.
+    ids = _memories(tmp_engram, now, n_per_topic=4)
+    real_archive = type(tmp_engram).archive
+    calls = []
+
+    def crash_on_the_third(self, id, **kwargs):
+        calls.append(id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("the process was killed")
+        return real_archive(self, id, **kwargs)
+
+    monkeypatch.setattr(type(tmp_engram), "archive", crash_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        consolidate_sleep(tmp_engram, threshold=10, now=now)
+    monkeypatch.setattr(type(tmp_engram), "archive", real_archive)
+    [first] = [n for n in tmp_engram.scan() if "core" in n.tags]
+    report = consolidate_sleep(tmp_engram, threshold=10, now=now)
+    assert report.archived == len(ids) - 2 and unconsolidated(tmp_engram) == []
+    cores = [n for n in tmp_engram.scan() if "core" in n.tags]
+    owners = {}
+    for core in cores:
+        for edge in tmp_engram.edges(core.id):
+            if edge.kind == "derived_from":
+                owners.setdefault(edge.dst, []).append(core.id)
+    assert sorted(owners) == sorted(ids) and all(len(o) == 1 for o in owners.values())  # one core each
+    assert sorted(i for i, o in owners.items() if o == [first.id]) == sorted(first.metadata["agent"]["consolidated_from"])
+    assert all(tmp_engram.get(i).tier == "archive" for i in ids)

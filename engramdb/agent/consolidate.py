@@ -125,13 +125,28 @@ def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
                     for k in sorted(chosen))
 
 
+def _interrupted(db: AgentMemory) -> dict[str, Node]:
+    """Member id -> the core memory consolidated from it (``metadata["agent"]["consolidated_from"]``
+    of every core memory); the first core by insertion order when two claim one member."""
+    owner: dict[str, Node] = {}
+    for core in db.scan(tags=[CORE_TAG]):
+        agent = core.metadata.get("agent") if isinstance(core.metadata, dict) else None
+        members = agent.get("consolidated_from") if isinstance(agent, dict) else None
+        if isinstance(members, list):
+            for member in members:
+                if isinstance(member, str):
+                    owner.setdefault(member, core)
+    return owner
+
+
 def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, summarizer: Summarizer | None = None,
                       tags: Iterable[str] | None = None, force: bool = False, now: float | None = None) -> SleepReport:
     """Turn the unconsolidated memories into about ``target`` core memories once there are
     ``threshold`` of them (``force=True``: whatever their number, at least 2).
 
     Each core memory (tags ``agent`` and ``core``, id ``core-<hash of its members' ids>``)
-    has a ``derived_from`` edge to each original, and the originals are archived.
+    has a ``derived_from`` edge to each original, and the originals are archived. Members an
+    interrupted run left live are archived under the core memory written for them first.
 
     Every summary is made before anything is written: a summarizer that raises or does
     not return text leaves the file as it was.
@@ -150,6 +165,23 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         report.skipped = (f"{len(nodes)} unconsolidated memories; "
                           + ("a forced sleep consolidation needs at least 2" if force
                              else f"sleep consolidation runs at {threshold}"))
+        return report
+    # members of a core memory that an interrupted run wrote but did not archive: finished
+    # under that core (regrouped, they would get a second core saying the same)
+    owner = _interrupted(db)
+    resumed: dict[str, tuple[Node, list[Node]]] = {}
+    for node in nodes:
+        if node.id in owner:
+            resumed.setdefault(owner[node.id].id, (owner[node.id], []))[1].append(node)
+    for core_id, (core, members) in sorted(resumed.items()):
+        for member in members:
+            db.link(core_id, member.id, "derived_from", now=stamp)
+            db.archive(member.id, now=stamp)
+        report.archived += len(members)
+        report.cores.append({"id": core_id, "derived_from": [m.id for m in members], "content": core.content,
+                             "resumed": True})
+    nodes = [node for node in nodes if node.id not in owner]
+    if not nodes:
         return report
     embed = HashedTfidfEmbedder(dims=512)
     contents = [node.content for node in nodes]
