@@ -90,15 +90,18 @@ def parse_raw_key(key: bytes | str) -> bytes:
     if isinstance(key, (bytes, bytearray)):
         return bytes(key)
     if isinstance(key, str):
-        text = key.strip().upper()
-        if text.startswith(RECOVERY_PREFIX):
-            text = text[len(RECOVERY_PREFIX):]
+        text = "".join(key.split()).upper()  # groups may be typed with spaces instead of dashes
+        if text.startswith(RECOVERY_PREFIX.rstrip("-")):  # "ERK1 ..." typed with a space: "1" is not base32
+            text = text[len(RECOVERY_PREFIX) - 1:]
         text = text.replace("-", "")
+        hint = "copy it exactly as add_recovery_key() printed it (ERK1- and 13 groups of 4 characters)"
         try:
             raw = base64.b32decode(text + "=" * (-len(text) % 8))
         except ValueError:
-            raise ValidationError("the recovery key is not valid base32",
-                                  hint="copy it exactly as add_recovery_key() printed it") from None
+            raise ValidationError("the recovery key is not valid base32", hint=hint) from None
+        if len(raw) != 32:  # a group left out or one too many: say so, not "a raw key must be 32 bytes"
+            raise ValidationError(f"the recovery key has {len(text)} characters after ERK1-, not 52: it is "
+                                  "incomplete or has extra characters", hint=hint)
         return raw
     raise ValidationError("key must be 32 bytes or a recovery-key string")
 

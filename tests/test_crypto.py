@@ -182,3 +182,18 @@ def test_default_profile_cost(monkeypatch):
     assert len(crypto.derive_kek("pw", os.urandom(16), params)) == 32
     # the cost argon2 is asked to pay is the profile's, in full (its time is a benchmark figure)
     assert [(r["time_cost"], r["memory_cost"], r["parallelism"]) for r in runs] == [(3, 64 * 1024, 4)]
+
+
+def test_a_mistyped_recovery_key_is_named_as_such():
+    """A recovery key missing a group (or with one too many) was "a raw key must be exactly 32
+    bytes" with the hint "generate one with os.urandom(32)"; one typed with spaces between its
+    groups was refused as not base32."""
+    from engramdb.header import format_recovery_key, parse_raw_key
+
+    raw = bytes(range(32))
+    key = format_recovery_key(raw)
+    assert parse_raw_key(key.replace("-", " ")) == raw == parse_raw_key(" " + key.lower() + "\n")
+    for bad in (key[:-5], key + "-AAAA"):
+        with pytest.raises(ValidationError, match="recovery key") as info:
+            parse_raw_key(bad)
+        assert "os.urandom" not in info.value.hint and "add_recovery_key" in info.value.hint
