@@ -863,7 +863,13 @@ def verify(ctx: click.Context, file: str, fix: bool, as_json: bool) -> None:
     # verify reports what an open refuses; the bar is by the file's bytes, done at the end
     # (the checks report no progress of their own)
     with _open(ctx, file, readonly=not fix, repair=True) as db, _whole_file_progress(ctx, file, "verifying"):
-        problems = db.verify(fix=fix)
+        try:
+            problems = db.verify(fix=fix)
+        except DecryptionError as exc:  # only --fix raises: it rebuilds from the records, and one does not open
+            raise DecryptionError(f"verify --fix rebuilds the derived data from the records, and a damaged record "
+                                  f"cannot be rebuilt: {exc.message}",
+                                  hint=f"salvage the intact memories: `engramdb dump --skip-damaged {file} -o S.aaak`, "
+                                       "then `engramdb restore S.aaak NEW.engram`") from None
     _emit([{"kind": p.kind, "detail": p.detail} for p in problems], as_json,
           lambda ps: "\n".join(f"{p['kind']}: {p['detail']}" for p in ps) if ps else "ok")
     if problems and not fix:

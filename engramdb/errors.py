@@ -171,7 +171,9 @@ class ConfigMismatchError(EngramError):
 class DecryptionError(EngramError):
     """A sealed value failed authentication: wrong key, tampering or a moved record."""
 
-    default_hint = "the file may have been tampered with; run `engramdb verify FILE` and restore from a backup"
+    default_hint = ("the file was damaged or tampered with (`engramdb verify FILE` lists what): restore it from a "
+                    "backup, or salvage the rest with `engramdb dump --skip-damaged FILE -o S.aaak` and restore that "
+                    "into a new file")
 
 
 class WrongPassphraseError(DecryptionError):

@@ -276,3 +276,30 @@ def test_salvage_dump_keeps_the_memories_of_a_damaged_vector_block(tmp_path):
         assert db.ids() == [f"m{i}" for i in range(5)] and db.get("m3").content == "memory number 3"
         assert [e.dst for e in db.edges("m1")] == ["m2"] and db.verify() == []
         assert all(not db.get(f"m{i}").embeddings for i in range(5))
+
+
+def test_a_damaged_record_points_to_the_salvage_path(tmp_path):
+    """With a record that fails authentication, `verify --fix` (and every reading command)
+    said "run `engramdb verify FILE` and restore from a backup": verify had just been run,
+    and the way out without a backup (dump --skip-damaged, then restore) went unnamed."""
+    import lmdb
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = tmp_path / "damaged.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"m{i}", "content": f"memory number {i}"} for i in range(5)])
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    with env.begin(db=env.open_db(b"t1", create=False)) as txn:
+        value = txn.get((3).to_bytes(8, "big"))
+    env.close()
+    data = bytearray(path.read_bytes())
+    data[data.index(value) + len(value) - 1] ^= 0x01
+    path.write_bytes(bytes(data))
+    run_env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1", "ENGRAM_PLAINTEXT": None,
+               "ENGRAM_KEY_FILE": None}
+    for args in (["verify", "--fix", str(path)], ["list", str(path)]):
+        result = CliRunner().invoke(cli, args, env=run_env)
+        assert result.exit_code == 1 and "dump --skip-damaged" in result.output, result.output
+    assert "cannot be rebuilt" in CliRunner().invoke(cli, ["verify", "--fix", str(path)], env=run_env).output
