@@ -257,3 +257,17 @@ def test_the_package_exports_the_pure_forget_and_every_pure_function_checks_its_
     for query in ("ab", [[1, 0]], [object()]):
         with pytest.raises(ValidationError):
             forget([Memory(id="a", embedding=(1.0, 0.0))], query)
+
+
+def test_parse_iso_reads_every_time_format_iso_writes():
+    # format_iso writes years outside 0000-9999 as toISOString does (+055840-...); parse_iso,
+    # on Python's datetime, refused them, so a memory's Trace Lite form did not read back
+    from engramdb.maintenance.lifecycle import format_iso
+
+    for ts in (1.7e12, -62167219201.0, 253402300800.0, -8.64e12, 8.64e12, 1_780_315_200.123, 0.0):
+        assert parse_iso(format_iso(ts)) == round(ts * 1000) / 1000
+    m = Memory(id="far", content="x", created_at=1.7e12, last_accessed=1.7e12)
+    assert Memory.from_trace_lite(m.to_trace_lite()) == m
+    for bad in ("+010001-02-29T00:00:00.000Z", "+010000-13-01T00:00:00Z", "+55840-01-01T00:00:00Z"):
+        with pytest.raises(ValidationError):
+            parse_iso(bad)

@@ -14,7 +14,9 @@ The greedy steps (dedupe, clusters) then run over the pairs above the threshold 
 """
 from __future__ import annotations
 
+import calendar
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -286,6 +288,13 @@ def parse_iso(text: str) -> float:
     """
     if not isinstance(text, str):
         raise ValidationError(f"not an ISO 8601 time: {text!r}", hint="write it like 2026-06-01T12:00:00Z")
+    expanded = _EXPANDED.fullmatch(text)
+    if expanded:  # a year outside 0000-9999, as format_iso (toISOString) writes it
+        year, month, day, hours, minutes, seconds, ms = (int(g or 0) for g in expanded.groups())
+        if 1 <= month <= 12 and 1 <= day <= calendar.monthrange(2000 + year % 400, month)[1] \
+                and hours < 24 and minutes < 60 and seconds < 60:
+            days = _days_from_civil(year, month, day)
+            return float(days * 86_400 + hours * 3600 + minutes * 60 + seconds) + ms / 1000
     try:
         value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except (TypeError, ValueError):
@@ -297,6 +306,17 @@ def parse_iso(text: str) -> float:
 
 # JavaScript's Date range: +-8.64e15 ms around the epoch (Trace Lite's clock cannot go further)
 MAX_TIME = 8.64e12
+_EXPANDED = re.compile(r"([+-][0-9]{6})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{3}))?Z")
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm, any year)."""
+    y = year - (month <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146_097 + doe - 719_468
 
 
 def format_iso(ts: float) -> str:
