@@ -169,3 +169,21 @@ def test_a_block_type_that_is_not_a_string_is_named(messages, where):
     with pytest.raises(ValidationError) as err:
         serialize_conversation(messages)
     assert where in err.value.message and err.value.hint
+
+
+def test_arguments_nested_too_deep_for_json_are_kept_as_text():
+    # json.loads / json.dumps raise RecursionError (not ValueError) past Python's recursion
+    # limit: a model's runaway "[[[[..." arguments, or a deeply nested input, escaped as a
+    # bare RecursionError instead of being kept raw like other broken JSON
+    deep = "[" * 100_000
+    conv = serialize_conversation([{"role": "assistant", "content": None,
+                                    "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": deep}}]}])
+    assert conv.turns[0].tool_calls[0].arguments == deep
+    nested: dict = {}
+    inner = nested
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]
+    conv = serialize_conversation([{"role": "assistant",
+                                    "content": [{"type": "tool_use", "id": "a", "name": "f", "input": nested}]}])
+    assert conv.tool_sequence == ["f"] and "[tool call f] <dict nested too deep to show>" in conv.text

@@ -147,7 +147,7 @@ def _arguments(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value) if value.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the recursion limit: RecursionError
             return value  # models do emit broken JSON; keep it rather than lose the call
     return {} if value is None else value
 
@@ -315,8 +315,16 @@ def _compact_json(value: Any) -> str:
         return value
     try:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
+        return _shallow(value)
+
+
+def _shallow(value: Any) -> str:
+    """``str(value)``, or its type's name when it is nested too deep even for that."""
+    try:
         return str(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deep to show>"
 
 
 def render_message(msg: Message) -> list[str]:
