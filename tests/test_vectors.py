@@ -293,3 +293,20 @@ def test_a_vector_with_nan_or_infinity_is_an_embedding_error(make_db):
             db.add_many([{"id": "y", "content": "y", "embeddings": {"s": np.asarray([1, 0, 0], np.float32)}},
                          {"id": "x", "content": "x", "embeddings": {"s": bad}}])
     assert db.ids() == ["a"] and np.array_equal(db.get("a").embeddings["s"], [1, 0, 0])
+
+
+def test_a_bad_query_embedder_is_an_embedding_error(make_db):
+    # a non-callable was accepted and the first recall raised TypeError; an embedder that
+    # returned text raised a raw ValueError from NumPy
+    db = make_db()
+    db.add_space("s", dims=3, model="m")
+    db.add("hello", id="a", embeddings={"s": [1, 0, 0]})
+    with pytest.raises(EmbeddingError):
+        db.set_embedder("s", "not callable")
+    for embedder in (lambda texts: "abc", lambda texts: [[object()] * 3]):
+        db.set_embedder("s", embedder)
+        with pytest.raises(EmbeddingError) as exc:
+            db.recall("hello")
+        assert exc.value.hint
+    db.set_embedder("s", lambda texts: np.ones((len(texts), 3), np.float32))
+    assert [h.id for h in db.recall("hello")] == ["a"]

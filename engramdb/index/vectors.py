@@ -542,7 +542,14 @@ class VectorIndex:
                                                   use_bin_type=True))
 
     def set_embedder(self, name: str, embedder: Callable[[list[str]], np.ndarray]) -> None:
-        """Register the embedder used for queries (and auto vectors) in space ``name``."""
+        """Register the embedder used for queries (and auto vectors) in space ``name``.
+
+        Raises:
+            EmbeddingError: ``embedder`` is not callable (it would fail at the first query).
+        """
+        if not callable(embedder):
+            raise EmbeddingError(f"the embedder of space {name!r} must be callable, got {type(embedder).__name__}",
+                                 hint="pass a function from a list of texts to a float32 array (n, dims)")
         self._embedders[name] = embedder
 
     def embedder(self, space: EmbeddingSpace) -> Callable[[list[str]], np.ndarray] | None:
@@ -1058,7 +1065,11 @@ class VectorIndex:
         emb = self.embedder(sp)
         if emb is None:
             return None
-        vec = np.asarray(emb([text]), dtype=np.float32)
+        try:
+            vec = np.asarray(emb([text]), dtype=np.float32)
+        except (TypeError, ValueError) as exc:  # the embedder gave something that is not numbers
+            raise EmbeddingError(f"the embedder of space {sp.name!r} did not return numbers ({exc})",
+                                 hint="an embedder returns a float32 array (n, dims) for n texts") from None
         if not np.any(vec):
             return None
         row: np.ndarray = _check_matrix(sp, vec)[0]
