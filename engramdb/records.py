@@ -66,8 +66,20 @@ def new_id() -> str:
 
 
 def now_ts(now: float | None = None) -> float:
-    """The injected clock: ``now`` when given, else the wall clock."""
-    return time.time() if now is None else float(now)
+    """The injected clock: ``now`` when given, else the wall clock.
+
+    Raises:
+        ValidationError: ``now`` is not a finite number of seconds (a string such as "2020"
+            was read as 2020 seconds, other strings raised a raw ValueError).
+    """
+    if now is None:
+        return time.time()
+    if now.__class__ is float and now - now == 0.0:  # the common case: a finite float
+        return now
+    if isinstance(now, bool) or not isinstance(now, numbers.Real) or not math.isfinite(now):
+        raise ValidationError(f"now must be a finite number of seconds since the epoch, got {now!r}"[:160],
+                              hint="e.g. now=time.time(), or a datetime's .timestamp()")
+    return float(now)
 
 
 def _str_list(name: str, value: Any) -> tuple[str, ...]:

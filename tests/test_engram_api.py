@@ -272,3 +272,17 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_hold(make_db):
                 {"metadata": {"x": np.float64("nan")}}, {"metadata": {"x": np.complex64(1)}}):
         with pytest.raises(engramdb.ValidationError):
             Node(id="x", **bad)
+
+
+@pytest.mark.parametrize("bad", ["abc", "2020", [1], True, float("nan"), float("inf")])
+def test_an_injected_clock_that_is_not_a_number_is_a_validation_error(make_db, bad):
+    # now_ts did float(now): "abc" raised a raw ValueError, "2020" was 2020 seconds, True was 1.0
+    db = make_db()
+    db.add("x " * 300, id="a")
+    calls = [lambda: db.add("y", id="y", now=bad), lambda: db.archive("a", now=bad),
+             lambda: db.link("a", "y", now=bad), lambda: db.maintain(now=bad)]
+    for call in calls:
+        with pytest.raises(engramdb.ValidationError) as exc:
+            call()
+        assert "now" in exc.value.message
+    assert db.ids() == ["a"] and not db.get("a").archived

@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import codec
 from ..errors import BusyError, CorruptFileError, EmbeddingError, ValidationError
-from ..records import ARCHIVE_KEY, Node
+from ..records import ARCHIVE_KEY, Node, now_ts
 from ..index import Indexes
 from ..store import Store, Txn
 from . import archive as archive_ops
@@ -931,7 +931,7 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         report = _run_plan(target, pending_plan, config.batch_size, progress)
         report.duration_s = time.perf_counter() - started
         return report
-    now = time.time() if now is None else float(now)
+    now = now_ts(now)
     if not -MAX_TIME <= now <= MAX_TIME:  # the pass writes it as an ISO time, as JavaScript can
         raise ValidationError(f"now must be a finite number of seconds since the epoch within JavaScript's dates "
                               f"(+-{MAX_TIME:.3g}), got {now!r}",
