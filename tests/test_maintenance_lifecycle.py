@@ -271,3 +271,13 @@ def test_parse_iso_reads_every_time_format_iso_writes():
     for bad in ("+010001-02-29T00:00:00.000Z", "+010000-13-01T00:00:00Z", "+55840-01-01T00:00:00Z"):
         with pytest.raises(ValidationError):
             parse_iso(bad)
+
+
+@pytest.mark.parametrize("bad", ["abc", "2020", True, float("nan")])
+def test_the_pure_passes_check_their_clock(bad):
+    # decay multiplied the string by 1000 (TypeError from round), consolidate raised ValueError
+    from engramdb.maintenance import consolidate, decay
+
+    for call in (lambda: decay([Memory(id="a")], now=bad), lambda: consolidate([Memory(id="a")], now=bad)):
+        with pytest.raises(ValidationError):
+            call()

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ValidationError
+from ..records import now_ts
 
 __all__ = [
     "Consolidated",
@@ -424,7 +425,7 @@ def decay(memories: Sequence[Memory], config: MaintenanceConfig | None = None, *
     """
     _check_memories(memories)
     config = config or MaintenanceConfig()
-    now_ms = _ms(time.time() if now is None else now)
+    now_ms = _ms(now_ts(now))
     out, changed = [], 0
     for m in memories:
         tier = _decay_one(m, now_ms, config)
@@ -761,7 +762,7 @@ def consolidate(memories: Sequence[Memory], config: MaintenanceConfig | None = N
     """
     _check_memories(memories)
     config = config or MaintenanceConfig()
-    now = time.time() if now is None else float(now)
+    now = now_ts(now)
     started = time.perf_counter()
     report = MaintenanceReport(before_total=len(memories), before_by_tier=count_by_tier(m.tier for m in memories),
                                now=now, full=True)
