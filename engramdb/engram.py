@@ -1086,7 +1086,10 @@ class Transaction:
         txn = self._txn
         seen: set[bytes] = set()
         for node, id_key in zip(nodes, id_keys):
-            if id_key in seen or txn.contains("ids", id_key):
+            if id_key in seen:  # nothing is stored yet: the hint to update would mislead
+                raise DuplicateIdError(f"the id {shown(node.id)} repeats within one add_many",
+                                       hint="give each memory of the batch its own id (nothing was written)")
+            if txn.contains("ids", id_key):
                 raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
             seen.add(id_key)
         raise StoreError("an id was found stored, and then not", hint="this is a bug in engramdb, please report it")

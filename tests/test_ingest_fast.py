@@ -161,10 +161,11 @@ def test_add_many_names_the_first_duplicate_in_a_new_and_a_filled_file(make_db):
     db = make_db("dups.engram")
     batch = [{"id": "a", "content": "x"}, {"id": "b", "content": "y"}, {"id": "b", "content": "z"},
              {"id": "a", "content": "w"}]
-    with pytest.raises(DuplicateIdError, match="'b'"):  # the first id that repeats, in a new file
+    with pytest.raises(DuplicateIdError, match="'b' repeats within one add_many") as err:  # the first repeat
         db.add_many(batch, now=NOW)
+    assert "update" not in err.value.hint  # nothing is stored: updating is no way out
     db.add_many([{"id": "c", "content": "stored"}, {"id": "d", "content": "stored"}], now=NOW)
-    with pytest.raises(DuplicateIdError, match="'d'"):  # stored before the repeat within the batch
+    with pytest.raises(DuplicateIdError, match="'d' exists"):  # stored before the repeat within the batch
         db.add_many([{"id": "e", "content": "x"}, {"id": "d", "content": "x"}, {"id": "e", "content": "x"}], now=NOW)
     with pytest.raises(DuplicateIdError, match="'c'"):
         db.add_many([{"id": "f", "content": "x"}, {"id": "c", "content": "x"}], now=NOW)
