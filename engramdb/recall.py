@@ -29,6 +29,7 @@ over ranks it lets weak neighbours overtake strong matches (on LoCoMo, R@10 0.48
 from __future__ import annotations
 
 import bisect
+import copy
 import datetime as _dt
 import inspect
 import re
@@ -460,7 +461,7 @@ class _Run:
         for docno, score in sorted(scored.items(), key=lambda item: (-item[1], item[0]))[:top_k]:
             node = self.nodes[docno]
             assert node is not None  # scored nodes passed self.node()
-            hits.append(Hit(id=node.id, score=score, node=node, docno=docno,
+            hits.append(Hit(id=node.id, score=score, node=_own_copy(node), docno=docno,
                             parts=None if parts is None else dict(sorted(parts[docno].items())),
                             relevance=relevance[docno]))
         return hits
@@ -537,6 +538,17 @@ def _explain_parts(rankings: Sequence[tuple[str, list[tuple[int, float, float]]]
             if hop:
                 p[hop_key] = hop
     return parts
+
+
+def _own_copy(node: Node) -> Node:
+    """``node`` with a metadata of its own: the decoded node is shared with the handle's node
+    cache, and a caller changing ``hit.node.metadata`` (a plain dict on a frozen Node) must
+    not change what later queries return."""
+    if not node.metadata:
+        return node
+    out = copy.copy(node)
+    object.__setattr__(out, "metadata", copy.deepcopy(node.metadata))
+    return out
 
 
 def _touch(store: Store, hits: list[Hit], now: float) -> list[Hit]:

@@ -490,3 +490,15 @@ def test_a_source_loader_that_returns_no_text_is_a_validation_error(make_db, loa
         db.recall_context("Alice", source_loader=lambda txn, name: loaded)
     assert db.recall_context("Alice", source_loader=lambda txn, name: None).passages[0].text == \
         "Alice moved to Berlin."
+
+
+def test_changing_a_hits_metadata_does_not_change_later_recalls(make_db):
+    # regression: hits shared their metadata dict with the handle's node cache
+    db = make_db("own.engram")
+    db.add({"id": "a", "content": "hello world", "metadata": {"k": [1], "n": {"m": 1}}})
+    hit = db.recall("hello")[0]
+    hit.node.metadata["x"] = 1
+    hit.node.metadata["k"].append(2)
+    hit.node.metadata["n"]["m"] = 2
+    assert db.recall("hello")[0].node.metadata == {"k": [1], "n": {"m": 1}}
+    assert db.get("a").metadata == {"k": [1], "n": {"m": 1}}
