@@ -238,7 +238,9 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
     Args:
         ids: memories to forget by id (each must exist).
         query: also forget every memory whose vector, in a space that can embed this text
-            (e.g. the built-in hashed TF-IDF space), scores at least ``threshold``.
+            (e.g. the built-in hashed TF-IDF space), scores at least ``threshold``. An
+            archived memory is compared by its stub's vector (in an ``auto`` space, its
+            preview's): forget it by id to be sure its archived text goes.
         embedding: likewise for a query vector, in every space of its dimension.
         threshold: the similarity (cosine in a normalised space) at or above which a
             memory is forgotten.
