@@ -1336,8 +1336,14 @@ def page_owners(path: str) -> dict[int, str]:
         size = fh.seek(0, os.SEEK_END)
         problems: list[str] = _Walker(fh, size).verify()
     if problems:
-        raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
+        raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}", hint=_STRUCTURE_HINT)
     return owners
+
+
+# verify reports this too: its hint must not send the user back to verify, and a salvage dump
+# (`dump --skip-damaged`) reads through the same B-trees, so it cannot help either.
+_STRUCTURE_HINT = ("the file's page structure is damaged, so it cannot be opened, verified or dumped: restore "
+                   "from a backup or an earlier dump (`engramdb restore DUMP NEW.engram`), and keep this file aside")
 
 
 def pages_written(before: dict[int, str], after: dict[int, str]) -> dict[str, int]:
@@ -1358,7 +1364,7 @@ def structural_verify(path: str) -> None:
     """
     problems = structural_problems(path)
     if problems:
-        raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}")
+        raise CorruptFileError(f"{path} failed the structural check: {'; '.join(problems[:3])}", hint=_STRUCTURE_HINT)
 
 
 def _table_chunks(ltxn: lmdb.Transaction[bytes], db: lmdb._Database) -> Iterator[list[tuple[bytes, bytes]]]:

@@ -882,3 +882,16 @@ def test_a_fleet_dump_removes_a_killed_runs_partial_file(tmp_path):
         result = fleet._write_dump(db, str(path), str(tmp_path))
     assert result["dump"] == str(tmp_path / "f.aaak") and result["records"] >= 1
     assert not leftover.exists() and (tmp_path / "f.aaak").read_text().startswith("FILE:")
+
+
+def test_a_structurally_damaged_file_is_not_sent_back_to_verify(tmp_path):
+    # regression: `engramdb verify` on such a file hinted "run `engramdb verify FILE`"
+    path = tmp_path / "s.engram"
+    build(path)
+    data = bytearray(path.read_bytes())
+    for page in leaf_pages(bytes(data)):
+        data[page * PAGE + 16:page * PAGE + 18] = (0xFFF0).to_bytes(2, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="structural check") as err:
+        engram.open(path, passphrase=PASSPHRASE)
+    assert "`engramdb verify" not in err.value.hint and "restore" in err.value.hint
