@@ -241,6 +241,9 @@ def _within_a_minute(work):
     milliseconds, the old code hours)."""
     import signal
 
+    if not hasattr(signal, "SIGALRM"):  # Windows: no alarm, the test still checks the result
+        return work()
+
     def hang(signum, frame):
         raise AssertionError("did not finish within 60 s")
 
