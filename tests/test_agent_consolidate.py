@@ -79,7 +79,7 @@ def test_a_summarizer_writes_the_core_memories(tmp_engram, now):
 
 
 def test_the_hooks_consolidate_once_the_threshold_is_reached(tmp_engram, now):
-    hooks = MemoryHooks(tmp_engram, sleep_threshold=12)
+    hooks = MemoryHooks(tmp_engram, sleep_threshold=12, tags=())  # no tags: every memory counts
     _memories(tmp_engram, now, n_per_topic=2)
     assert hooks.after_task([{"role": "user", "content": "Summarise the notes."}], now=now) != []
     assert [n for n in tmp_engram.scan() if "core" in n.tags] == []  # 11 so far
@@ -88,6 +88,23 @@ def test_the_hooks_consolidate_once_the_threshold_is_reached(tmp_engram, now):
     assert cores and unconsolidated(tmp_engram) == []
     with pytest.raises(ValidationError):
         MemoryHooks(tmp_engram, sleep_threshold=1)
+
+
+def test_the_hooks_leave_the_users_own_memories_alone(tmp_engram, now):
+    # regression: hooks with the default tags ("agent",) consolidated (archived) every live
+    # memory of the store once there were sleep_threshold of them, the user's own included
+    user = _memories(tmp_engram, now, n_per_topic=4)
+    hooks = MemoryHooks(tmp_engram, sleep_threshold=3)
+    facts = []
+    for i, task in enumerate(["Plan the garden beds. Use only raised beds.",
+                              "Deploy on friday. Never deploy on a holiday.",
+                              "Book the Lisbon train. Always pick a window seat."]):
+        facts += hooks.after_task([{"role": "user", "content": task}], now=now + 10 + i)
+    cores = [n for n in tmp_engram.scan() if "core" in n.tags]
+    assert len(facts) >= 3 and cores  # the agent's facts were consolidated
+    members = [i for core in cores for i in core.metadata["agent"]["consolidated_from"]]
+    assert members and all("agent" in tmp_engram.get(i).tags for i in members)
+    assert {n.id for n in unconsolidated(tmp_engram)} >= set(user)  # every user memory still live
 
 
 @pytest.mark.parametrize("failure", ["bad value", "raises"])

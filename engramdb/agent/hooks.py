@@ -43,9 +43,11 @@ class MemoryHooks:
         procedures: keep a procedural graph: :meth:`after_task` records each trajectory
             with an outcome, and :meth:`before_task` appends the guidance for the task.
         sleep_threshold: :meth:`after_task` runs :meth:`consolidate_sleep` once this many
-            unconsolidated memories exist (None: never by itself).
+            unconsolidated memories carrying every tag in ``tags`` exist (None: never by itself).
         summarizer: ``list of texts -> one text``, for sleep consolidation.
-        tags: tags every formed fact carries (plus ``fact`` and its kind).
+        tags: tags every formed fact carries (plus ``fact`` and its kind); sleep
+            consolidation takes only memories carrying them, so attaching hooks to a store
+            of the user's own memories never archives those (empty: every memory).
     """
 
     def __init__(self, db: AgentMemory, *, extractor: Extractor | None = None, top_k: int = 5,
@@ -167,12 +169,13 @@ class MemoryHooks:
                 continue
         if self.graph is not None and outcome is not None:
             self.graph.record_trajectory(conv, outcome, now=stamp)
-        if self.sleep_threshold is not None and len(unconsolidated(self.db)) >= self.sleep_threshold:
+        if self.sleep_threshold is not None and len(unconsolidated(self.db, tags=self.tags)) >= self.sleep_threshold:
             self.consolidate_sleep(now=stamp)
         return ids
 
     # -- sleep ----------------------------------------------------------------------------
     def consolidate_sleep(self, *, force: bool = False, now: float | None = None) -> SleepReport:
-        """:func:`engramdb.agent.consolidate_sleep` with this object's threshold and summarizer."""
+        """:func:`engramdb.agent.consolidate_sleep` with this object's threshold, summarizer and
+        tags (only the memories carrying every one of :attr:`tags`)."""
         return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
-                                 force=force, now=now)
+                                 tags=self.tags or None, force=force, now=now)
