@@ -10,6 +10,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from engramdb.index import bm25
 from engramdb.index.bm25 import SegmentedBM25
 
 
@@ -240,3 +241,120 @@ def test_catch_up_through_merges_answers_as_a_fresh_handle_in_every_snapshot(sto
                 for q, expect in zip(queries, want):
                     assert idx.search(txn, q, 8) == expect, (step, q)
     assert idx.deltas_moved > 0
+
+
+class _Abort(Exception):
+    pass
+
+
+def test_a_merge_in_a_rolled_back_write_is_not_followed(store):
+    """A merge recorded by a write transaction that rolls back never happened: its output's
+    segment number is given to the next segment written (here another handle's document
+    holding the term), and the segment it would have merged away is later merged elsewhere. Following the
+    rolled-back record would relabel the entry's deleted posting as the new document's
+    (records are kept only once the write commits: _Written, _adopt)."""
+    idx, writer = _fresh(store), _fresh(store)
+    _write(store, idx, [(1, ["a", "b"]), (2, ["b"])])  # segment X
+    _write(store, idx, [(3, ["c"])])
+    assert [d for d, _ in _same_as_fresh(store, idx, ["a"])] == [1]
+
+    def merge_then_fail(txn):
+        assert idx.merge_small(txn) == 1
+        raise _Abort
+
+    with pytest.raises(_Abort):
+        store.write(merge_then_fail)
+    _write(store, writer, [(9, ["a"])])  # takes the rolled-back merge's output number
+    _write(store, writer, [], [1])  # X, half dead, is merged on its own into a segment without "a"
+    with store.read() as txn:
+        assert idx.layout(txn)["segments"] == 3
+    assert [d for d, _ in _same_as_fresh(store, idx, ["a"])] == [9]
+
+
+def test_the_merge_record_keeps_only_the_latest_merges(store, monkeypatch):
+    """The handle's record of its merges is bounded (bm25._MERGES_KEPT, here 24 segments;
+    the oldest are dropped): it never holds more, the latest merge is still followed once
+    older ones were dropped, and every answer stays a fresh handle's."""
+    monkeypatch.setattr(bm25, "_MERGES_KEPT", 24)
+    idx = _fresh(store)
+    for r in range(6):
+        for n in range(1, 10):
+            _write(store, idx, [(100 * r + n, ["a", "b"] if n % 3 else ["a", "c"])])
+        _same_as_fresh(store, idx, ["a", "b", "c"])
+        moved = idx.deltas_moved
+        _write(store, idx, [(100 * r + 10, ["z"])])  # ten segments: merged into one
+        assert len(idx._merged) <= 24
+        _same_as_fresh(store, idx, ["a", "b", "c"])
+        assert idx.deltas_moved == moved + 3
+    assert len(idx._merged) < 6 * 10
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_small_segments_rolled_back_writes_and_rebuilds_answer_as_a_fresh_handle(store, monkeypatch, seed):
+    """A random history with segments of at most four documents (tiers of them merged into
+    larger ones), writes by another handle, writes that roll back after a merge, forced
+    and small-segment merges, purges, rebuilds (a new epoch), a merge record of 3 segments;
+    queries for k from 0 to past every posting, also on older snapshots after newer ones.
+    Every answer equals a fresh handle's in the same snapshot."""
+    monkeypatch.setattr(bm25, "SMALL_SEGMENT_DOCS", 4)
+    monkeypatch.setattr(bm25, "AUTO_MERGE_MAX_DOCS", 4 * bm25.MERGE_FACTOR)
+    monkeypatch.setattr(bm25, "_MERGES_KEPT", 3)
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(12)]
+    idx, writer = _fresh(store), _fresh(store)
+    queries = [["w0"], ["w1", "w2"], ["w0", "w3", "w5"], {"w4": 2.0, "w1": 0.5}]
+    ks = (0, 1, 8, 70, 300)
+    live: set[int] = set()
+    nxt = 1
+
+    def doc() -> list[str]:
+        return [words[int(i)] for i in rng.integers(0, len(words), size=int(rng.integers(1, 5)))]
+
+    def step_write(txn, handle: SegmentedBM25, op: float, abort: bool) -> None:
+        nonlocal nxt
+        if op < 0.55 or not live:
+            k = int(rng.integers(1, 4))
+            handle.apply(txn, [(nxt + i, doc()) for i in range(k)], [])
+            if not abort:
+                live.update(range(nxt, nxt + k))
+                nxt += k
+        elif op < 0.7:
+            victim = int(rng.choice(sorted(live)))
+            handle.apply(txn, [], [victim])
+            if not abort:
+                live.discard(victim)
+        elif op < 0.85:
+            victim = int(rng.choice(sorted(live)))
+            handle.apply(txn, [(victim, doc())], [victim])  # an update: same docno, new segment
+        elif op < 0.9:
+            handle.merge(txn, 2)
+        elif op < 0.93:
+            handle.merge(txn, 1, force=True)
+        elif op < 0.95:
+            handle.merge_small(txn)
+        elif op < 0.97:
+            handle.rebuild(txn, [(v, ["w0", f"w{v % len(words)}"]) for v in sorted(live)])
+        else:
+            handle.purge(txn, 1)
+        if abort:
+            handle.merge(txn, 1, force=True)
+            raise _Abort
+
+    with contextlib.ExitStack() as stack:
+        held: list[tuple[object, list]] = []
+        for step in range(70):
+            handle = writer if rng.random() < WRITER else idx
+            op, abort = float(rng.random()), bool(rng.random() < 0.15)
+            with contextlib.suppress(_Abort):
+                store.write(lambda txn, h=handle, o=op, a=abort: step_write(txn, h, o, a))
+            if step % 3 == 0:
+                txn = stack.enter_context(store.read())
+                fresh = _fresh(store)
+                held.append((txn, [fresh.search(txn, q, k) for q in queries for k in ks]))
+            with store.read() as txn:
+                fresh = _fresh(store)
+                for q in queries:
+                    for k in ks:
+                        assert idx.search(txn, q, k) == fresh.search(txn, q, k), (step, q, k)
+            for txn, want in held[-3:][::-1] if step % 4 == 0 else ():
+                assert [idx.search(txn, q, k) for q in queries for k in ks] == want, step
