@@ -477,7 +477,7 @@ def _text_arg(text: str) -> str:
     except UnicodeDecodeError as exc:
         raise ValidationError(f"stdin is not UTF-8 text (byte {exc.start} cannot be decoded)",
                               hint="convert it to UTF-8 first, e.g. with `iconv -f latin1 -t utf-8`") from None
-    return io.StringIO(decoded, newline=None).read().rstrip("\n")  # newlines as text-mode stdin reads them
+    return decoded.rstrip("\r\n")  # the text's own CR/CRLF kept, as sys.stdin.read() kept them (POSIX)
 
 
 _TIME_FIELDS = ("created_at", "last_accessed", "valid_from", "valid_to")

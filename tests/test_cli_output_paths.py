@@ -143,7 +143,11 @@ def test_add_from_stdin_that_is_not_utf8_says_so(tmp_path):
     ok = CliRunner().invoke(cli, ["add", path, "-", "--id", "c"], env=env, input="café\r\nau lait\r\n".encode())
     assert ok.exit_code == 0, ok.output
     with engramdb.open(path, encrypted=False) as db:
-        assert db.get("c").content == "café\nau lait"  # newlines read as text mode reads them
+        assert db.get("c").content == "café\r\nau lait"  # the text's own line ends, only the last one dropped
+    lone = CliRunner().invoke(cli, ["add", path, "-", "--id", "d"], env=env, input=b"a\rb\rc\n")
+    assert lone.exit_code == 0, lone.output
+    with engramdb.open(path, encrypted=False) as db:
+        assert db.get("d").content == "a\rb\rc"  # regression: a lone CR became a newline
 
 
 @pytest.mark.parametrize("command", ["dump", "export"])
