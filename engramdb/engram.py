@@ -550,8 +550,9 @@ class Engram:
 
         Chooses the memories by ``ids`` and/or by similarity (at least ``threshold``) of
         their vectors to a ``query`` text or an ``embedding`` (in ``space``, else every
-        space that can compare it; an archived memory by its stub's vector, so forget it by
-        id to be sure its archived text goes). Deletes them with their postings, vectors, edges,
+        space that can compare it; with a query text, an archived memory also by its archived
+        original, embedded by the space's embedder: either match chooses it; with an
+        ``embedding``, by its stub's vector only). Deletes them with their postings, vectors, edges,
         archive rows and the source passages only they used, merges the index segments
         that held them and compacts the file: no page keeps their text or old ciphertext.
         The receipt lists the ids, the entries removed per table and the summaries built

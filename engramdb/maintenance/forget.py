@@ -7,6 +7,9 @@ rewrites them. :func:`forget` does the whole job, in this order:
 
 1. choose the memories: by id, and/or every memory whose vector is at least
    ``threshold`` similar (cosine, in a normalised space) to a query text or embedding;
+   for a query text, an archived memory is also compared by its archived original,
+   embedded again in each space that embeds the query (its stub's vector is only its
+   preview's, so a subject past the preview would not choose it);
 2. in one write transaction, delete them (records, id map, archive rows, postings,
    vectors, every edge touching them) and the sealed source passages (``sources``) that
    no remaining memory uses;
@@ -33,9 +36,9 @@ from numpy.typing import ArrayLike
 
 from .. import codec
 from . import run
-from .archive import has_original
+from .archive import has_original, iter_originals
 from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
-from ..index.vectors import unit_rows
+from ..index.vectors import EmbeddingSpace, unit_rows
 from ..store import Txn
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
@@ -44,6 +47,7 @@ __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
 # from the merge that rewrites their segments.
 RECORD_TABLES = ("nodes", "ids", "archive", "edges", "sources")
 INDEX_TABLES = ("postings", "segments", "vectors")
+ORIGINALS_BATCH = 256  # archived originals embedded per call of a space's embedder
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,74 @@ def _cosines(vectors: Any, txn: Txn, name: str, vec: np.ndarray) -> tuple[np.nda
     return docnos, scores
 
 
+def _original_scores(embedder: Any, space: EmbeddingSpace, texts: list[str],
+                     q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cosine of each text's vector (``embedder``'s, normalised) with the unit query ``q``,
+    and which texts have a zero vector (no direction: not compared, as an ``auto`` space
+    stores no vector for such a text).
+
+    Raises:
+        EmbeddingError: the embedder did not return a finite (len(texts), dims) matrix.
+    """
+    try:
+        mat = np.asarray(embedder(texts), dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder of space {space.name!r} did not return numbers ({exc})",
+                             hint="an embedder returns a float32 array (n, dims) for n texts") from None
+    if mat.shape != (len(texts), space.dims) or not np.isfinite(mat).all():
+        raise EmbeddingError(f"the embedder of space {space.name!r} did not return {len(texts)} finite vectors "
+                             f"of {space.dims} dims (got an array of shape {mat.shape})",
+                             hint="an embedder returns a float32 array (n, dims) for n texts")
+    rows, zero = unit_rows(mat)
+    scores: np.ndarray = rows @ q
+    return scores, zero
+
+
+def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], threshold: float) -> set[int]:
+    """Docnos whose archived original (own row or group member), embedded as its space
+    embeds text, is at least ``threshold`` similar to the query vector of that space
+    (``queries``: space name -> the query text's vector). The stub's vector is only its
+    preview's, so the original is what tells whether the memory is about the query.
+    Normalised like the stored rows: a cosine, whether or not the space normalises."""
+    vectors = engram.indexes.vectors
+    spaces = vectors.spaces(txn)
+    plans = []
+    for name, vec in sorted(queries.items()):
+        embedder = vectors.embedder(spaces[name])
+        if embedder is not None:
+            sp = spaces[name]  # the query as the stored rows meet it: as is when normalised, else as in _cosines
+            q = vec if sp.normalize else unit_rows(np.asarray(vec, dtype=np.float32).reshape(1, -1))[0][0]
+            plans.append((name, sp, embedder, q))
+    found: set[int] = set()
+    if not plans:
+        return found
+    batch: list[tuple[int, str]] = []
+
+    def flush() -> None:
+        docnos = np.fromiter((d for d, _ in batch), dtype=np.uint64, count=len(batch))
+        texts = [t for _, t in batch]
+        for name, space, embedder, q in plans:
+            try:
+                scores, zero = _original_scores(embedder, space, texts, q)
+            except EmbeddingError as exc:
+                raise ValidationError(f"the archived originals cannot be compared in space {name!r}: {exc.message}",
+                                      hint=exc.hint or "fix the space's embedder, or forget by id") from None
+            found.update(int(d) for d in docnos[~zero & (scores >= threshold)])
+        batch.clear()
+
+    for docno, text in iter_originals(txn):
+        batch.append((docno, text))
+        if len(batch) >= ORIGINALS_BATCH:
+            flush()
+    if batch:
+        flush()
+    return found
+
+
 def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLike | None, threshold: float,
                    space: str | None) -> set[int]:
-    """Docnos whose vector in some space is at least ``threshold`` similar to the query."""
+    """Docnos whose vector in some space is at least ``threshold`` similar to the query, and
+    (for a query text) those whose archived original is (:func:`_by_originals`)."""
     vectors = engram.indexes.vectors
     spaces = vectors.spaces(txn)
     names = sorted(spaces) if space is None else [space]
@@ -129,6 +198,7 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
         raise ValidationError(f"no embedding space {space!r} in this file",
                               hint=f"spaces: {', '.join(sorted(spaces)) or 'none'}")
     found: set[int] = set()
+    text_queries: dict[str, np.ndarray] = {}
     used = 0
     for name in names:
         queries = []
@@ -136,6 +206,7 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
             vec = vectors.embed_query(txn, name, query)
             if vec is not None:
                 queries.append(vec)
+                text_queries[name] = vec
         if embedding is not None:
             vec = _query_vector(embedding)
             if vec.shape[0] == spaces[name].dims:
@@ -157,6 +228,7 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
         raise ValidationError(f"no embedding space of this file can compare the {what}",
                               hint="add one with add_space() (the built-in hashed TF-IDF space embeds text), "
                                    "give an embedding of a space's dims, or forget by id")
+    found |= _by_originals(engram, txn, text_queries, threshold)
     return found
 
 
@@ -239,9 +311,11 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         ids: memories to forget by id (each must exist).
         query: also forget every memory whose vector, in a space that can embed this text
             (e.g. the built-in hashed TF-IDF space), scores at least ``threshold``. An
-            archived memory is compared by its stub's vector (in an ``auto`` space, its
-            preview's): forget it by id to be sure its archived text goes.
-        embedding: likewise for a query vector, in every space of its dimension.
+            archived memory is chosen when its stub's vector or its archived original
+            (embedded by the same space's embedder) reaches the threshold.
+        embedding: likewise for a query vector, in every space of its dimension; an
+            archived memory only by its stub's vector (a vector cannot embed its
+            original: forget it by id, or by a query text, to be sure its text goes).
         threshold: the similarity (cosine in a normalised space) at or above which a
             memory is forgotten.
         dry_run: only report what would be forgotten.
