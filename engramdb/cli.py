@@ -26,7 +26,7 @@ from .errors import (
     ModeMismatchError, ValidationError, WrongPassphraseError, shown,
 )
 from .records import ALL_FLAGS, EDGE_KINDS, TIERS, Node
-from .store import DEFAULT_TIMEOUT, atomic_file
+from .store import DEFAULT_TIMEOUT, atomic_file, is_lmdb_head
 from .tokens import estimate_tokens
 
 if TYPE_CHECKING:  # annotations only: recall loads with the first command that needs it
@@ -394,9 +394,6 @@ def _output(path: str | None, mode: str, **kwargs: Any) -> Iterator[Any]:
         yield out
 
 
-LMDB_MAGIC = 0xBEEFC0DE  # at offset 16 of an LMDB data file's first meta page (store.sniff)
-
-
 def _refuse_a_store(path: str) -> None:
     """Refuse to replace an engramdb store (an LMDB data file) by a dump or export: `dump
     a.engram -o b.engram` is a completion slip away. An older dump or export is replaced."""
@@ -405,7 +402,7 @@ def _refuse_a_store(path: str) -> None:
             head = fh.read(20)
     except OSError:
         return  # missing or unreadable: the write itself says what is wrong
-    if len(head) == 20 and int.from_bytes(head[16:20], "little") == LMDB_MAGIC:
+    if is_lmdb_head(head):
         raise ValidationError(f"{path} is an engramdb store; writing there would destroy it",
                               hint="write to a new path, e.g. NAME.aaak or NAME.jsonl; delete the store first "
                                    "if that is what you mean")
@@ -1177,7 +1174,7 @@ def _read_dump_source(source: str, dump_passphrase_file: str | None) -> TextIO |
     raw = cast(BinaryIO, click.open_file(source, "rb"))  # click types it IO[Any]; "rb" opens bytes
     head = raw.peek(64)[:64] if hasattr(raw, "peek") else b""
     # a store or an import source given as the dump failed as "not UTF-8 text ... look for a hand edit"
-    if len(head) >= 20 and int.from_bytes(head[16:20], "little") == LMDB_MAGIC:
+    if is_lmdb_head(head):
         raise ValidationError(f"{source} is an engramdb store, not a dump",
                               hint=f"to copy a store, dump it first (`engramdb dump {source} -o COPY.aaak`) and "
                                    "restore that")

@@ -942,7 +942,7 @@ def sniff(path: str) -> None:
                                     "deleted and created again with `engramdb init FILE`")
     if len(head) < 4096:
         raise ForeignFileError(f"{path} is too short to be an engramdb file ({len(head)} bytes)")
-    if struct.unpack_from("<I", head, 16)[0] != _META_MAGIC:
+    if not is_lmdb_head(head):
         raise ForeignFileError(f"{path} is not an engramdb file (not an LMDB data file)")
     psize = struct.unpack_from("<I", head, _META_PSIZE)[0]
     if psize in _PAGE_SIZES and size < 2 * psize:  # LMDB would call it "not an LMDB file"
@@ -951,6 +951,12 @@ def sniff(path: str) -> None:
 
 
 _META_MAGIC = 0xBEEFC0DE
+
+
+def is_lmdb_head(head: bytes) -> bool:
+    """Whether ``head``, the first bytes of a file (20 or more), are an LMDB data file's
+    first meta page: an engramdb store (or another LMDB file), never a dump or a source."""
+    return len(head) >= 20 and struct.unpack_from("<I", head, 16)[0] == _META_MAGIC
 # Offsets in an LMDB 0.9 meta page: a 16-byte page header, then MDB_meta (magic, version,
 # address, mapsize, two 48-byte MDB_db records whose first holds the page size, last_pg, txnid).
 _META_PSIZE, _META_TXNID = 40, 144
