@@ -310,3 +310,39 @@ def test_a_bad_query_embedder_is_an_embedding_error(make_db):
         assert exc.value.hint
     db.set_embedder("s", lambda texts: np.ones((len(texts), 3), np.float32))
     assert [h.id for h in db.recall("hello")] == ["a"]
+
+
+def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make_db):
+    # 92498d3 fixed this for queries only: adding to an auto space raised NumPy's raw ValueError
+    db = make_db()
+    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add("first", id="a")
+    db.set_embedder("s", lambda texts: [["x", "y"]] * len(texts))
+    with pytest.raises(EmbeddingError) as exc:
+        db.add("hello", id="b")
+    assert exc.value.hint
+    with pytest.raises(EmbeddingError):
+        db.add_many([{"id": "c", "content": "hello"}, {"id": "d", "content": "there"}])
+    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    assert db.ids() == ["a"] and db.verify() == []
+    assert [h.id for h in db.recall("first")] == ["a"]
+
+
+def test_an_error_inside_the_embedder_propagates_unchanged(make_db):
+    # embed_query wrapped the call itself, so a bug in the user's model was reported as
+    # "did not return numbers" and its traceback dropped
+    db = make_db()
+    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add("first", id="a")
+
+    def broken(texts):
+        raise ValueError("model shape mismatch")
+
+    db.set_embedder("s", broken)
+    for call in (lambda: db.recall("first"), lambda: db.add("hello", id="b")):
+        with pytest.raises(ValueError, match="model shape mismatch") as exc:
+            call()
+        assert not isinstance(exc.value, EmbeddingError)
+        assert exc.traceback[-1].name == "broken"
+    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    assert db.ids() == ["a"] and db.verify() == []

@@ -383,6 +383,21 @@ def unit_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, zero
 
 
+def _embed(space: EmbeddingSpace, emb: Callable[[list[str]], Any], texts: list[str]) -> np.ndarray:
+    """``emb(texts)`` as float32, for documents and queries alike.
+
+    Raises:
+        EmbeddingError: the embedder returned something that is not numbers. An error raised
+            inside the embedder itself (the user's model) propagates unchanged, with its traceback.
+    """
+    out = emb(texts)
+    try:
+        return np.asarray(out, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder of space {space.name!r} did not return numbers ({exc})",
+                             hint="an embedder returns a float32 array (n, dims) for n texts") from None
+
+
 def _one_space_column(spaces: Mapping[str, EmbeddingSpace],
                       nodes: Sequence[tuple[int, Any]]) -> tuple[str, list[int], list[Any]] | None:
     """``(space, docnos, vectors)`` when every node has exactly one vector, all in the same
@@ -600,7 +615,7 @@ class VectorIndex:
             if emb is None:  # auto spaces use the hashed model, whose embedder is built in
                 raise EmbeddingError(f"no embedder for the embedding space {name!r}",
                                      hint="register one with set_embedder() before adding memories")
-            mat = np.asarray(emb([texts[i] for i, _ in todo]), dtype=np.float32)
+            mat = _embed(space, emb, [texts[i] for i, _ in todo])
             keep = np.flatnonzero(np.any(mat != 0, axis=1))  # an empty text has no vector
             if keep.size:
                 out[name] = ([todo[int(i)][1] for i in keep], mat[keep])
@@ -1065,11 +1080,7 @@ class VectorIndex:
         emb = self.embedder(sp)
         if emb is None:
             return None
-        try:
-            vec = np.asarray(emb([text]), dtype=np.float32)
-        except (TypeError, ValueError) as exc:  # the embedder gave something that is not numbers
-            raise EmbeddingError(f"the embedder of space {sp.name!r} did not return numbers ({exc})",
-                                 hint="an embedder returns a float32 array (n, dims) for n texts") from None
+        vec = _embed(sp, emb, [text])
         if not np.any(vec):
             return None
         row: np.ndarray = _check_matrix(sp, vec)[0]
