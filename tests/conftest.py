@@ -268,3 +268,14 @@ def fork_server(request):
     server = ForkServer(request.module.__name__)
     yield server
     server.close()
+
+
+class Killed(Exception):
+    """What :func:`kill_at_write` raises: a maintenance pass stopped as by a kill."""
+
+
+def kill_at_write(phase: str, done: int, total: int) -> None:
+    """A ``maintain(progress=...)`` callback that stops the pass once its plan is stored,
+    before any batch is written (an interrupted pass, left for the next call to finish)."""
+    if phase == "write":
+        raise Killed

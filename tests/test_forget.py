@@ -9,6 +9,7 @@ import engramdb
 from pathlib import Path
 from engramdb import codec
 from engramdb.store import TABLES
+from conftest import Killed, kill_at_write
 
 _rng = random.Random(7)
 WORDS = sorted({"".join(_rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(9)) + "qv" for _ in range(100)})
@@ -164,15 +165,8 @@ def test_forget_finishes_an_unfinished_maintenance_pass_first(make_db, now):
     db = make_db()
     for i in range(10):
         db.add(" ".join(WORDS[3 * i:3 * i + 3]), id=f"n{i}", now=now - 86400 * 40)
-    class Killed(Exception):
-        pass
-
-    def kill(phase, done, total):
-        if phase == "write":  # the plan is stored; no batch has run
-            raise Killed
-
     with pytest.raises(Killed):
-        db.maintain(now=now, progress=kill)
+        db.maintain(now=now, progress=kill_at_write)  # the plan is stored; no batch has run
     with db._store.read() as txn:
         assert txn.get("meta", run.PLAN_KEY) is not None
         assert db.get("n2").tier == "hot"

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import NOW
+from conftest import NOW, Killed, kill_at_write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -312,15 +312,9 @@ def test_a_stored_plan_with_a_summary_that_cannot_be_stored_is_finished(make_db,
     db = make_db(encrypted=False)
     fill(db, 60, seed=3)
 
-    class Killed(Exception):
-        pass
-
-    def kill(phase, done, total):
-        if phase == "write":
-            raise Killed
-
     with pytest.raises(Killed):
-        db.maintain(MaintenanceConfig(batch_size=1), now=NOW, summarizer=lambda texts: "y" * 5000, progress=kill)
+        db.maintain(MaintenanceConfig(batch_size=1), now=NOW, summarizer=lambda texts: "y" * 5000,
+                    progress=kill_at_write)
     monkeypatch.setattr(records_mod, "MAX_CONTENT_BYTES", 4000)
     finished = db.maintain(now=NOW)
     assert finished.summarized > 0 and not any(node.id.startswith("summary-") for node in db.scan())
@@ -365,15 +359,8 @@ def test_a_stored_plan_with_a_now_beyond_javascript_dates_is_finished(make_db, m
     fill(db, 30, seed=1)
     monkeypatch.setattr(run_mod, "MAX_TIME", float("inf"), raising=False)  # a version that took any finite now
 
-    class Killed(Exception):
-        pass
-
-    def kill(phase, done, total):
-        if phase == "write":
-            raise Killed
-
     with pytest.raises(Killed):
-        db.maintain(now=1e15, progress=kill)
+        db.maintain(now=1e15, progress=kill_at_write)
     monkeypatch.undo()
     assert db.maintain().now == 1e15
     assert not db.maintain(now=NOW).changed and db.verify() == []
