@@ -236,6 +236,22 @@ def test_from_trace_lite_refuses_a_malformed_memory_with_a_validation_error(bad)
     assert Memory.from_trace_lite(base).embedding == (1.0, 0.0)
 
 
+@pytest.mark.parametrize(("bad", "field_name"), [
+    ({"pinned": "false"}, "pinned"), ({"pinned": 1}, "pinned"), ({"content": 5}, "content"),
+    ({"tier": "frozen"}, "tier"), ({"tier": 7}, "tier"), ({"source": 5}, "source"), ({"tags": [1, 2]}, "tags"),
+    ({"tags": ["ok", None]}, "tags")])
+def test_from_trace_lite_refuses_a_malformed_pinned_content_tier_source_or_tag(bad, field_name):
+    # were accepted: "pinned": "false" became pinned=True (keep_pinned then protected a memory
+    # Trace Lite did not pin), and the passes ran on a number as content, an unknown tier, ...
+    base = {"id": "a", "content": "x", "createdAt": "2026-01-01T00:00:00Z"}
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_trace_lite({**base, **bad})
+    assert f": {field_name} has the wrong type" in exc.value.message and exc.value.hint
+    good = Memory.from_trace_lite({**base, "pinned": False, "tier": "cold", "source": None, "tags": ["t"]})
+    assert (good.pinned, good.tier, good.source, good.tags) == (False, "cold", "", ("t",))
+    assert Memory.from_trace_lite({**base, "pinned": True}).pinned is True
+
+
 def test_the_package_exports_the_pure_forget_and_every_pure_function_checks_its_input():
     # engramdb.maintenance.forget was the submodule forget.py (importing it rebinds the name):
     # "TypeError: 'module' object is not callable"; a list of Trace Lite dicts raised AttributeError

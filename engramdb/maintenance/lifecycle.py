@@ -170,11 +170,29 @@ class Memory:
             raise ValidationError(f"a Trace Lite memory's id must be a non-empty string, got {id_!r}")
         field_name = ""
         try:
+            field_name = "content"
+            content = data.get("content", "")
+            if not isinstance(content, str):
+                raise TypeError(f"not a string: {content!r}")
+            field_name = "source"
+            source = data.get("source") or ""
+            if not isinstance(source, str):
+                raise TypeError(f"not a string: {source!r}")
+            field_name = "tier"
+            tier = data.get("tier", "hot")
+            if not isinstance(tier, str) or tier not in TIERS:
+                raise ValueError(f"not one of {', '.join(TIERS)}: {tier!r}")
+            field_name = "pinned"
+            pinned = data.get("pinned", False)
+            if not isinstance(pinned, (bool, np.bool_)):  # bool("false") is True
+                raise TypeError(f"not true or false: {pinned!r}")
             field_name = "tags"
             tags = data.get("tags", ())
             if isinstance(tags, str):  # never a tuple of its letters
                 raise TypeError("a string")
             tags = tuple(tags)
+            if not all(isinstance(tag, str) for tag in tags):
+                raise TypeError(f"not all strings: {list(tags)!r}")
             field_name = "embedding"
             raw = data.get("embedding", ())
             if isinstance(raw, (str, bytes)):
@@ -187,15 +205,16 @@ class Memory:
             field_name = "metadata"
             metadata = dict(data.get("metadata") or {})
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ValidationError(f"Trace Lite memory {id_!r}: {field_name} has the wrong type ({exc})",
-                                  hint="tags: a list of strings; embedding: a list of numbers; importance, "
-                                       "accessCount: numbers; metadata: an object") from None
+            raise ValidationError(f"Trace Lite memory {id_!r}: {field_name} has the wrong type or value ({exc})",
+                                  hint="content, source: strings; tier: hot, warm, cold or archive; pinned: "
+                                       "true or false; tags: a list of strings; embedding: a list of numbers; "
+                                       "importance, accessCount: numbers; metadata: an object") from None
         return cls(
-            id=id_, content=data.get("content", ""), embedding=embedding, tags=tags, importance=importance,
-            tier=data.get("tier", "hot"), created_at=parse_iso(data["createdAt"]),
+            id=id_, content=content, embedding=embedding, tags=tags, importance=importance,
+            tier=tier, created_at=parse_iso(data["createdAt"]),
             last_accessed=parse_iso(data.get("lastAccessed", data["createdAt"])),
-            access_count=access_count, source=data.get("source") or "",
-            metadata=metadata, pinned=bool(data.get("pinned", False)))
+            access_count=access_count, source=source,
+            metadata=metadata, pinned=bool(pinned))
 
     def to_trace_lite(self) -> dict[str, Any]:
         """Trace Lite's JSON form of this memory (``pinned`` only when set)."""
