@@ -76,32 +76,6 @@ def test_a_posting_merged_in_with_the_moved_ones_rebuilds_the_delta(store):
     assert idx.deltas_moved == moved + 1 and idx.deltas_built == built + 1
 
 
-def test_a_rebuilt_delta_keeps_the_rows_of_the_holders_it_shares_first(store):
-    """Two merged (tier-1) segments and nine one-document ones hold the term; the tenth
-    commit holds it too, so the merge of the ten newest is not a move and the delta is
-    rebuilt: the rows of the two older holders are kept (a prefix of the old arrays), only
-    the merged segment's block is looked up. A delta sorted after an update is rebuilt in
-    full. Answers equal a fresh handle's."""
-    idx = _fresh(store)
-    for n in range(1, 30):  # ten and ten merged twice, then nine small ones
-        _write(store, idx, [(n, ["a"] * (n % 3 + 1))])
-    assert _segments(store, idx) == 11
-    _same_as_fresh(store, idx, ["a"])
-    assert len(_entry(idx, "a").delta.key[0]) == 11
-    blocks = idx.delta_blocks
-    _write(store, idx, [(30, ["a", "b"])])
-    assert _segments(store, idx) == 3
-    _same_as_fresh(store, idx, ["a"])
-    assert idx.delta_blocks == blocks + 1
-    _write(store, idx, [(5, ["a", "a", "a", "a"])], [5])  # an update: the delta is sorted, not in segment order
-    _same_as_fresh(store, idx, ["a"])
-    assert not _entry(idx, "a").delta.spans
-    blocks = idx.delta_blocks
-    _write(store, idx, [(31, ["a"])], [25])  # the two first holders unchanged, but their rows are not a prefix
-    _same_as_fresh(store, idx, ["a"])
-    assert idx.delta_blocks == blocks + len(_entry(idx, "a").delta.key[0]) == blocks + 5
-
-
 def _three_doc_segments(store, idx: SegmentedBM25, n_segments: int = 9) -> None:
     for s in range(n_segments):  # three documents each: one tombstone leaves a segment mostly live
         _write(store, idx, [(3 * s + i, ["a", "b"]) for i in (1, 2, 3)])

@@ -859,21 +859,18 @@ class _Delta:
 
     ``key`` is what it was built from: the small segments holding the term, in order, and
     their tombstone counts; ``sizes`` how many of the postings each of those segments gave
-    (what :meth:`SegmentedBM25._moved` follows through merges); ``spans`` whether the rows
-    are those segments' postings one segment after the other, in order (then the first
-    ``sum(sizes[:i])`` rows are the first ``i`` segments'; false after a sort). Immutable.
+    (what :meth:`SegmentedBM25._moved` follows through merges). Immutable.
     """
 
-    __slots__ = ("key", "docnos", "tf", "dl", "sizes", "spans")
+    __slots__ = ("key", "docnos", "tf", "dl", "sizes")
 
     def __init__(self, key: tuple[tuple[int, ...], tuple[int, ...]], docnos: np.ndarray, tf: np.ndarray,
-                 dl: np.ndarray, sizes: tuple[int, ...], spans: bool) -> None:
+                 dl: np.ndarray, sizes: tuple[int, ...]) -> None:
         self.key = key
         self.docnos = docnos
         self.tf = tf
         self.dl = dl
         self.sizes = sizes
-        self.spans = spans
 
     @property
     def nbytes(self) -> int:
@@ -1426,7 +1423,6 @@ class SegmentedBM25:
         # a query reads: :meth:`_moved` follows them to relabel a term's delta without reading it
         self._merged: dict[int, tuple[int, int, int]] = {}
         self.deltas_moved = 0  # deltas relabelled through merges (a work counter for tests)
-        self.delta_blocks = 0  # small segments' blocks that building deltas looked up (the same)
 
     # --- keys and caches ----------------------------------------------------------------
 
@@ -1810,36 +1806,19 @@ class SegmentedBM25:
         parts = []
         sizes: list[int] = []
         at = 0
-        spans = True
         if old is not None and (at := len(old.key[0])) < len(holders) \
                 and holders[:at] == old.key[0] and counts[:at] == old.key[1]:
             if old.docnos.size:
                 parts.append((old.docnos, old.tf, old.dl))  # only segments were added: append theirs
             sizes.extend(old.sizes)
-            spans = old.spans
         else:
             at = 0
-            if old is not None:
-                if self._merged:
-                    moved = self._moved(txn, d, blind, holders, counts, old)
-                    if moved is not None:
-                        self.deltas_moved += 1
-                        return moved
-                if old.spans:
-                    # the holders both share first (same segments, same tombstones) keep their
-                    # rows, a prefix of ``old``'s arrays: a merge of the newest small segments
-                    # rereads only its output, not every holder
-                    old_holders, old_counts = old.key
-                    while at < len(old_holders) and at < len(holders) and old_holders[at] == holders[at] \
-                            and old_counts[at] == counts[at]:
-                        at += 1
-                    if at:
-                        sizes.extend(old.sizes[:at])
-                        rows = sum(sizes)
-                        if rows:
-                            parts.append((old.docnos[:rows], old.tf[:rows], old.dl[:rows]))
+            if old is not None and self._merged:
+                moved = self._moved(txn, d, blind, holders, counts, old)
+                if moved is not None:
+                    self.deltas_moved += 1
+                    return moved
         self.deltas_built += 1
-        self.delta_blocks += len(holders) - at
         for segno, count in zip(holders[at:], counts[at:]):
             block = self._small_block(txn, d, blind, segno)
             if block is None:
@@ -1854,7 +1833,7 @@ class SegmentedBM25:
             if block[0].size:
                 parts.append(block)
         if not parts:
-            return _Delta((holders, counts), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), tuple(sizes), spans)
+            return _Delta((holders, counts), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), tuple(sizes))
         if len(parts) == 1:
             docnos, tf, dl = parts[0]
         else:
@@ -1862,8 +1841,7 @@ class SegmentedBM25:
             if any(int(a[0][-1]) >= int(b[0][0]) for a, b in itertools.pairwise(parts)):
                 order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
                 docnos, tf, dl = docnos[order], tf[order], dl[order]
-                spans = False
-        return _Delta((holders, counts), docnos, tf, dl, tuple(sizes), spans)
+        return _Delta((holders, counts), docnos, tf, dl, tuple(sizes))
 
     def _moved(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], counts: tuple[int, ...],
                old: _Delta) -> _Delta | None:
@@ -1887,14 +1865,9 @@ class SegmentedBM25:
         kept_sizes: dict[int, int] = {}
         targets: set[int] = set()
         need = 0
-        spans = old.spans
-        last = 0  # the holder of ``d`` the latest rows went to (spans: never back to an earlier one)
         for segno, count, size in zip(old.key[0], old.key[1], old.sizes):
             if segno in segs:
                 kept[segno], kept_sizes[segno] = count, size
-                if size:
-                    spans = spans and segno >= last
-                    last = segno
                 continue
             if not size:
                 continue  # gave nothing: wherever its postings went, none of them was live
@@ -1909,8 +1882,6 @@ class SegmentedBM25:
                 count = 0  # a merge output moves on whole only when it had no tombstones
             targets.add(at)
             need += size
-            spans = spans and at >= last
-            last = at
         sizes = []
         got = 0
         for segno, count in zip(holders, counts):
@@ -1928,7 +1899,7 @@ class SegmentedBM25:
                 return None  # a holder ``old`` knows nothing of
         if kept or targets or got != need:
             return None
-        return _Delta((holders, counts), old.docnos, old.tf, old.dl, tuple(sizes), spans)
+        return _Delta((holders, counts), old.docnos, old.tf, old.dl, tuple(sizes))
 
     def _term_run(self, txn: Txn, d: _Dir, blind: bytes, segnos: Sequence[int], pairs: _Pairs,
                   prefix: _Run | None = None, kill: np.ndarray | None = None) -> tuple[_Pairs, _Run]:
