@@ -11,7 +11,7 @@ from engramdb.crypto import ENVELOPE_OVERHEAD, Sealer
 from engramdb.errors import ConfigMismatchError, CorruptFileError, EmbeddingError, ValidationError
 from engramdb.index.vectors import (
     HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder, VectorIndex, decode_vector_block, encode_vector_block,
-    rows_per_block,
+    rows_per_block, unit_rows,
 )
 from engramdb.records import Node
 from engramdb.store import Store
@@ -346,3 +346,65 @@ def test_an_error_inside_the_embedder_propagates_unchanged(make_db):
         assert exc.traceback[-1].name == "broken"
     db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
     assert db.ids() == ["a"] and db.verify() == []
+
+
+def _unit_rows_reference(arr):
+    """unit_rows as 0e8fe3a wrote it (every matrix through the boolean passes): the fast path
+    added later must give the same bytes."""
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    odd = np.flatnonzero(~(norms[:, 0] >= 1e-15) | ~np.isfinite(norms[:, 0]))
+    if not odd.size:
+        return (arr / norms).astype(np.float32), np.zeros(arr.shape[0], dtype=bool)
+    wide = arr[odd].astype(np.float64)
+    wide_norms = np.linalg.norm(wide, axis=1, keepdims=True)
+    zero = np.zeros(arr.shape[0], dtype=bool)
+    zero[odd] = wide_norms[:, 0] == 0
+    norms[odd] = 1.0
+    out = (arr / norms).astype(np.float32)
+    out[odd] = np.divide(wide, wide_norms, out=np.zeros_like(wide), where=wide_norms > 0)
+    return out, zero
+
+
+_SCALES = [1.0, 0.0, 1e-42, 1e-25, 1e-18, 1e18, 1e20, 1e30, 3e38, np.inf]
+
+
+@st.composite
+def _matrices(draw):
+    dims = draw(st.sampled_from([1, 2, 3, 7, 384]))
+    rows = []
+    for _ in range(draw(st.integers(0, 5))):
+        seed, scale = draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from(_SCALES))
+        row = np.random.default_rng(seed).standard_normal(dims)
+        if draw(st.booleans()):  # a few exact values too: zeros, float32 extremes, inf
+            picks = draw(st.lists(st.sampled_from([0.0, 1.0, -3.4e38, 1e-45, np.inf, -np.inf]), min_size=1, max_size=3))
+            row[:len(picks)] = picks[:dims]
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows.append((row * scale).astype(np.float32))
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), dims)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_matrices())
+def test_unit_rows_fast_path_gives_the_bytes_of_the_full_function(arr):
+    # unit_rows took the boolean float64-branch passes on every call (4-9 us per _check_matrix,
+    # twice per space per recall); the fast path must not change a single output byte
+    with np.errstate(invalid="ignore"):  # inf / inf in an infinite row (outside the contract)
+        out, zero = unit_rows(arr)
+        ref_out, ref_zero = _unit_rows_reference(arr)
+    assert out.dtype == ref_out.dtype == np.float32 and out.shape == ref_out.shape
+    assert out.tobytes() == ref_out.tobytes() and zero.tobytes() == ref_zero.tobytes()
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    if np.all(norms >= 1e-15) and np.all(np.isfinite(norms)):  # where engramdb's first fast path applied
+        assert out.tobytes() == (arr / norms).astype(np.float32).tobytes() and not zero.any()
+
+
+def test_unit_rows_fast_path_on_query_and_matrix_shapes():
+    rng = np.random.default_rng(7)
+    for arr in (rng.standard_normal((1, 384)).astype(np.float32), rng.standard_normal((1000, 384)).astype(np.float32),
+                np.zeros((0, 384), np.float32)):
+        out, zero = unit_rows(arr)
+        ref_out, ref_zero = _unit_rows_reference(arr)
+        assert out.tobytes() == ref_out.tobytes() and zero.tobytes() == ref_zero.tobytes()
+        assert out.tobytes() == (arr / np.linalg.norm(arr, axis=1, keepdims=True)).astype(np.float32).tobytes()

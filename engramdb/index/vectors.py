@@ -370,9 +370,18 @@ def unit_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     finite vector of large (or tiny) values is not stored as zeros (or refused as zero)."""
     with np.errstate(over="ignore", under="ignore"):
         norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    # _check_matrix runs twice per space per recall: the usual matrix (every norm in range)
+    # takes two reductions (a query, one float) instead of the boolean passes below
+    rows = norms.shape[0]
+    if rows == 1:
+        lo = hi = float(norms[0, 0])
+    elif rows:
+        lo, hi = float(norms.min()), float(norms.max())  # NaN propagates: not in range
+    else:
+        lo, hi = _NORM_FLOOR, 0.0
+    if lo >= _NORM_FLOOR and hi < math.inf:
+        return (arr / norms).astype(np.float32, copy=False), np.zeros(rows, dtype=bool)
     odd = np.flatnonzero(~(norms[:, 0] >= _NORM_FLOOR) | ~np.isfinite(norms[:, 0]))
-    if not odd.size:
-        return (arr / norms).astype(np.float32), np.zeros(arr.shape[0], dtype=bool)
     wide = arr[odd].astype(np.float64)
     wide_norms = np.linalg.norm(wide, axis=1, keepdims=True)
     zero = np.zeros(arr.shape[0], dtype=bool)
