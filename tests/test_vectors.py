@@ -328,6 +328,21 @@ def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make
     assert [h.id for h in db.recall("first")] == ["a"]
 
 
+def test_an_auto_space_embedder_returning_the_wrong_number_of_rows_is_an_embedding_error(make_db):
+    # one row for two texts went to the first memory and the second got none (silently); a
+    # 1-D array raised NumPy's AxisError; three rows for two texts an IndexError
+    db = make_db()
+    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add("first", id="a")
+    for embedder in (lambda texts: np.ones((1, 2), np.float32), lambda texts: np.ones(2, np.float32),
+                     lambda texts: np.ones((len(texts) + 1, 2), np.float32)):
+        db.set_embedder("s", embedder)
+        with pytest.raises(EmbeddingError) as exc:
+            db.add_many([{"id": "b", "content": "hello"}, {"id": "c", "content": "there"}])
+        assert "for 2 texts" in exc.value.message and exc.value.hint
+    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    assert db.ids() == ["a"] and db.verify() == []
+
 def test_an_error_inside_the_embedder_propagates_unchanged(make_db):
     # embed_query wrapped the call itself, so a bug in the user's model was reported as
     # "did not return numbers" and its traceback dropped

@@ -625,6 +625,10 @@ class VectorIndex:
                 raise EmbeddingError(f"no embedder for the embedding space {name!r}",
                                      hint="register one with set_embedder() before adding memories")
             mat = _embed(space, emb, [texts[i] for i, _ in todo])
+            if mat.ndim != 2 or mat.shape[0] != len(todo):  # else rows would go to the wrong memories
+                raise EmbeddingError(f"the embedder of space {name!r} returned an array of shape {mat.shape} "
+                                     f"for {len(todo)} texts",
+                                     hint="an embedder returns a float32 array (n, dims) for n texts")
             keep = np.flatnonzero(np.any(mat != 0, axis=1))  # an empty text has no vector
             if keep.size:
                 out[name] = ([todo[int(i)][1] for i in keep], mat[keep])
