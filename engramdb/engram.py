@@ -314,10 +314,12 @@ class Engram:
             EmbeddingError: bad settings.
             ConfigMismatchError: the space exists with another model or dims.
         """
-        from .index.vectors import HASHED_MODEL, EmbeddingSpace
+        from .index.vectors import HASHED_MODEL, EmbeddingSpace, check_embedder
 
         space = EmbeddingSpace(name=name, model=model, dims=dims, normalize=normalize,
                                auto=(model == HASHED_MODEL) if auto is None else auto)
+        if embedder is not None:
+            check_embedder(name, embedder)  # before the space is written: a bad call changes nothing
         self._store.write(lambda txn: self.indexes.add_space(txn, space))
         if embedder is not None:
             self.indexes.vectors.set_embedder(name, embedder)

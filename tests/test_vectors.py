@@ -312,6 +312,14 @@ def test_a_bad_query_embedder_is_an_embedding_error(make_db):
     assert [h.id for h in db.recall("hello")] == ["a"]
 
 
+def test_add_space_with_a_non_callable_embedder_creates_nothing(make_db):
+    # regression: the space was written first, then the embedder refused
+    db = make_db()
+    with pytest.raises(EmbeddingError, match="callable"):
+        db.add_space("s", dims=3, model="m", embedder=5)
+    assert "s" not in db.spaces()
+
+
 def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make_db):
     # 92498d3 fixed this for queries only: adding to an auto space raised NumPy's raw ValueError
     db = make_db()

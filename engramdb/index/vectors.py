@@ -43,6 +43,7 @@ __all__ = [
     "Embedder",
     "EmbeddingSpace",
     "HashedTfidfEmbedder",
+    "check_embedder",
     "LocalModelEmbedder",
     "VectorIndex",
     "decode_vector_block",
@@ -491,6 +492,14 @@ def _frozen_row(row: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_embedder(name: str, embedder: object) -> None:
+    """Raise EmbeddingError unless ``embedder``, for space ``name``, is callable (it would fail
+    at the first query)."""
+    if not callable(embedder):
+        raise EmbeddingError(f"the embedder of space {name!r} must be callable, got {type(embedder).__name__}",
+                             hint="pass a function from a list of texts to a float32 array (n, dims)")
+
+
 class VectorIndex:
     """The vector blocks of one open file, with an in-memory matrix per space.
 
@@ -571,9 +580,7 @@ class VectorIndex:
         Raises:
             EmbeddingError: ``embedder`` is not callable (it would fail at the first query).
         """
-        if not callable(embedder):
-            raise EmbeddingError(f"the embedder of space {name!r} must be callable, got {type(embedder).__name__}",
-                                 hint="pass a function from a list of texts to a float32 array (n, dims)")
+        check_embedder(name, embedder)
         self._embedders[name] = embedder
 
     def embedder(self, space: EmbeddingSpace) -> Callable[[list[str]], np.ndarray] | None:
