@@ -396,7 +396,8 @@ def _check_string(name: str) -> Any:
 
 def _check_content_size(d: dict[str, Any]) -> None:
     if len(d["content"]) > MAX_CONTENT_BYTES:
-        raise ValidationError(f"content is larger than {MAX_CONTENT_BYTES} bytes; split it or use ingest()")
+        # counted in characters (as the C column check counts them), not UTF-8 bytes
+        raise ValidationError(f"content is longer than {MAX_CONTENT_BYTES} characters; split it or use ingest()")
 
 
 def _check_str_list(name: str) -> Any:
