@@ -471,3 +471,16 @@ def test_times_and_counts_past_int64_milliseconds_saturate(make_db):
     assert db.get("used").tier == "hot" and db.get("used").access_count == 2**63
     assert not db.maintain(MaintenanceConfig(decay_from="last_accessed"), now=NOW).changed
     assert db.maintain(now=NOW).decayed == 0 and db.verify() == []
+
+
+def test_a_config_switch_must_be_a_bool():
+    # regression: keep_pinned="no" (or 0, "false") was accepted and taken as True / False by truthiness
+    import numpy as np
+
+    for name in ("archive_truncate", "keep_pinned", "merge_duplicates", "incremental"):
+        for bad in ("no", "false", 0, 1, None):
+            with pytest.raises(ValidationError, match=f"MaintenanceConfig.{name} must be True or False"):
+                MaintenanceConfig(**{name: bad})
+        assert getattr(MaintenanceConfig(**{name: np.bool_(False)}), name) is False
+    with pytest.raises(ValidationError, match="space"):
+        MaintenanceConfig(space=3)

@@ -112,6 +112,14 @@ class MaintenanceConfig:
         if self.decay_steps is not None and (isinstance(self.decay_steps, bool) or not isinstance(self.decay_steps, int)
                                              or self.decay_steps < 1):
             raise ValidationError(f"MaintenanceConfig.decay_steps must be None or at least 1, got {self.decay_steps!r}")
+        for name in ("archive_truncate", "keep_pinned", "merge_duplicates", "incremental"):
+            value = getattr(self, name)
+            # a truthy string such as "no" or "false" must not switch an option on
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValidationError(f"MaintenanceConfig.{name} must be True or False, got {value!r}")
+            object.__setattr__(self, name, bool(value))  # numpy.bool_ (a pandas row) as a bool
+        if self.space is not None and not isinstance(self.space, str):
+            raise ValidationError(f"MaintenanceConfig.space must be None or a space name, got {self.space!r}")
         if self.decay_from not in ("created_at", "last_accessed"):
             raise ValidationError(
                 f"MaintenanceConfig.decay_from must be 'created_at' or 'last_accessed', got {self.decay_from!r}")
