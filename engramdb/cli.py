@@ -347,6 +347,14 @@ def _removed_on_failure(path: str, create: bool) -> Iterator[None]:
         raise
 
 
+def _kdf_for(ctx: click.Context, text: str | None) -> KDFParams | None:
+    """--kdf, which sets a passphrase's argon2id cost: refused when the key is not a
+    passphrase (a plaintext file or a key file has none), rather than ignored."""
+    if text is not None and _key_source(ctx) != "passphrase":
+        raise click.UsageError("--kdf sets a passphrase's argon2id cost; with --plaintext or a key file there is none")
+    return _parse_kdf(text)
+
+
 def _parse_kdf(text: str | None) -> KDFParams | None:
     if not text:
         return None
@@ -551,7 +559,7 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
     """
     if os.path.exists(file):
         raise ValidationError(f"{file} exists already", hint="choose a new path, or delete the old file first")
-    kdf = _parse_kdf(kdf_text)
+    kdf = _kdf_for(ctx, kdf_text)
     if recovery_key and _key_source(ctx) == "plaintext":
         raise click.UsageError("--recovery-key needs an encrypted file; a plaintext file has no keys")
     keys = _key_kwargs(ctx, confirm=True)
@@ -1220,9 +1228,10 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
     _refuse_same_file(file, dump_file, "the restored store")
     if os.path.exists(file) and not force:
         raise ValidationError(f"{file} exists; restore does not overwrite it", hint="pass --force to replace it")
+    kdf = _kdf_for(ctx, kdf_text)
     options = _key_kwargs(ctx, confirm=True)
     if "passphrase" in options:
-        options["kdf"] = _parse_kdf(kdf_text)
+        options["kdf"] = kdf
     source = _read_dump_source(dump_file, dump_passphrase_file)
     with _progress(ctx, desc="restoring", unit=" memories", total=_dump_node_count(dump_file)) as bar, \
             _warnings_to_stderr(ctx):

@@ -283,3 +283,19 @@ def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_p
     assert wrong.exit_code == 1 and "error:" in wrong.stderr
     both = run("diff", a, b, "--a-plaintext", "--a-key-file", str(pa))
     assert both.exit_code == 2
+
+
+def test_kdf_without_a_passphrase_is_a_usage_error(run, tmp_path):
+    # regression: init/restore --plaintext (or --key-file) --kdf ignored --kdf without a word
+    f = str(tmp_path / "p.engram")
+    got = run("init", f, "--plaintext", "--kdf", KDF)
+    assert got.exit_code == 2 and "--kdf" in got.output and not os.path.exists(f)
+    kf = tmp_path / "raw.key"
+    kf.write_bytes(bytes(range(32)))
+    assert run("init", f, "--key-file", str(kf), "--kdf", KDF).exit_code == 2
+    assert run("init", f, "--plaintext").exit_code == 0
+    dump = str(tmp_path / "d.aaak")
+    assert run("dump", f, "-o", dump, "--plaintext").exit_code == 0
+    restored = run("restore", dump, str(tmp_path / "r.engram"), "--plaintext", "--kdf", KDF)
+    assert restored.exit_code == 2 and "--kdf" in restored.output
+    assert run("restore", dump, str(tmp_path / "r.engram"), "--kdf", KDF).exit_code == 0  # a passphrase: taken
