@@ -419,26 +419,18 @@ def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *
     tables = [item for item in records if isinstance(item, EntityTable)]
     spaces = _new_spaces(engram, nodes)
 
+    def before(txn: Txn) -> None:
+        for table in tables:
+            _merge_entities(txn, table.code_to_name)
+        _add_spaces(engram, txn, spaces)
+
     # One transaction: a failure after the first write (a vector that does not fit the
     # space an earlier memory created, a full disk) used to leave that space, the entity
     # table and the batches before it behind, and the corrected import was then refused.
-    def put_all(txn: Txn) -> int:
-        for table in tables:
-            _merge_entities(txn, table.code_to_name)
-        for space in spaces:
-            engram.indexes.add_space(txn, space)
-        count = 0
-        with engram._batched(txn) as tx:
-            for start in range(0, len(nodes), batch):
-                count += len(tx.put_new_many(bulk.build_many(nodes[start:start + batch], None)))
-                tx._end_chunk()  # a segment per batch, as a commit per batch made
-                if progress:
-                    progress(count)
-        _put_edges(engram, txn, edges)
-        return count
-
-    with bulk._gc_paused():
-        return engram._store.write(put_all, reserve=bulk._reserve(nodes)), len(edges)
+    # A segment per batch, as a commit per batch made.
+    ids = bulk.add_many(engram._store, engram._batched, nodes, None, chunk=batch, before=before,
+                        after=partial(_put_edges, engram, edges=edges), progress=progress)
+    return len(ids), len(edges)
 
 
 class ResumedImport(NamedTuple):
@@ -527,17 +519,8 @@ def _put_chunk(engram: Engram, nodes: list[Node]) -> int:
     stores a chunk, and the embedding spaces their vectors need, in one transaction (a
     space committed apart stayed behind when the chunk failed, and refused the corrected
     source); returns how many were stored."""
-    spaces = _new_spaces(engram, nodes)
-    built = bulk.build_many(nodes, None)
-
-    def put(txn: Txn) -> int:
-        for space in spaces:
-            engram.indexes.add_space(txn, space)
-        with engram._batched(txn) as tx:
-            return tx._put_unstored(built)
-
-    with bulk._gc_paused():
-        return engram._store.write(put, reserve=bulk._reserve(nodes))
+    before = partial(_add_spaces, engram, spaces=_new_spaces(engram, nodes))
+    return bulk.put_chunk(engram._store, engram._batched, nodes, None, before=before)
 
 
 def _new_spaces(engram: Engram, nodes: list[Node]) -> list[EmbeddingSpace]:
@@ -552,6 +535,11 @@ def _new_spaces(engram: Engram, nodes: list[Node]) -> list[EmbeddingSpace]:
                 spaces.append(EmbeddingSpace(name=name, model="imported", dims=len(vec), normalize=False, auto=False))
                 known.add(name)
     return spaces
+
+
+def _add_spaces(engram: Engram, txn: Txn, spaces: list[EmbeddingSpace]) -> None:
+    for space in spaces:
+        engram.indexes.add_space(txn, space)
 
 
 def _put_new_edges(engram: Engram, edges: list[Edge]) -> tuple[int, list[Edge]]:

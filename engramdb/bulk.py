@@ -16,13 +16,13 @@ import operator
 import threading
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from .errors import ValidationError
 from .records import Node, new_id, now_ts
 from .store import Store, Txn
 
-__all__ = ["INGEST_CHUNK", "ChunkWriter", "add_many", "build", "build_many", "chunk_size", "import_many"]
+__all__ = ["INGEST_CHUNK", "ChunkWriter", "add_many", "build", "build_many", "chunk_size", "import_many", "put_chunk"]
 
 # add_many builds, writes and indexes this many memories at a time (one BM25 segment each):
 # its own extra memory is a chunk's, whatever the batch's size. Measured at ~60 words a
@@ -139,7 +139,7 @@ _content = operator.itemgetter("content")
 _LENGTH_SAMPLE = 4096
 
 
-def _text_lengths(items: list[Any]) -> int:
+def _text_lengths(items: Sequence[Any]) -> int:
     """``sum(map(_text_length, items))``, estimated from an evenly spaced sample of
     :data:`_LENGTH_SAMPLE` items when there are more (each pass over a large batch's items
     reads memory that is no longer in the CPU's caches; the figure only sizes the map)."""
@@ -153,7 +153,7 @@ def _text_lengths(items: list[Any]) -> int:
     return sum(map(_text_length, sample)) * len(items) // max(1, len(sample))
 
 
-def _reserve(items: list[Any]) -> int:
+def _reserve(items: Sequence[Any]) -> int:
     """Bytes to grow the map by before writing ``items``: records, ids and postings take a
     few times the text (growing mid-transaction replays every write so far)."""
     return 3 * _text_lengths(items) + 512 * len(items)
@@ -191,22 +191,40 @@ _gc_was_enabled = True
 
 # --- the two ingests --------------------------------------------------------------------
 
-def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float | None) -> list[str]:
+def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float | None, *,
+             chunk: int | None = None, before: Callable[[Txn], None] | None = None,
+             after: Callable[[Txn], None] | None = None,
+             progress: Callable[[int], None] | None = None) -> list[str]:
     """:meth:`Engram.add_many <engramdb.engram.Engram.add_many>`: one transaction, built,
-    written and indexed :data:`INGEST_CHUNK` memories at a time.
+    written and indexed ``chunk`` memories at a time (one BM25 segment each).
+
+    Args:
+        chunk: memories per segment; :data:`INGEST_CHUNK` (read at the call) for None.
+        before: called with the transaction before the first memory is written, for what
+            the memories need (an import's embedding spaces and entity table).
+        after: called with the transaction after the last memory is indexed, for what
+            needs them stored (an import's edges).
+        progress: called after each chunk with the number of memories written so far.
 
     Raises:
         DuplicateIdError: an id exists already or repeats in ``items``.
         ValidationError: an item is invalid.
     """
     seq = items if isinstance(items, list) else list(items)
+    size = INGEST_CHUNK if chunk is None else chunk
 
     def put_all(txn: Txn) -> list[str]:
+        if before is not None:
+            before(txn)
         ids: list[str] = []
         with batched(txn) as tx:
-            for start in range(0, len(seq), INGEST_CHUNK):
-                ids += tx.put_new_many(build_many(seq[start:start + INGEST_CHUNK], now))
+            for start in range(0, len(seq), size):
+                ids += tx.put_new_many(build_many(seq[start:start + size], now))
                 tx._end_chunk()  # this chunk's segment; its nodes can go
+                if progress is not None:
+                    progress(len(ids))
+        if after is not None:
+            after(txn)
         return ids
 
     with _gc_paused():
@@ -241,16 +259,31 @@ def import_many(store: Store, batched: Batched, items: Iterable[Item], now: floa
     source = iter(items)
     added = skipped = 0
     while batch := list(itertools.islice(source, size)):
-        with _gc_paused():  # a chunk at a time: the collector frees a chunk's cycles between them
-            nodes = build_many(batch, now)
-
-            def put_chunk(txn: Txn, nodes: list[Node] = nodes) -> int:
-                with batched(txn) as tx:
-                    return tx._put_unstored(nodes)
-
-            count = store.write(put_chunk, reserve=_reserve(batch))
-        added, skipped = added + count, skipped + len(nodes) - count
-        del batch, nodes  # before the next chunk is read
+        count = put_chunk(store, batched, batch, now)
+        added, skipped = added + count, skipped + len(batch) - count
+        del batch  # before the next chunk is read
         if progress is not None:
             progress(added, skipped)
     return added, skipped
+
+
+def put_chunk(store: Store, batched: Batched, items: Sequence[Item], now: float | None, *,
+              before: Callable[[Txn], None] | None = None) -> int:
+    """One chunk of :func:`import_many`, in one transaction: ``items`` built, and those
+    whose id is neither stored nor an earlier one's written and indexed, after
+    ``before(txn)`` (what they need: an import's embedding spaces); returns how many
+    were written.
+
+    Raises:
+        ValidationError: an item is invalid (nothing of the chunk is written).
+    """
+    with _gc_paused():  # a chunk at a time: the collector frees a chunk's cycles between them
+        nodes = build_many(items, now)
+
+        def put(txn: Txn) -> int:
+            if before is not None:
+                before(txn)
+            with batched(txn) as tx:
+                return tx._put_unstored(nodes)
+
+        return store.write(put, reserve=_reserve(items))
