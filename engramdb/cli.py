@@ -2037,10 +2037,19 @@ def agent_after(ctx: click.Context, file: str, transcript: str, outcome: str | N
               help="Run once this many unconsolidated memories exist.")
 @click.option("--target", type=click.IntRange(min=1), default=5, show_default=True, help="About this many core memories.")
 @click.option("--force", is_flag=True, help="Run whatever the number of memories.")
+@click.option("--tag", "tags", multiple=True, metavar="TAG",
+              help="Take only memories carrying this tag (repeatable: all of them; default: agent, the tag of "
+                   "the facts `agent after` stores).")
+@click.option("--all", "take_all", is_flag=True,
+              help="Take every live memory of the file, the user's own too, not only the agent's.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def agent_consolidate(ctx: click.Context, file: str, threshold: int, target: int, force: bool, as_json: bool) -> None:
-    """Sleep consolidation: turn unconsolidated memories into a few core memories (originals archived).
+def agent_consolidate(ctx: click.Context, file: str, threshold: int, target: int, force: bool, tags: tuple[str, ...],
+                      take_all: bool, as_json: bool) -> None:
+    """Sleep consolidation: turn the agent's unconsolidated memories into a few core memories
+    (originals archived). Only memories tagged `agent` (the hooks' facts) by default, as the
+    hooks do, so a store's other memories stay as they are; --tag chooses other tags, --all
+    takes every live memory.
 
     Example:
 
@@ -2048,8 +2057,11 @@ def agent_consolidate(ctx: click.Context, file: str, threshold: int, target: int
     """
     from .agent import consolidate_sleep
 
+    if take_all and tags:
+        raise click.UsageError("--all takes every memory; leave out --tag, or --all")
     with _open(ctx, file) as db:
-        report = consolidate_sleep(db, threshold=threshold, target=target, force=force)
+        report = consolidate_sleep(db, threshold=threshold, target=target, force=force,
+                                   tags=None if take_all else (list(tags) or ["agent"]))
 
     def text(r: dict[str, Any]) -> str:
         if r["skipped"]:

@@ -56,7 +56,14 @@ def test_agent_commands(run, tmp_path):
     skipped = run("agent", "consolidate", f)
     assert skipped.exit_code == 0 and "sleep consolidation runs at 50" in skipped.output
     done = json.loads(run("agent", "consolidate", f, "--force", "--target", "2", "--json").output)
-    assert done["archived"] >= 2 and 1 <= len(done["cores"]) <= 2
+    assert done["archived"] == len(facts) and 1 <= len(done["cores"]) <= 2
+    # the store's own memories are not the agent's: consolidation left them live (it took
+    # every memory of the file until session 8); --all takes them
+    assert all(not json.loads(line)["archived"] for line in run("list", f, "--json").output.splitlines()
+               if json.loads(line)["id"].startswith("bg"))
+    every = json.loads(run("agent", "consolidate", f, "--force", "--all", "--json").output)
+    assert every["candidates"] == n + 1 and every["archived"] == n + 1
+    assert run("agent", "consolidate", f, "--all", "--tag", "x").exit_code == 2
 
 
 def test_agent_after_names_a_bad_transcript(run, tmp_path):
