@@ -208,3 +208,17 @@ def test_forget_compares_by_cosine_in_a_space_that_does_not_normalise(make_db):
     with pytest.raises(engramdb.ValidationError):
         db.forget(embedding=[0, 0, 0], dry_run=True)
     assert db.ids() == ["c"]
+
+
+def test_forget_by_query_without_a_text_space_says_how_to_get_one(make_db):
+    # the hint said "add one with add_space()", which a command-line user cannot call and
+    # which named no arguments; it now gives the call, and following it makes the query work
+    db = make_db()
+    db.add("My old address was Main Street 5", id="old")
+    db.add("Bob prefers tea", id="tea")
+    with pytest.raises(engramdb.ValidationError) as exc:
+        db.forget(query="old address Main Street", threshold=0.5, dry_run=True)
+    call = exc.value.hint.split("add the built-in space that embeds text: ")[1].split(" (")[0]
+    assert call == "db.add_space('hashed-tfidf-v1', dims=256)" and "engramdb maintain" in exc.value.hint
+    eval(call, {"db": db})
+    assert db.forget(query="old address Main Street", threshold=0.5, dry_run=True).ids == ("old",)

@@ -226,8 +226,9 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
     if not used:
         what = "query text" if embedding is None else "embedding"
         raise ValidationError(f"no embedding space of this file can compare the {what}",
-                              hint="add one with add_space() (the built-in hashed TF-IDF space embeds text), "
-                                   "give an embedding of a space's dims, or forget by id")
+                              hint="forget by id (recall finds them), give an embedding of a space's dims, or "
+                                   "add the built-in space that embeds text: db.add_space('hashed-tfidf-v1', dims=256) "
+                                   "(the first `engramdb maintain FILE` pass adds it too)")
     found |= _by_originals(engram, txn, text_queries, threshold)
     return found
 
