@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import engram, errors
-from .errors import AlreadyOpenError, ConfigMismatchError, EngramError, ValidationError, WriteConflictError
+from .errors import (
+    AlreadyOpenError, ConfigMismatchError, EngramError, ModeMismatchError, ValidationError, WriteConflictError,
+)
 from .store import atomic_file
 
 if TYPE_CHECKING:  # annotations only
@@ -200,6 +202,22 @@ def _do_job(db: Any, path: str, job: str | Callable[[engram.Engram], Mapping[str
     raise ValidationError(f"unknown job {job!r}", hint=f"use one of {', '.join(JOBS)} or a function (Engram) -> dict")
 
 
+def _open(path: str, readonly: bool, kwargs: dict[str, Any]) -> engram.Engram:
+    """``engram.open`` with a mode mismatch's hint in the fleet's words: the library's
+    speaks of open()'s arguments (``encrypted=False``), which a fleet user does not pass.
+    Plaintext and encrypted files take different key sources, so a mixed glob is run twice."""
+    try:
+        return engram.open(path, create=False, readonly=readonly, **kwargs)
+    except ModeMismatchError as exc:
+        if kwargs.get("encrypted") is False:
+            hint = ("it is encrypted: run the encrypted files in a fleet run of their own, with their "
+                    "passphrase or key files, not Plaintext() (--plaintext)")
+        else:
+            hint = ("it is a plaintext file: run the plaintext files in a fleet run of their own, with "
+                    "key_source=Plaintext() (--plaintext)")
+        raise ModeMismatchError(exc.message, hint=hint) from None
+
+
 def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], key_source: KeySource | None = None,
             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``job`` on one file and return its result row (the body of every fleet task).
@@ -214,7 +232,7 @@ def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], 
     readonly = job in ("verify", "stats", "dump") or (job == "maintain" and bool(options.get("plan")))
     try:
         kwargs = _open_kwargs(key_source, path)
-        with engram.open(path, create=False, readonly=readonly, **kwargs) as db:
+        with _open(path, readonly, kwargs) as db:
             row["result"] = _do_job(db, path, job, options)
         row["status"] = "ok"
         if job == "verify" and row["result"]["problems"]:

@@ -277,3 +277,59 @@ def test_dump_out_that_is_a_file_is_refused_before_any_task(tmp_path):
     assert taken.read_text() == "not a folder"
     with pytest.raises(ValidationError, match="cannot create the output folder"):
         fleet.run([path], "dump", out=str(taken / "sub"))
+
+
+def _mixed_folder(folder) -> None:
+    """One plaintext and one encrypted store (passphrase "pw")."""
+    folder.mkdir()
+    with engramdb.open(folder / "a-plain.engram", encrypted=False) as db:
+        db.add("plaintext memory")
+    with engramdb.open(folder / "b-secret.engram", passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("encrypted memory")
+
+
+def test_a_mode_mismatch_hint_names_the_fleet_key_source_not_open_arguments(tmp_path, monkeypatch):
+    """A plaintext store run with a passphrase said "open it without a passphrase
+    (encrypted=False)", an encrypted one run with Plaintext() "pass encrypted=False for a
+    plaintext one": open()'s arguments, which a fleet user does not pass."""
+    _mixed_folder(tmp_path / "mixed")
+    plain, secret = str(tmp_path / "mixed" / "a-plain.engram"), str(tmp_path / "mixed" / "b-secret.engram")
+    monkeypatch.setenv("ENGRAM_PASSPHRASE", "pw")
+    for source in (fleet.PassphraseEnv(), fleet.Passphrase("pw"), lambda p: "pw", lambda p: bytes(32)):
+        row = fleet.run_one(plain, "stats", source)
+        assert row["status"] == "error" and row["error"] == "ModeMismatchError"
+        assert "Plaintext() (--plaintext)" in row["hint"] and "encrypted=False" not in row["hint"]
+        assert fleet.run_one(secret, "stats", source if not callable(source) or source(secret) == "pw"
+                             else fleet.Passphrase("pw"))["status"] == "ok"
+    row = fleet.run_one(secret, "stats", fleet.Plaintext())
+    assert row["status"] == "error" and row["error"] == "ModeMismatchError"
+    assert "not Plaintext() (--plaintext)" in row["hint"] and "encrypted=False" not in row["hint"]
+    assert fleet.run_one(plain, "stats", fleet.Plaintext())["status"] == "ok"
+
+    def rekey(db):  # a job's own mode mismatch keeps its own words
+        db.rekey("new")
+        return {}
+
+    row = fleet.run_one(plain, rekey, fleet.Plaintext())
+    assert row["error"] == "ModeMismatchError" and "Plaintext()" not in row["hint"]
+
+
+def test_cli_fleet_over_plaintext_and_encrypted_files_hints_at_the_option(client, tmp_path):
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    _mixed_folder(tmp_path / "mixed")
+    glob_ = str(tmp_path / "mixed" / "*.engram")
+    secret = tmp_path / "passphrase"
+    secret.write_text("pw\n")
+    address = client.scheduler.address
+    env = {"ENGRAM_TEST_WEAK_KDF": "1"}
+    keyed = CliRunner().invoke(cli, ["fleet", "stats", glob_, "--scheduler", address, "--passphrase-file", str(secret)],
+                               env=env, catch_exceptions=False)
+    assert keyed.exit_code == 1 and "1 ok" in keyed.output and "1 failed" in keyed.output
+    assert "--plaintext" in keyed.output and "encrypted=False" not in keyed.output
+    plain = CliRunner().invoke(cli, ["--plaintext", "fleet", "stats", glob_, "--scheduler", address],
+                               env=env, catch_exceptions=False)
+    assert plain.exit_code == 1 and "1 ok" in plain.output and "1 failed" in plain.output
+    assert "not Plaintext() (--plaintext)" in plain.output and "encrypted=False" not in plain.output
