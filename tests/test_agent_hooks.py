@@ -281,3 +281,54 @@ def test_a_field_list_followed_by_a_long_run_of_blanks_is_read_in_linear_time():
     facts = _within_a_minute(lambda: extract_facts(conv))
     storage = [f.text for f in facts if f.kind == "storage"]
     assert len(storage) == 1 and storage[0].endswith("data.json holds records with the fields id, name.")
+
+
+def test_long_runs_of_name_characters_are_scrubbed_in_linear_time():
+    # the user@host, host-name, machine-name and temp-dir patterns started again at every word
+    # boundary of a run and read the run to its end: quadratic on a run with no "@", host
+    # suffix or digit (20,000 chars took a second, these 400,000 minutes)
+    runs = {"1." * 200_000: "." * 50_000, "ip-1" * 100_000: "", "ip-x" * 100_000: "ip-x" * 100_000,
+            "tmp-" * 100_000: "tmp-" * 100_000, "a.b-" * 100_000: "a.b-" * 100_000,
+            "localhostx-" * 40_000: "localhostx-" * 40_000, "localhost-" * 40_000: "-" * 40_000}
+    for text, clean in runs.items():
+        assert _within_a_minute(lambda text=text: scrub(text)) == clean
+        assert _within_a_minute(lambda text=text: has_noise(text)) == (clean != text)
+
+
+# The noise patterns as they were before they were made linear: the reference their linear
+# forms must agree with, match for match.
+_PLAIN_NOISE = [
+    r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*",
+    r"(?<![\w.])(?:[A-Za-z]:\\|\\\\)[^\s\"'`,;)]+",
+    r"(?<![\w.~])/(?:tmp|var|private|home|Users|root|opt|usr|etc|mnt|srv|proc|dev|run)(?:/[^\s\"'`,;)]*)?",
+    r"(?<![\w/])~/[^\s\"'`,;)]*",
+    r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b",
+    r"(?i)\b(?:localhost|[\w-]+\.(?:local|lan|internal|localdomain))(?::\d+)?\b",
+    r"(?i)\b(?:ip|host|node|worker|runner|pod)-[\w-]*\d[\w-]*\b",
+    r"(?i)\b(?:tmp|temp)[\w.-]*\d[\w.-]*\b",
+]
+# pieces that make runs with and without "@", host suffixes and digits, localhost inside runs,
+# ports, case-folded letters (ſ, the Kelvin sign), non-ASCII word characters and digits
+_NOISE_PIECES = ["localhost", "LocalHost", ".lan", ".local", ".localdomain", ".internal", ".", ".", "-", "-", "+",
+                 "@", "@", ":", ":", "~", "/", " ", " ", "\t", "1", "80", "7", "ip", "host", "node", "pod", "worker",
+                 "tmp", "temp", "TMP", "x", "a", "é", "_", "ſ", "\u212a", "\\", "C:", "/tmp", "~/", "1.2.3.4",
+                 "(", ")", ",", "\n", "\u0663", "user", "ab", "/home/u", "-1", "ip-", "tmp1", "a@b:", "@h:~", "x.lan"]
+
+
+def test_the_linear_noise_patterns_remove_what_the_plain_ones_did():
+    import random
+    import re
+
+    from engramdb.agent.text import _NOISE
+
+    plain = [re.compile(p) for p in _PLAIN_NOISE]
+    rng = random.Random(8)
+    for _ in range(20_000):
+        text = "".join(rng.choice(_NOISE_PIECES) for _ in range(rng.randint(0, 30)))
+        for reference, remove in zip(plain, _NOISE):
+            assert remove(text) == reference.sub("", text), (reference.pattern, text)
+        expected, cleaned = text, text
+        for reference, remove in zip(plain, _NOISE):
+            expected, cleaned = reference.sub("", expected), remove(cleaned)
+        assert cleaned == expected, text
+        assert has_noise(text) == any(reference.search(text) for reference in plain), text

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 
 __all__ = ["content_words", "overlap", "scrub", "has_noise", "storable"]
 
@@ -18,16 +19,95 @@ please use using make build write create new also get set add via per about up o
 """.split())
 # Environment noise (spec/agent.md 2.3): absolute paths, temporary directories, home
 # directories, hostnames, IP addresses, user@host prompts. None of it carries across sessions.
-_NOISE = [
-    re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*"),                        # user@host:~/dir prompts
+#
+# Written so each run of name characters is read once. The plain forms (kept as the reference in
+# tests/test_agent_text.py) started again at every word boundary of a run and read the run to
+# its end each time: quadratic on a long run with no "@", ".local" or digit ("1.1.1.1...",
+# "ip-1ip-1...", "tmp-tmp-..."; 20,000 chars took a second, 200,000 minutes). A match of those
+# starts at the run's first word boundary where it can start at all (or fails in the whole
+# run), so these start at the run's start and keep (group 1) what comes before that boundary.
+_USER_AT_HOST = re.compile(r"(?<![\w.+-])([.+-]*)\w[\w.+-]*@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*")  # user@host:~/dir
+_MACHINE = re.compile(r"(?<![\w-])(?>([\w-]*?)\b(?:ip|host|node|worker|runner|pod)-)[\w-]*\d[\w-]*\b",
+                      re.IGNORECASE)                                                  # machine names
+_TEMP_DIR = re.compile(r"(?<![\w.-])(?>([\w.-]*?)\b(?:tmp|temp))[\w.-]*\d[\w.-]*\b",
+                       re.IGNORECASE)                                                 # tmpab12cd, tmp_x9 dirs
+_PLAIN = [
     re.compile(r"(?<![\w.])(?:[A-Za-z]:\\|\\\\)[^\s\"'`,;)]+"),                     # C:\... and \\host\share
     re.compile(r"(?<![\w.~])/(?:tmp|var|private|home|Users|root|opt|usr|etc|mnt|srv|proc|dev|run)"
                r"(?:/[^\s\"'`,;)]*)?"),                                              # absolute POSIX paths
     re.compile(r"(?<![\w/])~/[^\s\"'`,;)]*"),                                        # ~/...
     re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"),                             # IPv4 (and port)
-    re.compile(r"\b(?:localhost|[\w-]+\.(?:local|lan|internal|localdomain))(?::\d+)?\b", re.IGNORECASE),
-    re.compile(r"\b(?:ip|host|node|worker|runner|pod)-[\w-]*\d[\w-]*\b", re.IGNORECASE),  # machine names
-    re.compile(r"\b(?:tmp|temp)[\w.-]*\d[\w.-]*\b", re.IGNORECASE),                  # tmpab12cd, tmp_x9 dirs
+]
+# Host names: \b(?:localhost|[\w-]+\.(?:local|lan|internal|localdomain))(?::\d+)?\b, read by
+# _host_names (a "localhost" inside a run can end a match mid-run, so no start-of-run form).
+_HOST = re.compile(r"\b(?:localhost|[\w-]+\.(?:local|lan|internal|localdomain))(?::\d+)?\b", re.IGNORECASE)
+_LOCALHOST = re.compile(r"\blocalhost(?::\d+)?\b", re.IGNORECASE)
+_HOST_END = re.compile(r"(?<=[\w-])\.(?:local|lan|internal|localdomain)(?::\d+)?\b", re.IGNORECASE)
+_NAME_RUN = re.compile(r"[\w-]+")
+_BOUNDARY = re.compile(r"\b")
+
+
+def _host_names(text: str) -> list[tuple[int, int]]:
+    """The spans ``_HOST.sub`` removes, found in linear time.
+
+    ``_HOST`` at ``p`` matches "localhost" there, or else the run of name characters from ``p``
+    when the run ends in a host suffix (".lan", ...): whether it does is the run's, not ``p``'s,
+    so each run is judged once (``_HOST_END``) and ``_HOST`` is tried only where it matches."""
+    ends = [m.start() for m in _HOST_END.finditer(text)]
+    if not ends:
+        return [m.span() for m in _LOCALHOST.finditer(text)]
+    run_start = {m.end(): m.start() for m in _NAME_RUN.finditer(text)}
+    runs = [(run_start[q], q) for q in ends]
+    spans: list[tuple[int, int]] = []
+    pos, i = 0, 0
+    local = _LOCALHOST.search(text)
+    while True:
+        while local is not None and local.start() < pos:
+            local = _LOCALHOST.search(text, pos)
+        dotted = None
+        while i < len(runs):
+            start, end = runs[i]
+            if end > pos:
+                b = _BOUNDARY.search(text, max(start, pos), end)
+                if b is not None and b.start() < end:
+                    dotted = b.start()
+                    break
+            i += 1
+        m: re.Match[str] | None
+        if local is not None and (dotted is None or local.start() <= dotted):
+            m = local  # where both could, _HOST tries "localhost" first
+        elif dotted is not None:
+            m = _HOST.match(text, dotted)
+            assert m is not None  # a word boundary in a run ending in a host suffix
+        else:
+            return spans
+        spans.append(m.span())
+        pos = m.end()
+
+
+def _drop_host_names(text: str) -> str:
+    spans = _host_names(text)
+    if not spans:
+        return text
+    kept, last = [], 0
+    for start, end in spans:
+        kept.append(text[last:start])
+        last = end
+    kept.append(text[last:])
+    return "".join(kept)
+
+
+def _remover(pattern: re.Pattern[str], keep: str = "") -> Callable[[str], str]:
+    return lambda text: pattern.sub(keep, text)
+
+
+# What scrub() removes, in this order (each reads what the previous one left)
+_NOISE: list[Callable[[str], str]] = [
+    _remover(_USER_AT_HOST, r"\1"),
+    *[_remover(pattern) for pattern in _PLAIN],
+    _drop_host_names,
+    _remover(_MACHINE, r"\1"),
+    _remover(_TEMP_DIR, r"\1"),
 ]
 
 
@@ -56,8 +136,8 @@ def scrub(text: str) -> str:
     """``text`` without environment noise (absolute paths, temp dirs, hostnames, IPs), spaces tidied,
     lone surrogates replaced (:func:`storable`)."""
     text = storable(text)
-    for pattern in _NOISE:
-        text = pattern.sub("", text)
+    for remove in _NOISE:
+        text = remove(text)
     text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
     # (?<!...): tried only where a run of blanks starts, else each blank of a long run rescans
     # the rest of it (quadratic: 20,000 blanks took 2 s)
@@ -67,4 +147,4 @@ def scrub(text: str) -> str:
 
 def has_noise(text: str) -> bool:
     """Whether ``text`` holds any environment noise :func:`scrub` would remove."""
-    return any(pattern.search(text) for pattern in _NOISE)
+    return any(remove(text) != text for remove in _NOISE)  # each removes something or nothing
