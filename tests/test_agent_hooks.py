@@ -79,6 +79,23 @@ def test_the_trajectory_goes_to_the_procedural_graph_with_an_outcome(make_db, no
         hooks.after_task(_session1(), outcome="meh")
 
 
+def test_a_retried_after_task_records_its_trajectory_once(make_db, now):
+    # a caller retrying after_task (a timeout, an MCP client resending) recorded the trajectory
+    # again: every edge it showed counted twice
+    db = make_db()
+    hooks = MemoryHooks(db)
+    hooks.after_task(_session1(), outcome="success", now=now)
+    rows = sorted(map(repr, db.procedure_rows()))
+    assert hooks.after_task(_session1(), outcome="success", now=now + 5) == []
+    assert sorted(map(repr, db.procedure_rows())) == rows
+    assert [e.success for e in hooks.graph.edges() if e.src == "start"] == [1]
+    # another session, or another outcome, is another trajectory
+    hooks.after_task(_session1(), outcome="success", session="again", now=now + 6)
+    hooks.after_task(_session1(), outcome="failure", now=now + 7)
+    assert [t.outcome for t in hooks.graph.trajectories()] == ["success", "success", "failure"]
+    assert [(e.success, e.failure) for e in hooks.graph.edges() if e.src == "start"] == [(2, 1)]
+
+
 def test_before_task_includes_the_procedure_for_similar_tasks(make_db, now):
     db = make_db()
     hooks = MemoryHooks(db)

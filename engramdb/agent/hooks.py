@@ -10,6 +10,7 @@ Works on an ``Engram`` through its public API (duck-typed). Semantics: spec/agen
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -168,7 +169,10 @@ class MemoryHooks:
             except DuplicateIdError:  # another process stored the same fact since the check
                 continue
         if self.graph is not None and outcome is not None:
-            self.graph.record_trajectory(conv, outcome, now=stamp)
+            # the same transcript, outcome and session is a retry of this call, not another run
+            call = json.dumps([conv.text, outcome, session], ensure_ascii=True)
+            self.graph.record_trajectory(conv, outcome, now=stamp,
+                                         call_id="after_task-" + hashlib.sha256(call.encode()).hexdigest()[:24])
         if self.sleep_threshold is not None and len(unconsolidated(self.db, tags=self.tags)) >= self.sleep_threshold:
             self.consolidate_sleep(now=stamp)
         return ids

@@ -90,6 +90,7 @@ class Trajectory:
     outcome: str
     task: str
     at: float
+    call: str = ""  # the recording call's identity (record_trajectory's call_id); "" when none
 
     @property
     def transitions(self) -> set[tuple[str, str]]:
@@ -97,8 +98,11 @@ class Trajectory:
         return set(itertools.pairwise(path))
 
     def row(self) -> dict[str, Any]:
-        return {"row": "trajectory", "id": self.id, "seq": self.seq, "tools": list(self.tools),
-                "errors": list(self.errors), "outcome": self.outcome, "task": self.task, "at": self.at}
+        row = {"row": "trajectory", "id": self.id, "seq": self.seq, "tools": list(self.tools),
+               "errors": list(self.errors), "outcome": self.outcome, "task": self.task, "at": self.at}
+        if self.call:  # only then: a row recorded without one keeps the bytes (and key) it had
+            row["call"] = self.call
+        return row
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,8 @@ class _Rows:
                 elif kind == "trajectory":
                     self.trajectories.append(Trajectory(row["id"], int(row["seq"]), tuple(row["tools"]),
                                                         tuple(row.get("errors", ())), row["outcome"],
-                                                        row.get("task", ""), float(row.get("at", 0.0))))
+                                                        row.get("task", ""), float(row.get("at", 0.0)),
+                                                        str(row.get("call", ""))))
                 elif kind == "proposal":
                     self.decided[row["key"]] = row
             except (KeyError, TypeError, ValueError):
@@ -270,17 +275,22 @@ class ProceduralGraph:
 
     # -- recording --------------------------------------------------------------------
     def record_trajectory(self, serialized: SerializedConversation | Iterable[Any], outcome: str, *,
-                          task: str | None = None, now: float | None = None) -> str:
+                          task: str | None = None, now: float | None = None, call_id: str | None = None) -> str:
         """Keep one trajectory and count its transitions on the graph; returns its id.
 
         ``outcome`` is ``"success"`` or ``"failure"``. The task defaults to the first user
-        prompt (environment noise removed, at most 300 characters).
+        prompt (environment noise removed, at most 300 characters). With a ``call_id`` the
+        call is idempotent: when a trajectory recorded with that ``call_id`` is stored,
+        nothing changes and its id is returned (a retried call counts its edges once).
 
         Raises:
             ValidationError: a bad outcome, or a transcript that cannot be parsed.
         """
         if outcome not in OUTCOMES:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        if call_id is not None and (not isinstance(call_id, str) or not call_id):
+            raise ValidationError("call_id must be a non-empty string or None")
+        call = storable(call_id or "")
         conv = serialize_conversation(serialized)
         calls = [call for turn in conv.turns for call in turn.tool_calls]
         tools = tuple(storable(call.name) for call in calls)
@@ -292,9 +302,13 @@ class ProceduralGraph:
 
         with self.db.transaction() as tx:
             rows = _Rows(tx.procedure_rows())
+            if call:
+                done = next((t for t in rows.trajectories if t.call == call), None)
+                if done is not None:
+                    return done.id
             seq = max((t.seq for t in rows.trajectories), default=0) + 1
             digest = hashlib.sha256(json.dumps([seq, tools, outcome, task]).encode()).hexdigest()[:12]
-            trajectory = Trajectory(f"t{seq:06d}-{digest}", seq, tools, errors, outcome, task, stamp)
+            trajectory = Trajectory(f"t{seq:06d}-{digest}", seq, tools, errors, outcome, task, stamp, call)
             tx.put_procedure_row(trajectory.row())
             for node_id, kind in [(START, "state"), (END, "state"), *((t, "action") for t in tools)]:
                 if node_id not in rows.nodes:
