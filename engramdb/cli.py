@@ -2159,7 +2159,9 @@ def _fleet_key_source(ctx: click.Context, key_files_beside: bool) -> Any:
 @click.option("--now", "now_text", metavar="ISO", help="The maintenance clock, an ISO 8601 time (default: now).")
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Retries of a task whose file is busy or whose worker died.")
-@click.option("--key-files-beside", is_flag=True, help="Each store's key is in NAME.engram.key beside it.")
+@click.option("--key-files-beside", is_flag=True,
+              help="Each store's key is in NAME.engram.key beside it (its recovery key, ERK1-..., or 32 raw key "
+                   "bytes).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | None, workers: int | None,
