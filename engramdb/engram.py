@@ -510,7 +510,8 @@ class Engram:
 
     def archive(self, id: str, /, *, truncate: bool = False, now: float | None = None) -> int:
         """Archive a memory: its full text moves to the archive table (zstd-compressed, sealed)
-        and the memory keeps a 200-character preview as its content, with tier ``archive``.
+        and the memory keeps a preview (its first 200 characters, then ``...``) as its content,
+        with tier ``archive``.
         Returns the number of bytes of text dropped: always 0 unless ``truncate=True``, which
         keeps only the preview (the rest is gone for good). Archiving an archived memory does
         nothing. See spec/maintenance.md, "Archive".
@@ -659,8 +660,10 @@ class Engram:
              tier: NameSet | None = None) -> Iterator[Node]:
         """Memories in insertion order, filtered (see :mod:`engramdb.filters`): in one of
         ``tiers``, with all ``tags`` / one of ``any_tags``, all ``flags`` / one of
-        ``any_flags``, of ``source``, created at/after ``after`` and before ``before``
-        (timestamps, dates, datetimes or ISO strings, as in :meth:`recall`).
+        ``any_flags``, of ``source``, dated within ``after`` and ``before`` (timestamps,
+        dates, datetimes or ISO strings, as in :meth:`recall`): a memory's ``resolved_date``
+        when it has one (both ends inclusive, as zettel-compress compares), else its
+        ``created_at`` (at or after ``after``, strictly before ``before``).
 
         ``tier=`` is the old name of ``tiers=`` and still accepted.
 
