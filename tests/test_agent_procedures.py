@@ -3,6 +3,7 @@ rejected proposals), guidance, and the graph surviving a dump and restore."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -179,3 +180,41 @@ def test_a_proposer_that_returns_no_list_is_a_validation_error(tmp_engram, now, 
 def test_graph_arguments_of_the_wrong_type_are_validation_errors(tmp_engram, kwargs):
     with pytest.raises(ValidationError):
         ProceduralGraph(tmp_engram, **kwargs)
+
+
+def test_a_tool_named_start_or_end_is_not_the_start_or_end_state(tmp_engram, now):
+    # tools were nodes by their name, so a tool named "start" or "end" was the built-in state:
+    # edges edit->start, start->end, end->end mixed the states with the tools
+    graph = ProceduralGraph(tmp_engram)
+    graph.record_trajectory(_transcript("ship the release", ["edit", "start", "end", "tool:end"]), "success", now=now)
+    assert sorted(e.key for e in graph.edges() if e.relation == "leads_to") == [
+        ("edit", "tool:start", "leads_to"), ("start", "edit", "leads_to"), ("tool:end", "tool:tool:end", "leads_to"),
+        ("tool:start", "tool:end", "leads_to"), ("tool:tool:end", "end", "leads_to")]
+    assert [(n.id, n.kind, n.label) for n in graph.nodes()] == [
+        ("edit", "action", "edit"), ("end", "state", "end"), ("start", "state", "start"),
+        ("tool:end", "action", "end"), ("tool:start", "action", "start"), ("tool:tool:end", "action", "tool:end")]
+    assert graph.trajectories()[0].tools == ("edit", "start", "end", "tool:end")
+    assert graph.guidance_for("ship the release").splitlines()[2:] == ["1. edit", "2. start", "3. end", "4. tool:end"]
+
+
+def test_procedure_rows_written_before_tool_ids_were_escaped_read_the_same(tmp_engram, now):
+    # an older version stored a tool named "start" as the state itself; those rows stay as written
+    old_rows = [{"row": "node", "id": "start", "kind": "state", "label": "start"},
+                {"row": "node", "id": "end", "kind": "state", "label": "end"},
+                {"row": "node", "id": "edit", "kind": "action", "label": "edit"},
+                {"row": "edge", "src": "edit", "dst": "start", "relation": "leads_to", "condition": "",
+                 "guidance": "", "pitfalls": [], "success": 1, "failure": 0},
+                {"row": "trajectory", "id": "t000001-000000000000", "seq": 1, "tools": ["edit", "start"], "errors": [],
+                 "outcome": "success", "task": "ship", "at": now}]
+    with tmp_engram.transaction() as tx:
+        for row in old_rows:
+            tx.put_procedure_row(row)
+    graph = ProceduralGraph(tmp_engram)
+    def canonical(rows):
+        return sorted(json.dumps(dict(row), sort_keys=True) for row in rows)
+
+    assert canonical(tmp_engram.procedure_rows()) == canonical(old_rows)
+    assert [e.key for e in graph.edges()] == [("edit", "start", "leads_to")]
+    assert [(n.id, n.kind) for n in graph.nodes()] == [("edit", "action"), ("end", "state"), ("start", "state")]
+    assert graph.trajectories()[0].tools == ("edit", "start")
+    assert graph.to_dict()["trajectories"] == 1

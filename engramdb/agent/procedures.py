@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,12 @@ NODE_KINDS = ("action", "reasoning", "state")
 OUTCOMES = ("success", "failure")
 OPS = ("add_pitfall", "add_guidance", "add_edge")
 START, END = "start", "end"
+# A tool's node id is its name, except a name that is a state's id, or such a name already behind
+# one or more "tool:" (tool "start" is "tool:start", tool "tool:start" is "tool:tool:start"): ids
+# stay one per name and apart from the states, and every other name keeps the id older
+# versions gave it, so their files read the same.
+_TOOL_ESCAPE = "tool:"
+_ESCAPED = re.compile(r"(?:tool:)*(?:start|end)")
 _VERIFIERS = ("test", "pytest", "unittest", "check", "verify", "lint", "mypy", "ruff")
 _MAX_TASK = 300
 
@@ -94,8 +101,7 @@ class Trajectory:
 
     @property
     def transitions(self) -> set[tuple[str, str]]:
-        path = (START, *self.tools, END)
-        return set(itertools.pairwise(path))
+        return set(itertools.pairwise(_path(self.tools)))
 
     def row(self) -> dict[str, Any]:
         row = {"row": "trajectory", "id": self.id, "seq": self.seq, "tools": list(self.tools),
@@ -213,6 +219,21 @@ class _Rows:
         self.trajectories.sort(key=lambda t: t.seq)
 
 
+def node_id(tool: str) -> str:
+    """The graph node id of the tool named ``tool``."""
+    return _TOOL_ESCAPE + tool if _ESCAPED.fullmatch(tool) else tool
+
+
+def tool_name(node: str) -> str:
+    """The tool name of an action node id (inverse of :func:`node_id`)."""
+    return node[len(_TOOL_ESCAPE):] if node.startswith(_TOOL_ESCAPE) and _ESCAPED.fullmatch(node) else node
+
+
+def _path(tools: Iterable[str]) -> tuple[str, ...]:
+    """The node ids a trajectory goes through: start, its tools', end."""
+    return (START, *map(node_id, tools), END)
+
+
 def _verifier(name: str) -> bool:
     lowered = name.lower()
     return any(word in lowered for word in _VERIFIERS)
@@ -310,10 +331,10 @@ class ProceduralGraph:
             digest = hashlib.sha256(json.dumps([seq, tools, outcome, task]).encode()).hexdigest()[:12]
             trajectory = Trajectory(f"t{seq:06d}-{digest}", seq, tools, errors, outcome, task, stamp, call)
             tx.put_procedure_row(trajectory.row())
-            for node_id, kind in [(START, "state"), (END, "state"), *((t, "action") for t in tools)]:
-                if node_id not in rows.nodes:
-                    node = ProcedureNode(node_id, kind, node_id)
-                    rows.nodes[node_id] = node
+            for node in [ProcedureNode(START, "state", START), ProcedureNode(END, "state", END),
+                         *(ProcedureNode(node_id(t), "action", t) for t in tools)]:
+                if node.id not in rows.nodes:
+                    rows.nodes[node.id] = node
                     tx.put_procedure_row(node.row())
             for edge_key in sorted(self._observed_edges(tools, errors)):
                 old = rows.edges.get(edge_key, ProcedureEdge(*edge_key))
@@ -326,16 +347,16 @@ class ProceduralGraph:
     def _observed_edges(tools: tuple[str, ...], errors: tuple[int, ...]) -> set[tuple[str, str, str]]:
         """The edges one trajectory shows: ``leads_to`` for each transition; ``fallback_for``
         when a tool replaced one that failed; ``verifies`` when a test-like tool followed another."""
-        path = (START, *tools, END)
+        path = _path(tools)
         observed = {(a, b, "leads_to") for a, b in itertools.pairwise(path)}
         failed = set(errors)
         for i in range(len(tools) - 1):
-            a, b = tools[i], tools[i + 1]
+            a, b = path[i + 1], path[i + 2]
             if a == b:
                 continue
             if i in failed and i + 1 not in failed:
                 observed.add((b, a, "fallback_for"))
-            if _verifier(b) and not _verifier(a):
+            if _verifier(tools[i + 1]) and not _verifier(tools[i]):
                 observed.add((b, a, "verifies"))
         return observed
 
@@ -480,10 +501,11 @@ class ProceduralGraph:
         return {"id": t.id, "task": t.task, "tools": list(t.tools), "failed_calls": list(t.errors)}
 
     def _apply(self, tx: AgentTransaction, rows: _Rows, proposal: Proposal) -> None:
-        for node_id in (proposal.src, proposal.dst):
-            if node_id not in rows.nodes:
-                node = ProcedureNode(node_id, "state" if node_id in (START, END) else "action", node_id)
-                rows.nodes[node_id] = node
+        for nid in (proposal.src, proposal.dst):
+            if nid not in rows.nodes:
+                node = (ProcedureNode(nid, "state", nid) if nid in (START, END)
+                        else ProcedureNode(nid, "action", tool_name(nid)))
+                rows.nodes[nid] = node
                 tx.put_procedure_row(node.row())
         key = (proposal.src, proposal.dst, proposal.relation)
         old = rows.edges.get(key, ProcedureEdge(*key))
@@ -520,16 +542,16 @@ class ProceduralGraph:
         path = min(paths, key=lambda p: (-paths[p], -latest[p]))
         lines = ["## Procedure",
                  f"What worked for similar tasks ({len(wins)} of {len(similar)} similar trajectories succeeded):"]
-        full = (START, *path, END)
+        full = _path(path)
         for i, tool in enumerate(path[:max_steps], 1):
-            edge = rows.edges.get((full[i - 1], tool, "leads_to"))
+            edge = rows.edges.get((full[i - 1], full[i], "leads_to"))
             lines.append(f"{i}. {tool}" + (f": {edge.guidance}" if edge and edge.guidance else ""))
         if len(path) > max_steps:
             lines.append(f"... and {len(path) - max_steps} more steps")
-        on_path = set(path)
+        on_path = set(full[1:-1])
         pitfalls = sorted({p for e in rows.edges.values() if e.src in on_path or e.dst in on_path
                            for p in e.pitfalls})
-        fallbacks = sorted(f"if {e.dst} fails, {e.src} worked instead" for e in rows.edges.values()
+        fallbacks = sorted(f"if {tool_name(e.dst)} fails, {tool_name(e.src)} worked instead" for e in rows.edges.values()
                            if e.relation == "fallback_for" and e.dst in on_path and e.success)
         if pitfalls or fallbacks:
             lines.append("Pitfalls:")
