@@ -441,8 +441,12 @@ def _filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(*args, filters=filters, **kwargs)
 
     options = [
-        click.option("--after", callback=_check_time, help="Only memories created at or after this ISO date/time."),
-        click.option("--before", callback=_check_time, help="Only memories created before this ISO date/time."),
+        click.option("--after", callback=_check_time,
+                     help="Only memories dated at or after this ISO date/time: by the resolved date when a memory "
+                          "has one, else by its creation time."),
+        click.option("--before", callback=_check_time,
+                     help="Only memories dated before this ISO date/time: by the resolved date when a memory has "
+                          "one (that date itself included), else by its creation time (strictly before)."),
         click.option("--tier", "tiers", multiple=True, type=click.Choice(TIERS),
                      help="Only memories in this tier (repeatable: any of them)."),
         click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all of them)."),
@@ -1449,7 +1453,8 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json", "aaak"]), default="markdown", show_default=True,
               help="markdown: one line per memory, names spelled out, who said it and when; "
                    "aaak: entity codes, denser.")
-@click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True)
+@click.option("--selection", type=click.Choice(["weight", "mmr"]), default="weight", show_default=True,
+              help="weight: the heaviest memories; mmr: also as unlike each other as they can be (topics, entities).")
 @click.option("--source", help="Only memories of this source.")
 @click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable).")
 @click.option("--include-archived", is_flag=True, help="Also consider archived memories.")
@@ -1740,7 +1745,8 @@ class _Peeked(io.RawIOBase):
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["jsonl"]), default="jsonl", show_default=True,
+              help="The output format (JSON Lines, the only one).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 @click.option("--space", help="The embedding space written as `embedding` (default: the node's first).")
 @click.pass_context
