@@ -568,6 +568,8 @@ class _Env:
                     created = True
                 except FileExistsError:
                     continue  # another process created it this instant: open theirs
+                except OSError as exc:  # a read-only or full disk, a directory we may not write
+                    raise _create_error(exc, path) from None
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -916,6 +918,15 @@ def _os_error(exc: OSError, what: str) -> EngramError:
     if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         return StorageFullError(f"{what}: the disk or file-size limit is full")
     return StoreError(f"{what}: {exc.strerror or exc}")
+
+
+def _create_error(exc: OSError, path: str) -> EngramError:
+    """The error for a new store's data file that cannot be created."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ReadOnlyError(f"cannot create {path}: {exc.strerror}",
+                             hint="create the store in a directory you may write to, on a disk not mounted "
+                                  "read-only")
+    return _os_error(exc, f"cannot create {path}")
 
 
 def sniff(path: str) -> None:

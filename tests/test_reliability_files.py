@@ -1,0 +1,40 @@
+"""Files an unlucky user meets: a directory or disk that refuses a new file, a full disk
+on every write path. Each failure must be an EngramError whose hint says what to do, and
+must leave nothing behind (no partial file, no litter beside the store)."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb.engram as engram
+import engramdb.store as store_mod
+from engramdb.errors import ReadOnlyError, StorageFullError
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS])
+def test_a_new_store_in_a_directory_that_refuses_it_is_a_read_only_error(tmp_path, monkeypatch, code):
+    """Creating a store in a directory the user may not write to (or on a read-only mount)
+    raised a raw PermissionError / OSError from os.open."""
+    def refuse(path: str) -> int:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(store_mod, "create_private", refuse)
+    path = tmp_path / "new.engram"
+    with pytest.raises(ReadOnlyError) as err:
+        engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    assert "cannot create" in err.value.message and "directory you may write to" in err.value.hint
+    assert os.listdir(tmp_path) == []  # nothing left beside the refused file
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_new_store_on_a_full_disk_is_storage_full(tmp_path, monkeypatch, code):
+    def full(path: str) -> int:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(store_mod, "create_private", full)
+    with pytest.raises(StorageFullError):
+        engram.open(tmp_path / "new.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    assert os.listdir(tmp_path) == []
