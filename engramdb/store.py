@@ -253,6 +253,22 @@ def _same_file(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
+def _refuse_hard_links(fd: int, path: str, then: str = "") -> None:
+    """Refuse to write a data file that has another name (a hard link).
+
+    Every lock lives beside a name (``-lock``'s writer mutex and reader table, ``-maint``'s
+    writer lock), so a writer through another name would not wait for this one: two
+    commits at once corrupt the file, and a reader through one name does not keep a writer
+    through the other from reusing the pages it reads.
+    """
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        raise StoreError(f"{path} has {links} names (hard links){then}: engramdb's locks are kept beside one "
+                         "name, so writers through two names could corrupt it",
+                         hint=f"remove the other names (find / -xdev -samefile {path}), or write to a copy (cp); "
+                              "a read-only open is allowed")
+
+
 def open_sidecar(path: str, flags: int) -> int:
     """Open a sidecar (``-maint``, ``-lock``, a temporary file) without following a symlink,
     and check that it is a regular file owned by this user.
@@ -580,6 +596,8 @@ class _Env:
                 if not _same_file(fd, path):  # replaced (compact, restore) or removed meanwhile
                     os.close(fd)
                     continue
+                if not readonly:
+                    _refuse_hard_links(fd, path)
             except BaseException:
                 os.close(fd)
                 raise
@@ -768,6 +786,8 @@ class _Env:
             raise StoreError(f"{self.path} was replaced or removed while this handle had it open; "
                              "the transaction was rolled back",
                              hint="close this handle and open the file again")
+        if self.lock_fd is not None:
+            _refuse_hard_links(self.lock_fd, self.path, "; the transaction was rolled back")
 
     # -- environment -----------------------------------------------------------------
     @staticmethod
