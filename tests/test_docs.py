@@ -68,3 +68,15 @@ def test_every_command_line_example_parses(tmp_path, monkeypatch):
                 ctx = command.make_context(name or "", rest, parent=ctx)
         except click.ClickException as exc:
             pytest.fail(f"{where}: `{line}` does not parse: {exc.format_message()}")
+
+
+def test_every_option_has_help():
+    # `--help` showed inject's --selection and export's --format with no text at all
+    def walk(command: click.Command, path: str) -> None:
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"{path} {param.opts[0]} has no help text"
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(cli, "engramdb")
