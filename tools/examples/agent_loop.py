@@ -4,8 +4,9 @@
 
 Two sessions of a small coding agent, each in its own handle (as two processes would be):
 
-1. ``before_task`` puts the relevant memories (and a procedure that worked before) into
-   the system prompt; the first session finds none.
+1. ``before_task`` puts the relevant memories into the system prompt (and the procedure
+   that worked for a similar task, when one shares at least half of its words: these two
+   tasks share fewer, so none is shown); the first session finds none.
 2. The loop runs: the model answers in the OpenAI chat format, tool calls are executed in
    a scratch directory (``write_file``, ``run_tests`` really runs ``python -m unittest``),
    their results go back to the model.
