@@ -312,6 +312,25 @@ def test_a_bad_query_embedder_is_an_embedding_error(make_db):
     assert [h.id for h in db.recall("hello")] == ["a"]
 
 
+def test_a_query_embedder_answering_other_than_one_row_is_an_embedding_error(make_db):
+    # a query is one text, so one row (n, dims) with n = 1; the first row of a longer answer
+    # was taken as the query's vector (a batch embedder keyed wrongly searched for another
+    # text), and an empty answer searched without vectors, both without a word
+    db = make_db()
+    db.add_space("s", dims=3, model="m")
+    db.add("hello", id="a", embeddings={"s": [1, 0, 0]})
+    db.add("other", id="b", embeddings={"s": [0, 1, 0]})
+    for answer in (np.array([[1, 0, 0], [0, 1, 0]], np.float32), np.zeros((0, 3), np.float32),
+                   np.ones((1, 1, 3), np.float32), np.float32(1)):
+        db.set_embedder("s", lambda texts, answer=answer: answer)
+        with pytest.raises(EmbeddingError, match="for 1 text") as exc:
+            db.recall("hello")
+        assert exc.value.hint
+    for answer in (np.array([[0, 1, 0]], np.float32), np.array([0, 1, 0], np.float32)):  # one row, or one vector
+        db.set_embedder("s", lambda texts, answer=answer: answer)
+        assert db.recall("zzz", hops=0)[0].id == "b"
+
+
 def test_add_space_with_a_non_callable_embedder_creates_nothing(make_db):
     # regression: the space was written first, then the embedder refused
     db = make_db()

@@ -1101,6 +1101,12 @@ class VectorIndex:
         if emb is None:
             return None
         vec = _embed(sp, emb, [text])
+        # one text, one row: (1, dims), or a (dims,) vector. The first row of a longer answer
+        # would be another text's vector (spec/vectors.md: (n, dims) for n texts)
+        if not (vec.ndim == 1 or (vec.ndim == 2 and vec.shape[0] == 1)):
+            raise EmbeddingError(f"the embedder of space {space!r} returned an array of shape {vec.shape} "
+                                 "for 1 text (a query)",
+                                 hint="an embedder returns a float32 array (n, dims) for n texts: (1, dims) here")
         if not np.any(vec):
             return None
         row: np.ndarray = _check_matrix(sp, vec)[0]
