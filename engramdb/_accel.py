@@ -5,7 +5,7 @@ libcrypto (setup.py; it is optional, so an install without them still succeeds).
 batches the bulk-write path's crypto calls (AES-256-GCM seals, HMAC-SHA256 blind keys,
 state-digest terms) over OpenSSL's EVP API, and runs the bulk tokenizer's word scan, the
 node objects and records of a bulk load, a segment's postings and posting blocks, and the
-BM25 top-k scorer's per-run add into its accumulator and a long run's best documents: the
+BM25 top-k scorer's per-run add into its accumulator and a term's best documents: the
 same algorithms and the same bytes as the pure-Python path, which runs when the extension
 is missing or when the environment variable ``ENGRAMDB_PURE_PYTHON=1`` is set before
 engramdb is imported.
@@ -37,6 +37,7 @@ class Native(NamedTuple):
     accumulate: Callable[[Any, Any, Any, Any], None]
     pair_values: Callable[[Any, Sequence[tuple[Any, Any, float, float]], float, float, float], None]
     frontier_best: Callable[[Any, Any, Any, Any, Any, Any, int, Any, Any], int]
+    best_runs: Callable[[Sequence[tuple[Any, Any, Any]], int, Any, Any], int]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -46,12 +47,13 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import (accumulate, columns_pass, count_postings, frontier_best, hmac_many, keep_tokens,
-                              new_nodes, pair_values, plain_records, posting_blocks, scan_texts, seal_many, state_sum)
+        from ._native import (accumulate, best_runs, columns_pass, count_postings, frontier_best, hmac_many,
+                              keep_tokens, new_nodes, pair_values, plain_records, posting_blocks, scan_texts,
+                              seal_many, state_sum)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
-                  count_postings, columns_pass, accumulate, pair_values, frontier_best)
+                  count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

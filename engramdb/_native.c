@@ -63,6 +63,10 @@
  *   frontier_best(values, front, sizes, starts, docnos, rest, k, out_docnos, out_values) -> int
  *       engramdb/index/bm25.py's _Run._frontier_best: a run's k best from its frontier, or -1
  *       when the frontier cannot tell them (see the function, at the end of the file)
+ *   best_runs(runs, k, out_docnos, out_values) -> int
+ *       engramdb/index/bm25.py's _Term.best: the k best (docno, value) of (docnos, codes,
+ *       values) posting runs, value descending then docno ascending (see the function, at
+ *       the end of the file)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1547,6 +1551,7 @@ done:
 }
 
 static PyObject *frontier_best(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *best_runs(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1563,6 +1568,7 @@ static PyMethodDef methods[] = {
     {"accumulate", accumulate, METH_VARARGS, "acc[docnos[i]] += values[codes[i]] (or values[i]): BM25 top()'s add."},
     {"pair_values", pair_values, METH_VARARGS, "BM25 term parts of (tf, dl, idf, w) groups into out (see pair_values)."},
     {"frontier_best", frontier_best, METH_VARARGS, "A BM25 posting run's k best from its frontier (see frontier_best)."},
+    {"best_runs", best_runs, METH_VARARGS, "The k best (docno, value) of BM25 posting runs (see best_runs)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1817,5 +1823,209 @@ done:
     for (b = 0; b < 8; b++)
         if (have[b])
             PyBuffer_Release(&bufs[b]);
+    return result;
+}
+
+/* best_runs(runs, k, out_docnos, out_values) -> int
+ * engramdb/index/bm25.py's _Term.best over its runs in one call: the k best (docno, value)
+ * entries of the posting runs `runs`, a sequence of (docnos, codes, values) tuples: docnos
+ * of any integer width, values float64, and codes None (values[i] is posting i's value) or
+ * integers of any width (values[codes[i]]). Best is value descending, then docno ascending:
+ * the order of numpy's top_k (bm25.py), a strict total order on (value, docno), so the same
+ * entries in the same order whatever the input order; comparisons only, no arithmetic on
+ * values (finite: BM25 parts). Writes n = min(k, postings) entries into out_docnos (int64)
+ * and out_values (float64) and returns n. A bounded heap: O(postings log k), and a posting
+ * worse than the k-th best so far costs one comparison. */
+typedef struct { double v; long long d; } br_item;
+
+static int
+br_better(const br_item *a, const br_item *b)
+{
+    return a->v > b->v || (a->v == b->v && a->d < b->d);
+}
+
+static int
+br_cmp(const void *a, const void *b)
+{
+    const br_item *x = (const br_item *)a, *y = (const br_item *)b;
+    return br_better(x, y) ? -1 : (br_better(y, x) ? 1 : 0);
+}
+
+/* the heap keeps its worst entry at the root */
+static void
+br_down(br_item *h, Py_ssize_t n, Py_ssize_t i)
+{
+    for (;;) {
+        Py_ssize_t w = i, l = 2 * i + 1, r = l + 1;
+        br_item t;
+        if (l < n && br_better(&h[w], &h[l]))
+            w = l;
+        if (r < n && br_better(&h[w], &h[r]))
+            w = r;
+        if (w == i)
+            return;
+        t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static void
+br_up(br_item *h, Py_ssize_t i)
+{
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        br_item t;
+        if (!br_better(&h[p], &h[i]))
+            return;
+        t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+static PyObject *
+best_runs(PyObject *self, PyObject *args)
+{
+    PyObject *runs_obj, *od_obj, *ov_obj, *seq = NULL, *result = NULL;
+    Py_buffer odb = {0}, ovb = {0};
+    int have_od = 0, have_ov = 0;
+    Py_ssize_t k, nruns, r, total = 0, cap, n = 0, i;
+    br_item *heap = NULL;
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnOO", &runs_obj, &k, &od_obj, &ov_obj))
+        return NULL;
+    if (!get_buffer(od_obj, &odb, flags | PyBUF_WRITABLE, "best_runs", "out_docnos"))
+        goto done;
+    have_od = 1;
+    if (!get_buffer(ov_obj, &ovb, flags | PyBUF_WRITABLE, "best_runs", "out_values"))
+        goto done;
+    have_ov = 1;
+    {
+        int dk = buffer_kind(&odb, "best_runs", "out_docnos"), vk;
+        if (dk == 0)
+            goto done;
+        vk = buffer_kind(&ovb, "best_runs", "out_values");
+        if (vk == 0)
+            goto done;
+        if (dk != 'i' || odb.itemsize != 8 || vk != 'f') {
+            PyErr_SetString(PyExc_TypeError, "best_runs: out_docnos must be int64 and out_values float64");
+            goto done;
+        }
+    }
+    if (k < 0) {
+        PyErr_SetString(PyExc_ValueError, "best_runs: k must not be negative");
+        goto done;
+    }
+    seq = PySequence_Fast(runs_obj, "best_runs: runs must be a sequence");
+    if (seq == NULL)
+        goto done;
+    nruns = PySequence_Fast_GET_SIZE(seq);
+    for (r = 0; r < nruns; r++) {  /* sizes first: the heap holds min(k, postings) */
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, r), *d;
+        Py_ssize_t len;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "best_runs: a run is a (docnos, codes, values) tuple");
+            goto done;
+        }
+        d = PyTuple_GET_ITEM(item, 0);
+        len = PyObject_Length(d);
+        if (len < 0)
+            goto done;
+        total += len;
+    }
+    cap = k < total ? k : total;
+    if (odb.shape[0] < cap || ovb.shape[0] < cap) {
+        PyErr_SetString(PyExc_ValueError, "best_runs: the outputs must hold min(k, postings) entries");
+        goto done;
+    }
+    heap = (br_item *)PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(br_item));
+    if (heap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (r = 0; r < nruns && cap > 0; r++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, r), *code_obj = PyTuple_GET_ITEM(item, 1);
+        Py_buffer db = {0}, cb = {0}, vb = {0};
+        int have_d = 0, have_c = 0, have_v = 0, dk, ck = 0, ok = 0;
+        Py_ssize_t len, nval;
+        const double *values;
+        if (!get_buffer(PyTuple_GET_ITEM(item, 0), &db, flags, "best_runs", "docnos"))
+            goto run_done;
+        have_d = 1;
+        if (!get_buffer(PyTuple_GET_ITEM(item, 2), &vb, flags, "best_runs", "values"))
+            goto run_done;
+        have_v = 1;
+        if (code_obj != Py_None) {
+            if (!get_buffer(code_obj, &cb, flags, "best_runs", "codes"))
+                goto run_done;
+            have_c = 1;
+        }
+        dk = buffer_kind(&db, "best_runs", "docnos");
+        if (dk == 0)
+            goto run_done;
+        if (buffer_kind(&vb, "best_runs", "values") != 'f') {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "best_runs: values must be float64");
+            goto run_done;
+        }
+        if (have_c && (ck = buffer_kind(&cb, "best_runs", "codes")) == 0)
+            goto run_done;
+        if (dk == 'f' || ck == 'f') {
+            PyErr_SetString(PyExc_TypeError, "best_runs: docnos and codes must be integer arrays");
+            goto run_done;
+        }
+        len = db.shape[0];
+        nval = vb.shape[0];
+        if (have_c ? cb.shape[0] != len : nval != len) {
+            PyErr_SetString(PyExc_ValueError, have_c ? "best_runs: one code per docno" : "best_runs: one value per docno");
+            goto run_done;
+        }
+        values = (const double *)vb.buf;
+        for (i = 0; i < len; i++) {
+            br_item x;
+            if (have_c) {
+                unsigned long long c = fb_read(&cb, ck, i);
+                if (c >= (unsigned long long)nval) {  /* a negative code reads as a huge one */
+                    PyErr_SetString(PyExc_ValueError, "best_runs: a code is beyond the values");
+                    goto run_done;
+                }
+                x.v = values[c];
+            } else {
+                x.v = values[i];
+            }
+            if (n == cap && x.v < heap[0].v)
+                continue;  /* worse than the k-th best so far */
+            x.d = (long long)fb_read(&db, dk, i);
+            if (n < cap) {
+                heap[n] = x;
+                br_up(heap, n++);
+            } else if (br_better(&x, &heap[0])) {
+                heap[0] = x;
+                br_down(heap, n, 0);
+            }
+        }
+        ok = 1;
+    run_done:
+        if (have_d) PyBuffer_Release(&db);
+        if (have_c) PyBuffer_Release(&cb);
+        if (have_v) PyBuffer_Release(&vb);
+        if (!ok)
+            goto done;
+    }
+    qsort(heap, (size_t)n, sizeof(br_item), br_cmp);
+    for (i = 0; i < n; i++) {
+        ((long long *)odb.buf)[i] = heap[i].d;
+        ((double *)ovb.buf)[i] = heap[i].v;
+    }
+    result = PyLong_FromSsize_t(n);
+done:
+    PyMem_Free(heap);
+    Py_XDECREF(seq);
+    if (have_od) PyBuffer_Release(&odb);
+    if (have_ov) PyBuffer_Release(&ovb);
     return result;
 }

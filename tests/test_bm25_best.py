@@ -5,6 +5,7 @@ lower docno, also when values tie exactly or do not grow with tf (then it falls 
 from __future__ import annotations
 
 import os
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -236,3 +237,129 @@ def test_native_frontier_best_refuses_bad_arguments() -> None:
         call(values[:1], *args[1:])
     with pytest.raises(ValueError, match="beyond the values or the docnos"):
         call(values, args[1], args[2] + n, *args[3:])
+
+
+@st.composite
+def posting_runs(draw: st.DrawFn) -> tuple[list[tuple[np.ndarray, np.ndarray | None, np.ndarray]], int]:
+    """(docnos, codes or None, values) runs over disjoint docnos of mixed dtypes, values
+    tie-heavy or not, and a k (0, within, beyond the postings)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n_runs = draw(st.integers(0, 4))
+    used = rng.permutation(50_000)[:draw(st.integers(0, 2500))]
+    bounds = np.sort(rng.integers(0, used.size + 1, size=max(n_runs - 1, 0)))
+    out: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
+    for part in np.split(used, bounds) if n_runs else []:
+        docnos = np.sort(part).astype(draw(st.sampled_from([np.int64, np.uint32, np.uint64, np.int32])))
+        n_values = draw(st.integers(1, 12))
+        if draw(st.booleans()):
+            values = rng.choice(np.array([0.25, 0.5, 1.0, 1.0 + 2**-52, 2.0]), size=n_values)  # exact ties
+        else:
+            values = rng.random(n_values) + 0.01
+        if draw(st.booleans()):
+            codes = rng.integers(0, n_values, size=docnos.size).astype(draw(st.sampled_from([np.uint8, np.uint16, np.uint32, np.int64])))
+            out.append((docnos, codes, values))
+        else:
+            out.append((docnos, None, values[rng.integers(0, n_values, size=docnos.size)]))
+    k = draw(st.sampled_from([0, 1, 10, 64, 256, 5000]))
+    return out, k
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(case=posting_runs())
+def test_native_best_runs_equals_top_k(case: tuple[list[tuple[np.ndarray, np.ndarray | None, np.ndarray]], int]) -> None:
+    """Differential: the C extension's best_runs gives top_k over all the runs' postings
+    together: the same docnos, order and value bits (ties to the lower docno), as int64."""
+    assert NATIVE is not None
+    runs, k = case
+    docnos = np.concatenate([r[0].astype(np.int64) for r in runs] + [np.zeros(0, np.int64)])
+    values = np.concatenate([r[2] if r[1] is None else r[2][r[1]] for r in runs] + [np.zeros(0)])
+    want = top_k(docnos, values, k)
+    n = min(k, docnos.size)
+    got = (np.empty(n, dtype=np.int64), np.empty(n))
+    assert NATIVE.best_runs(runs, k, *got) == n
+    _same(got, want)
+
+
+def _term(base_docnos: np.ndarray, tfs: np.ndarray, dls: np.ndarray, delta_docnos: np.ndarray,
+          avgdl: float) -> bm25._Term:
+    pairs, codes = _Pairs.empty().extend(tfs, dls)
+    base = _Run((1,), base_docnos, codes, pairs)
+    rng = np.random.default_rng(int(delta_docnos.size))
+    dtf = rng.integers(1, 4, size=delta_docnos.size).astype(np.float64)
+    ddl = rng.integers(20, 40, size=delta_docnos.size).astype(np.float64)
+    delta = bm25._Delta(((2,), (0,)), delta_docnos, dtf, ddl, (int(delta_docnos.size),))
+    postings = bm25._TermPostings(1, (1, 2), {}, pairs, base, delta)
+    memo = (_part(pairs.tf, pairs.dl, 1.3, avgdl, 1.0), _part(dtf, ddl, 1.3, avgdl, 1.0), {})
+    return bm25._Term(postings, 1.0, memo)
+
+
+@needs_native
+@pytest.mark.parametrize("shape", ["short", "frontier", "no frontier", "no frontier, ranked pairs", "delta only",
+                                   "base only"])
+def test_term_best_native_equals_numpy(shape: str) -> None:
+    """_Term.best through the C path (frontier, whole-run scan, or ranked pairs beyond
+    _SCAN_MAX, then one best_runs over base and delta) against the numpy path: the same
+    docnos, order and value bits, at several depths, ties included (few pairs)."""
+    rng = np.random.default_rng(11)
+    n = {"short": 200, "delta only": 0}.get(shape, 6000)
+    base_docnos = np.sort(rng.choice(10**6, size=n, replace=False)).astype(np.int64)
+    tfs = rng.integers(1, 4, size=n).astype(np.uint32)
+    dls = rng.integers(20, 26, size=n).astype(np.uint32)
+    delta_docnos = np.arange(10**6, 10**6 + (0 if shape == "base only" else 500), dtype=np.int64)
+    share = 0.0 if shape.startswith("no frontier") else 1.0
+    scan_max = 100 if shape == "no frontier, ranked pairs" else bm25._SCAN_MAX
+    with mock.patch.object(bm25, "_FRONTIER_MAX_SHARE", share), mock.patch.object(bm25, "_SCAN_MAX", scan_max):
+        for k in (1, 10, 64, 300, 7000):
+            for avgdl in (21.0, 23.5, 40.0):
+                native, pure = _term(base_docnos, tfs, dls, delta_docnos, avgdl), _term(base_docnos, tfs, dls,
+                                                                                        delta_docnos, avgdl)
+                assert (native.postings.base.front is None) == (shape.startswith("no frontier") or n <= 320)
+                got = _best_with(NATIVE, native, k)
+                want = _best_with(None, pure, k)
+                assert got[0].tolist() == want[0].tolist(), (k, avgdl)
+                assert got[1].tobytes() == want[1].tobytes()
+
+
+def _best_with(native: Any, term: bm25._Term, k: int) -> tuple[np.ndarray, np.ndarray]:
+    saved = _accel.NATIVE
+    try:
+        _accel.NATIVE = native
+        return term.best(k)
+    finally:
+        _accel.NATIVE = saved
+
+
+@needs_native
+def test_native_best_runs_refuses_bad_arguments() -> None:
+    assert NATIVE is not None
+    docnos = np.arange(10, dtype=np.int64)
+    values = np.linspace(1.0, 2.0, 10)
+    od, ov = np.empty(5, dtype=np.int64), np.empty(5)
+    assert NATIVE.best_runs([(docnos, None, values)], 5, od, ov) == 5
+    assert od.tolist() == [9, 8, 7, 6, 5]
+    assert NATIVE.best_runs([], 5, od, ov) == 0
+    with pytest.raises(TypeError, match="a run is a"):
+        NATIVE.best_runs([(docnos, values)], 5, od, ov)
+    with pytest.raises(TypeError, match="int64 and out_values float64"):
+        NATIVE.best_runs([(docnos, None, values)], 5, od.astype(np.uint32), ov)
+    with pytest.raises(TypeError, match="values"):
+        NATIVE.best_runs([(docnos, None, values.astype(np.float32))], 5, od, ov)
+    with pytest.raises(TypeError, match="values must be float64"):
+        NATIVE.best_runs([(docnos, None, docnos)], 5, od, ov)
+    with pytest.raises(TypeError, match="integer arrays"):
+        NATIVE.best_runs([(values, None, values)], 5, od, ov)
+    with pytest.raises(ValueError, match="one value per docno"):
+        NATIVE.best_runs([(docnos, None, values[:3])], 5, od, ov)
+    with pytest.raises(ValueError, match="one code per docno"):
+        NATIVE.best_runs([(docnos, np.zeros(3, np.uint8), values)], 5, od, ov)
+    with pytest.raises(ValueError, match="beyond the values"):
+        NATIVE.best_runs([(docnos, np.full(10, 10, np.uint8), values)], 5, od, ov)
+    with pytest.raises(ValueError, match="beyond the values"):
+        NATIVE.best_runs([(docnos, np.full(10, -1, np.int64), values)], 5, od, ov)
+    with pytest.raises(ValueError, match="hold min"):
+        NATIVE.best_runs([(docnos, None, values)], 6, od, ov)
+    with pytest.raises(ValueError, match="negative"):
+        NATIVE.best_runs([(docnos, None, values)], -1, od, ov)
+    with pytest.raises(TypeError, match="C-contiguous"):
+        NATIVE.best_runs([(docnos[::2], None, values[::2])], 5, od, ov)

@@ -155,6 +155,9 @@ _FRONTIER_MAX_SHARE = 0.25
 # Runs longer than this keep their docnos as uint32 when they fit (half the memory of int64;
 # shorter runs stay int64, which indexes without a cast).
 _COMPACT_MIN = 2048
+# a long run without a usable frontier is scanned whole by the C extension's best_runs up to
+# this many postings (a pass over its codes, ~1 ns each); beyond, its pairs are ranked first
+_SCAN_MAX = 1 << 16
 
 T = TypeVar("T")
 _zstd = ZstdPerThread(level=1)  # one compressor and decompressor per thread (see there)
@@ -998,14 +1001,44 @@ class _Term:
         # may add a depth meanwhile: scan a copy made in C (tuple(); no thread switch inside)
         got = memo.get(depth) or next((v for d, v in tuple(memo.items()) if d >= k), None)
         if got is None:
-            parts = [top_k(docnos, values, depth) if codes is None else self.postings.base.best(depth, values)
-                     for docnos, codes, values in self.runs]
-            if len(parts) == 1:
-                got = parts[0]
-            else:
-                got = top_k(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), depth)
+            native = _accel.NATIVE
+            got = self._best_numpy(depth) if native is None else self._best_native(depth, native)
             memo[depth] = got
         return got[0][:k], got[1][:k]
+
+    def _best_numpy(self, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``depth`` best of each run, then of them together (:func:`top_k`)."""
+        parts = [top_k(docnos, values, depth) if codes is None else self.postings.base.best(depth, values)
+                 for docnos, codes, values in self.runs]
+        if len(parts) == 1:
+            return parts[0]
+        return top_k(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), depth)
+
+    def _best_native(self, depth: int, native: _accel.Native) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_best_numpy` with the C extension: a long base run's best from its frontier
+        (or its ranked pairs, beyond :data:`_SCAN_MAX` postings), then every run in one
+        ``best_runs`` call (a bounded heap: the same entries in the same order as
+        :func:`top_k`, value descending then docno ascending; docnos int64). After a commit
+        every term's best is new (N and avgdl moved), and ``top_k``'s ~10 numpy calls per
+        run, twice, cost ~25 µs each on the CPU a commit leaves cold."""
+        runs: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]] = []
+        base = self.postings.base
+        for docnos, codes, values in self.runs:
+            if codes is not None and base.counts is not None and docnos.size > 4 * depth + 64:
+                got = base._frontier_best(depth, values) if base.front is not None else None
+                if got is None and docnos.size > _SCAN_MAX:
+                    got = base._pairs_best(depth, values)
+                if got is not None:
+                    if len(self.runs) == 1:
+                        return got
+                    runs.append((got[0], None, got[1]))
+                    continue
+            runs.append((docnos, codes, values))
+        n = min(depth, sum(r[0].size for r in runs))
+        docnos_out = np.empty(n, dtype=np.int64)
+        values_out = np.empty(n)
+        native.best_runs(runs, depth, docnos_out, values_out)
+        return docnos_out, values_out
 
     def ranked(self, k: int) -> bool:
         """Whether :meth:`best` of ``k`` is memoised already."""
