@@ -38,6 +38,7 @@ class Native(NamedTuple):
     pair_values: Callable[[Any, Sequence[tuple[Any, Any, float, float]], float, float, float], None]
     frontier_best: Callable[[Any, Any, Any, Any, Any, Any, int, Any, Any], int]
     best_runs: Callable[[Sequence[tuple[Any, Any, Any]], int, Any, Any], int]
+    concat_postings: Callable[[Sequence[tuple[Any, Any, Any]], Any, Any, Any], bool]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -47,13 +48,13 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     if env.get(PURE_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from ._native import (accumulate, best_runs, columns_pass, count_postings, frontier_best, hmac_many,
-                              keep_tokens, new_nodes, pair_values, plain_records, posting_blocks, scan_texts,
-                              seal_many, state_sum)
+        from ._native import (accumulate, best_runs, columns_pass, concat_postings, count_postings, frontier_best,
+                              hmac_many, keep_tokens, new_nodes, pair_values, plain_records, posting_blocks,
+                              scan_texts, seal_many, state_sum)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
-                  count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs)
+                  count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs, concat_postings)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -4,6 +4,7 @@ frontier (the pairs few postings dominate) without scanning the run, they are ex
 lower docno, also when values tie exactly or do not grow with tf (then it falls back)."""
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 from unittest import mock
@@ -363,3 +364,54 @@ def test_native_best_runs_refuses_bad_arguments() -> None:
         NATIVE.best_runs([(docnos, None, values)], -1, od, ov)
     with pytest.raises(TypeError, match="C-contiguous"):
         NATIVE.best_runs([(docnos[::2], None, values[::2])], 5, od, ov)
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_parts=st.integers(0, 6), overlap=st.booleans())
+def test_native_concat_postings_equals_numpy(seed: int, n_parts: int, overlap: bool) -> None:
+    """A delta's blocks joined by the C extension's concat_postings: numpy's concatenates,
+    bit for bit, and "increasing" exactly when each block starts above the previous one's
+    end (else _delta sorts: an update re-added an older docno, a merge interleaved)."""
+    assert NATIVE is not None
+    rng = np.random.default_rng(seed)
+    parts = []
+    at = 0
+    for _ in range(n_parts):
+        n = int(rng.integers(1, 40))
+        start = int(rng.integers(0, at + 1)) if overlap else at + int(rng.integers(0, 3))
+        docnos = start + np.cumsum(rng.integers(1, 4, size=n)).astype(np.int64)
+        at = int(docnos[-1])
+        parts.append((docnos, rng.random(n) * 5, rng.integers(1, 90, size=n).astype(np.float64)))
+    n = sum(p[0].size for p in parts)
+    out = (np.empty(n, dtype=np.int64), np.empty(n), np.empty(n))
+    increasing = NATIVE.concat_postings(parts, *out)
+    assert increasing == all(int(a[0][-1]) < int(b[0][0]) for a, b in itertools.pairwise(parts))
+    for i in range(3):
+        want = np.concatenate([p[i] for p in parts] + [out[i][:0]])
+        assert out[i].tobytes() == want.tobytes()
+
+
+@needs_native
+def test_native_concat_postings_refuses_bad_arguments() -> None:
+    assert NATIVE is not None
+    d, f = np.arange(4, dtype=np.int64), np.ones(4)
+    out = (np.empty(8, dtype=np.int64), np.empty(8), np.empty(8))
+    assert NATIVE.concat_postings([(d, f, f), (d + 4, f, f)], *out) is True
+    assert NATIVE.concat_postings([(d, f, f), (d, f, f)], *out) is False
+    with pytest.raises(ValueError, match="hold the parts' postings exactly"):
+        NATIVE.concat_postings([(d, f, f)], *out)
+    with pytest.raises(TypeError, match="a part is a"):
+        NATIVE.concat_postings([(d, f)], *out)
+    with pytest.raises(TypeError, match="docnos must be int64"):
+        NATIVE.concat_postings([(d.astype(np.uint32), f, f), (d, f, f)], *out)
+    with pytest.raises(TypeError, match="tf and dl float64"):
+        NATIVE.concat_postings([(d, d, f), (d, f, f)], *out)
+    with pytest.raises(ValueError, match="of one length"):
+        NATIVE.concat_postings([(d, f[:3], f), (d, f, f)], *out)
+    with pytest.raises(TypeError, match="out_docnos must be int64"):
+        NATIVE.concat_postings([(d, f, f), (d, f, f)], out[1], out[1], out[2])
+    with pytest.raises(ValueError, match="outputs must be of one length"):
+        NATIVE.concat_postings([(d, f, f), (d, f, f)], out[0], out[1][:4], out[2])
+    with pytest.raises(TypeError, match="C-contiguous"):
+        NATIVE.concat_postings([(d[::2], f[::2], f[::2])], out[0][:2], out[1][:2], out[2][:2])

@@ -1873,8 +1873,15 @@ class SegmentedBM25:
         if len(parts) == 1:
             docnos, tf, dl = parts[0]
         else:
-            docnos, tf, dl = (np.concatenate([p[i] for p in parts]) for i in range(3))
-            if any(int(a[0][-1]) >= int(b[0][0]) for a, b in itertools.pairwise(parts)):
+            native = _accel.NATIVE
+            if native is not None:  # one C call for numpy's three concatenates and the order check
+                n = sum(p[0].size for p in parts)
+                docnos, tf, dl = np.empty(n, dtype=np.int64), np.empty(n), np.empty(n)
+                increasing = native.concat_postings(parts, docnos, tf, dl)
+            else:
+                docnos, tf, dl = (np.concatenate([p[i] for p in parts]) for i in range(3))
+                increasing = all(int(a[0][-1]) < int(b[0][0]) for a, b in itertools.pairwise(parts))
+            if not increasing:
                 order = np.argsort(docnos, kind="stable")  # an update re-added an older docno, or a merge interleaved
                 docnos, tf, dl = docnos[order], tf[order], dl[order]
         return _Delta((holders, counts), docnos, tf, dl, tuple(sizes))
