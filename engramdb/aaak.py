@@ -1505,6 +1505,26 @@ def write_dump(
 # --- reading dumps -------------------------------------------------------------------
 
 
+_DECRYPT_HINT = ("pass engramdb.aaak.decrypt_dump(open(path, 'rb'), passphrase) instead, or run "
+                 "`engramdb restore` (its passphrase from ENGRAM_DUMP_PASSPHRASE or --dump-passphrase-file)")
+
+
+def _starts_encrypted(fp: Any) -> bool:
+    """Whether a binary stream starts (at its position) with the encrypted-dump magic, read
+    without consuming it: a peek, or a read and a seek back; False when neither is possible."""
+    try:
+        if hasattr(fp, "peek"):
+            return is_encrypted_dump(fp.peek(len(ENCRYPTED_MAGIC)))
+        if fp.seekable():
+            at = fp.tell()
+            head = fp.read(len(ENCRYPTED_MAGIC))
+            fp.seek(at)
+            return isinstance(head, (bytes, bytearray)) and is_encrypted_dump(bytes(head))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return False
+
+
 def _as_text_stream(fp: Any) -> tuple[TextIO, bool]:
     """(text stream, whether we wrapped a caller's binary stream and must detach it)."""
     if isinstance(fp, str):
@@ -1512,6 +1532,9 @@ def _as_text_stream(fp: Any) -> tuple[TextIO, bool]:
     if isinstance(fp, (bytes, bytearray)):
         fp = io.BytesIO(bytes(fp))
     if isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", ""):
+        if _starts_encrypted(fp):
+            raise AAAKParseError("this is an encrypted dump (it starts with AAAK-ENC): it must be decrypted first",
+                                 line=1, column=1, hint=_DECRYPT_HINT)
         # newline="\n": split on LF only and translate nothing, so the hash sees the real bytes.
         return io.TextIOWrapper(fp, encoding="utf-8", errors="strict", newline="\n"), True
     if not hasattr(fp, "readline"):
@@ -1551,7 +1574,10 @@ class _DumpReader:
         try:
             raw = self.fp.readline(self.max_line_chars + 1)
         except UnicodeDecodeError as exc:
-            raise _parse_error(f"not UTF-8 text: {exc.reason}", self.lineno + 1) from None
+            raise _parse_error(f"not UTF-8 text: {exc.reason}", self.lineno + 1,
+                               hint=_DECRYPT_HINT.replace("pass ", "if it is an encrypted dump (it starts with "
+                                                                   "AAAK-ENC), pass ", 1)
+                               if self.lineno == 0 else None) from None
         except EngramError:
             raise
         except (OSError, ValueError) as exc:

@@ -114,3 +114,26 @@ def test_weak_kdf_refused_without_the_test_switch(monkeypatch):
     monkeypatch.delenv("ENGRAM_TEST_WEAK_KDF", raising=False)
     with pytest.raises(WeakKDFError):
         encrypt_dump("x", io.BytesIO(), "pw", kdf=KDF)
+
+
+def test_reading_an_encrypted_dump_as_plain_says_to_decrypt_it(tmp_path):
+    # engramdb.restore(encrypted bytes) said "not UTF-8 text ... look for a hand edit there"
+    from engramdb.errors import AAAKParseError
+
+    plain = io.StringIO()
+    write_dump(plain, settings={}, spaces=[], nodes=[Node(id="a", content="x")], edges=[], archive=[], procedures=[])
+    sealed = seal(plain.getvalue())
+    path = tmp_path / "d.aaak"
+    path.write_bytes(sealed)
+    with open(path, "rb") as buffered, open(path, "rb", buffering=0) as raw:
+        for source in (sealed, io.BytesIO(sealed), buffered, raw):
+            with pytest.raises(AAAKParseError) as exc:
+                list(read_dump(source))
+            assert "encrypted dump" in exc.value.message and "decrypt_dump" in exc.value.hint
+    with open(path, "rb") as fp:  # the check consumed nothing: decrypting the same stream works
+        with pytest.raises(AAAKParseError):
+            list(read_dump(fp))
+        assert [type(x).__name__ for x in read_dump(decrypt_dump(fp, "pw"))][-1] == "Node"
+    with open(path, encoding="utf-8") as text, pytest.raises(AAAKParseError) as exc:
+        list(read_dump(text))  # a text stream cannot be peeked at: the decode error says it too
+    assert "encrypted dump" in exc.value.hint
