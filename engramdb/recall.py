@@ -115,8 +115,10 @@ class Hit:
         parts: with ``explain=True``, the score's parts: ``bm25`` (raw BM25, 0 for a memory
             reached only by the hop), ``hop:bm25`` (the score the hop added), ``bm25_rank``,
             ``vector:<space>`` / ``hop:vector:<space>`` / ``vector_rank:<space>``, ``rrf``,
-            ``tier``, ``superseded``, ``date``, and the inputs of ``relevance``:
-            ``bm25_ceiling`` (the query's highest attainable BM25) and ``match:<retriever>``.
+            ``tier``, ``superseded``, ``date``, the query features' matches ``speaker``,
+            ``source`` and ``time`` (spec/recall.md section 6), and the inputs of ``relevance``:
+            ``bm25_ceiling`` (the query's highest attainable BM25), ``bm25_rare_idf`` (the idf of
+            a term in one document), ``coverage:bm25`` and ``match:<retriever>``.
         relevance: how well the memory matches the query, in [0, 1], comparable across
             queries and stores (spec/recall.md, "Relevance"): use it for cut-offs. It
             ignores the ranking boosts (tier, date, superseded).
