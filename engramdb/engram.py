@@ -1019,7 +1019,7 @@ class Transaction:
         a, b = self._docno(src), self._docno(dst)
         if a is None or b is None:
             raise NotFoundError(f"no memory with id {shown(src if a is None else dst)}")
-        self._engram.indexes.graph.put(self._txn, a, b, edge)
+        self._engram.indexes.graph.link(self._txn, a, b, edge)
 
     def find(self, id: str) -> Node | None:
         """The node, or None.

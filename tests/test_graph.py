@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engramdb.engram import Transaction
 from engramdb.errors import NotFoundError, ValidationError
 from engramdb.index.graph import Graph, one_hop, personalized_pagerank, tunnel_tokens
 from engramdb.records import Edge, Node
@@ -193,3 +194,67 @@ def test_one_hop_is_the_first_pagerank_step(case):
     assert set(got) <= {j for nb in neighbours.values() for j in nb}
     with pytest.raises(ValidationError):
         one_hop({0: {1: -1.0}}, {0: 1.0})
+
+
+def _hop_row_before_session_8(neighbours):
+    """hop_row as it was before huge stored weights were handled: the reference its results
+    for ordinary weights must equal bit for bit."""
+    if not neighbours:
+        return ()
+    dsts = sorted(neighbours)
+    total = sum(neighbours[dst] for dst in dsts)
+    if total <= 0:
+        return ()
+    return tuple((dst, neighbours[dst] / total) for dst in dsts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.integers(0, 50), st.one_of(
+    st.floats(0, 1e6), st.floats(0, 1e300), st.sampled_from([0.0, 1.0, 0.1, 1e-300, 5e-324])), max_size=12))
+def test_the_hop_row_of_ordinary_weights_is_unchanged(neighbours):
+    from engramdb.index.graph import hop_row
+
+    assert hop_row(neighbours) == _hop_row_before_session_8(neighbours)
+
+
+def test_link_refuses_a_weight_the_hop_cannot_sum(make_db):
+    # link(a, c, weight=1e308) both ways made a's neighbour sum infinite: NaN shares, and the
+    # hop silently added nothing
+    db = make_db()
+    db.add("one", id="a")
+    db.add("two", id="b")
+    for weight in (1e308, -1e308, 1.1e300, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="weight"):
+            db.link("a", "b", weight=weight)
+        with pytest.raises(ValidationError, match="weight"), db.transaction() as tx:
+            tx.link("a", "b", weight=weight)
+    assert db.edges("a") == []
+    db.link("a", "b", weight=1e300)
+    assert [e.weight for e in db.edges("a")] == [1e300]
+
+
+def test_the_hop_spreads_over_huge_weights_stored_before_they_were_refused(make_db, now):
+    def build(weight, stored_raw):
+        db = make_db(f"w{weight:g}.engram")
+        for i, text in enumerate(["alpha beta gamma", "unrelated words here", "other text entirely", "filler"]):
+            db.add(text, id="abcd"[i], now=now)
+        db.link("a", "b", weight=1.0, now=now)
+        edges = [("a", "c"), ("c", "a")]
+        if stored_raw:  # as an older version's link() stored them
+            def put(txn):
+                tx = Transaction(db, txn)
+                for s, d in edges:
+                    db.indexes.graph.put(txn, tx._docno(s), tx._docno(d), Edge(s, d, weight=weight, created_at=now))
+
+            db._store.write(put)
+        else:
+            for s, d in edges:
+                db.link(s, d, weight=weight, now=now)
+        return [h.id for h in db.recall("alpha", top_k=5, now=now)]
+
+    assert build(1e10, stored_raw=False) == ["a", "c", "b"]
+    assert build(1e308, stored_raw=True) == ["a", "c", "b"]  # was ["a"]
+    from engramdb.index.graph import hop_row
+
+    assert hop_row({1: 1.5e308, 2: 1.5e308, 3: 0.0}) == ((1, 0.5), (2, 0.5), (3, 0.0))  # the sum overflows
+    assert hop_row({1: float("inf"), 2: 1.0}) == ((1, 1.0), (2, 0.0))

@@ -13,6 +13,7 @@ are recomputed by a rebuild, while user edges are kept.
 from __future__ import annotations
 
 import math
+import sys
 import struct
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Mapping, Sequence
@@ -128,6 +129,13 @@ def hop_row(neighbours: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
     total = sum(neighbours[dst] for dst in dsts)
     if total <= 0:
         return ()
+    if total == math.inf:
+        # weights past MAX_WEIGHT (stored before link() refused them): inf / inf would make the
+        # shares NaN and the hop add nothing. Scaled by the largest (an infinite one takes the
+        # whole row, split evenly); a finite total, every ordinary row, never comes here.
+        top = max(neighbours.values())
+        neighbours = {dst: (w == math.inf) * 1.0 if top == math.inf else w / top for dst, w in neighbours.items()}
+        total = sum(neighbours[dst] for dst in dsts)
     return tuple((dst, neighbours[dst] / total) for dst in dsts)
 
 
@@ -176,8 +184,25 @@ def _edge_weight(data: bytes) -> float:
         raise CorruptFileError("an edge record is malformed", hint="run `engramdb verify FILE`") from exc
 
 
+# link() refuses weights above this: the hop sums a node's edge weights, and 1e8 edges of this
+# weight still sum to a finite number
+MAX_WEIGHT = 1e300
+
+
 class Graph:
     """Edge storage over a store transaction (stateless; safe to share)."""
+
+    def link(self, txn: Txn, src: int, dst: int, edge: Edge) -> None:
+        """:meth:`put` of a user's edge, whose weight must be at most :data:`MAX_WEIGHT` either way
+        (edges restored or derived are stored as they come).
+
+        Raises:
+            ValidationError: the weight is out of range, an unknown kind, or ``src == dst``.
+        """
+        if not abs(edge.weight) <= MAX_WEIGHT:
+            raise ValidationError(f"edge weight {edge.weight!r} is out of range (at most {MAX_WEIGHT:g} either way)",
+                                  hint="weights are relative to each other: scale them down, e.g. into 0..1")
+        self.put(txn, src, dst, edge)
 
     def put(self, txn: Txn, src: int, dst: int, edge: Edge, *, derived: bool = False) -> None:
         """Store ``edge`` from docno ``src`` to docno ``dst`` (replacing one of the same kind).
@@ -249,7 +274,9 @@ class Graph:
                 weight = _edge_weight(data)
                 if weight > 0:
                     weights[src] = weights.get(src, 0.0) + weight
-        return dict(sorted(weights.items()))
+        # a sum of huge weights (stored before link() refused them) can overflow: keep it the
+        # largest float, which hop_row still scales (inf would take the whole row)
+        return {k: w if w < math.inf else sys.float_info.max for k, w in sorted(weights.items())}
 
     def superseded(self, txn: Txn, docno: int) -> bool:
         """Whether some live memory supersedes ``docno``."""
