@@ -665,12 +665,14 @@ class Engram:
         when it has one (both ends inclusive, as zettel-compress compares), else its
         ``created_at`` (at or after ``after``, strictly before ``before``).
 
-        ``tier=`` is the old name of ``tiers=`` and still accepted.
+        One string is a set of one (``tags="people"``). ``tier=`` is the old name of
+        ``tiers=`` and still accepted.
 
         Reads in short snapshots of ``batch`` records so a long scan never pins old pages.
 
         Raises:
-            ValidationError: an unknown tier or flag, a malformed date, or ``tags`` given as one string.
+            ValidationError: an unknown tier or flag, a malformed date, or a filter that is
+                neither a string nor a list of strings.
         """
         from .filters import Filter
 
