@@ -1501,12 +1501,18 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
 def wakeup(ctx: click.Context, file: str, top_pct: float, include_archived: bool, as_json: bool) -> None:
     """Print a short narrative of the most important stored moments.
 
+    With nothing to tell (no live memories), stdout stays empty and a note goes to stderr.
+
     Example:
 
         engramdb wakeup notes.engram
     """
     with _open(ctx, file, readonly=True) as db:
         text = db.wake_up(top_pct=top_pct, include_archived=include_archived)
+    if not text and not as_json:  # say so on stderr; stdout stays empty for scripts
+        why = "" if include_archived else " (archived memories are left out: --include-archived takes them)"
+        click.echo(f"no memories to tell of{why}", err=True)
+        return
     _emit({"text": text}, as_json, lambda d: d["text"])
 
 

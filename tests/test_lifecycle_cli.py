@@ -112,3 +112,18 @@ def test_inject_and_wakeup_leave_archived_out_unless_asked(run, store):
     assert "Alice" in run("inject", store, "--include-archived").output
     assert "Alice" not in run("wakeup", store, "--top-pct", "1").output
     assert "Alice" in run("wakeup", store, "--top-pct", "1", "--include-archived").output
+
+
+def test_wakeup_with_nothing_to_tell_prints_nothing_and_says_why(run, tmp_path):
+    # an empty store printed a blank line, which a script reads as a narrative
+    empty = str(tmp_path / "empty.engram")
+    assert run("init", empty).exit_code == 0
+    result = run("wakeup", empty)
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert "no memories to tell of" in result.stderr
+    assert json.loads(run("wakeup", empty, "--json").stdout) == {"text": ""}
+    assert run("add", empty, "Alice moved to Berlin in 2023", "--id", "a").exit_code == 0
+    assert run("archive", empty, "a").exit_code == 0
+    result = run("wakeup", empty)  # only archived memories: says how to include them
+    assert (result.exit_code, result.stdout) == (0, "") and "--include-archived" in result.stderr
+    assert "Alice" in run("wakeup", empty, "--include-archived").stdout
