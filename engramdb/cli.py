@@ -1863,7 +1863,8 @@ def unpin(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--id", "ids", multiple=True, metavar="ID", help="A memory to forget (repeatable).")
-@click.option("--query", help="Forget every memory at least --threshold similar to this text.")
+@click.option("--query", help="Forget every memory at least --threshold similar to this text, compared in the "
+                               "file's text space (the first `engramdb maintain` adds the built-in one).")
 @click.option("--threshold", type=click.FloatRange(-1, 1), default=0.7, show_default=True,
               help="Similarity (cosine) at or above which --query forgets a memory.")
 @click.option("--space", help="Compare --query in this embedding space only.")
