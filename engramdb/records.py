@@ -87,7 +87,10 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
         return value
     if isinstance(value, str):
         raise ValidationError(f"{name} must be a list of strings, not a string")
-    out = tuple(value or ())
+    try:  # not `value or ()`: a NumPy array has no truth value, 0 or False is not a list
+        out = () if value is None else tuple(value)
+    except TypeError:
+        raise ValidationError(f"{name} must be a list of strings, not {type(value).__name__}") from None
     for item in out:
         if not isinstance(item, str):
             raise ValidationError(f"{name} must contain only strings, got {type(item).__name__}")
@@ -452,7 +455,7 @@ def _check_resolved_date(d: dict[str, Any]) -> None:
 
 
 def _check_tier(d: dict[str, Any]) -> None:
-    if d["tier"] not in TIERS:
+    if not isinstance(d["tier"], str) or d["tier"] not in TIERS:  # `in` compares an array elementwise
         raise ValidationError(f"tier must be one of {', '.join(TIERS)}, got {d['tier']!r}")
 
 

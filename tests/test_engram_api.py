@@ -274,6 +274,29 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_hold(make_db):
             Node(id="x", **bad)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
+def test_a_list_field_or_tier_of_the_wrong_type_is_a_validation_error(make_db, monkeypatch, native):
+    # tags=5 raised a raw TypeError ("'int' object is not iterable"), tags/tier as a NumPy
+    # array a raw ValueError ("truth value of an array ... is ambiguous"), tags=0 or False
+    # stored no tags; the same with the C extension's column pass and without it
+    import numpy as np
+
+    from engramdb import _accel
+
+    if not native:
+        monkeypatch.setattr(_accel, "NATIVE", None)
+    db = make_db()
+    for field, bad in (("tags", 5), ("tags", 0), ("flags", True), ("entities", 1.5), ("topics", np.float32(1)),
+                       ("tags", object()), ("tier", np.array(["hot", "warm"])), ("tier", ["hot"])):
+        rows = [{"id": f"{i}", "content": "text", field: bad} for i in range(3)]
+        for call, arg in ((db.add, rows[0]), (db.add_many, rows), (db.import_many, rows)):
+            with pytest.raises(engramdb.ValidationError, match=field):
+                call(arg)
+    assert len(db) == 0
+    kept = db.add("text", tags=np.array(["a", "b"]), tier=np.str_("warm"))  # the strings they hold
+    assert db.get(kept).tags == ("a", "b") and db.get(kept).tier == "warm"
+
+
 @pytest.mark.parametrize("bad", ["abc", "2020", [1], True, float("nan"), float("inf")])
 def test_an_injected_clock_that_is_not_a_number_is_a_validation_error(make_db, bad):
     # now_ts did float(now): "abc" raised a raw ValueError, "2020" was 2020 seconds, True was 1.0
