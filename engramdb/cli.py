@@ -1759,8 +1759,10 @@ class _Peeked(io.RawIOBase):
 def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: str | None) -> None:
     """Export memories as JSONL (Trace-Lite `Memory` objects, every memory field).
 
-    Edges (tunnels, links) and the source texts behind `context` stay behind: for a full
-    backup use `engramdb dump` and `engramdb restore`.
+    An archived memory is written as it was before it was archived (its full text, tier and
+    metadata), so importing the export gives it back unarchived. Edges (tunnels, links) and
+    the source texts behind `context` stay behind: for a full backup (archived memories
+    kept archived) use `engramdb dump` and `engramdb restore`.
 
     Example:
 
@@ -1779,7 +1781,10 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
                 _progress(ctx, desc="exporting", unit=" memories", total=len(db)) as bar:
             def counted() -> Iterator[Any]:
                 for node in db.scan():
-                    yield node
+                    # an archived memory as it was before (full text, tier, metadata): its stub
+                    # would import as a memory whose archive row is missing, which verify reports
+                    # as damage, and its text beyond the preview would be lost
+                    yield db.get(node.id, full=True) if node.archived else node
                     bar.update(1)
 
             export_jsonl(counted(), out, space=space)

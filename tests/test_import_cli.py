@@ -45,6 +45,31 @@ def test_jsonl_export_import_round_trip(tmp_path):
     assert _run("verify", str(b)).output.strip() == "ok"
 
 
+def test_an_export_of_archived_memories_imports_whole_and_verifies(tmp_path):
+    # the export wrote an archived memory's stub (its preview and the reserved archive marker):
+    # the import made a memory whose archive row was missing, `verify` said the file was
+    # damaged, and the text past the preview was not in the export at all
+    a, b = tmp_path / "a.engram", tmp_path / "b.engram"
+    _init(a)
+    long = "Alice moved to Berlin in 2023 to start a new job. " * 10
+    _run("add", str(a), long, "--id", "kept", "--tag", "people")
+    _run("add", str(a), long, "--id", "cut")
+    _run("add", str(a), "short and live", "--id", "live")
+    assert _run("archive", str(a), "kept").exit_code == 0
+    assert _run("archive", str(a), "cut", "--truncate").exit_code == 0
+    out = tmp_path / "m.jsonl"
+    assert _run("export", str(a), "-o", str(out)).exit_code == 0
+    lines = {m["id"]: m for m in map(json.loads, out.read_text().splitlines())}
+    assert lines["kept"]["content"] == long and lines["kept"]["tier"] == "hot"
+    assert "engramdb.archive" not in lines["kept"]["metadata"]
+    assert lines["cut"]["tier"] == "archive"  # truncated: the preview is all there is
+    assert _run("import", str(out), str(b), "--create").exit_code == 0
+    assert _run("verify", str(b)).output.strip() == "ok"
+    kept = json.loads(_run("get", str(b), "kept", "--json").output)
+    assert kept["content"] == long and not kept["archived"] and kept["tags"] == ["people"]
+    assert json.loads(_run("get", str(b), "cut", "--json").output)["archived"]
+
+
 def test_aaak_v2_import_keeps_zettels_and_tunnels(tmp_path):
     src = tmp_path / "auth.aaak"
     src.write_text(V2)
