@@ -55,9 +55,10 @@ def test_consolidation_fires_at_the_threshold_and_loses_nothing(tmp_engram, now)
         assert tmp_engram.get(i, full=True) == before  # recoverable byte for byte
     assert unconsolidated(tmp_engram) == []
     assert tmp_engram.unarchive("garden-3") == originals["garden-3"]
-    # core memories are not consolidated again, and a second run has nothing to do
+    # core memories are not consolidated again, nor a member the user unarchived (it has its
+    # core), and a second run has nothing to do
     assert consolidate_sleep(tmp_engram, threshold=2, now=now + 200).skipped == \
-        "1 unconsolidated memories; sleep consolidation runs at 2"
+        "0 unconsolidated memories; sleep consolidation runs at 2"
 
 
 def test_a_summarizer_writes_the_core_memories(tmp_engram, now):
@@ -149,27 +150,22 @@ def test_a_forced_run_with_one_candidate_says_it_needs_two(tmp_engram, now):
     assert report.skipped == "1 unconsolidated memories; a forced sleep consolidation needs at least 2"
 
 
-def test_a_run_interrupted_while_archiving_is_finished_by_the_next_one(tmp_engram, now, monkeypatch):
-    # The next run grouped the members the interrupted one had not archived yet with the
-    # others, so they got a second core memory beside the first (which already had
-    # derived_from edges to them): their content twice in recall. Now they are archived
-    # under the core written for them, and the rest is consolidated as usual.
+def test_a_run_interrupted_while_archiving_is_finished_by_the_next_one(tmp_engram, now):
+    # Before session 8 a run wrote the core, its edges and each archive apart, so it could
+    # stop between them; the next run grouped the members left live with the others and gave
+    # them a second core memory (their content twice in recall). Such a core (no "complete"
+    # mark) still gets its live members archived under it, and the rest is consolidated.
     ids = _memories(tmp_engram, now, n_per_topic=4)
-    real_archive = type(tmp_engram).archive
-    calls = []
-
-    def crash_on_the_third(self, id, **kwargs):
-        calls.append(id)
-        if len(calls) == 3:
-            raise KeyboardInterrupt("the process was killed")
-        return real_archive(self, id, **kwargs)
-
-    monkeypatch.setattr(type(tmp_engram), "archive", crash_on_the_third)
-    with pytest.raises(KeyboardInterrupt):
-        consolidate_sleep(tmp_engram, threshold=10, now=now)
-    monkeypatch.setattr(type(tmp_engram), "archive", real_archive)
-    [first] = [n for n in tmp_engram.scan() if "core" in n.tags]
+    members = ["garden-0", "garden-1", "garden-2", "garden-3"]
+    tmp_engram.remember("Alice waters the tomato garden.", id="core-old", now=now, tags=["agent", "core"],
+                        metadata={"agent": {"kind": "core", "consolidated_from": members, "at": now}})
+    for member in members:
+        tmp_engram.link("core-old", member, "derived_from", now=now)
+    tmp_engram.archive("garden-0", now=now)
+    tmp_engram.archive("garden-1", now=now)  # stopped here: garden-2 and garden-3 left live
     report = consolidate_sleep(tmp_engram, threshold=10, now=now)
+    assert report.cores[0] == {"id": "core-old", "derived_from": ["garden-2", "garden-3"],
+                               "content": "Alice waters the tomato garden.", "resumed": True}
     assert report.archived == len(ids) - 2 and unconsolidated(tmp_engram) == []
     cores = [n for n in tmp_engram.scan() if "core" in n.tags]
     owners = {}
@@ -178,5 +174,44 @@ def test_a_run_interrupted_while_archiving_is_finished_by_the_next_one(tmp_engra
             if edge.kind == "derived_from":
                 owners.setdefault(edge.dst, []).append(core.id)
     assert sorted(owners) == sorted(ids) and all(len(o) == 1 for o in owners.values())  # one core each
-    assert sorted(i for i, o in owners.items() if o == [first.id]) == sorted(first.metadata["agent"]["consolidated_from"])
+    assert sorted(i for i, o in owners.items() if o == ["core-old"]) == members
     assert all(tmp_engram.get(i).tier == "archive" for i in ids)
+
+
+def test_a_run_stopped_while_writing_a_core_leaves_nothing_of_it(tmp_engram, now, monkeypatch):
+    # the core memory, its edges and the archiving are one commit
+    from engramdb.engram import Transaction
+
+    ids = _memories(tmp_engram, now, n_per_topic=4)
+    real_archive = Transaction.archive
+    calls = []
+
+    def crash_on_the_third(self, id, **kwargs):
+        calls.append(id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("the process was killed")
+        return real_archive(self, id, **kwargs)
+
+    monkeypatch.setattr(Transaction, "archive", crash_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        consolidate_sleep(tmp_engram, threshold=10, now=now)
+    monkeypatch.setattr(Transaction, "archive", real_archive)
+    assert [n for n in tmp_engram.scan() if "core" in n.tags] == []
+    assert sorted(n.id for n in unconsolidated(tmp_engram)) == sorted(ids)
+    report = consolidate_sleep(tmp_engram, threshold=10, now=now)
+    assert report.archived == len(ids) and unconsolidated(tmp_engram) == []
+
+
+def test_a_member_the_user_unarchives_stays_live(tmp_engram, now):
+    # the next run took a live member of a completed core for one an interrupted run had
+    # left, and archived it again: unarchive did not stick
+    _memories(tmp_engram, now, n_per_topic=4)
+    consolidate_sleep(tmp_engram, threshold=10, now=now)
+    tmp_engram.unarchive("garden-0")
+    assert "garden-0" not in [n.id for n in unconsolidated(tmp_engram)]  # it has its core memory
+    for k in range(12):
+        tmp_engram.remember(f"The kitchen table number {k} needs a new coat of oil.", id=f"new-{k}", now=now + 50)
+    report = consolidate_sleep(tmp_engram, threshold=10, now=now + 100)
+    assert report.archived == 12 and not any(core.get("resumed") for core in report.cores)
+    assert tmp_engram.get("garden-0").tier != "archive"
+    assert all(tmp_engram.get(f"new-{k}").tier == "archive" for k in range(12))

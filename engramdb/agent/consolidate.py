@@ -49,15 +49,17 @@ class SleepReport:
 
 def unconsolidated(db: AgentMemory, *, tags: Iterable[str] | None = None) -> list[Node]:
     """The memories sleep consolidation would take: live (not archived), not pinned, not a
-    core memory, carrying every tag in ``tags``; in insertion order.
+    core memory nor a member of one (unarchived by the user), carrying every tag in ``tags``;
+    in insertion order.
 
     Raises:
         ValidationError: ``tags`` is a single string, or not a list of strings.
     """
     if tags is not None and (isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable)):
         raise ValidationError("tags must be a list of tags, not a single string", hint='e.g. tags=["agent"]')
+    kept = _unarchived(db)
     return [node for node in db.scan(tiers=list(LIVE_TIERS), tags=list(tags) if tags else None)
-            if not node.pinned and CORE_TAG not in node.tags]
+            if not node.pinned and CORE_TAG not in node.tags and node.id not in kept]
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -125,17 +127,33 @@ def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
                     for k in sorted(chosen))
 
 
-def _interrupted(db: AgentMemory) -> dict[str, Node]:
-    """Member id -> the core memory consolidated from it (``metadata["agent"]["consolidated_from"]``
-    of every core memory); the first core by insertion order when two claim one member."""
-    owner: dict[str, Node] = {}
+def _cores(db: AgentMemory) -> Iterable[tuple[Node, list[str], bool]]:
+    """(core memory, the ids in its ``consolidated_from``, whether it is ``complete``) of every
+    core memory, in insertion order."""
     for core in db.scan(tags=[CORE_TAG]):
         agent = core.metadata.get("agent") if isinstance(core.metadata, dict) else None
-        members = agent.get("consolidated_from") if isinstance(agent, dict) else None
+        if not isinstance(agent, dict):
+            continue
+        members = agent.get("consolidated_from")
         if isinstance(members, list):
+            yield core, [m for m in members if isinstance(m, str)], agent.get("complete") is True
+
+
+def _unarchived(db: AgentMemory) -> set[str]:
+    """Members of complete core memories (written with their members archived, in one commit):
+    one that is live again was unarchived by the user, and stays so."""
+    return {member for _, members, complete in _cores(db) if complete for member in members}
+
+
+def _interrupted(db: AgentMemory) -> dict[str, Node]:
+    """Member id -> the core memory consolidated from it, for core memories written before
+    session 8 (one write each for the core, its edges and each archive, so a run could stop
+    between them); the first core by insertion order when two claim one member."""
+    owner: dict[str, Node] = {}
+    for core, members, complete in _cores(db):
+        if not complete:
             for member in members:
-                if isinstance(member, str):
-                    owner.setdefault(member, core)
+                owner.setdefault(member, core)
     return owner
 
 
@@ -145,8 +163,9 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     ``threshold`` of them (``force=True``: whatever their number, at least 2).
 
     Each core memory (tags ``agent`` and ``core``, id ``core-<hash of its members' ids>``)
-    has a ``derived_from`` edge to each original, and the originals are archived. Members an
-    interrupted run left live are archived under the core memory written for them first.
+    has a ``derived_from`` edge to each original, and the originals are archived, in one
+    commit per core memory; a member the user unarchives later stays live. Members that a
+    run of an older version, interrupted, left live are archived under their core memory first.
 
     Every summary is made before anything is written: a summarizer that raises or does
     not return text leaves the file as it was.
@@ -203,14 +222,18 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     for members, summary in planned:
         ids = [m.id for m in members]
         core_id = "core-" + hashlib.sha256("\x00".join(sorted(ids)).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        if core_id not in db:  # a run interrupted after this core was written
-            db.remember(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
-                        importance=max(m.importance for m in members),
-                        metadata={"agent": {"kind": "core", "consolidated_from": ids, "at": stamp}})
-        for member in members:  # core first, then edges, then archive: an interruption loses nothing
-            db.link(core_id, member.id, "derived_from", now=stamp)
-        for member in members:
-            db.archive(member.id, now=stamp)
+        # the core, its edges and the archiving in one commit: "complete" then means its members
+        # were archived, so one found live later was unarchived by the user (left alone)
+        exists = core_id in db  # a memory the user made from a core (its tag or metadata changed)
+        with db.transaction() as tx:
+            if not exists:
+                tx.add(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
+                       importance=max(m.importance for m in members),
+                       metadata={"agent": {"kind": "core", "consolidated_from": ids, "at": stamp, "complete": True}})
+            for member in members:
+                tx.link(core_id, member.id, "derived_from", now=stamp)
+            for member in members:
+                tx.archive(member.id, now=stamp)
         report.archived += len(members)
         report.cores.append({"id": core_id, "derived_from": ids, "content": summary})
     return report

@@ -20,7 +20,14 @@ __all__ = ["AgentMemory", "AgentTransaction"]
 
 @runtime_checkable
 class AgentTransaction(Protocol):
-    """The procedure-row operations of ``Engram.transaction()``'s transaction."""
+    """The operations of ``Engram.transaction()``'s transaction the agent layer calls: the
+    procedure rows, and what sleep consolidation writes per core memory in one commit."""
+
+    def add(self, item: str, /, *, now: float | None = ..., **fields: Any) -> str: ...
+
+    def link(self, src: str, dst: str, kind: str = ..., *, now: float | None = ...) -> None: ...
+
+    def archive(self, id: str, /, *, now: float | None = ...) -> int: ...
 
     def procedure_rows(self) -> list[dict[str, Any]]: ...
 
