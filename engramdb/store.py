@@ -793,12 +793,17 @@ class _Env:
     @staticmethod
     def _open(path: str, *, readonly: bool, create: bool, map_size: int | None) -> lmdb.Environment:
         try:
-            return lmdb.open(
+            env = lmdb.open(
                 path, subdir=False, readonly=readonly, create=create and not readonly,
                 map_size=map_size or INITIAL_MAP_SIZE, max_dbs=MAX_DBS, max_readers=MAX_READERS,
                 mode=0o600, sync=True, metasync=True, map_async=False, writemap=False, meminit=True,
                 lock=True, readahead=True, max_spare_txns=0,
             )
+            # Free the reader slots of processes that died holding a read transaction (killed):
+            # LMDB never does it by itself, and only the first opener resets the table, so
+            # while any process keeps the file open they pile up until no reader can begin.
+            env.reader_check()
+            return env
         except lmdb.InvalidError:
             raise ForeignFileError(f"{path} is not an engramdb file (not an LMDB data file)") from None
         except lmdb.VersionMismatchError:
@@ -928,6 +933,10 @@ def _map_lmdb_error(exc: lmdb.Error, what: str, *, path: str | None = None) -> E
         return ReadOnlyError(f"{what}: the file or its directory is read-only ({text})",
                              hint="make the file and its directory writable (chmod u+w), or copy the file "
                                   "somewhere writable; commands that only read it still work")
+    if isinstance(exc, lmdb.ReadersFullError):
+        return BusyError(f"{what}: every reader slot of the file is in use ({text})",
+                         hint="too many processes or threads are reading the file at once; close some, "
+                              "or retry when their reads are done")
     if isinstance(exc, lmdb.BadValsizeError):
         return StoreError(f"{what}: a key or value is too large for the store ({text})",
                           hint="keys are at most 511 bytes; this is a bug in engramdb, please report it")
@@ -1473,8 +1482,9 @@ class Txn:
                 return
             except lmdb.MapResizedError:
                 env.adopt_size(own_readers=0 if self.write else 1)  # Store.read counted us already
-            except lmdb.ReadersFullError:
-                env.env.reader_check()
+            except lmdb.ReadersFullError as exc:
+                if not env.env.reader_check():  # no slot of a dead process to free: all are in use
+                    raise _map_lmdb_error(exc, "cannot begin a transaction") from None
             except lmdb.Error as exc:
                 raise _map_lmdb_error(exc, "cannot begin a transaction") from None
         raise StoreError("cannot begin a transaction: the map keeps being resized by another process")
