@@ -222,3 +222,25 @@ def test_forget_by_query_without_a_text_space_says_how_to_get_one(make_db):
     assert call == "db.add_space('hashed-tfidf-v1', dims=256)" and "engramdb maintain" in exc.value.hint
     eval(call, {"db": db})
     assert db.forget(query="old address Main Street", threshold=0.5, dry_run=True).ids == ("old",)
+
+
+def test_forget_says_the_memories_were_removed_when_the_compaction_fails(make_db, monkeypatch):
+    """A compaction that failed for want of disk space raised the compaction's own error
+    ("the original is untouched ... retry"): the removal had committed, so a retry found no
+    such ids (NotFoundError), and the forgotten text stayed in free pages without a word."""
+    from engramdb.store import Store
+
+    db = make_db()
+    db.add("forget me", id="x")
+
+    def full(self):
+        raise engramdb.StorageFullError("compacting copy failed; the original is untouched: the disk is full")
+
+    monkeypatch.setattr(Store, "compact", full)
+    with pytest.raises(engramdb.StorageFullError) as exc:
+        db.forget(ids=["x"])
+    assert "removed" in exc.value.message and "engramdb compact FILE" in exc.value.hint
+    assert "free disk space" in exc.value.hint
+    assert "x" not in db
+    monkeypatch.undo()
+    db.compact()

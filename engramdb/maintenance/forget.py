@@ -37,7 +37,7 @@ from numpy.typing import ArrayLike
 from .. import codec
 from . import run
 from .archive import has_original, iter_originals
-from ..errors import AlreadyOpenError, EmbeddingError, NotFoundError, ValidationError
+from ..errors import AlreadyOpenError, EmbeddingError, EngramError, NotFoundError, ValidationError
 from ..index.vectors import EmbeddingSpace, unit_rows
 from ..store import Txn
 
@@ -327,6 +327,8 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         NotFoundError: an id is missing (nothing is forgotten).
         AlreadyOpenError: the memories were removed but another handle keeps the file from
             being compacted (run ``engramdb compact FILE`` once it is closed).
+        StorageFullError: no disk space; when its message says the memories were removed,
+            only the compaction failed (run ``engramdb compact FILE`` once there is space).
     """
     if ids is None and query is None and embedding is None:
         raise ValidationError("forget needs ids, a query or an embedding",
@@ -367,6 +369,11 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         raise AlreadyOpenError(f"the memories were removed, but the file could not be compacted: {exc.message}",
                                hint="their old pages stay in the file until `engramdb compact FILE` runs with "
                                     "no other handle open") from None
+    except EngramError as exc:  # e.g. a full disk: the removal is committed, a retry would find no such ids
+        raise type(exc)(f"the memories were removed, but the file could not be compacted: {exc.message}",
+                        hint=f"their old pages stay in the file until `engramdb compact FILE` succeeds "
+                             f"({exc.hint})" if exc.hint else "their old pages stay in the file until "
+                             "`engramdb compact FILE` succeeds") from None
     with store.read() as txn:
         removed = dict(counts)
         removed.update({table: max(0, index_before[table] - txn.count(table)) for table in INDEX_TABLES})
