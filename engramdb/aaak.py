@@ -1638,7 +1638,9 @@ class _DumpReader:
             line = self.next_line()
             if line is None:
                 raise _parse_error("the @end trailer is missing: the dump is truncated", self.lineno + 1, 0,
-                                   DumpIntegrityError)
+                                   DumpIntegrityError,
+                                   hint="use a complete dump (its last line is `@end`); --allow-edited does not "
+                                        "accept a cut-off one, which may have lost memories")
             if line.startswith("@end"):
                 if pending is not None:
                     yield self.finish_node(pending)

@@ -379,3 +379,13 @@ def test_huge_content_round_trip():
     store = {"settings": {}, "spaces": [], "nodes": [Node("big", content=content)]}
     text = dump_text(store)
     assert load(text)["nodes"][0].content == content
+
+
+def test_a_dump_cut_at_a_line_end_does_not_suggest_allow_edited(dump):
+    # its hint said "pass --allow-edited", also to a user who had passed it: that option
+    # never accepts a dump without its @end line
+    cut = dump[: dump.index("\n@end") + 1]
+    for allow_edited in (False, True):
+        with pytest.raises(DumpIntegrityError) as exc:
+            list(read_dump(cut, allow_edited=allow_edited))
+        assert "@end trailer is missing" in exc.value.message and "--allow-edited does not" in exc.value.hint
