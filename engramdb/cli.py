@@ -1409,7 +1409,9 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
 @click.option("--date", callback=lambda _ctx, _param, value: _check_date(value),
               help="Date of the input (YYYY-MM-DD), for dates relative to it.")
 @click.option("--tag", "tags", multiple=True, help="Tag every memory (repeatable).")
-@click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True, help="Characters per chunk.")
+@click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True,
+              help="Characters per chunk, at most: chunks are whole paragraphs (blank-line separated), so a "
+                   "longer paragraph is a chunk of its own, never split.")
 @click.option("--encoding", default="utf-8", show_default=True,
               help="Text encoding of the inputs, e.g. latin-1 or cp1252 (a leading byte-order mark is dropped).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")
