@@ -155,7 +155,8 @@ class Passage:
         tokens: the tokens of :attr:`block` by the context's counter.
         date: when it is from: the memories' ``resolved_date`` (or the day they were
             stored), ``"A to B"`` when they differ, None when unknown.
-        heading: the line that heads it: ``### <source or memory id> (<date>)``.
+        heading: the line that heads it: ``### <source> (<date>)``, ``### memory <id> (<date>)``
+            for a memory without a source, without `` (<date>)`` when the date is unknown.
     """
 
     source: str
