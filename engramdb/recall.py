@@ -253,6 +253,9 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
         raise ValidationError("the query must be a string", hint=_ARGS_HINT)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValidationError("top_k must be a non-negative integer", hint=_ARGS_HINT)
+    for name, switch in (("hops", hops), ("expand_query", expand_query), ("explain", explain), ("touch", touch)):
+        if not isinstance(switch, (bool, np.bool_)):  # by truthiness, hops="no" would spread
+            raise ValidationError(f"{name} must be True or False, got {switch!r}", hint=_ARGS_HINT)
     keep = Filter(after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
                   any_flags=any_flags, source=source)
     if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))

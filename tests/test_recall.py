@@ -502,3 +502,18 @@ def test_changing_a_hits_metadata_does_not_change_later_recalls(make_db):
     hit.node.metadata["n"]["m"] = 2
     assert db.recall("hello")[0].node.metadata == {"k": [1], "n": {"m": 1}}
     assert db.get("a").metadata == {"k": [1], "n": {"m": 1}}
+
+
+@pytest.mark.parametrize("option", ["hops", "expand_query", "explain", "touch"])
+def test_recall_switches_must_be_booleans(make_db, option):
+    # taken by truthiness: hops="no" spread the scores, explain="false" explained
+    db = make_db()
+    db.add("hello world", id="a")
+    for value in ("no", "false", 0, None):
+        with pytest.raises(ValidationError, match=option):
+            db.recall("hello", **{option: value})
+        with pytest.raises(ValidationError, match=option):
+            db.recall_context("hello", **{option: value})
+    import numpy as np
+
+    assert [h.id for h in db.recall("hello", **{option: np.bool_(False)})] == ["a"]
