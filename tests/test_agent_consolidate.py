@@ -215,3 +215,37 @@ def test_a_member_the_user_unarchives_stays_live(tmp_engram, now):
     assert report.archived == 12 and not any(core.get("resumed") for core in report.cores)
     assert tmp_engram.get("garden-0").tier != "archive"
     assert all(tmp_engram.get(f"new-{k}").tier == "archive" for k in range(12))
+
+
+def test_a_core_another_run_wrote_meanwhile_is_left_to_it(tmp_engram, now):
+    # two runs at once (two processes, or two MCP after_task calls at the threshold): the
+    # second checked for its core memory before the first wrote it, then raised
+    # DuplicateIdError from after_task
+    _memories(tmp_engram, now, n_per_topic=4)
+    before = list(tmp_engram.scan())
+
+    class LateRun:
+        """The second run: it read the candidates before the first run wrote anything."""
+
+        def __getattr__(self, name):
+            return getattr(tmp_engram, name)
+
+        def __contains__(self, id):
+            return not id.startswith("core-") and id in tmp_engram
+
+        def scan(self, *, tags=None, tiers=None):
+            return iter([n for n in before if set(tags or ()) <= set(n.tags)])
+
+    first = consolidate_sleep(tmp_engram, threshold=10, now=now)
+    rows = sorted(n.id for n in tmp_engram.scan())
+    late = consolidate_sleep(LateRun(), threshold=10, now=now)
+    assert late.cores == [] and late.archived == 0
+    assert sorted(n.id for n in tmp_engram.scan()) == rows and first.archived == 20
+
+
+def test_a_summarizer_that_cannot_be_called_is_refused_before_anything_is_written(tmp_engram, now):
+    # consolidate_sleep(summarizer=5) raised a bare TypeError "'int' object is not callable"
+    _memories(tmp_engram, now, n_per_topic=2)
+    with pytest.raises(ValidationError, match="summarizer"):
+        consolidate_sleep(tmp_engram, threshold=2, summarizer=5, now=now)
+    assert len(unconsolidated(tmp_engram)) == 10

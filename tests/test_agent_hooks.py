@@ -215,10 +215,22 @@ def test_tags_given_as_one_string_are_refused(make_db, now):
 
 
 @pytest.mark.parametrize("kwargs", [{"min_relevance": "0.2"}, {"top_k": "5"}, {"top_k": True},
-                                    {"min_relevance": None}])
+                                    {"min_relevance": None},
+                                    # a non-callable extractor or summarizer raised a bare
+                                    # TypeError from after_task, not here
+                                    {"extractor": 5}, {"summarizer": "summarize"}])
 def test_hooks_arguments_of_the_wrong_type_are_validation_errors(make_db, kwargs):
     with pytest.raises(ValidationError):
         MemoryHooks(make_db(), **kwargs)
+
+
+def test_a_session_that_is_not_a_string_is_refused(make_db, now):
+    # session=5 was stored as the number 5 in every fact's provenance
+    hooks = MemoryHooks(make_db())
+    for session in (5, ["a"], b"s1"):
+        with pytest.raises(ValidationError, match="session"):
+            hooks.after_task(_session1(), session=session, now=now)
+    assert hooks.after_task(_session1(), session="s1", now=now)
 
 
 def test_facts_and_tasks_in_other_scripts_are_compared_by_their_words(make_db, now):

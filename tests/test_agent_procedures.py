@@ -182,6 +182,23 @@ def test_graph_arguments_of_the_wrong_type_are_validation_errors(tmp_engram, kwa
         ProceduralGraph(tmp_engram, **kwargs)
 
 
+def test_guidance_and_recording_arguments_of_the_wrong_type_are_validation_errors(tmp_engram, now):
+    # each raised a bare TypeError (a proposer that is no callable only once refine() ran)
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    for kwargs in ({"min_overlap": "0.5"}, {"min_overlap": None}, {"max_steps": "3"}, {"max_steps": 0},
+                   {"max_steps": True}):
+        with pytest.raises(ValidationError, match=next(iter(kwargs))):
+            graph.guidance_for("fix parser bug", **kwargs)
+    with pytest.raises(ValidationError, match="task"):
+        graph.record_trajectory(_transcript("x", ["a"]), "success", task=5)
+    with pytest.raises(ValidationError, match="proposer"):
+        ProceduralGraph(tmp_engram, proposer=5)
+    with pytest.raises(ValidationError, match="proposer"):
+        graph.refine(proposer="propose", now=now)
+    assert len(graph.trajectories()) == 4 and graph.decided() == {}
+
+
 def test_a_tool_named_start_or_end_is_not_the_start_or_end_state(tmp_engram, now):
     # tools were nodes by their name, so a tool named "start" or "end" was the built-in state:
     # edges edit->start, start->end, end->end mixed the states with the tools

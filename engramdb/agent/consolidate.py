@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..errors import ValidationError
+from ..errors import DuplicateIdError, ValidationError
 from ..index.vectors import HashedTfidfEmbedder
 from ..records import Node, now_ts
 from .protocols import AgentMemory
@@ -45,6 +45,12 @@ class SleepReport:
     def to_dict(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "threshold": self.threshold, "skipped": self.skipped,
                 "cores": self.cores, "archived": self.archived}
+
+
+def _check_summarizer(summarizer: object) -> None:
+    if summarizer is not None and not callable(summarizer):
+        raise ValidationError(f"the summarizer must be a callable or None, got a {type(summarizer).__name__}",
+                              hint="pass a function list of texts -> one text, or None for extractive cores")
 
 
 def unconsolidated(db: AgentMemory, *, tags: Iterable[str] | None = None) -> list[Node]:
@@ -177,6 +183,7 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         raise ValidationError("threshold must be an int of at least 2")
     if not isinstance(target, int) or target < 1:
         raise ValidationError("target must be a positive int")
+    _check_summarizer(summarizer)
     stamp = now_ts(now)
     nodes = unconsolidated(db, tags=tags)
     report = SleepReport(candidates=len(nodes), threshold=threshold)
@@ -225,15 +232,19 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         # the core, its edges and the archiving in one commit: "complete" then means its members
         # were archived, so one found live later was unarchived by the user (left alone)
         exists = core_id in db  # a memory the user made from a core (its tag or metadata changed)
-        with db.transaction() as tx:
-            if not exists:
-                tx.add(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
-                       importance=max(m.importance for m in members),
-                       metadata={"agent": {"kind": "core", "consolidated_from": ids, "at": stamp, "complete": True}})
-            for member in members:
-                tx.link(core_id, member.id, "derived_from", now=stamp)
-            for member in members:
-                tx.archive(member.id, now=stamp)
+        try:
+            with db.transaction() as tx:
+                if not exists:
+                    tx.add(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
+                           importance=max(m.importance for m in members),
+                           metadata={"agent": {"kind": "core", "consolidated_from": ids, "at": stamp,
+                                               "complete": True}})
+                for member in members:
+                    tx.link(core_id, member.id, "derived_from", now=stamp)
+                for member in members:
+                    tx.archive(member.id, now=stamp)
+        except DuplicateIdError:
+            continue  # another run (process, thread) wrote this core and archived its members meanwhile
         report.archived += len(members)
         report.cores.append({"id": core_id, "derived_from": ids, "content": summary})
     return report

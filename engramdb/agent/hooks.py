@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..errors import DuplicateIdError, ValidationError
 from ..recall import Hit
 from ..records import now_ts
-from .consolidate import LIVE_TIERS, SleepReport, Summarizer, consolidate_sleep, unconsolidated
+from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, unconsolidated
 from .extract import Fact, extract_facts
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
@@ -67,6 +67,10 @@ class MemoryHooks:
             raise ValidationError("tags must be strings", hint='e.g. tags=["agent"]')
         if sleep_threshold is not None and (not isinstance(sleep_threshold, int) or sleep_threshold < 2):
             raise ValidationError("sleep_threshold must be an int of at least 2, or None")
+        if extractor is not None and not callable(extractor):
+            raise ValidationError(f"the extractor must be a callable or None, got a {type(extractor).__name__}",
+                                  hint="pass a function text -> list of fact strings, or None for the built-in one")
+        _check_summarizer(summarizer)
         self.db = db
         self.extractor = extractor
         self.top_k = top_k
@@ -151,6 +155,9 @@ class MemoryHooks:
         if outcome is not None and outcome not in OUTCOMES:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}",
                                   hint="pass 'success' or 'failure', or no outcome when it is not known")
+        if session is not None and not isinstance(session, str):
+            raise ValidationError(f"session must be a string or None, got a {type(session).__name__}",
+                                  hint="e.g. session='2024-05-02-a', or leave it out for a hash of the transcript")
         conv = serialize_conversation(messages)
         stamp = now_ts(now)
         session = session or "s-" + hashlib.sha256(conv.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]

@@ -234,6 +234,12 @@ def _path(tools: Iterable[str]) -> tuple[str, ...]:
     return (START, *map(node_id, tools), END)
 
 
+def _check_proposer(proposer: object) -> None:
+    if proposer is not None and not callable(proposer):
+        raise ValidationError(f"the proposer must be a callable or None, got a {type(proposer).__name__}",
+                              hint="pass a function contrast -> list of proposals, or None to count transitions")
+
+
 def _verifier(name: str) -> bool:
     lowered = name.lower()
     return any(word in lowered for word in _VERIFIERS)
@@ -257,6 +263,7 @@ class ProceduralGraph:
             raise ValidationError("min_trajectories must be an int of at least 2")
         if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
             raise ValidationError("holdout must be between 0 and 1 (exclusive)")
+        _check_proposer(proposer)
         self.db = db
         self.min_trajectories = min_trajectories
         self.proposer = proposer
@@ -318,6 +325,9 @@ class ProceduralGraph:
         errors = tuple(i for i, call in enumerate(calls) if call.is_error)
         if task is None:
             task = next((turn.user for turn in conv.turns if turn.user), "")
+        elif not isinstance(task, str):
+            raise ValidationError(f"task must be a string or None, got a {type(task).__name__}",
+                                  hint="leave it out to take the first user prompt")
         task = scrub(task)[:_MAX_TASK]
         stamp = now_ts(now)
 
@@ -439,6 +449,7 @@ class ProceduralGraph:
         Raises:
             ValidationError: the proposer returned a malformed proposal.
         """
+        _check_proposer(proposer)
         proposer = proposer or self.proposer
         stamp = now_ts(now)
         rows = self._rows()
@@ -531,6 +542,10 @@ class ProceduralGraph:
         """
         if not isinstance(task_text, str):
             raise ValidationError("guidance_for() takes the task's text")
+        if isinstance(min_overlap, bool) or not isinstance(min_overlap, (int, float)) or not 0 <= min_overlap <= 1:
+            raise ValidationError(f"min_overlap must be a number in [0, 1], got {min_overlap!r}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValidationError(f"max_steps must be a positive int, got {max_steps!r}")
         words = content_words(task_text)
         rows = self._rows()
         similar = [t for t in rows.trajectories if overlap(words, content_words(t.task)) >= min_overlap]
