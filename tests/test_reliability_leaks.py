@@ -4,6 +4,9 @@ them), and an encrypted dump holds none of the store's words."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import numpy as np
 from conftest import PASSPHRASE, TEST_KDF
@@ -44,3 +47,15 @@ def test_an_encrypted_dump_holds_none_of_the_words(tmp_path):
     data = out.getvalue()
     assert [w for w in words if w.encode() in data or w.encode("utf-16-le") in data] == []
     assert b"leak" not in data and b"dump passphrase" not in data
+
+
+def test_the_cli_turns_core_dumps_off(tmp_path):
+    """A core dump of the CLI would hold the key and plaintext (reliability rule 61)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import resource; from click.testing import CliRunner; from engramdb.cli import cli; "
+              "resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, resource.RLIM_INFINITY)); "
+              f"CliRunner().invoke(cli, ['--plaintext', 'info', {str(tmp_path / 'missing.engram')!r}]); "
+              "print(resource.getrlimit(resource.RLIMIT_CORE))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])})
+    assert out.stdout.strip() == "(0, 0)", out.stderr[-500:]
