@@ -962,10 +962,14 @@ def sniff(path: str) -> None:
     """Refuse foreign and truncated files before LMDB maps them (a mapped hole is a SIGBUS).
 
     Raises:
-        ForeignFileError: a Terronex .engram file, an SQLite file, or too short to be LMDB.
+        ForeignFileError: a Terronex .engram file, an SQLite file, too short to be LMDB, or
+            not a regular file (a directory, a device, a pipe).
         CorruptFileError: an empty file, or one cut inside its second meta page.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # opening a FIFO to read it would wait for a writer
+            raise ForeignFileError(f"{path} is not a regular file (a directory, device or pipe), so not an "
+                                   "engramdb file", hint="check the path")
         with open(path, "rb") as fh:
             head = fh.read(4096)
             size = os.fstat(fh.fileno()).st_size

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import PASSPHRASE, TEST_KDF
@@ -73,3 +75,34 @@ def test_a_name_added_while_open_stops_the_next_commit(tmp_path):
         assert "lost" not in db.ids()
         db.add("written", id="written")
         assert db.verify() == []
+
+
+_OPEN = """
+import sys
+import engramdb.engram as e
+from engramdb.errors import EngramError
+try:
+    e.open(sys.argv[1], passphrase="p", readonly=sys.argv[2] == "ro", create=False)
+except EngramError as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_path_that_is_not_a_regular_file_is_refused_as_foreign(tmp_path, kind):
+    """A FIFO at the store's path hung open() for ever (reading it waits for a writer, and
+    the open's timeout does not cover it); a directory was a StoreError pointing at verify."""
+    path = tmp_path / "x.engram"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    for mode in ("rw", "ro"):
+        try:  # in a child: a hang must fail this test, not stall the suite
+            out = subprocess.run([sys.executable, "-c", _OPEN, str(path), mode], capture_output=True, text=True,
+                                 env=env, timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"open() of a {kind} hung")
+        assert out.stdout.strip() == "ForeignFileError", out.stderr[-500:]
