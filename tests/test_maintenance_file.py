@@ -484,3 +484,23 @@ def test_a_config_switch_must_be_a_bool():
         assert getattr(MaintenanceConfig(**{name: np.bool_(False)}), name) is False
     with pytest.raises(ValidationError, match="space"):
         MaintenanceConfig(space=3)
+
+
+def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_words_it_cannot_see(make_db):
+    # the built-in space embeds only the index's words: "not" (a stop word) and "5" / "6" (single
+    # characters) leave no trace, so these pairs had cosine 1 and the first maintain() deleted
+    # one memory of each as a duplicate of the other
+    db = make_db(encrypted=False)
+    for i, text in enumerate(["The migration is done", "The migration is not done", "Call mom at 5",
+                              "Call mom at 6", "Alice moved to Berlin", "alice  moved to BERLIN!"]):
+        db.add(text, id=f"m{i}", now=NOW)
+    report = db.maintain(now=NOW)
+    assert report.removed_ids == ["m5"] and report.deduplicated == 1  # only the true duplicate
+    assert [n.id for n in db.scan()] == ["m0", "m1", "m2", "m3", "m4"]
+    assert not db.maintain(now=NOW).changed
+    # a space of the user's model is taken as it is: its vectors see every word
+    other = make_db(encrypted=False)
+    other.add_space("mine", dims=2, model="my-model", auto=False)
+    other.add("The migration is done", id="a", embeddings={"mine": [1.0, 0.0]}, now=NOW)
+    other.add("The migration is not done", id="b", embeddings={"mine": [1.0, 0.0]}, now=NOW)
+    assert other.maintain(MaintenanceConfig(space="mine"), now=NOW).removed_ids == ["b"]

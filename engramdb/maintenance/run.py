@@ -27,7 +27,9 @@ import functools
 import hashlib
 import math
 import os
+import re
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -478,6 +480,45 @@ def _builtin_vectors(target: Target, txn: Txn, docnos: np.ndarray) -> tuple[np.n
     return docnos[keep], mat[keep]
 
 
+def _hashed_model() -> str:
+    from ..index.vectors import HASHED_MODEL
+
+    return HASHED_MODEL
+
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def _dropped_words(tokenizer: Any, text: str) -> frozenset[str]:
+    """The words of ``text`` that the index (and so the built-in space) does not see: stop
+    words and single characters, normalised and lowercased as the tokenizer does."""
+    form = tokenizer.normalize
+    low = (unicodedata.normalize(form, text) if form else text).lower()
+    kept = set(tokenizer.words(text))
+    return frozenset(w for w in _WORD_RE.findall(low) if w not in kept)
+
+
+def _seen_alike(pairs: tuple[np.ndarray, np.ndarray], node_of: Callable[[int], Node],
+                tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The duplicate pairs of the built-in space whose texts also agree on the words it
+    cannot see. Its vectors hold only the index's words, so "The migration is done" and
+    "The migration is not done", or "Call mom at 5" and "Call mom at 6", have the same
+    vector (cosine 1): merged as duplicates, one of two different memories was deleted."""
+    from ..index import node_text
+
+    memo: dict[int, frozenset[str]] = {}
+
+    def dropped(r: int) -> frozenset[str]:
+        got = memo.get(r)
+        if got is None:
+            got = memo[r] = _dropped_words(tokenizer, node_text(node_of(r)))
+        return got
+
+    a, b = pairs
+    keep = np.fromiter((dropped(x) == dropped(y) for x, y in zip(a.tolist(), b.tolist())), bool, len(a))
+    return a[keep], b[keep]
+
+
 def _summary_id(member_ids: Sequence[str]) -> str:
     digest = hashlib.sha256("\x00".join(sorted(member_ids)).encode("utf-8", "surrogatepass")).hexdigest()
     return "summary-" + digest[:24]
@@ -525,6 +566,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         else:
             vdocs, vmat = target.indexes.vectors.live_rows(txn, space_name)
         normalized = create or bool(target.indexes.vectors.spaces(txn)[space_name].normalize)
+        hashed = create or target.indexes.vectors.spaces(txn)[space_name].model == _hashed_model()
         space = _Space(np.asarray(vdocs), np.asarray(vmat), normalized=normalized)
         node_cache: dict[int, Node] = {}
         known_ids = {d: f[_POS["id"]] for d, f in records}
@@ -592,6 +634,9 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                 out_c.append(row_of_v[pc[keep]])
         dd = (np.concatenate(dd_r), np.concatenate(dd_c)) if dd_r else (np.zeros(0, np.int64),) * 2
         cl = (np.concatenate(cl_r), np.concatenate(cl_c)) if cl_r else (np.zeros(0, np.int64),) * 2
+
+        if hashed and len(dd[0]):
+            dd = _seen_alike(dd, lambda r: node(int(rows["docno"][r])), target.indexes.tokenizer)
 
         # 3. dedupe (greedy in docno order over the pairs above the threshold)
         neighbors: dict[int, list[int]] = {}
