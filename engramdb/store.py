@@ -2309,6 +2309,19 @@ class Store:
                 env.active_readers -= 1
                 env.resize_lock.notify_all()
 
+    def outside_transaction(self, what: str) -> None:
+        """Refuse an operation that commits on its own (in steps, or after taking the file
+        for itself) while this thread has a write transaction of this handle open: joined to
+        it, its steps would not commit one by one, and compact() would wait for that very
+        transaction for ever.
+
+        Raises:
+            ValidationError: a write transaction of this thread is open.
+        """
+        if getattr(self._local, "txn", None) is not None:
+            raise ValidationError(f"{what} cannot run inside a transaction: it commits by itself",
+                                  hint=f"call {what} after the `with db.transaction()` block")
+
     @contextlib.contextmanager
     def transaction(self, *, reserve: int = 0) -> Iterator[Txn]:
         """One write transaction for a block of code; commits on success, rolls back on error.
@@ -2386,6 +2399,7 @@ class Store:
             StorageFullError: not enough space for the copy (the original is untouched).
         """
         self._check()
+        self.outside_transaction("compact()")
         if self.readonly:
             raise ReadOnlyError("compact needs a writable handle")
         env = self._env

@@ -13,7 +13,7 @@ from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
 import engramdb.store as store_mod
-from engramdb.errors import ReadOnlyError, StorageFullError, StoreError
+from engramdb.errors import ReadOnlyError, StorageFullError, StoreError, ValidationError
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS])
@@ -106,3 +106,31 @@ def test_a_path_that_is_not_a_regular_file_is_refused_as_foreign(tmp_path, kind)
         except subprocess.TimeoutExpired:
             pytest.fail(f"open() of a {kind} hung")
         assert out.stdout.strip() == "ForeignFileError", out.stderr[-500:]
+
+
+def _nested(db, operation) -> None:
+    with db.transaction() as tx:
+        tx.add(id="outer", content="outer words")
+        operation()
+
+
+@pytest.mark.parametrize("name", ["compact", "maintain", "forget"])
+def test_operations_that_commit_by_themselves_are_refused_inside_a_transaction(tmp_path, name):
+    """Inside `with db.transaction()`: compact() waited for that very transaction (for ever
+    with timeout=None, else a BusyError blaming "another writer"); maintain() joined it and
+    left the BM25 index inconsistent (a document live in two segments, wrong statistics:
+    verify failed); forget() said the memories were removed, then the block rolled back."""
+    db = engram.open(tmp_path / "n.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=1)
+    try:
+        db.add("alpha beta", id="a")
+        db.add("alpha gamma", id="b")
+        operation = {"compact": db.compact, "maintain": lambda: db.maintain(now=2e9),
+                     "forget": lambda: db.forget(ids=["b"])}[name]
+        with pytest.raises(ValidationError, match="inside a transaction") as err:
+            _nested(db, operation)
+        assert "after the `with db.transaction()` block" in err.value.hint
+        assert sorted(db.ids()) == ["a", "b"] and db.verify() == []
+        operation()  # outside a transaction it runs
+        assert db.verify() == []
+    finally:
+        db.close()

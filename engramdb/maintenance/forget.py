@@ -347,6 +347,7 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         return ForgetReceipt(ids=tuple(forgotten), removed=counts if docnos else {}, summaries=tuple(summaries),
                              dry_run=dry_run, size_before=size_before, size_after=size_before)
 
+    store.outside_transaction("forget()")  # it commits the removal, then compacts
     with store.read() as txn:
         pending = txn.get("meta", run.PLAN_KEY) is not None
     if pending:  # a killed maintenance pass's plan may hold their ids or summaries: finish it first

@@ -957,12 +957,15 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
         ValidationError: bad arguments.
         EmbeddingError: ``config.space`` names no space of the file.
         ReadOnlyError: the file is open read-only (unless ``plan``).
+        ValidationError: called inside a ``db.transaction()`` block (unless ``plan``).
     """
     config = config or MaintenanceConfig()
     if not isinstance(config, MaintenanceConfig):
         raise ValidationError("config must be a MaintenanceConfig")
     if summarizer is not None and not callable(summarizer):
         raise ValidationError("summarizer must be a callable from a list of texts to one text")
+    if not plan:  # its batches must commit one by one (resumable, checkpointed)
+        target.store.outside_transaction("maintain()")
     started = time.perf_counter()
     with target.store.read() as txn:
         pending = txn.get("meta", PLAN_KEY)
