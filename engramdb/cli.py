@@ -910,6 +910,8 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
     import shutil
     import subprocess
 
+    from .maintenance.lifecycle import MIN_SUMMARY_CHARS
+
     argv = shlex.split(command)
     if not argv or shutil.which(argv[0]) is None:
         raise click.UsageError(f"--summarizer-cmd: cannot find the program {argv[0] if argv else command!r}")
@@ -925,7 +927,10 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
         if done.returncode != 0:
             failures.append(f"exit status {done.returncode}: {done.stderr.strip()[:200]}")
             raise RuntimeError(failures[-1])
-        return done.stdout.strip()
+        summary = done.stdout.strip()
+        if len(summary) < MIN_SUMMARY_CHARS:  # the pass leaves the cluster alone: say so
+            failures.append(f"a summary under {MIN_SUMMARY_CHARS} characters: {summary!r}")
+        return summary
 
     return summarize, failures
 

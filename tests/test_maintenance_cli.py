@@ -59,3 +59,15 @@ def test_maintain_errors(tmp_path):
     assert failing.exit_code == 0
     assert "warning: the summarizer failed" in failing.stderr
     assert json.loads(run("maintain", str(path), "--plan", "--json").output)["summarized"] == 0
+
+
+def test_a_summary_too_short_is_counted_in_the_warning(tmp_path):
+    # the README says a summary under 10 characters leaves its cluster alone with a warning on
+    # stderr; the cluster was left alone, but without a word
+    path = tmp_path / "s.engram"
+    with engram_mod.open(path, encrypted=False) as db:
+        fill(db, 50, seed=4)
+    short = CliRunner().invoke(cli, ["maintain", str(path), "--plaintext", "--now", NOW_ISO, "--json",
+                                     "--summarizer-cmd", f"{sys.executable} -c 'print(\"short\")'"])
+    assert short.exit_code == 0 and json.loads(short.stdout)["summarized"] == 0
+    assert "warning: the summarizer failed for" in short.stderr and "under 10 characters: 'short'" in short.stderr

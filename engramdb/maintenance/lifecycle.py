@@ -53,6 +53,7 @@ __all__ = [
 TIERS = ("hot", "warm", "cold", "archive")
 DAY_MS = 86_400_000
 EXACT_BAND = 1e-9  # matrix products this close to a threshold are recomputed exactly
+MIN_SUMMARY_CHARS = 10  # a shorter summary leaves its cluster alone (Trace Lite)
 BLOCK_ROWS = 1024
 
 Summarizer = Callable[[list[str]], str]
@@ -711,7 +712,7 @@ def _summarize(memories: list[Memory], clusters: list[list[int]], summarizer: Su
             summary = summarizer([memories[i].content for i in group])
         except Exception:
             continue
-        if not isinstance(summary, str) or len(summary) < 10:
+        if not isinstance(summary, str) or len(summary) < MIN_SUMMARY_CHARS:
             continue
         best = group[0]
         for i in group[1:]:

@@ -51,6 +51,7 @@ from .lifecycle import (
     count_by_tier,
     decay_tiers,
     MAX_TIME,
+    MIN_SUMMARY_CHARS,
     format_iso,
     greedy_clusters,
     greedy_dedupe,
@@ -703,7 +704,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
                     text = summarizer([m.content for m in members])
                 except Exception:
                     continue
-                if not isinstance(text, str) or len(text) < 10:
+                if not isinstance(text, str) or len(text) < MIN_SUMMARY_CHARS:
                     continue
                 best = int(group[0])
                 for i in group[1:]:
