@@ -361,3 +361,41 @@ def test_the_linear_noise_patterns_remove_what_the_plain_ones_did():
             expected, cleaned = reference.sub("", expected), remove(cleaned)
         assert cleaned == expected, text
         assert has_noise(text) == any(reference.search(text) for reference in plain), text
+
+
+def test_a_sentence_naming_many_data_files_is_read_in_linear_time():
+    # each file name searched the rest of its sentence for a field list: quadratic in the
+    # number of names (80,000 chars of "a.json " took 11 s; a pasted file listing hung)
+    listing = "Merge " + "a.json " * 60_000 + "into all.json with id, name and size."
+    facts = _within_a_minute(lambda: extract_facts(serialize_conversation([{"role": "user", "content": listing}])))
+    assert [f.text for f in facts if f.kind == "storage"] == [
+        "Storage shape (from: merge " + "a.json " * 12 + "a.json): a.json holds records with the fields id, name, "
+        "size. all.json holds records with the fields id, name, size."]
+
+
+def test_each_data_file_gets_the_field_list_that_follows_it():
+    # the field list search is shared by the file names before it: the same as searching
+    # after each name (the reference below is the code before the change)
+    import random
+    import re
+
+    from engramdb.agent.extract import _FIELD_LIST, _FILE, _storage
+
+    def reference(text):
+        shapes = {}
+        for m in _FILE.finditer(text):
+            name = m.group(1)
+            if name.lower().endswith(".md"):
+                continue
+            found = _FIELD_LIST.search(text, m.end())
+            fields = [] if not found else [f.strip("` ") for f in re.split(r",|\band\b|\(\w+\)", found.group(1))
+                                           if f.strip("` ")]
+            if fields or name not in shapes:
+                shapes[name] = shapes.get(name) or fields
+        return list(shapes.items())
+
+    pieces = ["a.json", "b.csv", "notes.md", "with", "fields:", "id", "name", ",", "and", "(int)", "x", "keys", "c.db"]
+    rng = random.Random(8)
+    for _ in range(3000):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 25)))
+        assert _storage(text, []) == reference(text), text

@@ -86,8 +86,8 @@ def _join(parts: Iterable[str], limit: int) -> str:
     return " ".join(out)
 
 
-def _fields_from_text(sentence: str, start: int) -> list[str]:
-    m = _FIELD_LIST.search(sentence, start)
+def _fields(m: re.Match[str] | None) -> list[str]:
+    """The field names of a ``_FIELD_LIST`` match."""
     if not m:
         return []
     return [f.strip("` ") for f in re.split(r",|\band\b|\(\w+\)", m.group(1)) if f.strip("` ")]
@@ -126,11 +126,17 @@ def _storage(user_text: str, code: list[str]) -> list[tuple[str, list[str]]]:
     """(file name, fields) for every data file named by the user or written by a tool."""
     shapes: dict[str, list[str]] = {}
     for sentence in _sentences(user_text):
+        # the first field list after each name: one search serves every name before the list
+        # it found (a search per name read the rest of the sentence each time: quadratic)
+        found: re.Match[str] | None = None
+        searched = False
         for m in _FILE.finditer(sentence):
             name = m.group(1)
             if name.lower().endswith(".md"):
                 continue
-            fields = _fields_from_text(sentence, m.end())
+            if not searched or (found is not None and found.start() < m.end()):
+                found, searched = _FIELD_LIST.search(sentence, m.end()), True
+            fields = _fields(found)
             if fields or name not in shapes:
                 shapes[name] = shapes.get(name) or fields
     for text in code:
