@@ -1982,7 +1982,7 @@ def agent() -> None:
 def _read_transcript(path: str) -> Any:
     """A transcript file: a JSON list of messages, an object with ``messages``, or JSON Lines."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # -sig: Windows tools write a byte order mark
             text = fh.read()
     except OSError as exc:
         raise ValidationError(f"cannot read {path}: {exc.strerror}", hint="check the path and its permissions") \
@@ -1999,6 +1999,8 @@ def _read_transcript(path: str) -> Any:
                                   hint="give a JSON list of OpenAI or Anthropic messages") from None
     if isinstance(data, dict) and isinstance(data.get("messages"), list):
         data = data["messages"]
+    elif isinstance(data, dict) and "messages" not in data and len(text.strip().splitlines()) == 1:
+        data = [data]  # JSON Lines of one message
     if not isinstance(data, list):
         raise ValidationError(f"{path} holds a JSON {type(data).__name__}, not a list of messages",
                               hint='give a JSON list of messages, or {"messages": [...]}')

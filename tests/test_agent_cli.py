@@ -78,6 +78,20 @@ def test_agent_after_names_a_bad_transcript(run, tmp_path):
     assert result.exit_code == 1 and "neither JSON nor JSON Lines" in result.output
 
 
+def test_agent_after_reads_a_transcript_with_a_byte_order_mark(run, tmp_path):
+    # Windows tools (PowerShell 5's Out-File, Notepad) write UTF-8 with a BOM: the transcript
+    # was refused as "neither JSON nor JSON Lines: Unexpected UTF-8 BOM"
+    f = str(tmp_path / "a.engram")
+    assert run("init", f, "--kdf", KDF).exit_code == 0
+    for name, text in (("t.json", SESSION1.read_text(encoding="utf-8")),
+                       ("t.jsonl", '{"role": "user", "content": "I always indent with tabs."}\n')):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+        result = run("agent", "after", f, str(path), "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)
+
+
 def test_the_agent_loop_example_runs(tmp_path):
     env = {**os.environ, "ENGRAM_PASSPHRASE": "demo-passphrase", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "examples" / "agent_loop.py"),
