@@ -249,3 +249,16 @@ def test_a_summarizer_that_cannot_be_called_is_refused_before_anything_is_writte
     with pytest.raises(ValidationError, match="summarizer"):
         consolidate_sleep(tmp_engram, threshold=2, summarizer=5, now=now)
     assert len(unconsolidated(tmp_engram)) == 10
+
+
+def test_a_core_memory_is_about_700_characters_even_from_one_long_sentence(tmp_engram, now):
+    # the first sentence chosen was taken whole: a member that is one long sentence (a note
+    # without stops, a pasted log line) became a core memory as long as itself
+    words = " ".join(f"word{k}" for k in range(3000))
+    tmp_engram.remember("Deploy notes " + words, id="long", now=now)
+    tmp_engram.remember("Deploy notes are short here.", id="short", now=now)
+    report = consolidate_sleep(tmp_engram, threshold=2, target=1, now=now)
+    [core] = report.cores
+    assert len(core["content"]) <= 700 + 1
+    assert core["content"].startswith("Deploy notes word0 word1") and core["content"].endswith("…")
+    assert tmp_engram.get("long", full=True).content == "Deploy notes " + words  # the original is kept whole

@@ -129,8 +129,16 @@ def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
         size += len(sentences[k]) + 1
         if size >= MAX_CORE * 0.8:
             break
-    return " ".join(sentences[k] if sentences[k].endswith((".", "!", "?")) else sentences[k] + "."
-                    for k in sorted(chosen))
+    return " ".join(_cut(sentences[k]) for k in sorted(chosen))
+
+
+def _cut(sentence: str) -> str:
+    """``sentence`` ending in a stop; one longer than a core memory (only ever the first one
+    chosen) cut at a word to fit it, ending in "…"."""
+    if len(sentence) > MAX_CORE:
+        head = sentence[:MAX_CORE - 1]
+        return (head.rsplit(" ", 1)[0] if " " in head else head) + "…"
+    return sentence if sentence.endswith((".", "!", "?")) else sentence + "."
 
 
 def _cores(db: AgentMemory) -> Iterable[tuple[Node, list[str], bool]]:
