@@ -61,11 +61,22 @@ def unconsolidated(db: AgentMemory, *, tags: Iterable[str] | None = None) -> lis
     Raises:
         ValidationError: ``tags`` is a single string, or not a list of strings.
     """
+    nodes = live_candidates(db, tags=tags)
+    kept = _unarchived(db) if nodes else set()
+    return [node for node in nodes if node.id not in kept]
+
+
+def live_candidates(db: AgentMemory, *, tags: Iterable[str] | None = None) -> list[Node]:
+    """:func:`unconsolidated` and the members of core memories the user unarchived: a bound
+    from above that costs one scan less (the hooks test their threshold on it first).
+
+    Raises:
+        ValidationError: ``tags`` is a single string, or not a list of strings.
+    """
     if tags is not None and (isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable)):
         raise ValidationError("tags must be a list of tags, not a single string", hint='e.g. tags=["agent"]')
-    kept = _unarchived(db)
     return [node for node in db.scan(tiers=list(LIVE_TIERS), tags=list(tags) if tags else None)
-            if not node.pinned and CORE_TAG not in node.tags and node.id not in kept]
+            if not node.pinned and CORE_TAG not in node.tags]
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -153,18 +164,19 @@ def _cores(db: AgentMemory) -> Iterable[tuple[Node, list[str], bool]]:
             yield core, [m for m in members if isinstance(m, str)], agent.get("complete") is True
 
 
-def _unarchived(db: AgentMemory) -> set[str]:
+def _unarchived(db: AgentMemory, cores: Iterable[tuple[Node, list[str], bool]] | None = None) -> set[str]:
     """Members of complete core memories (written with their members archived, in one commit):
     one that is live again was unarchived by the user, and stays so."""
-    return {member for _, members, complete in _cores(db) if complete for member in members}
+    return {member for _, members, complete in (_cores(db) if cores is None else cores) if complete
+            for member in members}
 
 
-def _interrupted(db: AgentMemory) -> dict[str, Node]:
+def _interrupted(cores: Iterable[tuple[Node, list[str], bool]]) -> dict[str, Node]:
     """Member id -> the core memory consolidated from it, for core memories written before
     session 8 (one write each for the core, its edges and each archive, so a run could stop
     between them); the first core by insertion order when two claim one member."""
     owner: dict[str, Node] = {}
-    for core, members, complete in _cores(db):
+    for core, members, complete in cores:
         if not complete:
             for member in members:
                 owner.setdefault(member, core)
@@ -193,7 +205,10 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         raise ValidationError("target must be a positive int")
     _check_summarizer(summarizer)
     stamp = now_ts(now)
-    nodes = unconsolidated(db, tags=tags)
+    nodes = live_candidates(db, tags=tags)
+    cores = list(_cores(db)) if nodes else []
+    kept = _unarchived(db, cores)
+    nodes = [node for node in nodes if node.id not in kept]
     report = SleepReport(candidates=len(nodes), threshold=threshold)
     if len(nodes) < (2 if force else threshold):
         report.skipped = (f"{len(nodes)} unconsolidated memories; "
@@ -202,7 +217,7 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         return report
     # members of a core memory that an interrupted run wrote but did not archive: finished
     # under that core (regrouped, they would get a second core saying the same)
-    owner = _interrupted(db)
+    owner = _interrupted(cores)
     resumed: dict[str, tuple[Node, list[Node]]] = {}
     for node in nodes:
         if node.id in owner:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..errors import DuplicateIdError, ValidationError
 from ..recall import Hit
 from ..records import now_ts
-from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, unconsolidated
+from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, live_candidates
 from .extract import Fact, extract_facts
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
@@ -180,7 +180,8 @@ class MemoryHooks:
             call = json.dumps([conv.text, outcome, session], ensure_ascii=True)
             self.graph.record_trajectory(conv, outcome, now=stamp,
                                          call_id="after_task-" + hashlib.sha256(call.encode()).hexdigest()[:24])
-        if self.sleep_threshold is not None and len(unconsolidated(self.db, tags=self.tags)) >= self.sleep_threshold:
+        # live_candidates >= unconsolidated: below the threshold there, no need to read the cores
+        if self.sleep_threshold is not None and len(live_candidates(self.db, tags=self.tags)) >= self.sleep_threshold:
             self.consolidate_sleep(now=stamp)
         return ids
 
