@@ -311,6 +311,7 @@ def atomic_file(path: str, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]
     The partial file is created mode 0600 (dumps and exports hold the store's plaintext) and
     flock-ed until its rename, so a leftover of a killed run (unlocked) is removed by the next
     run, while another run's file in progress is not: that run raises AlreadyOpenError.
+    A full disk is a StorageFullError.
     """
     tmp = path + PARTIAL_SUFFIX
     fd = _create_partial(tmp)
@@ -320,9 +321,12 @@ def atomic_file(path: str, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise StorageFullError(f"cannot write {path}: the disk or file-size limit is full",
+                                   hint=f"free disk space and run it again; {path} was left as it was") from None
         raise
 
 

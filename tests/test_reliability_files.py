@@ -134,3 +134,17 @@ def test_operations_that_commit_by_themselves_are_refused_inside_a_transaction(t
         assert db.verify() == []
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG, errno.EDQUOT])
+def test_a_dump_or_export_on_a_full_disk_is_storage_full_and_keeps_the_old_file(tmp_path, code):
+    """`engramdb dump -o OUT` / `export -o OUT` on a full disk said "No space left on device"
+    with the hint "check the path and its permissions" (a raw OSError from the writer)."""
+    out = tmp_path / "out.aaak"
+    out.write_text("the previous dump\n")
+    with pytest.raises(StorageFullError) as err, store_mod.atomic_file(str(out), "w") as fh:
+        fh.write("part of a dump")
+        raise OSError(code, os.strerror(code))
+    assert "free disk space" in err.value.hint and str(out) in err.value.hint
+    assert out.read_text() == "the previous dump\n"
+    assert sorted(os.listdir(tmp_path)) == ["out.aaak"]  # no partial file left
