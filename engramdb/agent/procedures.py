@@ -318,7 +318,7 @@ class ProceduralGraph:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         if call_id is not None and (not isinstance(call_id, str) or not call_id):
             raise ValidationError("call_id must be a non-empty string or None")
-        call = storable(call_id or "")
+        call_key = storable(call_id or "")
         conv = serialize_conversation(serialized)
         calls = [call for turn in conv.turns for call in turn.tool_calls]
         tools = tuple(storable(call.name) for call in calls)
@@ -333,13 +333,13 @@ class ProceduralGraph:
 
         with self.db.transaction() as tx:
             rows = _Rows(tx.procedure_rows())
-            if call:
-                done = next((t for t in rows.trajectories if t.call == call), None)
+            if call_key:
+                done = next((t for t in rows.trajectories if t.call == call_key), None)
                 if done is not None:
                     return done.id
             seq = max((t.seq for t in rows.trajectories), default=0) + 1
             digest = hashlib.sha256(json.dumps([seq, tools, outcome, task]).encode()).hexdigest()[:12]
-            trajectory = Trajectory(f"t{seq:06d}-{digest}", seq, tools, errors, outcome, task, stamp, call)
+            trajectory = Trajectory(f"t{seq:06d}-{digest}", seq, tools, errors, outcome, task, stamp, call_key)
             tx.put_procedure_row(trajectory.row())
             for node in [ProcedureNode(START, "state", START), ProcedureNode(END, "state", END),
                          *(ProcedureNode(node_id(t), "action", t) for t in tools)]:
