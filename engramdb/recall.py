@@ -209,6 +209,24 @@ def _date_bonus(node: Node, dates: Sequence[QueryDate]) -> float:
     return max(q.proximity(nd) for q in dates)
 
 
+def as_int(value: object) -> int | None:
+    """``value`` as an int when it is an integer (NumPy's too, as pandas rows give them; not a
+    bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, np.integer) else None
+
+
+def as_real(value: object) -> float | None:
+    """``value`` when it is a real number (NumPy's as its Python value; not a bool), else None."""
+    if type(value) in (int, float):
+        return value  # type: ignore[return-value]
+    if isinstance(value, (np.integer, np.floating)):  # np.float64 is a float too: as Python's
+        real: float = value.item()
+        return real
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: bool = True,
            expand_query: bool = True, after: TimeBound | None = None, before: TimeBound | None = None,
            tiers: NameSet | None = None, tags: NameSet | None = None, any_tags: NameSet | None = None,
@@ -251,16 +269,19 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
     """
     if not isinstance(query, str):
         raise ValidationError("the query must be a string", hint=_ARGS_HINT)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValidationError("top_k must be a non-negative integer", hint=_ARGS_HINT)
+    top = as_int(top_k)
+    if top is None or top < 0:
+        raise ValidationError(f"top_k must be a non-negative integer, got {top_k!r}", hint=_ARGS_HINT)
+    top_k = top
     for name, switch in (("hops", hops), ("expand_query", expand_query), ("explain", explain), ("touch", touch)):
         if not isinstance(switch, (bool, np.bool_)):  # by truthiness, hops="no" would spread
             raise ValidationError(f"{name} must be True or False, got {switch!r}", hint=_ARGS_HINT)
     keep = Filter(after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
                   any_flags=any_flags, source=source)
-    if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
-            or not 0.0 <= min_relevance <= 1.0):
+    floor = as_real(min_relevance)
+    if floor is None or not 0.0 <= floor <= 1.0:
         raise ValidationError(f"min_relevance must be a number in [0, 1], got {min_relevance!r}", hint=_ARGS_HINT)
+    min_relevance = floor
     weights_of_fusion = check_fusion(fusion)
     if top_k == 0:
         return []
@@ -637,8 +658,10 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
         ValidationError: bad arguments, or a ``count_tokens`` that fails or returns
             something other than a non-negative int.
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ValidationError("max_tokens must be a non-negative integer", hint=_ARGS_HINT)
+    budget = as_int(max_tokens)
+    if budget is None or budget < 0:
+        raise ValidationError(f"max_tokens must be a non-negative integer, got {max_tokens!r}", hint=_ARGS_HINT)
+    max_tokens = budget
     if source is not None and not isinstance(source, str):
         raise ValidationError("source must be a string", hint=_ARGS_HINT)
     if source_text is not None and not isinstance(source_text, str):

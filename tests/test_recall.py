@@ -517,3 +517,22 @@ def test_recall_switches_must_be_booleans(make_db, option):
     import numpy as np
 
     assert [h.id for h in db.recall("hello", **{option: np.bool_(False)})] == ["a"]
+
+
+def test_recall_takes_numpy_numbers_for_its_counts_and_floor(make_db):
+    # top_k=np.int64(3) (a pandas row's value) was refused: "top_k must be a non-negative integer"
+    import numpy as np
+
+    from engramdb.agent import MemoryHooks
+
+    db = make_db()
+    db.add("hello world", id="a")
+    db.add("hello there", id="b")
+    want = [h.id for h in db.recall("hello", top_k=1, min_relevance=0.0)]
+    assert [h.id for h in db.recall("hello", top_k=np.int64(1), min_relevance=np.float32(0.0))] == want
+    assert db.recall_context("hello", max_tokens=np.int32(50)).text == db.recall_context("hello", max_tokens=50).text
+    hooks = MemoryHooks(db, top_k=np.int64(2), min_relevance=np.float64(0.0))
+    assert (type(hooks.top_k), type(hooks.min_relevance)) == (int, float)
+    for bad in ({"top_k": np.bool_(True)}, {"top_k": np.float64(1.0)}, {"min_relevance": np.bool_(False)}):
+        with pytest.raises(ValidationError):
+            db.recall("hello", **bad)

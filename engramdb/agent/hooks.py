@@ -15,7 +15,7 @@ from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..errors import DuplicateIdError, ValidationError
-from ..recall import Hit
+from ..recall import Hit, as_int, as_real
 from ..records import now_ts
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, live_candidates
 from .extract import Fact, extract_facts
@@ -55,11 +55,12 @@ class MemoryHooks:
                  min_relevance: float = DEFAULT_MIN_RELEVANCE, procedures: bool = True,
                  sleep_threshold: int | None = 50, summarizer: Summarizer | None = None,
                  tags: Sequence[str] = ("agent",)) -> None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        top, floor = as_int(top_k), as_real(min_relevance)  # NumPy's numbers too (a pandas row)
+        if top is None or top < 1:
             raise ValidationError("top_k must be a positive int")
-        if (isinstance(min_relevance, bool) or not isinstance(min_relevance, (int, float))
-                or not 0.0 <= min_relevance <= 1.0):
+        if floor is None or not 0.0 <= floor <= 1.0:
             raise ValidationError("min_relevance must be a number between 0 and 1 (hit.relevance's range)")
+        top_k, min_relevance = top, floor
         if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
             raise ValidationError("tags must be a list of tags, not a single string", hint='e.g. tags=["agent"]')
         tags = list(tags)
