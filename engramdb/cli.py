@@ -544,7 +544,9 @@ def cli() -> None:
     try:  # no core dumps: they would hold keys and plaintext
         import resource
 
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # the soft limit is what the kernel checks; the hard one is kept, so a process that
+        # runs the CLI in-process (tests, a notebook) can still let its own children dump
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     except (ImportError, ValueError, OSError):
         pass
 

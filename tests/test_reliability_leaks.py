@@ -52,10 +52,29 @@ def test_an_encrypted_dump_holds_none_of_the_words(tmp_path):
 def test_the_cli_turns_core_dumps_off(tmp_path):
     """A core dump of the CLI would hold the key and plaintext (reliability rule 61)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the child raises its soft limit as far as its hard one allows (an in-process CLI test run
+    # earlier in this worker used to lower the hard limit to 0, and this setrlimit then failed)
     script = ("import resource; from click.testing import CliRunner; from engramdb.cli import cli; "
-              "resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, resource.RLIM_INFINITY)); "
+              "hard = resource.getrlimit(resource.RLIMIT_CORE)[1]; "
+              "resource.setrlimit(resource.RLIMIT_CORE, (1 << 20 if hard == resource.RLIM_INFINITY else hard, hard)); "
+              "before = resource.getrlimit(resource.RLIMIT_CORE); "
               f"CliRunner().invoke(cli, ['--plaintext', 'info', {str(tmp_path / 'missing.engram')!r}]); "
-              "print(resource.getrlimit(resource.RLIMIT_CORE))")
+              "print(before[0] > 0 or before[1] == 0, resource.getrlimit(resource.RLIMIT_CORE) == (0, hard))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])})
-    assert out.stdout.strip() == "(0, 0)", out.stderr[-500:]
+    assert out.stdout.strip() == "True True", out.stderr[-500:]
+
+
+def test_the_cli_keeps_the_hard_core_limit(tmp_path):
+    """Regression: the CLI set the hard limit to 0 too, so once a test ran it in-process, a
+    child of the test process could no longer raise its soft limit (the test above failed
+    depending on which tests its worker ran first)."""
+    import resource
+
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    CliRunner().invoke(cli, ["--plaintext", "info", str(tmp_path / "missing.engram")])
+    assert resource.getrlimit(resource.RLIMIT_CORE) == (0, hard)
