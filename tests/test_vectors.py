@@ -328,7 +328,7 @@ def test_a_query_embedder_answering_other_than_one_row_is_an_embedding_error(mak
         assert exc.value.hint
     for answer in (np.array([[0, 1, 0]], np.float32), np.array([0, 1, 0], np.float32)):  # one row, or one vector
         db.set_embedder("s", lambda texts, answer=answer: answer)
-        assert db.recall("zzz", hops=0)[0].id == "b"
+        assert db.recall("zzz", hops=False)[0].id == "b"
 
 
 def test_add_space_with_a_non_callable_embedder_creates_nothing(make_db):
