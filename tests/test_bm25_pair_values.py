@@ -87,3 +87,17 @@ def test_pair_values_refuses_bad_input() -> None:
     for (out, groups), error, message in bad:
         with pytest.raises(error, match=message):
             NATIVE.pair_values(out, groups, 10.0, bm25.K1, bm25.B)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_docs=st.integers(1, 10**8), data=st.data())
+def test_idfs_of_a_query_are_the_scalar_idfs(n_docs: int, data: st.DataObject) -> None:
+    """The idfs of a query's terms in one numpy call (_Term.of after a commit) are the same
+    bits as each term's own (_idf, which idf_mass and ceiling use), wherever a term sits in
+    the batch: scores and ceilings must not depend on the path."""
+    dfs = data.draw(st.lists(st.integers(0, n_docs), min_size=0, max_size=12))
+    bm25._idf.cache_clear()
+    want = [bm25._idf(n_docs, df) for df in dfs]
+    got = bm25._idfs(n_docs, dfs)
+    assert [np.float64(v).tobytes() for v in got] == [np.float64(v).tobytes() for v in want]
+    assert all(isinstance(v, float) for v in got)

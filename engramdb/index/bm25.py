@@ -204,6 +204,19 @@ def _idf(n_docs: int, df: int) -> float:
     return float(np.log1p((n_docs - fdf + 0.5) / (fdf + 0.5)))
 
 
+def _idfs(n_docs: int, dfs: Sequence[int]) -> list[float]:
+    """:func:`_idf` of each of ``dfs``, the same floats: the same scalar operations for the
+    argument, then one ``np.log1p`` over them all (numpy's log1p loop computes each element
+    alone, so an element's bits do not depend on the array it is in; a test checks it against
+    :func:`_idf`). After a commit every query term's idf is new (N moved), and a numpy call
+    per term cost ~5 µs on the CPU a commit leaves cold."""
+    if len(dfs) <= 1:
+        return [_idf(n_docs, df) for df in dfs]
+    args = [(n_docs - fdf + 0.5) / (fdf + 0.5) for fdf in map(float, dfs)]
+    out: list[float] = np.log1p(np.array(args)).tolist()
+    return out
+
+
 def lucene_tf_part(tf: np.ndarray, dl: np.ndarray, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
     """The term-frequency factor ``tf / (tf + k1 * (1 - b + b * dl / avgdl))`` in float64."""
     tf = tf.astype(np.float64)
@@ -973,9 +986,10 @@ class _Term:
         memos = [p.memo.get((n_docs, total_len, w)) for p, w in found] if cached else [None] * len(found)
         if None in memos:
             groups: list[tuple[np.ndarray, np.ndarray, float, float]] = []
+            idfs = iter(_idfs(n_docs, [p.size for (p, _), memo in zip(found, memos) if memo is None]))
             for (p, w), memo in zip(found, memos):
                 if memo is None:
-                    idf = _idf(n_docs, p.size)
+                    idf = next(idfs)
                     if p.base.docnos.size:
                         groups.append((p.pairs.tf, p.pairs.dl, idf, w))
                     if p.delta.docnos.size:
