@@ -392,3 +392,47 @@ def test_an_encrypted_terronex_source_points_to_the_source_passphrase(tmp_path):
         assert "recovery" not in result.output
     ok = CliRunner().invoke(cli, ["import", str(src), str(store)], env={**ENV, "ENGRAM_SOURCE_PASSPHRASE": "tx-pw"})
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_resumed_import_writes_edges_as_they_come_once_their_ends_are_stored(tmp_path, monkeypatch):
+    """Every edge used to be held until the last memory was stored (~280 bytes each, ~263 MiB
+    a million); those whose ends are stored are written a batch at a time. The edges are
+    the same as a one-shot import's, and the missing one is still reported."""
+    import engramdb
+    from engramdb import backup
+    from engramdb.records import Edge, Node
+
+    nodes = [Node(id=f"n{i:03d}", content=f"memory {i}", created_at=1.0, last_accessed=1.0) for i in range(100)]
+    edges = [Edge(f"n{a:03d}", f"n{(a + k) % 80:03d}", "related", weight=(a % 9) / 8, created_at=1.0)
+             for k in (1, 2, 3) for a in range(80)]  # ends in the chunks written before the edges
+    late = [Edge(f"n{i:03d}", "n000", "related", created_at=1.0) for i in range(80, 100)]  # the last chunk's
+    before = Edge("n001", "old", "related", created_at=1.0)  # an end stored before this import
+    gone = Edge("n002", "nowhere", "related", created_at=1.0)
+    items = [*nodes, *edges[:120], before, gone, *late, *edges[120:]]
+    monkeypatch.setattr(backup, "RESTORE_BATCH", 50)
+    read, handed, held = [0], [0], []
+    real_put = backup._put_new_edges
+
+    def counting(items):
+        for item in items:
+            read[0] += isinstance(item, Edge)
+            yield item
+
+    def put(engram, batch):
+        held.append(read[0] - handed[0])
+        handed[0] += len(batch)
+        return real_put(engram, batch)
+
+    monkeypatch.setattr(backup, "_put_new_edges", put)
+    one, two = str(tmp_path / "one.engram"), str(tmp_path / "two.engram")
+    for path in (one, two):
+        with engramdb.open(path, encrypted=False) as db:
+            db.add("stored before", id="old")
+    with engramdb.open(one, encrypted=False) as db:
+        done = backup.import_resumable(db, counting(items), chunk=20)
+        got = sorted((e.src, e.dst, e.weight) for n in db for e in db.edges(n.id))
+    assert done.added == 100 and done.missing == [gone] and done.edges == len(items) - 100 - 1
+    assert max(held) <= 50 + len(late) + 2  # a batch, and the edges that wait for the last memory
+    with engramdb.open(two, encrypted=False) as db:
+        backup.import_records(db, [item for item in items if item is not gone])
+        assert got == sorted((e.src, e.dst, e.weight) for n in db for e in db.edges(n.id))
