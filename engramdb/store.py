@@ -542,6 +542,7 @@ class _Env:
         self.maint_fd: int | None = None
         self.maint_writable = False
         self.lock_fd: int | None = None
+        self.made_file = False  # this open created the data file
         # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
         # after each of its commits): a clean close records the file as clean only if it still
         # is that, so a change made by anyone else while the file was open is checked next time.
@@ -566,8 +567,25 @@ class _Env:
         except BaseException:
             if getattr(self, "env", None) is not None:
                 self.env.close()
+            if self.made_file:
+                self._remove_made_file()
             self._unlock(clean=False)
             raise
+
+    def _remove_made_file(self) -> None:
+        """Remove the data file this open created but could not set up (a full disk): it
+        holds no data yet, and left behind it would make the next open refuse it as empty
+        or truncated instead of creating it again."""
+        fd = self.lock_fd
+        if fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has opened it meanwhile
+        except OSError:
+            return
+        if _same_file(fd, self.path):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
     # -- locks -----------------------------------------------------------------------
     def _lock_file(self, readonly: bool, create: bool, deadline: float | None) -> bool:
@@ -606,6 +624,7 @@ class _Env:
                 os.close(fd)
                 raise
             self.lock_fd = fd
+            self.made_file = created
             self._open_maint(readonly)
             if alone:
                 self._first_opener(readonly, created)
@@ -641,7 +660,10 @@ class _Env:
         remove_if_abandoned(self.path + COMPACT_SUFFIX)
         remove_if_abandoned(self.path + RESTORE_SUFFIX, STORE_SIDECARS)
         if not readonly and self.maint_writable and self.maint_fd is not None:
-            os.pwrite(self.maint_fd, b"open ", 0)
+            try:
+                os.pwrite(self.maint_fd, b"open ", 0)
+            except OSError as exc:  # a full disk
+                raise _os_error(exc, f"cannot write {self.path}-maint") from None
 
     def _check_lock_sidecar(self, readonly: bool) -> None:
         """LMDB opens ``-lock`` itself (following links): check what is there, or create it

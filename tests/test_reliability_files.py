@@ -148,3 +148,30 @@ def test_a_dump_or_export_on_a_full_disk_is_storage_full_and_keeps_the_old_file(
     assert "free disk space" in err.value.hint and str(out) in err.value.hint
     assert out.read_text() == "the previous dump\n"
     assert sorted(os.listdir(tmp_path)) == ["out.aaak"]  # no partial file left
+
+
+def capped_create(emit, path: str, limit: int) -> None:
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so write() fails with EFBIG instead of killing us
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    try:
+        with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+            db.add("hello", id="h")
+        emit("created")
+    except StorageFullError:
+        emit("full")
+
+
+@pytest.mark.parametrize("limit", [0, 4096, 32768])
+def test_a_store_that_could_not_be_created_on_a_full_disk_is_created_by_the_next_open(fork_server, tmp_path, limit):
+    """With no space for a new store, open() raised a raw OSError (writing NAME-maint) or a
+    StorageFullError, and left an empty data file behind: every later open refused it as
+    "empty ... restore it from a dump or backup"."""
+    path = tmp_path / "new.engram"
+    lines, code, signum = fork_server.call("capped_create", str(path), limit)
+    assert (code, signum, lines) == (0, 0, ["full"])
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:  # space is back
+        db.add("hello", id="h")
+        assert db.verify() == []
