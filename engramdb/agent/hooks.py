@@ -22,7 +22,7 @@ from .extract import Fact, extract_facts
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
-from .text import content_words, overlap, scrub, storable
+from .text import content_words, negations, overlap, scrub, storable
 
 __all__ = ["MemoryHooks", "Extractor", "HEADER", "DEFAULT_MIN_RELEVANCE"]
 
@@ -133,9 +133,11 @@ class MemoryHooks:
         return facts[:3]
 
     def _is_duplicate(self, text: str) -> bool:
-        words = content_words(text)
+        words, negated = content_words(text), negations(text)
         for hit in self.db.recall(text, top_k=3, tiers=list(LIVE_TIERS)):
-            if overlap(words, content_words(hit.node.content)) >= DUPLICATE_OVERLAP:
+            # "not" is no content word: "Do not use X" after "Use X" is a new preference
+            if overlap(words, content_words(hit.node.content)) >= DUPLICATE_OVERLAP and \
+                    negations(hit.node.content) == negated:
                 return True
         return False
 
