@@ -356,7 +356,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
         if isinstance(item, Node):
             batch.append(item)
             if len(batch) >= RESTORE_BATCH:
-                count += len(db.add_many(batch))
+                count += len(_add_stored(db, batch))
                 batch = []
                 if progress:
                     progress(count)
@@ -367,7 +367,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
         else:
             procedures.append(item.data)
     if batch:
-        count += len(db.add_many(batch))
+        count += len(_add_stored(db, batch))
     if progress:
         progress(count)
 
@@ -393,6 +393,12 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
 
         db._store.write(put_edges)
     return count
+
+
+def _add_stored(db: Engram, nodes: list[Node]) -> list[str]:
+    """``db.add_many(nodes)`` of a dump's records, written as they were stored: archived
+    stubs keep their archive entries (their rows follow), which the write API refuses."""
+    return bulk.add_many(db._store, db._batched, nodes, None, as_stored=True)
 
 
 def import_records(engram: Engram, items: Iterable[Node | Edge | EntityTable], *, batch: int = RESTORE_BATCH,

@@ -19,7 +19,7 @@ from typing import Any, Protocol, cast
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from .errors import ValidationError
-from .records import Node, new_id, now_ts
+from .records import Node, check_written, new_id, now_ts
 from .store import Store, Txn
 
 __all__ = ["INGEST_CHUNK", "ChunkWriter", "add_many", "build", "build_many", "chunk_size", "import_many", "put_chunk"]
@@ -61,6 +61,13 @@ def build(item: Item, fields: Mapping[str, Any], now: float | None) -> Node:
     Raises:
         ValidationError: an unknown field, or an invalid value.
     """
+    node = _build(item, fields, now)
+    check_written(node)
+    return node
+
+
+def _build(item: Item, fields: Mapping[str, Any], now: float | None) -> Node:
+    """:func:`build` without its check_written."""
     if isinstance(item, Node):
         if fields:
             item = item.replace(**fields)
@@ -86,14 +93,28 @@ def _direct(item: dict[str, Any]) -> bool:
     return "id" in item and "created_at" in item and "last_accessed" in item and _NODE_FIELDS.issuperset(item)
 
 
-def build_many(items: Iterable[Item], now: float | None) -> list[Node]:
+def build_many(items: Iterable[Item], now: float | None, *, as_stored: bool = False) -> list[Node]:
     """``[build(item, {}, now) for item in items]``. A dict that gives the id and both
     timestamps and only node fields (a bulk load's records) goes to Node.from_fields as
     is; a batch of such dicts, to Node.plain_many first (one check per column).
 
+    ``as_stored``: the items are a dump's records, written as they were stored, without
+    :func:`~engramdb.records.check_written` (archive entries, tags an older engramdb took).
+
     Raises:
         ValidationError: as :func:`build`, for the first invalid item.
     """
+    nodes, plain = _build_many(items, now)
+    if not (as_stored or plain):  # a bulk load's plain records have no tags or metadata
+        for node in nodes:
+            if node.tags or node.metadata:  # what check_written looks at
+                check_written(node)
+    return nodes
+
+
+def _build_many(items: Iterable[Item], now: float | None) -> tuple[list[Node], bool]:
+    """:func:`build_many` without its check_written, and whether the nodes were a bulk
+    load's plain records (Node.plain_many's)."""
     seq = items if isinstance(items, list) else list(items)
     # the bulk load's records: one check of their columns (in C with the extension) and no
     # more passes over the rows. When plain_many declines them, they are built row by row
@@ -102,7 +123,7 @@ def build_many(items: Iterable[Item], now: float | None) -> list[Node]:
     if seq and type(seq[0]) is dict and _direct(seq[0]):
         plain = Node.plain_many(cast("list[dict[str, Any]]", seq))
         if plain is not None:
-            return plain
+            return plain, True
     elif seq and set(map(type, seq)) == {dict}:
         dicts = cast("list[dict[str, Any]]", seq)  # every item is a dict, checked just above
         keys = dicts[0].keys()
@@ -115,12 +136,12 @@ def build_many(items: Iterable[Item], now: float | None) -> list[Node]:
                     row["created_at"] = now_ts(now)
                 row.setdefault("last_accessed", row["created_at"])
                 rows.append(row)
-            return Node.from_fields_many(rows)
+            return Node.from_fields_many(rows), False
     nodes: list[Node] = []
     append = nodes.append
     for item in seq:
-        append(Node.from_fields(item) if type(item) is dict and _direct(item) else build(item, {}, now))
-    return nodes
+        append(Node.from_fields(item) if type(item) is dict and _direct(item) else _build(item, {}, now))
+    return nodes, False
 
 
 # --- sizing and the collector ---------------------------------------------------------
@@ -194,7 +215,7 @@ _gc_was_enabled = True
 def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float | None, *,
              chunk: int | None = None, before: Callable[[Txn], None] | None = None,
              after: Callable[[Txn], None] | None = None,
-             progress: Callable[[int], None] | None = None) -> list[str]:
+             progress: Callable[[int], None] | None = None, as_stored: bool = False) -> list[str]:
     """:meth:`Engram.add_many <engramdb.engram.Engram.add_many>`: one transaction, built,
     written and indexed ``chunk`` memories at a time (one BM25 segment each).
 
@@ -205,6 +226,7 @@ def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float |
         after: called with the transaction after the last memory is indexed, for what
             needs them stored (an import's edges).
         progress: called after each chunk with the number of memories written so far.
+        as_stored: the items are a dump's records (see :func:`build_many`).
 
     Raises:
         DuplicateIdError: an id exists already or repeats in ``items``.
@@ -219,7 +241,7 @@ def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float |
         ids: list[str] = []
         with batched(txn) as tx:
             for start in range(0, len(seq), size):
-                ids += tx.put_new_many(build_many(seq[start:start + size], now))
+                ids += tx.put_new_many(build_many(seq[start:start + size], now, as_stored=as_stored))
                 tx._end_chunk()  # this chunk's segment; its nodes can go
                 if progress is not None:
                     progress(len(ids))

@@ -27,7 +27,7 @@ from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError,
     ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, shown,
 )
-from .records import Edge, Node, now_ts
+from .records import Edge, Node, check_written, now_ts
 from .fusion import FusionWeights, check_fusion
 from .store import DEFAULT_TIMEOUT, TABLES, Store, Txn, structural_problems
 
@@ -1138,6 +1138,13 @@ class Transaction:
 
     def update(self, id: str, /, **changes: Any) -> Node:
         """As :meth:`Engram.update`, inside this transaction."""
+        return self._update(id, changes, True)
+
+    def update_stub(self, id: str, /, **changes: Any) -> Node:
+        """:meth:`update` that may set the reserved archive entry (``archive`` writing a stub)."""
+        return self._update(id, changes, False)
+
+    def _update(self, id: str, changes: dict[str, Any], checked: bool) -> Node:
         if "id" in changes and changes["id"] != id:
             raise ValidationError("a memory's id cannot change", hint="add a new memory and delete the old one")
         docno = self._docno(id)
@@ -1148,6 +1155,8 @@ class Transaction:
         if unknown:
             raise ValidationError(f"unknown memory fields: {', '.join(sorted(unknown))}")
         new = old.replace(**changes)
+        if checked and ("tags" in changes or "metadata" in changes):
+            check_written(new, old)
         if old.archived and "metadata" in changes:  # new metadata keeps the memory archived
             from .maintenance.archive import keep_entry
 

@@ -37,8 +37,9 @@ from .errors import (
     ModeMismatchError,
     ValidationError,
     WrongPassphraseError,
+    shown,
 )
-from .records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Edge, Node, now_ts
+from .records import ALL_EMOTIONS, ALL_FLAGS, ARCHIVE_KEY, TIERS, Edge, Node, now_ts
 
 __all__ = [
     "ImportItem",
@@ -374,14 +375,24 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
     Returns:
         The number of lines written.
 
+    An archived memory's stub (``db.scan()`` gives them) is refused unless it was archived
+    with truncation (it has no original): its line would lose the text past the preview and
+    import as a memory ``verify`` reports as damaged. Pass the memory as it was before
+    archiving, as ``engramdb export`` does:
+    ``export_jsonl((db.get(n.id, full=True) if n.archived else n for n in db.scan()), fp)``.
+
     Raises:
-        ValidationError: something that is not a Node.
+        ValidationError: something that is not a Node, or a stub of a non-truncating archive
+            (the lines before it are written).
     """
     binary = isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", "")
     count = 0
     for node in nodes:
         if not isinstance(node, Node):
             raise ValidationError(f"export_jsonl takes Node objects, got {type(node).__name__}")
+        if node.archived and node.metadata[ARCHIVE_KEY].get("truncated") is not True:
+            raise ValidationError(f"memory {shown(node.id)} is an archived stub; its line would lose the archived text",
+                                  hint="export db.get(id, full=True) for an archived memory, as `engramdb export` does")
         chosen = space if space is not None else (sorted(node.embeddings)[0] if node.embeddings else None)
         vec = node.embeddings.get(chosen) if chosen is not None else None
         block = node.to_dict()

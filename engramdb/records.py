@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import _accel
-from .errors import EmbeddingError, ValidationError
+from .errors import EmbeddingError, ValidationError, shown
 
 __all__ = [
     "TIERS",
@@ -34,6 +34,7 @@ __all__ = [
     "CompressResult",
     "new_id",
     "now_ts",
+    "check_written",
     "STORED",
 ]
 
@@ -368,6 +369,53 @@ class Node:
         if unknown:
             raise ValidationError(f"unknown node fields: {', '.join(sorted(unknown))}")
         return cls(**dict(data))
+
+
+def check_written(node: Node, old: Node | None = None) -> None:
+    """Refuse what the write API must not store (``add``, ``add_many``, ``import_many``,
+    an import, and ``update`` with ``old`` the stored record), though a stored record may
+    hold it: reading runs the field checks too, so these are no field checks, and a
+    restore writes a dump's records without them.
+
+    - An empty or blank tag (one that ``old`` has already may stay).
+    - The reserved metadata entry ``engramdb.archive`` (:data:`ARCHIVE_KEY`), which only
+      engramdb's archive writes: one set by hand claims an archived original that does not
+      exist, and ``verify`` reports the memory as damaged. An update may keep ``old``'s
+      entry as it is; a new memory may carry a truncated archive's (``truncated: true``,
+      tier ``archive``: no original exists), which an export writes for such a memory.
+
+    Raises:
+        ValidationError: a blank tag, or an archive entry other than those.
+    """
+    tags = node.tags
+    if tags:
+        kept = old.tags if old is not None else ()
+        for tag in tags:
+            if not tag.strip() and tag not in kept:
+                raise ValidationError(f"memory {shown(node.id)} has an empty or blank tag ({tag!r})",
+                                      hint="leave the empty tag out")
+    metadata = node.metadata
+    if not metadata or ARCHIVE_KEY not in metadata:
+        return
+    entry = metadata[ARCHIVE_KEY]
+    if old is not None:
+        if old.metadata.get(ARCHIVE_KEY) == entry:  # a stub's entry kept by a metadata update
+            return
+    elif _truncated_entry(entry) and node.tier == "archive":
+        return
+    raise ValidationError(
+        f"memory {shown(node.id)}: the metadata key {ARCHIVE_KEY!r} is reserved for engramdb's archive",
+        hint="rename the key, and use archive(id) to archive; to copy an archived memory, add get(id, full=True) "
+             "(an old export's stub: drop the key from its line to import the preview)")
+
+
+def _truncated_entry(entry: Any) -> bool:
+    """Whether ``entry`` is the archive entry of a truncated archive, as archive writes it."""
+    if not isinstance(entry, Mapping) or sorted(entry) != ["length", "tier", "truncated"]:
+        return False
+    length = entry["length"]
+    return entry["truncated"] is True and entry["tier"] in TIERS and \
+        not isinstance(length, bool) and isinstance(length, int) and length >= 0
 
 
 NODE_FIELDS = tuple(f.name for f in fields(Node))

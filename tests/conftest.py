@@ -131,6 +131,7 @@ def postings_to_term_first(txn) -> None:
 
 _text = st.text(max_size=40)
 _texts = st.lists(_text, max_size=5)
+_tags = st.lists(_text.filter(str.strip), max_size=5)  # the write API refuses an empty or blank tag
 _floats = st.floats(allow_nan=False, allow_infinity=False)
 _f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), _floats, _text,
@@ -157,7 +158,7 @@ def nodes(draw) -> Node:
         source_end=draw(st.none() | st.integers(0, 2**63 - 1)),
         resolved_date=draw(st.none() | _text), tier=draw(st.sampled_from(TIERS)),
         importance=draw(st.floats(0, 1)), created_at=draw(_floats), last_accessed=draw(_floats),
-        access_count=draw(st.integers(0, 2**63 - 1)), pinned=draw(st.booleans()), tags=draw(_texts),
+        access_count=draw(st.integers(0, 2**63 - 1)), pinned=draw(st.booleans()), tags=draw(_tags),
         source=draw(_text), metadata=draw(st.dictionaries(_text, metadata_values, max_size=5)),
         embeddings=draw(st.dictionaries(st.text(min_size=1, max_size=10),
                                         st.lists(_f32, min_size=1, max_size=16), max_size=2)),

@@ -34,7 +34,7 @@ def stores(draw):
     nodes = []
     for id_ in ids:
         nodes.append(dict(
-            id=id_, content=draw(text), tags=draw(st.lists(text, max_size=3)), quote=draw(text),
+            id=id_, content=draw(text), tags=draw(st.lists(text.filter(str.strip), max_size=3)), quote=draw(text),
             weight=draw(finite), importance=draw(st.floats(0, 1)), created_at=draw(finite), last_accessed=draw(finite),
             access_count=draw(st.integers(0, 2**40)), pinned=draw(st.booleans()),
             tier=draw(st.sampled_from(engramdb.TIERS)), source=draw(text),

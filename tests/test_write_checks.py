@@ -1,0 +1,205 @@
+"""What the write API refuses though a stored record may hold it (records.check_written): the
+reserved archive entry set by hand, and empty or blank tags; and export_jsonl of a stub."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import engramdb
+from engramdb.cli import cli
+from engramdb.engram import Transaction
+from engramdb.errors import ValidationError
+from engramdb.importers import export_jsonl, iter_jsonl
+from engramdb.records import ARCHIVE_KEY, Node
+
+from conftest import PASSPHRASE, TEST_KDF
+
+ENV = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+LONG = "Alice moved to Berlin in 2023 to start a new job. " * 10
+ENTRY = {"length": 13, "tier": "hot", "truncated": False}
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, list(args), env=ENV, catch_exceptions=False)
+
+
+def _init(path):
+    assert _run("init", str(path), "--kdf", "t=1,m=8,p=1").exit_code == 0
+
+
+def _archived(db, now):
+    """A memory archived whole ("kept"), one archived with truncation ("cut"), one live."""
+    db.add(LONG, id="kept", tags=["people"], now=now)
+    db.add(LONG, id="cut", now=now)
+    db.add("short and live", id="live", now=now)
+    db.archive("kept")
+    db.archive("cut", truncate=True)
+
+
+# --- the reserved archive entry -------------------------------------------------------
+
+def test_update_refuses_the_reserved_archive_entry(tmp_engram, now):
+    # it made a live memory a "stub" whose archive row did not exist: verify reported damage
+    db = tmp_engram
+    db.add("a live memory", id="m", now=now)
+    with pytest.raises(ValidationError, match="reserved") as err:
+        db.update("m", metadata={ARCHIVE_KEY: ENTRY})
+    assert "archive(id)" in err.value.hint
+    with pytest.raises(ValidationError, match="reserved"), db.transaction() as tx:
+        tx.update("m", metadata={"k": 1, ARCHIVE_KEY: {**ENTRY, "truncated": True}})
+    assert not db.get("m").archived and db.verify() == []
+
+
+@pytest.mark.parametrize("how", ["add", "add_node", "add_many", "import_many", "transaction"])
+def test_new_memories_refuse_the_reserved_archive_entry(tmp_engram, now, how):
+    db = tmp_engram
+    item = {"id": "m", "content": "a live memory", "metadata": {ARCHIVE_KEY: ENTRY}}
+    with pytest.raises(ValidationError, match="reserved"):
+        if how == "add":
+            db.add(**item, now=now)
+        elif how == "add_node":
+            db.add(Node(**item, created_at=now, last_accessed=now))
+        elif how == "add_many":
+            db.add_many([{"id": "ok", "content": "fine"}, item], now=now)
+        elif how == "import_many":
+            db.import_many([item], now=now)
+        else:
+            with db.transaction() as tx:
+                tx.add(item, now=now)
+    assert len(db) == 0 and db.verify() == []
+
+
+def test_a_stub_keeps_its_entry_through_metadata_updates_and_archive_still_works(tmp_engram, now):
+    db = tmp_engram
+    _archived(db, now)
+    stub = db.get("kept")
+    db.update("kept", metadata={**stub.metadata, "k": 1})  # the stub's own entry, kept as it is
+    db.update("kept", metadata={"k": 2})  # left out: kept (spec/maintenance.md, "Archive")
+    assert db.get("kept").archived
+    with pytest.raises(ValidationError, match="reserved"):  # changed: refused
+        db.update("kept", metadata={ARCHIVE_KEY: {**stub.metadata[ARCHIVE_KEY], "length": 1}})
+    assert db.verify() == []
+    restored = db.unarchive("kept")
+    assert restored.content == LONG and restored.metadata == {"k": 2}
+    db.archive("kept")
+    assert db.get("kept").archived and db.verify() == []
+
+
+def test_copying_a_store_in_python_keeps_archived_memories(make_db, now):
+    # a truncated archive's stub (no original exists) may be added; a whole one is added as
+    # get(id, full=True), which the hint says
+    src, dst = make_db("a.engram"), make_db("b.engram")
+    _archived(src, now)
+    with pytest.raises(ValidationError, match="reserved") as err:
+        dst.add_many(list(src.scan()))
+    assert "full=True" in err.value.hint
+    dst.add_many([src.get(n.id, full=True) for n in src.scan()])
+    assert dst.get("kept").content == LONG and not dst.get("kept").archived
+    assert dst.get("cut").archived and dst.get("cut").metadata[ARCHIVE_KEY]["truncated"] is True
+    assert dst.verify() == []
+
+
+def test_a_dump_with_archived_memories_restores(make_db, tmp_path, now):
+    src = make_db("a.engram")
+    _archived(src, now)
+    buf = io.StringIO()
+    src.dump(buf)
+    buf.seek(0)
+    assert engramdb.restore(buf, tmp_path / "r.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) == 3
+    with engramdb.open(tmp_path / "r.engram", passphrase=PASSPHRASE) as db:
+        assert db.get("kept").archived and db.get("kept", full=True).content == LONG
+        assert db.get("cut").archived and db.verify() == []
+
+
+def test_cli_update_metadata_refuses_the_reserved_entry(tmp_path):
+    f = tmp_path / "a.engram"
+    _init(f)
+    assert _run("add", str(f), "a live memory", "--id", "m").exit_code == 0
+    result = _run("update", str(f), "m", "--metadata", json.dumps({ARCHIVE_KEY: ENTRY}))
+    assert result.exit_code != 0 and "reserved" in result.output
+    assert _run("verify", str(f)).output.strip() == "ok"
+
+
+def test_cli_import_of_an_old_export_with_stubs_is_refused_not_damaged(tmp_path, now):
+    # an export written before 5b67b1f (or by export_jsonl of db.scan()) has whole archives as
+    # stubs: importing it made memories verify called damaged
+    f = tmp_path / "b.engram"
+    _init(f)
+    stub = Node(id="kept", content=LONG[:200] + "...", tier="archive", created_at=now, last_accessed=now,
+                metadata={ARCHIVE_KEY: {"length": len(LONG), "tier": "hot", "truncated": False}})
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps(_line(stub)) + "\n")
+    result = _run("import", str(old), str(f))
+    assert result.exit_code != 0 and "reserved" in result.output
+    assert _run("verify", str(f)).output.strip() == "ok"
+    # what the hint says: without the key, the preview imports as a live memory
+    line = _line(stub)
+    del line["metadata"][ARCHIVE_KEY], line["engramdb"]
+    old.write_text(json.dumps(line) + "\n")
+    assert _run("import", str(old), str(f)).exit_code == 0
+    assert _run("verify", str(f)).output.strip() == "ok"
+
+
+def _line(node: Node) -> dict:
+    """The JSONL line export_jsonl writes for ``node``, written without its refusal."""
+    buf = io.StringIO()
+    export_jsonl([node.replace(metadata={})], buf)
+    line = json.loads(buf.getvalue())
+    line["metadata"] = dict(node.metadata)
+    line["tier"] = line["engramdb"]["node"]["tier"] = node.tier
+    return line
+
+
+def test_export_jsonl_refuses_a_stub_and_exports_what_the_cli_exports(make_db, now):
+    # export_jsonl(db.scan()) wrote the stub: the text past the preview was lost
+    db = make_db()
+    _archived(db, now)
+    with pytest.raises(ValidationError, match="archived stub") as err:
+        export_jsonl(db.scan(), io.StringIO())
+    assert "full=True" in err.value.hint
+    buf = io.StringIO()
+    assert export_jsonl((db.get(n.id, full=True) if n.archived else n for n in db.scan()), buf) == 3
+    back = {node.id: node for node in iter_jsonl(io.StringIO(buf.getvalue()))}
+    assert back["kept"] == db.get("kept", full=True) and back["kept"].content == LONG
+    assert back["cut"] == db.get("cut")  # truncated: the stub is all there is
+    other = make_db("b.engram")
+    other.add_many(list(back.values()))
+    assert other.verify() == []
+
+
+# --- empty and blank tags -------------------------------------------------------------
+
+@pytest.mark.parametrize("tag", ["", " ", "\t\n"])
+def test_empty_or_blank_tags_are_refused(tmp_engram, now, tag):
+    db = tmp_engram
+    with pytest.raises(ValidationError, match="empty or blank tag"):
+        db.add("x", tags=["people", tag], now=now)
+    with pytest.raises(ValidationError, match="empty or blank tag"):
+        db.add_many([{"id": "a", "content": "x", "tags": [tag]}], now=now)
+    with pytest.raises(ValidationError, match="empty or blank tag"):
+        db.import_many([{"id": "a", "content": "x", "tags": [tag]}], now=now)
+    db.add("x", id="m", tags=["people"], now=now)
+    with pytest.raises(ValidationError, match="empty or blank tag"):
+        db.update("m", tags=["people", tag])
+    assert db.get("m").tags == ("people",) and len(db) == 1
+
+
+def test_a_blank_tag_stored_before_may_stay(tmp_engram, now):
+    # written below the write API, as an older engramdb stored it: updates still work
+    db = tmp_engram
+    with db.transaction() as tx:
+        Transaction.put_new(tx, Node(id="m", content="x", tags=("", "a"), created_at=now, last_accessed=now))
+    db.update("m", tags=("", "a", "b"), importance=0.9)
+    assert db.get("m").tags == ("", "a", "b")
+
+
+def test_cli_tag_refuses_an_empty_tag(tmp_path):
+    f = tmp_path / "a.engram"
+    _init(f)
+    assert _run("add", str(f), "x", "--id", "m", "--tag", "people").exit_code == 0
+    result = _run("tag", str(f), "m", "")
+    assert result.exit_code != 0 and "empty or blank tag" in result.output
+    assert json.loads(_run("get", str(f), "m", "--json").output)["tags"] == ["people"]
