@@ -633,6 +633,10 @@ class Engram:
                 tx.update(counter_id, access_count=node.access_count + 1)
 
         Reads inside see the transaction's own writes; the writer lock is held for the block.
+        The handle's own writes (``db.add``, ``db.update``, ``db.rekey``, ...) called inside
+        the block join it. :meth:`compact`, :meth:`maintain` and :meth:`forget` commit by
+        themselves and raise :class:`~engramdb.errors.ValidationError` inside it: call them
+        after the block.
         """
         with self._store.transaction() as txn, self._batched(txn) as tx:
             yield tx
