@@ -308,7 +308,7 @@ class Engram:
         With the built-in model (the default, a hashed TF-IDF embedder that needs no
         download), ``auto`` defaults to True: every memory gets a vector from its text.
         ``embedder`` (a callable ``list[str] -> float32 array``) embeds queries in this
-        space for this handle.
+        space for this handle; a space of the built-in model takes none.
 
         Raises:
             EmbeddingError: bad settings.
@@ -319,14 +319,19 @@ class Engram:
         space = EmbeddingSpace(name=name, model=model, dims=dims, normalize=normalize,
                                auto=(model == HASHED_MODEL) if auto is None else auto)
         if embedder is not None:
-            check_embedder(name, embedder)  # before the space is written: a bad call changes nothing
+            check_embedder(name, embedder, model)  # before the space is written: a bad call changes nothing
         self._store.write(lambda txn: self.indexes.add_space(txn, space))
         if embedder is not None:
-            self.indexes.vectors.set_embedder(name, embedder)
+            self.indexes.vectors.set_embedder(name, embedder, model)
 
     def set_embedder(self, space: str, embedder: Embedder) -> None:
-        """Use ``embedder`` (``list[str] -> float32 array``) for queries in ``space`` on this handle."""
-        self.indexes.vectors.set_embedder(space, embedder)
+        """Use ``embedder`` (``list[str] -> float32 array``) for queries in ``space`` on this handle.
+
+        Raises:
+            EmbeddingError: ``embedder`` is not callable, or ``space`` uses the built-in model.
+        """
+        known = self.spaces().get(space)
+        self.indexes.vectors.set_embedder(space, embedder, known.model if known is not None else None)
 
     def spaces(self) -> dict[str, EmbeddingSpace]:
         """The file's embedding spaces by name."""

@@ -339,18 +339,41 @@ def test_add_space_with_a_non_callable_embedder_creates_nothing(make_db):
     assert "s" not in db.spaces()
 
 
+def _swap_builtin(db, space, embedder):
+    """Stand in for the built-in embedder of ``space`` on this handle (a model that misbehaves:
+    set_embedder refuses a built-in space), to reach the checks on what an embedder returns."""
+    db.indexes.vectors._embedders[space] = embedder
+
+
+def test_a_builtin_space_takes_no_embedder(make_db):
+    # regression (found by rel): an embedder set on a built-in space wrote this handle's auto
+    # vectors with it, while every other handle embeds with the built-in model, so their
+    # verify() reported the rows as damaged
+    db = make_db()
+    fn = lambda texts: np.ones((len(texts), 2), np.float32)  # noqa: E731
+    with pytest.raises(EmbeddingError, match="built-in model") as exc:
+        db.add_space("s", dims=2, embedder=fn)
+    assert exc.value.hint and "s" not in db.spaces()
+    db.add_space("s", dims=2)
+    with pytest.raises(EmbeddingError, match="built-in model"):
+        db.set_embedder("s", fn)
+    db.add_space("m", dims=2, model="my-model", embedder=fn)  # a model of the user's: taken
+    db.set_embedder("m", fn)
+
+
 def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make_db):
     # 92498d3 fixed this for queries only: adding to an auto space raised NumPy's raw ValueError
     db = make_db()
-    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add_space("s", dims=2, auto=True)
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))
     db.add("first", id="a")
-    db.set_embedder("s", lambda texts: [["x", "y"]] * len(texts))
+    _swap_builtin(db, "s", lambda texts: [["x", "y"]] * len(texts))
     with pytest.raises(EmbeddingError) as exc:
         db.add("hello", id="b")
     assert exc.value.hint
     with pytest.raises(EmbeddingError):
         db.add_many([{"id": "c", "content": "hello"}, {"id": "d", "content": "there"}])
-    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
     assert db.ids() == ["a"] and db.verify() == []
     assert [h.id for h in db.recall("first")] == ["a"]
 
@@ -359,34 +382,36 @@ def test_an_auto_space_embedder_returning_the_wrong_number_of_rows_is_an_embeddi
     # one row for two texts went to the first memory and the second got none (silently); a
     # 1-D array raised NumPy's AxisError; three rows for two texts an IndexError
     db = make_db()
-    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add_space("s", dims=2, auto=True)
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))
     db.add("first", id="a")
     for embedder in (lambda texts: np.ones((1, 2), np.float32), lambda texts: np.ones(2, np.float32),
                      lambda texts: np.ones((len(texts) + 1, 2), np.float32)):
-        db.set_embedder("s", embedder)
+        _swap_builtin(db, "s", embedder)
         with pytest.raises(EmbeddingError) as exc:
             db.add_many([{"id": "b", "content": "hello"}, {"id": "c", "content": "there"}])
         assert "for 2 texts" in exc.value.message and exc.value.hint
-    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
     assert db.ids() == ["a"] and db.verify() == []
 
 def test_an_error_inside_the_embedder_propagates_unchanged(make_db):
     # embed_query wrapped the call itself, so a bug in the user's model was reported as
     # "did not return numbers" and its traceback dropped
     db = make_db()
-    db.add_space("s", dims=2, auto=True, embedder=lambda texts: np.ones((len(texts), 2), np.float32))
+    db.add_space("s", dims=2, auto=True)
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))
     db.add("first", id="a")
 
     def broken(texts):
         raise ValueError("model shape mismatch")
 
-    db.set_embedder("s", broken)
+    _swap_builtin(db, "s", broken)
     for call in (lambda: db.recall("first"), lambda: db.add("hello", id="b")):
         with pytest.raises(ValueError, match="model shape mismatch") as exc:
             call()
         assert not isinstance(exc.value, EmbeddingError)
         assert exc.traceback[-1].name == "broken"
-    db.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
+    _swap_builtin(db, "s", lambda texts: np.ones((len(texts), 2), np.float32))  # verify re-embeds
     assert db.ids() == ["a"] and db.verify() == []
 
 

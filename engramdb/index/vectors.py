@@ -492,12 +492,19 @@ def _frozen_row(row: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_embedder(name: str, embedder: object) -> None:
-    """Raise EmbeddingError unless ``embedder``, for space ``name``, is callable (it would fail
-    at the first query)."""
+def check_embedder(name: str, embedder: object, model: str | None = None) -> None:
+    """Raise EmbeddingError unless ``embedder``, for space ``name`` of ``model`` (None: not
+    known yet), is callable (it would fail at the first query) and the space's model is not
+    the built-in one: every handle embeds a built-in space with engramdb's own embedder, so
+    one handle's embedder there wrote vectors the others (and their ``verify``) disagree with."""
     if not callable(embedder):
         raise EmbeddingError(f"the embedder of space {name!r} must be callable, got {type(embedder).__name__}",
                              hint="pass a function from a list of texts to a float32 array (n, dims)")
+    if model == HASHED_MODEL:
+        raise EmbeddingError(f"space {name!r} uses the built-in model {HASHED_MODEL}: every handle embeds it "
+                             "with engramdb's own embedder, so it takes no embedder",
+                             hint="for your own model, add a space named after it: "
+                                  "add_space(name, dims=..., model='your-model', embedder=fn)")
 
 
 class VectorIndex:
@@ -574,13 +581,15 @@ class VectorIndex:
         txn.put("meta", SPACES_KEY, msgpack.packb({n: s.to_dict() for n, s in sorted(spaces.items())},
                                                   use_bin_type=True))
 
-    def set_embedder(self, name: str, embedder: Callable[[list[str]], np.ndarray]) -> None:
-        """Register the embedder used for queries (and auto vectors) in space ``name``.
+    def set_embedder(self, name: str, embedder: Callable[[list[str]], np.ndarray], model: str | None = None) -> None:
+        """Register the embedder used for queries (and auto vectors) in space ``name``, of
+        ``model`` when the space exists.
 
         Raises:
-            EmbeddingError: ``embedder`` is not callable (it would fail at the first query).
+            EmbeddingError: ``embedder`` is not callable (it would fail at the first query),
+                or the space's model is the built-in one.
         """
-        check_embedder(name, embedder)
+        check_embedder(name, embedder, model)
         self._embedders[name] = embedder
 
     def embedder(self, space: EmbeddingSpace) -> Callable[[list[str]], np.ndarray] | None:
