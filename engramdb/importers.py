@@ -275,6 +275,9 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
         fields["content"] = obj.get("content", "")
         fields["metadata"] = obj.get("metadata") or {}
         fields["id"] = id_prefix + str(fields.get("id", ""))
+        stored = fields.get("tags")
+        if isinstance(stored, list):  # blank tags an older engramdb stored, which the write API refuses
+            fields["tags"] = [t for t in stored if not isinstance(t, str) or t.strip()]
         return Node.from_dict(fields)
     mem_id = obj.get("id")
     if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
@@ -308,7 +311,8 @@ def iter_jsonl(
     ``source``, ``metadata`` map to the node fields of the same meaning; ``createdAt`` /
     ``lastAccessed`` are ISO 8601 strings (or JavaScript milliseconds); ``embedding`` goes
     into the space ``space``. Blank lines are skipped. Lines written by
-    :func:`export_jsonl` are restored exactly.
+    :func:`export_jsonl` are restored exactly, but for blank tags (an older
+    engramdb stored them; the write API refuses them), which are left out.
 
     Raises:
         ImportFormatError: a line that is not JSON, is too long, or is not a valid Memory

@@ -203,3 +203,23 @@ def test_cli_tag_refuses_an_empty_tag(tmp_path):
     result = _run("tag", str(f), "m", "")
     assert result.exit_code != 0 and "empty or blank tag" in result.output
     assert json.loads(_run("get", str(f), "m", "--json").output)["tags"] == ["people"]
+
+
+def test_an_export_of_a_store_with_a_blank_tag_imports(tmp_path, now):
+    # a store an older engramdb wrote may hold blank tags: `engramdb export` then `engramdb
+    # import` (moving memories to a new file) refused the whole export; the blank tags, which
+    # say nothing, are left out and everything else comes over
+    src = engramdb.open(tmp_path / "a.engram", create=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with src.transaction() as tx:
+        Transaction.put_new(tx, Node(id="m", content="x", tags=("", "a", " "), created_at=now, last_accessed=now))
+    buf = io.StringIO()
+    export_jsonl(src.scan(), buf)
+    src.close()
+    (node,) = iter_jsonl(buf.getvalue())
+    assert node.tags == ("a",)
+    f = tmp_path / "e.jsonl"
+    f.write_text(buf.getvalue())
+    _init(tmp_path / "c.engram")
+    result = _run("import", str(f), str(tmp_path / "c.engram"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(_run("get", str(tmp_path / "c.engram"), "m", "--json").output)["tags"] == ["a"]
