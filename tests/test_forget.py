@@ -244,3 +244,22 @@ def test_forget_says_the_memories_were_removed_when_the_compaction_fails(make_db
     assert "x" not in db
     monkeypatch.undo()
     db.compact()
+
+
+def test_forget_by_query_keeps_a_memory_whose_negation_differs_in_the_built_in_space(make_db, now):
+    # the built-in space drops stop words such as "not": both memories scored 1 against either
+    # query, so forgetting "Alice will come to the party" also took its negation (and vice versa)
+    db = make_db()
+    db.add_space("h", dims=256)
+    db.add("Alice will come to the party", id="yes", now=now)
+    db.add("Alice will not come to the party", id="no", now=now)
+    db.add("tax returns are due in april", id="t", now=now)
+    with db._store.read() as txn:  # the blind spot is real: the vectors are equal
+        vec = db.indexes.vectors.embed_query
+        assert float(vec(txn, "h", "Alice will come to the party") @
+                     vec(txn, "h", "Alice will not come to the party")) > 0.999
+    assert db.forget(query="Alice will come to the party", threshold=0.9, dry_run=True).ids == ("yes",)
+    assert db.forget(query="Alice will not come to the party", threshold=0.9).ids == ("no",)
+    assert sorted(db.ids()) == ["t", "yes"]
+    assert db.forget(query="alice will come to the party", threshold=0.9).ids == ("yes",)  # an ordinary match
+    assert list(db.ids()) == ["t"]

@@ -172,3 +172,15 @@ def test_an_embedder_that_fails_on_the_originals_is_a_validation_error(make_db, 
         db.forget(query="note", dry_run=True)
     assert "archived originals" in exc.value.message and exc.value.hint
     assert len(db) == 2
+
+
+def test_an_archived_original_whose_negation_differs_is_not_chosen_in_the_built_in_space(make_db, now):
+    db = make_db()
+    db.add_space("h", dims=256, auto=True)
+    db.add({"id": "yes", "content": FILLER + " Alice will come to the party"}, now=now)
+    db.add({"id": "no", "content": FILLER + " Alice will never come to the party"}, now=now)
+    db.archive("yes")
+    db.archive("no")
+    assert "party" not in db.get("no").content  # chosen, if at all, by its original
+    assert db.forget(query="Alice will come to the party", threshold=0.2, dry_run=True).ids == ("yes",)
+    assert db.forget(query="Alice will never come to the party", threshold=0.2, dry_run=True).ids == ("no",)

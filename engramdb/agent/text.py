@@ -5,6 +5,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from ..index.tokenize import negations  # shared with forget(query=)
+
 __all__ = ["content_words", "negations", "overlap", "scrub", "has_noise", "storable"]
 
 # A word: letters and digits of any script (not only ASCII: a Cyrillic or CJK fact has words
@@ -123,24 +125,6 @@ def storable(text: str) -> str:
 def content_words(text: str) -> set[str]:
     """Lowercased (NFKC) words of ``text`` without stopwords and one-letter words."""
     return {w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower()) if len(w) > 1 and w not in STOPWORDS}
-
-
-# Negation words: "not" is a stopword, so two facts that differ only in it have the same
-# content words ("Use argparse" / "Do not use argparse"). Contractions count as "not".
-_NEGATION_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
-NEGATIONS = frozenset("not no never nor neither none nothing nobody nowhere without cannot".split())
-
-
-def negations(text: str) -> tuple[str, ...]:
-    """The negation words of ``text``, sorted (lowercased NFKC; ``don't``, ``can't``, ...
-    and ``cannot`` as ``not``): facts whose negations differ say different things."""
-    found = []
-    for word in _NEGATION_WORD.findall(unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")):
-        if word.endswith("n't") or word == "cannot":
-            found.append("not")
-        elif word in NEGATIONS:
-            found.append(word)
-    return tuple(sorted(found))
 
 
 def overlap(a: set[str], b: set[str]) -> float:

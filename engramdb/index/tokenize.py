@@ -29,9 +29,11 @@ from ..errors import ConfigMismatchError, ValidationError
 
 __all__ = [
     "LUCENE_EN_STOPWORDS",
+    "NEGATIONS",
     "STOPWORD_SETS",
     "TOKEN_PATTERN",
     "Tokenizer",
+    "negations",
     "stemming_available",
 ]
 
@@ -39,6 +41,25 @@ TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 _NormalForm = Literal["NFC", "NFD", "NFKC", "NFKD"]
 _FAST_PATTERN = r"\w\w+"
 SETTINGS_VERSION = 1
+
+# Negation words: "not" is a stopword, so two texts that differ only in it have the same
+# terms ("Use argparse" / "Do not use argparse"), hence the same built-in vector. Used by
+# the agent's fact dedupe and by forget(query=). Contractions count as "not".
+_NEGATION_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+NEGATIONS = frozenset("not no never nor neither none nothing nobody nowhere without cannot".split())
+
+
+def negations(text: str) -> tuple[str, ...]:
+    """The negation words of ``text``, sorted (lowercased NFKC; ``don't``, ``can't``, ...
+    and ``cannot`` as ``not``): texts whose negations differ say different things."""
+    found = []
+    for word in _NEGATION_WORD.findall(unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")):
+        if word.endswith("n't") or word == "cannot":
+            found.append("not")
+        elif word in NEGATIONS:
+            found.append(word)
+    return tuple(sorted(found))
+
 
 # Lucene's EnglishAnalyzer default stop set; also bm25s's "en" list.
 LUCENE_EN_STOPWORDS = (

@@ -38,7 +38,9 @@ from .. import codec
 from . import run
 from .archive import has_original, iter_originals
 from ..errors import AlreadyOpenError, EmbeddingError, EngramError, NotFoundError, ValidationError
-from ..index.vectors import EmbeddingSpace, unit_rows
+from ..index import node_text
+from ..index.tokenize import negations
+from ..index.vectors import HASHED_MODEL, EmbeddingSpace, unit_rows
 from ..store import Txn
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
@@ -146,12 +148,14 @@ def _original_scores(embedder: Any, space: EmbeddingSpace, texts: list[str],
     return scores, zero
 
 
-def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], threshold: float) -> set[int]:
+def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], threshold: float,
+                  negated: tuple[str, ...]) -> set[int]:
     """Docnos whose archived original (own row or group member), embedded as its space
     embeds text, is at least ``threshold`` similar to the query vector of that space
     (``queries``: space name -> the query text's vector). The stub's vector is only its
     preview's, so the original is what tells whether the memory is about the query.
-    Normalised like the stored rows: a cosine, whether or not the space normalises."""
+    Normalised like the stored rows: a cosine, whether or not the space normalises. In the
+    built-in space an original must also have the query's negation words (``negated``)."""
     vectors = engram.indexes.vectors
     spaces = vectors.spaces(txn)
     plans = []
@@ -160,7 +164,7 @@ def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], thresho
         if embedder is not None:
             sp = spaces[name]  # the query as the stored rows meet it: as is when normalised, else as in _cosines
             q = vec if sp.normalize else unit_rows(np.asarray(vec, dtype=np.float32).reshape(1, -1))[0][0]
-            plans.append((name, sp, embedder, q))
+            plans.append((name, sp, embedder, q, sp.model == HASHED_MODEL))
     found: set[int] = set()
     if not plans:
         return found
@@ -169,13 +173,16 @@ def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], thresho
     def flush() -> None:
         docnos = np.fromiter((d for d, _ in batch), dtype=np.uint64, count=len(batch))
         texts = [t for _, t in batch]
-        for name, space, embedder, q in plans:
+        for name, space, embedder, q, hashed in plans:
             try:
                 scores, zero = _original_scores(embedder, space, texts, q)
             except EmbeddingError as exc:
                 raise ValidationError(f"the archived originals cannot be compared in space {name!r}: {exc.message}",
                                       hint=exc.hint or "fix the space's embedder, or forget by id") from None
-            found.update(int(d) for d in docnos[~zero & (scores >= threshold)])
+            hit = ~zero & (scores >= threshold)
+            if hashed:
+                hit &= np.fromiter((negations(t) == negated for t in texts), bool, len(texts))
+            found.update(int(d) for d in docnos[hit])
         batch.clear()
 
     for docno, text in iter_originals(txn):
@@ -199,21 +206,22 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
                               hint=f"spaces: {', '.join(sorted(spaces)) or 'none'}")
     found: set[int] = set()
     text_queries: dict[str, np.ndarray] = {}
+    negated = negations(query) if query is not None else ()
     used = 0
     for name in names:
-        queries = []
+        queries: list[tuple[np.ndarray, bool]] = []  # (vector, compare negation words)
         if query is not None:
             vec = vectors.embed_query(txn, name, query)
             if vec is not None:
-                queries.append(vec)
+                queries.append((vec, spaces[name].model == HASHED_MODEL))
                 text_queries[name] = vec
         if embedding is not None:
             vec = _query_vector(embedding)
             if vec.shape[0] == spaces[name].dims:
                 if spaces[name].normalize:
                     vec = unit_rows(vec[None, :])[0][0]
-                queries.append(vec)
-        for vec in queries:
+                queries.append((vec, False))
+        for vec, hashed in queries:
             try:
                 if spaces[name].normalize:
                     docnos, scores = vectors.scores(txn, name, vec)
@@ -222,14 +230,18 @@ def _by_similarity(engram: Any, txn: Txn, query: str | None, embedding: ArrayLik
             except EmbeddingError as exc:
                 raise ValidationError(f"the query does not fit space {name!r}: {exc.message}") from None
             used += 1
-            found.update(int(d) for d in docnos[scores >= threshold])
+            hits = (int(d) for d in docnos[scores >= threshold])
+            if hashed:  # its vectors drop stop words: "... will come" and "... will not come" score 1
+                hits = (d for d in hits if negations(node_text(codec.decode_node(
+                    txn.get_present("nodes", codec.u64(d))))) == negated)
+            found.update(hits)
     if not used:
         what = "query text" if embedding is None else "embedding"
         raise ValidationError(f"no embedding space of this file can compare the {what}",
                               hint="forget by id (recall finds them), give an embedding of a space's dims, or "
                                    "add the built-in space that embeds text: db.add_space('hashed-tfidf-v1', dims=256) "
                                    "(the first `engramdb maintain FILE` pass adds it too)")
-    found |= _by_originals(engram, txn, text_queries, threshold)
+    found |= _by_originals(engram, txn, text_queries, threshold, negated)
     return found
 
 
