@@ -399,3 +399,18 @@ def test_each_data_file_gets_the_field_list_that_follows_it():
     for _ in range(3000):
         text = " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 25)))
         assert _storage(text, []) == reference(text), text
+
+
+def test_the_patterns_compile_on_python_3_10():
+    # requires-python is >=3.10, and atomic groups "(?>...)" and possessive quantifiers are
+    # Python 3.11's: on 3.10 importing engramdb.agent raised re.error ("unknown extension ?>")
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    assert tomllib.loads((root / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.10"
+    newer = re.compile(r"\(\?>|(?<![\\(])[*+?}]\+(?=[^\w\s]|$)")
+    for path in sorted((root / "engramdb").rglob("*.py")):
+        for pattern in re.findall(r"""r(?:"([^"\n]*)"|'([^'\n]*)')""", path.read_text(encoding="utf-8")):
+            text = "".join(pattern)
+            assert not newer.search(text), (path.name, text)

@@ -27,11 +27,12 @@ please use using make build write create new also get set add via per about up o
 # its end each time: quadratic on a long run with no "@", ".local" or digit ("1.1.1.1...",
 # "ip-1ip-1...", "tmp-tmp-..."; 20,000 chars took a second, 200,000 minutes). A match of those
 # starts at the run's first word boundary where it can start at all (or fails in the whole
-# run), so these start at the run's start and keep (group 1) what comes before that boundary.
+# run), so these start at the run's start and keep (a group) what comes before that boundary.
+# (?=(X))\1 is X matched once, never retried (an atomic group, which Python 3.10 lacks).
 _USER_AT_HOST = re.compile(r"(?<![\w.+-])([.+-]*)\w[\w.+-]*@[\w-]+(?:\.[\w-]+)*:[~/][^\s]*")  # user@host:~/dir
-_MACHINE = re.compile(r"(?<![\w-])(?>([\w-]*?)\b(?:ip|host|node|worker|runner|pod)-)[\w-]*\d[\w-]*\b",
+_MACHINE = re.compile(r"(?<![\w-])(?=(([\w-]*?)\b(?:ip|host|node|worker|runner|pod)-))\1[\w-]*\d[\w-]*\b",
                       re.IGNORECASE)                                                  # machine names
-_TEMP_DIR = re.compile(r"(?<![\w.-])(?>([\w.-]*?)\b(?:tmp|temp))[\w.-]*\d[\w.-]*\b",
+_TEMP_DIR = re.compile(r"(?<![\w.-])(?=(([\w.-]*?)\b(?:tmp|temp)))\1[\w.-]*\d[\w.-]*\b",
                        re.IGNORECASE)                                                 # tmpab12cd, tmp_x9 dirs
 _PLAIN = [
     re.compile(r"(?<![\w.])(?:[A-Za-z]:\\|\\\\)[^\s\"'`,;)]+"),                     # C:\... and \\host\share
@@ -108,8 +109,8 @@ _NOISE: list[Callable[[str], str]] = [
     _remover(_USER_AT_HOST, r"\1"),
     *[_remover(pattern) for pattern in _PLAIN],
     _drop_host_names,
-    _remover(_MACHINE, r"\1"),
-    _remover(_TEMP_DIR, r"\1"),
+    _remover(_MACHINE, r"\2"),
+    _remover(_TEMP_DIR, r"\2"),
 ]
 
 
