@@ -361,6 +361,22 @@ def test_a_builtin_space_takes_no_embedder(make_db):
     db.set_embedder("m", fn)
 
 
+def test_an_embedder_set_before_its_builtin_space_exists_is_refused(make_db):
+    # set_embedder on a space not there yet (model unknown) then add_space without model=:
+    # the space was the built-in model's, this handle wrote its auto vectors with the user's
+    # embedder, and another handle's verify() reported the rows as damaged
+    db = make_db()
+    fn = lambda texts: np.ones((len(texts), 2), np.float32)  # noqa: E731
+    db.set_embedder("s", fn)
+    with pytest.raises(EmbeddingError, match="built-in model") as exc:
+        db.add_space("s", dims=2)
+    assert exc.value.hint and "s" not in db.spaces()
+    db.set_embedder("m", fn)  # a model of the user's: taken
+    db.add_space("m", dims=2, model="my-model")
+    db.add("hello there", id="a")
+    assert db.verify() == []
+
+
 def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make_db):
     # 92498d3 fixed this for queries only: adding to an auto space raised NumPy's raw ValueError
     db = make_db()

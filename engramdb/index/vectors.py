@@ -566,6 +566,8 @@ class VectorIndex:
 
         Raises:
             ConfigMismatchError: a space of that name exists with other settings.
+            EmbeddingError: a new space of the built-in model whose name has an embedder on
+                this handle (``set_embedder`` before the space existed).
         """
         from ..errors import ConfigMismatchError
 
@@ -577,6 +579,9 @@ class VectorIndex:
                     f"embedding space {space.name!r} exists with model {old.model!r}, {old.dims} dims",
                     hint="use another space name, or open with the same model and dims")
             return
+        registered = self._embedders.get(space.name)
+        if registered is not None and not isinstance(registered, HashedTfidfEmbedder):
+            check_embedder(space.name, registered, space.model)  # it would write this handle's auto vectors
         spaces[space.name] = space
         txn.put("meta", SPACES_KEY, msgpack.packb({n: s.to_dict() for n, s in sorted(spaces.items())},
                                                   use_bin_type=True))
