@@ -342,7 +342,7 @@ def test_add_space_with_a_non_callable_embedder_creates_nothing(make_db):
 def _swap_builtin(db, space, embedder):
     """Stand in for the built-in embedder of ``space`` on this handle (a model that misbehaves:
     set_embedder refuses a built-in space), to reach the checks on what an embedder returns."""
-    db.indexes.vectors._embedders[space] = embedder
+    db.indexes.vectors._builtin[space] = embedder
 
 
 def test_a_builtin_space_takes_no_embedder(make_db):
@@ -375,6 +375,20 @@ def test_an_embedder_set_before_its_builtin_space_exists_is_refused(make_db):
     db.add_space("m", dims=2, model="my-model")
     db.add("hello there", id="a")
     assert db.verify() == []
+
+
+def test_an_embedder_registered_before_another_handle_creates_the_builtin_space_is_not_used(make_db):
+    # handle a registered an embedder under "s" before the space existed; handle b then
+    # created "s" with the built-in model: a wrote its auto vectors (and embedded its queries)
+    # with its own embedder, and b's verify() reported a's rows as damaged
+    a = make_db()
+    b = make_db()
+    a.set_embedder("s", lambda texts: np.ones((len(texts), 2), np.float32))
+    b.add_space("s", dims=2)
+    a.add("alpha beta gamma", id="x")
+    a.add("delta epsilon", id="y")
+    assert b.verify() == [] and a.verify() == []
+    assert [h.id for h in a.recall("alpha beta gamma", top_k=1)] == ["x"]
 
 
 def test_an_auto_space_embedder_returning_non_numbers_is_an_embedding_error(make_db):

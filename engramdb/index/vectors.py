@@ -526,6 +526,9 @@ class VectorIndex:
         self._spaces_state: tuple[int, dict[str, EmbeddingSpace]] | None = None
         self._caches: dict[str, _SpaceCache] = {}
         self._embedders: dict[str, Callable[[list[str]], np.ndarray]] = {}
+        # the built-in model's embedder per space, apart from the user's: a built-in space is
+        # embedded by it on every handle, whatever this one registered under its name
+        self._builtin: dict[str, Callable[[list[str]], np.ndarray]] = {}
         self.cache_bytes = int((DEFAULT_CACHE_MB if cache_mb is None else max(0.0, float(cache_mb))) * 2**20)
 
     # --- spaces -------------------------------------------------------------------------
@@ -580,7 +583,7 @@ class VectorIndex:
                     hint="use another space name, or open with the same model and dims")
             return
         registered = self._embedders.get(space.name)
-        if registered is not None and not isinstance(registered, HashedTfidfEmbedder):
+        if registered is not None:
             check_embedder(space.name, registered, space.model)  # it would write this handle's auto vectors
         spaces[space.name] = space
         txn.put("meta", SPACES_KEY, msgpack.packb({n: s.to_dict() for n, s in sorted(spaces.items())},
@@ -598,10 +601,14 @@ class VectorIndex:
         self._embedders[name] = embedder
 
     def embedder(self, space: EmbeddingSpace) -> Callable[[list[str]], np.ndarray] | None:
-        """The registered embedder of ``space``, or the built-in one for its model."""
-        emb = self._embedders.get(space.name)
-        if emb is None and space.model == HASHED_MODEL:
-            emb = self._embedders[space.name] = HashedTfidfEmbedder(space.dims, self._tokenizer)
+        """The built-in embedder for a space of the built-in model (an embedder registered under
+        its name on this handle, before another handle created it, is not used: its vectors
+        would differ from every other handle's), else the registered one, or None."""
+        if space.model != HASHED_MODEL:
+            return self._embedders.get(space.name)
+        emb = self._builtin.get(space.name)
+        if emb is None:
+            emb = self._builtin[space.name] = HashedTfidfEmbedder(space.dims, self._tokenizer)
         return emb
 
     def _space(self, spaces: Mapping[str, EmbeddingSpace], name: str) -> EmbeddingSpace:
