@@ -275,9 +275,8 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
         fields["content"] = obj.get("content", "")
         fields["metadata"] = obj.get("metadata") or {}
         fields["id"] = id_prefix + str(fields.get("id", ""))
-        stored = fields.get("tags")
-        if isinstance(stored, list):  # blank tags an older engramdb stored, which the write API refuses
-            fields["tags"] = [t for t in stored if not isinstance(t, str) or t.strip()]
+        if "tags" in fields:
+            fields["tags"] = _without_blank_tags(fields["tags"])
         return Node.from_dict(fields)
     mem_id = obj.get("id")
     if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
@@ -287,7 +286,7 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
     if isinstance(tier, str):
         tier = tier.lower()
     importance = obj.get("importance", 0.5)
-    tags: Any = obj.get("tags") or []  # JSON as read: Node's checks refuse what is not a list of strings
+    tags: Any = _without_blank_tags(obj.get("tags") or [])  # JSON as read: Node's checks refuse what is not a list of strings
     metadata = obj.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise ValidationError("metadata must be an object")
@@ -301,6 +300,15 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
     )
 
 
+def _without_blank_tags(tags: Any) -> Any:
+    """``tags`` without its empty or blank strings, when it is a list: the write API refuses
+    them, and an older engramdb's export or a foreign source may hold them (taken before
+    session 8), so one such tag must not refuse the whole import."""
+    if isinstance(tags, list):
+        return [t for t in tags if not isinstance(t, str) or t.strip()]
+    return tags
+
+
 def iter_jsonl(
     source: str | bytes | TextIO | BinaryIO, *, space: str = "default", now: float | None = None,
     id_prefix: str = "", max_line_chars: int = _MAX_JSONL_LINE,
@@ -312,7 +320,8 @@ def iter_jsonl(
     ``lastAccessed`` are ISO 8601 strings (or JavaScript milliseconds); ``embedding`` goes
     into the space ``space``. Blank lines are skipped. Lines written by
     :func:`export_jsonl` are restored exactly, but for blank tags (an older
-    engramdb stored them; the write API refuses them), which are left out.
+    engramdb stored them; the write API refuses them), which are left out, as they are
+    from any line.
 
     Raises:
         ImportFormatError: a line that is not JSON, is too long, or is not a valid Memory
@@ -582,7 +591,7 @@ def _tx_node(raw: Any, space: str, id_prefix: str, entity_names: dict[str, list[
         importance=float(score) if isinstance(score, (int, float)) and not isinstance(score, bool)
         and math.isfinite(score) else 0.5,
         created_at=created, last_accessed=_ms(temporal.get("accessed"), created),
-        tags=tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, list) else (),
+        tags=tuple(t for t in tags if isinstance(t, str) and t.strip()) if isinstance(tags, list) else (),
         source=source_file if isinstance(source_file, str) else "import:terronex",
         metadata=metadata, embeddings=embeddings,
     )

@@ -223,3 +223,19 @@ def test_an_export_of_a_store_with_a_blank_tag_imports(tmp_path, now):
     result = _run("import", str(f), str(tmp_path / "c.engram"))
     assert result.exit_code == 0, result.output
     assert json.loads(_run("get", str(tmp_path / "c.engram"), "m", "--json").output)["tags"] == ["a"]
+
+
+def test_a_trace_lite_source_with_a_blank_tag_imports(tmp_path):
+    # regression (found by rev8): a Trace-Lite JSONL line (no engramdb block) with a blank tag
+    # imported before the write API refused blank tags; since then `engramdb import` refused
+    # the whole source. The blank tags are left out, everything else comes over.
+    line = {"id": "t1", "content": "from another tool", "tags": ["", "keep", "  "], "importance": 0.7,
+            "tier": "warm", "createdAt": "2024-01-02T03:04:05Z"}
+    (node,) = iter_jsonl(json.dumps(line) + "\n")
+    assert node.tags == ("keep",) and node.importance == 0.7
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps(line) + "\n")
+    _init(tmp_path / "c.engram")
+    result = _run("import", str(f), str(tmp_path / "c.engram"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(_run("get", str(tmp_path / "c.engram"), "t1", "--json").output)["tags"] == ["keep"]
