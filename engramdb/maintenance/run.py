@@ -40,7 +40,8 @@ import numpy as np
 from .. import codec
 from ..errors import BusyError, CorruptFileError, EmbeddingError, ValidationError
 from ..records import ARCHIVE_KEY, Node, now_ts
-from ..index import Indexes
+from ..index import Indexes, node_text
+from ..index.vectors import HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder
 from ..store import Store, Txn
 from . import archive as archive_ops
 from .lifecycle import (
@@ -456,8 +457,6 @@ def _collect(space: _Space, block: np.ndarray, cand: np.ndarray, threshold: floa
 
 def _space_name(target: Target, txn: Txn, config: MaintenanceConfig) -> tuple[str, bool]:
     """The space to compare in, and whether it must be created (the built-in one, first use)."""
-    from ..index.vectors import HASHED_MODEL
-
     spaces = target.indexes.vectors.spaces(txn)
     if config.space is not None:
         if config.space not in spaces:
@@ -472,20 +471,11 @@ def _space_name(target: Target, txn: Txn, config: MaintenanceConfig) -> tuple[st
 
 def _builtin_vectors(target: Target, txn: Txn, docnos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The built-in space's vectors computed in memory (a plan on a file that lacks it)."""
-    from ..index import node_text
-    from ..index.vectors import HashedTfidfEmbedder
-
     embed = HashedTfidfEmbedder(BUILTIN_DIMS, target.indexes.tokenizer)
     texts = [node_text(codec.decode_node(txn.get_present("nodes", codec.u64(int(d))), vectors=False)) for d in docnos]
     mat = embed(texts) if texts else np.zeros((0, BUILTIN_DIMS), np.float32)
     keep = np.any(mat != 0, axis=1)
     return docnos[keep], mat[keep]
-
-
-def _hashed_model() -> str:
-    from ..index.vectors import HASHED_MODEL
-
-    return HASHED_MODEL
 
 
 _WORD_RE = re.compile(r"\w+")
@@ -506,8 +496,6 @@ def _seen_alike(pairs: tuple[np.ndarray, np.ndarray], node_of: Callable[[int], N
     cannot see. Its vectors hold only the index's words, so "The migration is done" and
     "The migration is not done", or "Call mom at 5" and "Call mom at 6", have the same
     vector (cosine 1): merged as duplicates, one of two different memories was deleted."""
-    from ..index import node_text
-
     memo: dict[int, frozenset[str]] = {}
 
     def dropped(r: int) -> frozenset[str]:
@@ -568,7 +556,7 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         else:
             vdocs, vmat = target.indexes.vectors.live_rows(txn, space_name)
         normalized = create or bool(target.indexes.vectors.spaces(txn)[space_name].normalize)
-        hashed = create or target.indexes.vectors.spaces(txn)[space_name].model == _hashed_model()
+        hashed = create or target.indexes.vectors.spaces(txn)[space_name].model == HASHED_MODEL
         space = _Space(np.asarray(vdocs), np.asarray(vmat), normalized=normalized)
         node_cache: dict[int, Node] = {}
         known_ids = {d: f[_POS["id"]] for d, f in records}
@@ -993,8 +981,6 @@ def maintain(target: Target, config: MaintenanceConfig | None = None, summarizer
             report.duration_s = time.perf_counter() - started
             return report
         if new_plan["create_space"]:
-            from ..index.vectors import HASHED_MODEL, EmbeddingSpace
-
             space = EmbeddingSpace(name=BUILTIN_SPACE, model=HASHED_MODEL, dims=BUILTIN_DIMS, normalize=True,
                                    auto=True)
             target.store.write(functools.partial(_add_builtin_space, target, space=space))
