@@ -1237,6 +1237,26 @@ class Transaction:
         """Every procedural-graph row (spec/agent.md), in key order."""
         return [codec.unpack(value, any_keys=True) for _, value in self._txn.items("procedures")]
 
+    def procedure_keys(self) -> list[bytes]:
+        """The keys of every procedural-graph row, in key order, read without decrypting a row.
+        A key is a hash of its row's content (:meth:`put_procedure_row`), so a key seen before
+        always holds the row it held then: a caller can keep the rows it parsed by key."""
+        return list(self._txn.keys("procedures"))
+
+    def procedure_row(self, key: bytes) -> dict[str, Any] | None:
+        """The procedural-graph row stored under ``key`` (from :meth:`procedure_keys`), or None.
+
+        Raises:
+            ValidationError: ``key`` is not bytes.
+        """
+        if not isinstance(key, bytes):
+            raise ValidationError(f"a procedure row's key is bytes, got a {type(key).__name__}",
+                                  hint="pass a key procedure_keys() returned")
+        if len(key) != _PROCEDURE_KEY_BYTES:  # no row has such a key (and LMDB refuses an empty one)
+            return None
+        value = self._txn.get("procedures", key)
+        return None if value is None else codec.unpack(value, any_keys=True)
+
     def put_procedure_row(self, row: Mapping[str, Any]) -> None:
         """Store one procedural-graph row (a map of msgpack-able values; keys sorted, so the
         same row always has the same key: SHA-256 of its msgpack, spec/file-format.md).
@@ -1325,5 +1345,8 @@ def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return canonical
 
 
+_PROCEDURE_KEY_BYTES = 16
+
+
 def _procedure_key(packed: bytes) -> bytes:
-    return hashlib.sha256(packed).digest()[:16]
+    return hashlib.sha256(packed).digest()[:_PROCEDURE_KEY_BYTES]

@@ -10,12 +10,15 @@ those that help and remembers every decided proposal so it is not proposed again
 
 Everything lives in the ``procedures`` table as rows (spec/agent.md section 4), so it is
 sealed like the rest of the file and round-trips through dumps. This module works on an
-``Engram`` through its public API only (``procedure_rows`` and ``transaction``).
+``Engram`` through its public API only (``procedure_rows``, ``transaction`` and the
+transaction's procedure-row methods). A graph object keeps the rows it parsed by key (a key is
+a hash of its row's content), so recording a trajectory reads only the rows new to it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -184,39 +187,60 @@ class RefineReport:
                 "already_decided": self.already_decided}
 
 
-class _Rows:
-    """The procedure rows of one snapshot, by kind."""
+_Parsed = tuple[Any, Any]  # (its "row" field, its object: a node, (edge, row), a trajectory, the proposal row, None)
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        self.raw: list[Mapping[str, Any]] = []
+
+def _parse(row: Any) -> _Parsed:
+    """One procedure row as the object :class:`_Rows` keeps of it.
+
+    Raises:
+        ValidationError: a row of a known kind lacks a field or holds a wrong type.
+    """
+    if not isinstance(row, Mapping):
+        raise ValidationError(f"a procedure row is a {type(row).__name__}, not a map",
+                              hint="restore the file from a dump, or delete the row")
+    kind = row.get("row")
+    try:
+        if kind == "node":
+            return kind, ProcedureNode(row["id"], row["kind"], row.get("label", ""))
+        if kind == "edge":
+            return kind, (ProcedureEdge(row["src"], row["dst"], row["relation"], row.get("condition", ""),
+                                        row.get("guidance", ""), tuple(row.get("pitfalls", ())),
+                                        int(row.get("success", 0)), int(row.get("failure", 0))), row)
+        if kind == "trajectory":
+            return kind, Trajectory(row["id"], int(row["seq"]), tuple(row["tools"]), tuple(row.get("errors", ())),
+                                    row["outcome"], row.get("task", ""), float(row.get("at", 0.0)),
+                                    str(row.get("call", "")))
+        if kind == "proposal":
+            return kind, (row["key"], row)
+    except (KeyError, TypeError, ValueError):
+        raise ValidationError(f"a procedure row of kind {kind!r} is malformed: {sorted(row)}",
+                              hint="restore the file from a dump, or delete the row") from None
+    return kind, None
+
+
+class _Rows:
+    """The procedure rows of one snapshot, by kind (from the rows, or from their parsed forms
+    in key order)."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]] = (), *, parsed: Iterable[_Parsed] = ()) -> None:
         self.nodes: dict[str, ProcedureNode] = {}
         self.edges: dict[tuple[str, str, str], ProcedureEdge] = {}
         self.edge_rows: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         self.trajectories: list[Trajectory] = []
         self.decided: dict[str, Mapping[str, Any]] = {}
-        for row in rows:
-            self.raw.append(row)
-            kind = row.get("row")
-            try:
-                if kind == "node":
-                    self.nodes[row["id"]] = ProcedureNode(row["id"], row["kind"], row.get("label", ""))
-                elif kind == "edge":
-                    edge = ProcedureEdge(row["src"], row["dst"], row["relation"], row.get("condition", ""),
-                                         row.get("guidance", ""), tuple(row.get("pitfalls", ())),
-                                         int(row.get("success", 0)), int(row.get("failure", 0)))
-                    self.edges[edge.key] = edge
-                    self.edge_rows[edge.key] = row
-                elif kind == "trajectory":
-                    self.trajectories.append(Trajectory(row["id"], int(row["seq"]), tuple(row["tools"]),
-                                                        tuple(row.get("errors", ())), row["outcome"],
-                                                        row.get("task", ""), float(row.get("at", 0.0)),
-                                                        str(row.get("call", ""))))
-                elif kind == "proposal":
-                    self.decided[row["key"]] = row
-            except (KeyError, TypeError, ValueError):
-                raise ValidationError(f"a procedure row of kind {kind!r} is malformed: {sorted(row)}",
-                                      hint="restore the file from a dump, or delete the row") from None
-        self.trajectories.sort(key=lambda t: t.seq)
+        for kind, item in itertools.chain(map(_parse, rows), parsed):
+            if kind == "node":
+                self.nodes[item.id] = item
+            elif kind == "edge":
+                edge, row = item
+                self.edges[edge.key] = edge
+                self.edge_rows[edge.key] = row
+            elif kind == "trajectory":
+                self.trajectories.append(item)
+            elif kind == "proposal":
+                self.decided[item[0]] = item[1]
+        self.trajectories.sort(key=operator.attrgetter("seq"))
 
 
 def node_id(tool: str) -> str:
@@ -249,7 +273,8 @@ class ProceduralGraph:
     """The procedural graph of one open file (see the module docstring and spec/agent.md).
 
     Args:
-        db: an open ``Engram`` (used through ``procedure_rows`` and ``transaction``).
+        db: an open ``Engram`` (used through ``procedure_rows`` and ``transaction``); keep one
+            object per open file for the agent's life: it caches the rows it has parsed.
         min_trajectories: :meth:`refine` does nothing before this many trajectories.
         proposer: a callable ``contrast -> proposals`` (an LLM prompt, typically); without
             one, proposals come from counting tool transitions.
@@ -269,10 +294,33 @@ class ProceduralGraph:
         self.proposer = proposer
         self.holdout = holdout
         self.seed = seed
+        # every row this object parsed inside a transaction, by key (see _rows_in)
+        self._parsed: dict[bytes, _Parsed] = {}
 
     # -- reading ----------------------------------------------------------------------
     def _rows(self) -> _Rows:
         return _Rows(self.db.procedure_rows())
+
+    def _rows_in(self, tx: AgentTransaction) -> _Rows:
+        """The rows ``tx`` sees, decrypting and parsing only those this object has not parsed
+        before: recording one trajectory costs its own few rows, not the whole graph again.
+
+        A row's key is a hash of its content, so a key parsed before holds the very same row
+        now, whatever happened since (an aborted or enclosing transaction, another writer, a
+        compaction): the cache is keyed by content, never by time or commit number. It keeps
+        the keys ``tx`` lists, nothing else."""
+        known = self._parsed
+        current: dict[bytes, _Parsed] = {}
+        for key in tx.procedure_keys():
+            parsed = known.get(key)
+            if parsed is None:
+                row = tx.procedure_row(key)
+                if row is None:  # listed by this same snapshot: cannot happen
+                    continue
+                parsed = _parse(row)
+            current[key] = parsed
+        self._parsed = current
+        return _Rows(parsed=current.values())
 
     def nodes(self) -> list[ProcedureNode]:
         """Every node, sorted by id."""
@@ -332,7 +380,7 @@ class ProceduralGraph:
         stamp = now_ts(now)
 
         with self.db.transaction() as tx:
-            rows = _Rows(tx.procedure_rows())
+            rows = self._rows_in(tx)
             if call_key:
                 done = next((t for t in rows.trajectories if t.call == call_key), None)
                 if done is not None:
@@ -497,7 +545,7 @@ class ProceduralGraph:
                 decisions.append((proposal, "rejected", why))
         if decisions:
             with self.db.transaction() as tx:
-                current = _Rows(tx.procedure_rows())
+                current = self._rows_in(tx)
                 for proposal, status, why in decisions:
                     if proposal.key in current.decided:
                         continue  # another process decided it meanwhile
