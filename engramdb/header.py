@@ -121,7 +121,7 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes | str:
     if len(data) == 32:
         return data
     try:
-        text = data.decode("utf-8").strip()
+        text = data.decode("utf-8-sig").strip()  # a key saved by an editor that writes a byte-order mark
         if len(parse_raw_key(text)) == 32:
             return text
     except (UnicodeDecodeError, ValidationError):

@@ -88,8 +88,12 @@ def messages_to_text(messages: Iterable[Any]) -> str:
     ``assistant: [thinking] text``.
 
     Raises:
-        ValidationError: a message has no text, or a date that cannot be read.
+        ValidationError: not a list of messages; a message has no text, or a date that cannot be read.
     """
+    if isinstance(messages, (str, bytes, bytearray, Mapping)) or not isinstance(messages, Iterable):
+        # a lone message dict would be read as its keys, a string as its characters
+        raise ValidationError(f"a conversation is a list of messages, not {type(messages).__name__}",
+                              hint="wrap a single message in a list: [message]")
     messages = list(messages)
     if any(map(is_structured, messages)):
         return _structured_to_text(messages)

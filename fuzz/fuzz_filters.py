@@ -9,6 +9,9 @@ date bound and a ``resolved_date``. The oracle:
 
 * ``parse_time(bound)`` returns a finite float or raises ValidationError, nothing else;
 * an accepted bound read back from its own ISO rendering gives the same instant;
+* a memory without a resolved date created at the bound is kept by ``after=`` and dropped by
+  ``before=``, one created just before it the other way round, whether the bound is given as
+  it is or as its timestamp;
 * ``Filter(after=bound)`` and ``Filter(before=bound)`` build or raise ValidationError, and
   judge a node carrying the ``resolved_date`` without raising.
 
@@ -62,6 +65,13 @@ def check(data: bytes) -> None:
         if moment is not None:
             again = parse_time(moment.isoformat(), "after")
             assert again is not None and abs(again - ts) < 1e-6, f"{bound!r}: {ts} -> {moment} -> {again}"
+        # a memory without a resolved date is judged by its creation time: kept from the bound on by
+        # after=, before it by before=, as the bound's own timestamp would be
+        for created, inside in ((ts, True), (math.nextafter(ts, -math.inf), False)):
+            undated = Node(id="n", content="c", created_at=created)
+            for given in (bound, ts):
+                assert Filter(after=given)(undated) is inside, f"after={given!r} on created_at={created!r}"
+                assert Filter(before=given)(undated) is not inside, f"before={given!r} on created_at={created!r}"
     node = Node(id="n", content="c", created_at=0.0, resolved_date=resolved or None)
     for kwargs in ({"after": bound}, {"before": bound}):
         try:

@@ -11,7 +11,7 @@ renderer (``engramdb.ingest.messages_to_text``), the two readers of agent transc
 Oracle: the only exception either may raise is an ``EngramError``; an accepted transcript
 is consistent (``tool_sequence`` is the turns' calls in order, ``has_errors`` is whether
 one of them failed, every result belongs to a call) and serializing it again gives the
-same result.
+same result; ``messages_to_text`` refuses a document that is not a list.
 """
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def TestOneInput(data: bytes) -> None:
         messages_to_text(document)
     except EngramError:
         pass
+    else:  # a JSON object, string or number is not a list of messages (a dict would be read as its keys)
+        assert isinstance(document, list), f"messages_to_text accepted a {type(document).__name__}"
 
 
 if __name__ == "__main__":

@@ -370,6 +370,7 @@ def transcript_seeds() -> list[bytes]:
         [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": "yes"}]}],
         [{"role": "assistant", "content": [{"type": "thinking"}, {"type": "redacted_thinking"}]}],
         [{"speaker": "Alice", "text": "hi", "date": "2024-05-02"}, "plain text"],
+        1, {"role": "user", "content": "a lone message"},  # campaign 2026-12-02: TypeError / read as its keys
     )]
     seeds.append(b"[" * 3000 + b"]" * 3000)
     return seeds
@@ -395,6 +396,8 @@ def compress_seeds() -> list[bytes]:
     ]
     seeds = [bytes([mode]) + text.encode("utf-8") for text in texts for mode in (0, 1, 2, 3, 7)]
     seeds.append(b"\x00invalid \xff\xfe utf-8 \xc3")
+    # campaign 2026-12-02: a chunk shorter than the overlap is repeated whole by the next one
+    seeds.append(b"\x01(1:56 pm p.\n\n(1:58 pm on 8 May, 2023) Melanie: " + b"Wow, Caroline! " * 8)
     return seeds
 
 

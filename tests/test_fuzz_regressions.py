@@ -277,3 +277,114 @@ def test_the_compress_oracle_can_fail(monkeypatch):
     monkeypatch.setattr(COMPRESS, "compress", shifted)
     with pytest.raises(AssertionError):
         COMPRESS.TestOneInput(seed)
+
+
+# --- campaign 2026-12-02 ------------------------------------------------------------------
+
+@pytest.mark.parametrize("document", [1, None, {"role": "user", "content": "a lone message"}, "text", b"text"])
+def test_messages_to_text_refuses_what_is_not_a_list_of_messages(document):
+    """fuzz_transcript, campaign 2026-12-02 (crash-356a192b, the JSON document ``1``): messages_to_text
+    raised TypeError ('int' object is not iterable); a lone message dict was read as its keys
+    ('role\\ncontent') and a string as its characters, where ingest() and the agent serializer refuse them."""
+    from engramdb.errors import ValidationError
+    from engramdb.ingest import messages_to_text
+
+    with pytest.raises(ValidationError, match="list of messages") as info:
+        messages_to_text(document)
+    assert "[message]" in info.value.hint
+    assert messages_to_text([{"role": "user", "content": "hi"}]) == "user: hi"
+    assert messages_to_text(iter(["plain"])) == "plain"  # any iterable of messages still works
+
+
+def test_compress_chunk_repeated_by_the_next_one_is_not_a_finding():
+    """fuzz_compress, campaign 2026-12-02 (crash-e477aea8): a first chunk shorter than the overlap
+    ("(1:56 pm p.", 11 of 30 units) is repeated whole by the next chunk, which starts where it starts:
+    the zettel-compress 1.0.0 overlap rule, which the oracle's strictly increasing starts did not
+    allow. The oracle now wants starts that never go back and ends that always move on; it still
+    reports a chunk that goes back."""
+    seed = b"\x01(1:56 pm p.\n\n(1:58 pm on 8 May, 2023) Melanie: " + b"Wow, Caroline! " * 8
+    from engramdb.compress import compress
+
+    options = COMPRESS.options_of(seed[0])
+    starts = [z.source_start for z in compress(seed[1:].decode(), **options).zettels]
+    assert starts[:2] == [0, 0]
+    COMPRESS.TestOneInput(seed)
+    real = COMPRESS.compress
+
+    def backwards(text, **kwargs):
+        result = real(text, **kwargs)
+        result.zettels.reverse()
+        return result
+
+    COMPRESS.compress = backwards
+    try:
+        with pytest.raises(AssertionError, match="out of order"):
+            COMPRESS.TestOneInput(seed)
+    finally:
+        COMPRESS.compress = real
+
+
+KEYFILE = _target("fuzz_keyfile")
+
+
+def test_keyfile_corpus_replays_and_its_oracle_can_fail(monkeypatch):
+    """fuzz_keyfile (campaign 2026-12-02): every seed goes through the oracle; a reader that hands
+    back a key other than the file's is reported."""
+    seeds = sorted((CORPUS / "keyfile").iterdir())
+    assert len(seeds) >= 15
+    for path in seeds:
+        KEYFILE.TestOneInput(path.read_bytes())
+    from engramdb import header
+
+    real = header.read_key_file
+    monkeypatch.setattr(header, "read_key_file", lambda path: bytes(32) if real(path) else None)
+    with pytest.raises(AssertionError, match="not the file's"):
+        KEYFILE.TestOneInput(bytes(range(32)))
+
+
+def test_key_file_with_a_byte_order_mark(tmp_path):
+    """fuzz_keyfile seeds, campaign 2026-12-02: a recovery key saved by an editor that writes a UTF-8
+    byte-order mark (Windows Notepad) was refused as 'neither a 32-byte raw key nor a recovery key'."""
+    from engramdb import header
+
+    text = header.format_recovery_key(bytes(range(32)))
+    path = tmp_path / "key.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode() + b"\r\n")
+    assert header.parse_raw_key(header.read_key_file(path)) == bytes(range(32))
+
+
+def test_mcp_corpus_replays_and_its_oracle_can_fail(monkeypatch):
+    """fuzz_mcp (campaign 2026-12-02): every seed goes through the SDK's call_tool and the oracle; a
+    tool that raises something other than an EngramError is reported, and so is a remember that
+    stores another text."""
+    pytest.importorskip("mcp", reason="the MCP SDK (engramdb[mcp]) is not installed")
+    mcp_target = _target("fuzz_mcp")
+    seeds = sorted((CORPUS / "mcp").iterdir())
+    assert len(seeds) >= 25
+    try:
+        for path in seeds:
+            mcp_target.TestOneInput(path.read_bytes())
+        db, _ = mcp_target.SERVER.get()
+        monkeypatch.setattr(db, "recall", lambda *a, **k: [][0])
+        with pytest.raises(IndexError):
+            mcp_target.TestOneInput(b"\x01" + b'{"query": "x"}')
+        real_remember = db.remember
+        monkeypatch.setattr(db, "remember", lambda text, **k: real_remember(text + "!", **k))
+        with pytest.raises(AssertionError):
+            mcp_target.TestOneInput(b"\x00" + b'"hello"')
+    finally:
+        mcp_target.SERVER.close()
+
+
+def test_the_filters_oracle_can_fail(monkeypatch):
+    """fuzz_filters' bound check (campaign 2026-12-02) is not vacuous: a filter that keeps a memory
+    created just before its after= bound is reported."""
+    from engramdb import filters
+
+    FILTERS = _target("fuzz_filters")
+    FILTERS.TestOneInput(b"2023-05-01")
+    real_parse = filters.parse_time
+    monkeypatch.setattr(filters, "parse_time", lambda value, name="time": None if value is None else
+                        real_parse(value, name) - (1.0 if name == "after" and isinstance(value, str) else 0.0))
+    with pytest.raises(AssertionError, match="after="):
+        FILTERS.TestOneInput(b"2023-05-01")
