@@ -1149,8 +1149,11 @@ class Transaction:
         """As :meth:`Engram.update`, inside this transaction."""
         return self._update(id, changes, True)
 
-    def update_stub(self, id: str, /, **changes: Any) -> Node:
-        """:meth:`update` that may set the reserved archive entry (``archive`` writing a stub)."""
+    def _update_stub(self, id: str, /, **changes: Any) -> Node:
+        """:meth:`update` that may set the reserved archive entry: for engramdb's archive
+        writing a stub only (private: the entry set by hand claims an original that does not
+        exist, which the write API refuses; a public ``update_stub`` let any caller do it
+        before session 9)."""
         return self._update(id, changes, False)
 
     def _update(self, id: str, changes: dict[str, Any], checked: bool) -> Node:

@@ -53,6 +53,21 @@ def test_update_refuses_the_reserved_archive_entry(tmp_engram, now):
     assert not db.get("m").archived and db.verify() == []
 
 
+def test_no_public_update_of_a_transaction_sets_the_reserved_archive_entry(tmp_engram, now):
+    # Transaction.update_stub (public before session 9, for archive's own stub write) wrote it
+    db = tmp_engram
+    db.add(LONG, id="m", now=now)
+    updates = [name for name in dir(Transaction) if "update" in name and not name.startswith("_")]
+    assert "update" in updates
+    for name in updates:
+        with pytest.raises(ValidationError, match="reserved"), db.transaction() as tx:
+            getattr(tx, name)("m", metadata={ARCHIVE_KEY: ENTRY})
+    assert not db.get("m").archived and db.verify() == []
+    with db.transaction() as tx:  # archive, which writes the entry, still works inside one
+        tx.archive("m")
+    assert db.get("m").archived and db.get("m", full=True).content == LONG and db.verify() == []
+
+
 @pytest.mark.parametrize("how", ["add", "add_node", "add_many", "import_many", "transaction"])
 def test_new_memories_refuse_the_reserved_archive_entry(tmp_engram, now, how):
     db = tmp_engram
