@@ -1777,7 +1777,7 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
 
         engramdb export notes.engram -o memories.jsonl
     """
-    from .importers import export_jsonl
+    from .importers import export_lines
 
     _refuse_same_file(output, file, "the export")
     with _open(ctx, file, readonly=True) as db:
@@ -1796,7 +1796,10 @@ def export(ctx: click.Context, file: str, fmt: str, output: str | None, space: s
                     yield db.get(node.id, full=True) if node.archived else node
                     bar.update(1)
 
-            export_jsonl(counted(), out, space=space)
+            # streamed (export_jsonl would hold the lines of a pipe in memory): -o is replaced
+            # atomically, and stdout is the user's to judge after an error
+            for line in export_lines(counted(), space=space):
+                out.write(line)
 
 
 # -- lifecycle: archive, pin, forget, stats (engramdb/maintenance/) -----------------------

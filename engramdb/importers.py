@@ -51,6 +51,7 @@ __all__ = [
     "iter_jsonl",
     "iter_terronex",
     "export_jsonl",
+    "export_lines",
 ]
 
 
@@ -385,8 +386,10 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
     ``engramdb`` key carries every other field exactly, so :func:`iter_jsonl` gives back
     the same nodes; metadata bytes are written as ``{"$bytes": base64}``.
 
-    Returns:
-        The number of lines written.
+    All or nothing: when a node is refused (or anything else raises, reading ``nodes``
+    included), ``fp`` is left as it was. A seekable ``fp`` (a file, ``io.StringIO``) is
+    written line by line and cut back to where it started; to anything else (a pipe, a
+    terminal) the lines are written once every node is made, so they are held in memory.
 
     An archived memory's stub (``db.scan()`` gives them) is refused unless it was archived
     with truncation (it has no original): its line would lose the text past the preview and
@@ -394,18 +397,66 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
     archiving, as ``engramdb export`` does:
     ``export_jsonl((db.get(n.id, full=True) if n.archived else n for n in db.scan()), fp)``.
 
+    Returns:
+        The number of lines written.
+
     Raises:
         ValidationError: something that is not a Node, or a stub of a non-truncating archive
-            (the lines before it are written).
+            (nothing is written).
     """
     binary = isinstance(fp, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(fp, "mode", "")
+
+    def write(line: str) -> None:
+        if binary:
+            cast(BinaryIO, fp).write(line.encode("utf-8"))
+        else:
+            cast(TextIO, fp).write(line)
+
+    lines = export_lines(nodes, space=space)
+    seekable = False
+    try:
+        seekable = fp.seekable()
+    except (AttributeError, ValueError, OSError):  # a duck-typed writer, or a closed file: not ours to seek
+        pass
+    start = fp.tell() if seekable else 0
     count = 0
+    try:
+        if not seekable:
+            lines = iter(list(lines))  # what is written to a pipe cannot be taken back
+        for line in lines:
+            write(line)
+            count += 1
+    except BaseException as err:
+        if seekable:
+            try:
+                fp.seek(start)
+                fp.truncate()
+            except (OSError, ValueError):  # the first error is the one to report
+                raise err from None
+        elif count:  # the write itself failed part-way: nothing to take back with
+            raise
+        if isinstance(err, EngramError):
+            err.hint = "nothing was written; " + err.hint if err.hint else "nothing was written"
+        raise
+    return count
+
+
+def export_lines(nodes: Iterable[Node], *, space: str | None = None) -> Iterator[str]:
+    """The lines :func:`export_jsonl` writes for ``nodes`` (each ending in a newline), one
+    node at a time: for a caller streaming an export itself (``engramdb export``), which
+    then writes what came before an error.
+
+    Raises:
+        ValidationError: as :func:`export_jsonl`, when the node is reached.
+    """
     for node in nodes:
         if not isinstance(node, Node):
             raise ValidationError(f"export_jsonl takes Node objects, got {type(node).__name__}")
         if node.archived and node.metadata[ARCHIVE_KEY].get("truncated") is not True:
             raise ValidationError(f"memory {shown(node.id)} is an archived stub; its line would lose the archived text",
-                                  hint="export db.get(id, full=True) for an archived memory, as `engramdb export` does")
+                                  hint="export db.get(id, full=True) for an archived memory, "
+                                       "as `engramdb export` does: export_jsonl((db.get(n.id, full=True) if "
+                                       "n.archived else n for n in db.scan()), fp)")
         chosen = space if space is not None else (sorted(node.embeddings)[0] if node.embeddings else None)
         vec = node.embeddings.get(chosen) if chosen is not None else None
         block = node.to_dict()
@@ -417,13 +468,7 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
             "accessCount": node.access_count, "source": node.source, "metadata": dict(node.metadata),
             _ENGRAMDB_BLOCK: {"v": _EXPORT_VERSION, "node": block},
         }
-        line = tjson_dumps(record) + "\n"
-        if binary:
-            cast(BinaryIO, fp).write(line.encode("utf-8"))
-        else:
-            cast(TextIO, fp).write(line)
-        count += 1
-    return count
+        yield tjson_dumps(record) + "\n"
 
 
 # --- Terronex .engram v1 ------------------------------------------------------------

@@ -185,6 +185,75 @@ def test_export_jsonl_refuses_a_stub_and_exports_what_the_cli_exports(make_db, n
     assert other.verify() == []
 
 
+class _Pipe(io.RawIOBase):
+    """A writer that cannot seek (a pipe, a terminal): what reaches it stays written."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.data += bytes(b)
+        return len(b)
+
+
+@pytest.mark.parametrize("target", ["text file", "binary file", "StringIO", "BytesIO", "pipe"])
+def test_export_jsonl_of_a_stub_writes_nothing(make_db, now, tmp_path, target):
+    # export_jsonl(db.scan(), fp) wrote the live memories' lines before it refused the stub:
+    # a partial export that looked complete
+    db = make_db()
+    db.add("first live memory", id="a", now=now)
+    db.add("second live memory", id="b", now=now)
+    _archived(db, now)
+    assert [n.id for n in db.scan()][:2] == ["a", "b"]  # the stub comes after lines were made
+    before = "an earlier line\n"
+    path = tmp_path / "out.jsonl"
+    if target == "text file":
+        path.write_text(before)
+        fp = open(path, "a", encoding="utf-8")  # noqa: SIM115 (checked after close)
+    elif target == "binary file":
+        path.write_bytes(before.encode())
+        fp = open(path, "ab")  # noqa: SIM115
+    elif target == "StringIO":
+        fp = io.StringIO()
+        fp.write(before)
+    elif target == "BytesIO":
+        fp = io.BytesIO()
+        fp.write(before.encode())
+    else:
+        fp = _Pipe()
+        fp.write(before.encode())
+    with pytest.raises(ValidationError, match="archived stub") as err:
+        export_jsonl(db.scan(), fp)
+    assert err.value.hint.startswith("nothing was written") and "full=True" in err.value.hint
+    if target.endswith("file"):
+        fp.close()
+        written = path.read_bytes()
+    else:
+        written = fp.data if target == "pipe" else fp.getvalue()
+    assert (written.encode() if isinstance(written, str) else written) == before.encode()
+    # the call the hint gives exports everything, the archived memory with its full text
+    fp = io.StringIO()
+    assert export_jsonl((db.get(n.id, full=True) if n.archived else n for n in db.scan()), fp) == 5
+    assert {node.id: node.content for node in iter_jsonl(io.StringIO(fp.getvalue()))}["kept"] == LONG
+
+
+def test_export_jsonl_takes_back_its_lines_when_reading_the_nodes_fails(now):
+    def nodes():
+        yield Node(id="a", content="x", created_at=now, last_accessed=now)
+        raise OSError("the disk went away")
+
+    fp = io.StringIO()
+    with pytest.raises(OSError, match="went away"):
+        export_jsonl(nodes(), fp)
+    assert fp.getvalue() == ""
+    with pytest.raises(ValidationError, match="Node objects") as err:
+        export_jsonl([Node(id="a", content="x", created_at=now, last_accessed=now), {"id": "b"}], fp)
+    assert fp.getvalue() == "" and err.value.hint.startswith("nothing was written")
+
+
 # --- empty and blank tags -------------------------------------------------------------
 
 @pytest.mark.parametrize("tag", ["", " ", "\t\n"])
