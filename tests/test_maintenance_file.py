@@ -504,3 +504,28 @@ def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_words_it_cannot_
     other.add("The migration is done", id="a", embeddings={"mine": [1.0, 0.0]}, now=NOW)
     other.add("The migration is not done", id="b", embeddings={"mine": [1.0, 0.0]}, now=NOW)
     assert other.maintain(MaintenanceConfig(space="mine"), now=NOW).removed_ids == ["b"]
+
+
+def test_dedupe_in_the_builtin_space_compares_skipped_words_as_the_tokenizer_normalises_them(make_db):
+    # The skipped-word check reads the text as the tokenizer does (NFKC, lowercase): twins that
+    # differ only in Unicode form have the same index words and the same skipped words, and are
+    # merged; the tokenizer folds no accents, so "cafe" / "café" are two index words, never
+    # cosine-1 twins, and a pair whose skipped words differ ("not", "5" / "6") stays apart.
+    db = make_db(encrypted=False)
+    texts = {
+        "precomposed": "We met Anna at the caf\u00e9 near the station",
+        "combining": "We met Anna at the cafe\u0301 near the station",  # the same text, NFD
+        "fullwidth": "Call mom at \uff15 about the \ufb01le",  # fullwidth 5, the fi ligature
+        "ascii": "Call mom at 5 about the file",
+        "six": "Call mom at 6 about the file",
+        "plain": "We met Anna at the cafe near the station",  # no accent: another index word
+        "negated": "We did not meet Anna at the caf\u00e9 near the station",
+    }
+    for id_, text in texts.items():
+        db.add(text, id=id_, now=NOW)
+    tokenizer = db.indexes.tokenizer
+    assert tokenizer(texts["precomposed"]) == tokenizer(texts["combining"])
+    assert tokenizer(texts["precomposed"]) != tokenizer(texts["plain"])
+    report = db.maintain(now=NOW)
+    assert sorted(report.removed_ids) == ["ascii", "combining"] and report.deduplicated == 2
+    assert [n.id for n in db.scan()] == ["precomposed", "fullwidth", "six", "plain", "negated"]
