@@ -1847,10 +1847,13 @@ class SegmentedBM25:
         dead_sizes = d.signature()[1]
         return tuple([dead_sizes.get(s, 0) for s in segnos]) if dead_sizes else (0,) * len(segnos)
 
-    def _delta(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], old: _Delta | None) -> _Delta:
+    def _delta(self, txn: Txn, d: _Dir, blind: bytes, holders: tuple[int, ...], old: _Delta | None,
+               counts: tuple[int, ...] | None = None) -> _Delta:
         """The term's live postings in the small segments ``holders`` (increasing segnos);
-        ``old`` itself when it was built from the same segments and tombstones."""
-        counts = self._counts(d, holders)
+        ``old`` itself when it was built from the same segments and tombstones. ``counts``:
+        the holders' tombstone counts (:meth:`_counts`), when the caller has them."""
+        if counts is None:
+            counts = self._counts(d, holders)
         if old is not None and old.key[0] == holders and old.key[1] == counts:
             return old
         parts = []
@@ -2043,22 +2046,33 @@ class SegmentedBM25:
                 old.seen = d.serial
                 return old
         view = d.view or cast("_View", self._view(txn, d))
-        if old is not None and old.epoch == d.epoch:
+        same = old is not None and old.epoch == d.epoch
+        native = _accel.NATIVE
+        counts: tuple[int, ...] | None = None
+        if native is not None:
+            # _holders and _counts in one C call (the same tuples): on the CPU a commit leaves
+            # cold their Python cost ~10 µs per query term
+            prev_live, prev_held = (old.live, old.delta.key[0]) if old is not None and same else ((), ())
+            holders, counts = native.term_holders(blind, view.small, prev_live, prev_held, dead_sizes)
+        elif old is not None and same:
             holders = self._holders(view, old, blind)
         else:
             holders = tuple([s for s, t in view.small if t is None or blind in t])
-        if old is not None and old.epoch == d.epoch and old.bkey == view.bkey:
+        if old is not None and same and old.bkey == view.bkey:
             # the base is right as it is (the usual case after a commit or a small merge)
             delta = old.delta
             # compare the holders' tombstone counts even when this state has none: ``d`` may be
             # OLDER than the entry (a read transaction or thread still on an earlier snapshot
             # after a newer one was queried), and then the entry's delta is filtered by
             # tombstones ``d`` does not have (``_counts`` gives zeros for a state without any)
-            if delta.key[0] == holders and delta.key[1] == self._counts(d, holders):
+            if counts is None:
+                counts = self._counts(d, holders)
+            if delta.key[0] == holders and delta.key[1] == counts:
                 old.seen = d.serial  # and so is the delta: the entry covers this state as it is
                 return old
             # relabelled with the delta of the term's holders now
-            entry = old.relabelled(live, view.dead, dead_sizes, self._delta(txn, d, blind, holders, delta), view.bkey)
+            entry = old.relabelled(live, view.dead, dead_sizes, self._delta(txn, d, blind, holders, delta, counts),
+                                   view.bkey)
         else:
             updated = self._update(txn, d, blind, old, holders, view) if old is not None and old.epoch == d.epoch else None
             entry = self._build(txn, d, blind, holders, view.dead) if updated is None else updated
