@@ -2017,21 +2017,23 @@ def _read_transcript(path: str) -> Any:
 @click.argument("task")
 @click.option("--top-k", type=click.IntRange(1, 100), default=5, show_default=True, help="At most this many memories.")
 @click.option("--min-relevance", type=click.FloatRange(0, 1), help="Relevance floor (default: the library's).")
+@click.option("--max-tokens", type=click.IntRange(min=0),
+              help="Hard token budget of the block; memories that do not fit are left out whole, never cut.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relevance: float | None,
-                 as_json: bool) -> None:
+                 max_tokens: int | None, as_json: bool) -> None:
     """Print the memories relevant to TASK as a prompt block (nothing when none is relevant).
 
     Example:
 
-        engramdb agent before notes.engram "build a CLI bookmark manager with tags"
+        engramdb agent before notes.engram "build a CLI bookmark manager with tags" --max-tokens 500
     """
     from .agent import MemoryHooks
 
     options: dict[str, Any] = {} if min_relevance is None else {"min_relevance": min_relevance}
     with _open(ctx, file, readonly=True) as db:
-        block = MemoryHooks(db, top_k=top_k, **options).before_task(task)
+        block = MemoryHooks(db, top_k=top_k, **options).before_task(task, max_tokens=max_tokens)
     if as_json:
         _emit({"block": block}, True, str)
     elif block:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from engramdb import estimate_tokens
 from engramdb.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,13 @@ def test_agent_commands(run, tmp_path):
     before = run("agent", "before", f, "build a CLI bookmark manager with tags and HTML export")
     assert before.exit_code == 0 and before.output.startswith("## Relevant Memories\n1. ")
     assert "no argparse or click" in before.output
+    block = before.output.rstrip("\n")
+    small = run("agent", "before", f, "build a CLI bookmark manager with tags and HTML export", "--max-tokens",
+                str(estimate_tokens(block) - 1), "--json")
+    cut = json.loads(small.output)["block"]  # a memory left out whole, not the block cut
+    memories = {line.split(". ", 1)[1] for line in block.splitlines()[1:]}
+    assert cut.startswith("## Relevant Memories\n1. ") and estimate_tokens(cut) < estimate_tokens(block)
+    assert all(line.split(". ", 1)[1] in memories for line in cut.splitlines()[1:])
     quiet = run("agent", "before", f, "refactor this messy module", "--json")
     assert json.loads(quiet.output) == {"block": ""}
 

@@ -413,3 +413,46 @@ def test_the_patterns_compile_on_python_3_10():
         for pattern in re.findall(r"""r(?:"([^"\n]*)"|'([^'\n]*)')""", path.read_text(encoding="utf-8")):
             text = "".join(pattern)
             assert not newer.search(text), (path.name, text)
+
+
+def test_before_task_holds_a_token_budget_with_each_memory_whole(make_db, now):
+    # before_task had no budget: recall_context and inject_context hold one, and an agent's
+    # prompt has a size; the memories are whole (spec/agent.md 2.1), so a budget leaves out
+    # those that do not fit instead of cutting them
+    db = make_db()
+    _other_memories(db, now)
+    hooks = MemoryHooks(db)
+    hooks.after_task(_session1(), outcome="success", session="s1", now=now)
+    db.remember("The CLI task manager stores each task with a title, due dates and the date it was added; "
+                "overdue tasks come first when the manager lists them, then by due date", now=now)
+    db.remember("Task manager: due dates in ISO format", now=now)
+    task = "build a CLI task manager in Python with due dates"
+    full = hooks.before_task(task)
+    assert hooks.before_task(task, max_tokens=None) == full == hooks.before_task(task, max_tokens=10**6)
+    memories, procedure = full.split("\n\n", 1) if "\n\n## Procedure" in full else (full, "")
+    whole = [line.split(". ", 1)[1] for line in memories.splitlines()[1:]]
+    assert len(whole) >= 3 and procedure.startswith("## Procedure")
+    seen_skip = False
+    for counter in (engramdb.estimate_tokens, len):
+        for budget in range(counter(full) + 2):
+            text = hooks.before_task(task, max_tokens=budget, count_tokens=counter)
+            assert counter(text) <= budget
+            if not text:
+                continue
+            head, _, tail = text.partition("\n\n")
+            if head.startswith("## Procedure"):
+                head, tail = "", text
+            assert tail in ("", procedure)  # the procedure block is whole or left out
+            lines = head.splitlines()[1:] if head else []
+            assert [line.split(". ", 1)[0] for line in lines] == [str(n) for n in range(1, len(lines) + 1)]
+            kept = [line.split(". ", 1)[1] for line in lines]
+            assert all(m in whole for m in kept)  # every memory whole, never cut
+            assert kept == sorted(kept, key=whole.index)  # best first
+            seen_skip |= kept != whole[:len(kept)]  # a later, shorter memory in after one that did not fit
+    assert seen_skip
+    assert hooks.before_task(task, max_tokens=0) == ""
+    for bad in (-1, 1.5, "100", True):
+        with pytest.raises(ValidationError, match="max_tokens"):
+            hooks.before_task(task, max_tokens=bad)
+    with pytest.raises(ValidationError, match="count_tokens"):
+        hooks.before_task(task, max_tokens=100, count_tokens=lambda s: -1)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from ..errors import DuplicateIdError, ValidationError
 from ..recall import Hit, as_int, as_real
 from ..records import now_ts
+from ..tokens import token_counter
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, live_candidates
 from .extract import Fact, extract_facts
 from .protocols import AgentMemory
@@ -30,6 +31,16 @@ HEADER = "## Relevant Memories"
 DEFAULT_MIN_RELEVANCE = 0.15
 DUPLICATE_OVERLAP = 0.8
 Extractor = Callable[[str], Iterable[str]]
+
+
+def _render(lines: Sequence[str], guidance: str) -> str:
+    """before_task's text: the memories' lines numbered under the header, then the guidance."""
+    blocks = []
+    if lines:
+        blocks.append("\n".join([HEADER, *(f"{n}. {line}" for n, line in enumerate(lines, 1))]))
+    if guidance:
+        blocks.append(guidance)
+    return "\n\n".join(blocks)
 
 
 class MemoryHooks:
@@ -93,25 +104,41 @@ class MemoryHooks:
                                          min_relevance=self.min_relevance)
         return hits
 
-    def before_task(self, task_text: str) -> str:
+    def before_task(self, task_text: str, *, max_tokens: int | None = None,
+                    count_tokens: Callable[[str], int] | None = None) -> str:
         """The memories relevant to ``task_text`` as a numbered block headed ``## Relevant
         Memories`` (and the procedure that worked for similar tasks, when there is one), or
         "" when nothing is relevant: unrelated memories make an agent worse.
 
+        ``max_tokens`` (None: no budget) is a hard limit on the text returned, measured whole
+        under ``count_tokens`` (default :func:`engramdb.estimate_tokens`), as recall_context's
+        budget is. Each memory is whole or left out, never cut: best first, a memory goes in
+        when the text with it still fits (a later, shorter one may fit after one that did
+        not), then the procedure block, whole, when it still fits.
+
         Raises:
-            ValidationError: ``task_text`` is not a string.
+            ValidationError: ``task_text`` is not a string, ``max_tokens`` is not a
+                non-negative int or None, or ``count_tokens`` fails.
         """
+        budget = None
+        if max_tokens is not None:
+            budget = as_int(max_tokens)
+            if budget is None or budget < 0:
+                raise ValidationError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}",
+                                      hint="e.g. max_tokens=800, or leave it out for no budget")
+        count = token_counter(count_tokens)
         hits = self.relevant(task_text)
-        blocks = []
-        if hits:
-            lines = [HEADER]
-            lines.extend(f"{n}. {' '.join(hit.node.content.split())}" for n, hit in enumerate(hits, 1))
-            blocks.append("\n".join(lines))
-        if self.graph is not None:
-            guidance = self.graph.guidance_for(task_text)
-            if guidance:
-                blocks.append(guidance)
-        return "\n\n".join(blocks)
+        lines = [' '.join(hit.node.content.split()) for hit in hits]
+        guidance = self.graph.guidance_for(task_text) if self.graph is not None else ""
+        if budget is None:
+            return _render(lines, guidance)
+        kept: list[str] = []
+        for line in lines:
+            if count(_render([*kept, line], "")) <= budget:
+                kept.append(line)
+        if guidance and count(_render(kept, guidance)) <= budget:
+            return _render(kept, guidance)
+        return _render(kept, "")  # measured when its last line went in ("" when none did)
 
     # -- after ----------------------------------------------------------------------------
     def _facts(self, conv: SerializedConversation, outcome: str | None) -> list[Fact]:
