@@ -2218,12 +2218,11 @@ def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | N
     now = parse_iso(now_text) if now_text is not None else None
     client = None
     if scheduler:
-        distributed = fleet._distributed()
-        client = distributed.Client(scheduler)
+        client = fleet._connect(scheduler)
     try:
         report = fleet.run(pattern, job, client=client, key_source=key_source, retries=retries,
                            progress=not _quiet(ctx) and _show_progress(sys.stderr), out=out, now=now,
-                           workers=workers)
+                           workers=workers, timeout=_timeout(ctx))
     finally:
         if client is not None:
             client.close()

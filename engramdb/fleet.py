@@ -18,8 +18,10 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import logging
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,7 @@ from . import engram, errors
 from .errors import (
     AlreadyOpenError, ConfigMismatchError, EngramError, ModeMismatchError, ValidationError, WriteConflictError,
 )
-from .store import atomic_file
+from .store import DEFAULT_TIMEOUT, atomic_file
 
 if TYPE_CHECKING:  # annotations only
     from .maintenance.lifecycle import MaintenanceConfig
@@ -202,12 +204,12 @@ def _do_job(db: Any, path: str, job: str | Callable[[engram.Engram], Mapping[str
     raise ValidationError(f"unknown job {job!r}", hint=f"use one of {', '.join(JOBS)} or a function (Engram) -> dict")
 
 
-def _open(path: str, readonly: bool, kwargs: dict[str, Any]) -> engram.Engram:
+def _open(path: str, readonly: bool, kwargs: dict[str, Any], timeout: float | None) -> engram.Engram:
     """``engram.open`` with a mode mismatch's hint in the fleet's words: the library's
     speaks of open()'s arguments (``encrypted=False``), which a fleet user does not pass.
     Plaintext and encrypted files take different key sources, so a mixed glob is run twice."""
     try:
-        return engram.open(path, create=False, readonly=readonly, **kwargs)
+        return engram.open(path, create=False, readonly=readonly, timeout=timeout, **kwargs)
     except ModeMismatchError as exc:
         if kwargs.get("encrypted") is False:
             hint = ("it is encrypted: run the encrypted files in a fleet run of their own, with their "
@@ -223,8 +225,9 @@ def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], 
     """Run ``job`` on one file and return its result row (the body of every fleet task).
 
     A bad file (damaged, wrong key, full disk, any :class:`EngramError`) gives a row with
-    ``status="error"``, its message and hint. A busy file raises :class:`BusyFileError`, so
-    the scheduler retries the task.
+    ``status="error"``, its message and hint, and so does any other exception a job function
+    raises (it is not retried: a retry would repeat what the job committed). A busy file
+    raises :class:`BusyFileError`, so the scheduler retries the task.
     """
     options = dict(options or {})
     start = time.perf_counter()
@@ -232,7 +235,7 @@ def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], 
     readonly = job in ("verify", "stats", "dump") or (job == "maintain" and bool(options.get("plan")))
     try:
         kwargs = _open_kwargs(key_source, path)
-        with _open(path, readonly, kwargs) as db:
+        with _open(path, readonly, kwargs, options.get("timeout", DEFAULT_TIMEOUT)) as db:
             row["result"] = _do_job(db, path, job, options)
         row["status"] = "ok"
         if job == "verify" and row["result"]["problems"]:
@@ -244,6 +247,13 @@ def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], 
     except OSError as exc:  # a vanished file or folder between listing and opening
         row.update(status="error", error=type(exc).__name__, message=str(exc),
                    hint="check that the file and the output folder exist and are writable")
+    except Exception as exc:  # a bug in a job function or a key callable: raised, Dask would retry it
+        # and repeat what the job committed before failing; only a busy file is worth a retry
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        row.update(status="error", error=type(exc).__name__,
+                   message=f"{exc} (raised at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})",
+                   hint="fix the job (or key) function; it ran once on this file, not retried, and the file "
+                        "keeps what the job committed before the error")
     row["seconds"] = time.perf_counter() - start
     return row
 
@@ -348,10 +358,27 @@ def _distributed() -> Any:  # Any: Dask (an optional extra) is untyped here, the
     return distributed
 
 
+def _connect(address: str) -> Any:  # Any: a distributed.Client (Dask is untyped here)
+    """A Dask client of the scheduler at ``address`` (``tcp://HOST:8786``).
+
+    Raises:
+        ConfigMismatchError: Dask is not installed, the address is malformed, or no
+            scheduler answers there.
+    """
+    distributed = _distributed()
+    try:
+        return distributed.Client(address)
+    except (OSError, ValueError, TypeError) as exc:  # TimeoutError is an OSError
+        raise ConfigMismatchError(f"cannot connect to the Dask scheduler at {address}: {exc}",
+                                  hint="check --scheduler (tcp://HOST:8786) and that the scheduler is running "
+                                       "there") from None
+
+
 def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
         job: str | Callable[[engram.Engram], Mapping[str, Any]], *, client: Any = None, key_source: KeySource | None = None,
         retries: int = 2, progress: bool = True, out: str | None = None, now: float | None = None,
-        config: MaintenanceConfig | None = None, workers: int | None = None) -> FleetReport:
+        config: MaintenanceConfig | None = None, workers: int | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT) -> FleetReport:
     """Run ``job`` over every file, one Dask task per file, and report per file.
 
     Args:
@@ -366,6 +393,8 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         progress: show a progress bar on stderr.
         out: the folder or fsspec URL that ``dump`` writes ``NAME.aaak`` files into.
         now, config: passed to ``maintain``.
+        timeout: seconds a task waits for another process writing to or compacting its
+            file before the file counts as busy (``None``: as long as it takes).
 
     Raises:
         ValidationError: a bad job, no files, or ``dump`` without ``out``.
@@ -376,7 +405,11 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         raise ValidationError(f"unknown job {job!r}", hint=f"use one of {', '.join(JOBS)} or a function (Engram) -> dict")
     if not isinstance(job, str) and not callable(job):
         raise ValidationError("the job must be a name or a function (Engram) -> dict")
-    options: dict[str, Any] = {"now": now, "config": config}
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout >= 0):
+        raise ValidationError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}",
+                              hint="pass timeout=SECONDS (--timeout), or None to wait as long as it takes")
+    options: dict[str, Any] = {"now": now, "config": config, "timeout": timeout}
     if job == "dump":
         if not out:
             raise ValidationError("the dump job needs an output folder or URL", hint="pass out=FOLDER (--out)")
@@ -401,8 +434,11 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     own_cluster = None
     if client is None:
         n = workers or os.cpu_count() or 1
+        # silence_logs: a worker logs each failed attempt with a traceback ("Compute Failed"), a
+        # busy file's too; this cluster's workers would print that to the terminal, and the report
+        # already names each file and what happened to it
         own_cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                               dashboard_address=None)
+                                               dashboard_address=None, silence_logs=logging.CRITICAL)
         client = distributed.Client(own_cluster)
     try:
         report = _gather(distributed, client, paths, job, key_source, options, retries, progress)

@@ -335,3 +335,106 @@ def test_cli_fleet_over_plaintext_and_encrypted_files_hints_at_the_option(client
                                env=env, catch_exceptions=False)
     assert plain.exit_code == 1 and "1 ok" in plain.output and "1 failed" in plain.output
     assert "not Plaintext() (--plaintext)" in plain.output and "encrypted=False" not in plain.output
+
+
+def _count(path: str, secret: str | bytes) -> int:
+    with engramdb.open(path, create=False, readonly=True, **_open_kwargs(secret)) as db:
+        return len(db)
+
+
+def add_then_fail(db):
+    """A job function with a bug after its first write."""
+    db.add("written by the job")
+    raise KeyError("no such setting")
+
+
+def test_a_failing_job_function_runs_once_and_reports_its_error(originals, client, tmp_path):
+    """Any exception but a busy file's went back to Dask, which retried the task `retries`
+    times (documented for busy files only): a job that wrote before failing wrote three times,
+    and its row said "see the worker logs"."""
+    files = _copy(dict(list(originals.items())[:2]), tmp_path / "fleet")
+    paths = list(files)
+    before = [_count(p, s) for p, s in files.items()]
+    report = fleet.run(paths, add_then_fail, client=client, key_source=files.__getitem__, retries=2, progress=False)
+    assert [f.status for f in report.files] == ["error", "error"]
+    for item in report.files:
+        assert item.error == "KeyError" and "no such setting" in item.message and "retried" in item.hint
+    after = [_count(p, s) for p, s in files.items()]
+    assert after == [n + 1 for n in before]  # once each, not 1 + retries times
+    row = fleet.run_one(paths[0], add_then_fail, files.__getitem__)  # the same row without Dask
+    assert row["status"] == "error" and row["error"] == "KeyError"
+
+
+def test_the_timeout_reaches_each_task(client, tmp_path):
+    """`engramdb --timeout 0 fleet ...` and fleet.run had no way to set how long a task waits
+    for another process writing to its file: every task waited open()'s default 30 s."""
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    path = str(folder / "t.engram")
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("a memory")
+    secret = tmp_path / "passphrase"
+    secret.write_text("pw\n")
+    db = engramdb.open(path, passphrase="pw")
+    try:
+        with db.transaction() as tx:  # another process writing to the file meanwhile
+            tx.add("a write in progress")
+            report = fleet.run([path], "maintain", client=client, key_source=fleet.Passphrase("pw"), retries=0,
+                               timeout=0.0, progress=False)
+            assert report.files[0].status == "busy" and "timeout (0.0 s)" in report.files[0].message
+            result = CliRunner().invoke(cli, ["--timeout", "0", "--passphrase-file", str(secret), "fleet", "maintain",
+                                              str(folder / "*.engram"), "--scheduler", client.scheduler.address,
+                                              "--retries", "0"], catch_exceptions=False)
+            assert result.exit_code == 1 and "timeout (0.0 s)" in result.output and "1 busy" in result.output
+    finally:
+        db.close()
+    with pytest.raises(ValidationError, match="timeout"):
+        fleet.run([path], "stats", timeout=-1.0)
+
+
+def test_a_scheduler_that_cannot_be_reached_is_an_error_with_a_hint(tmp_path):
+    """--scheduler with a malformed address raised a raw ValueError (a traceback); an address
+    where no scheduler listens said "check the path and its permissions"."""
+    import dask
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+
+    path = tmp_path / "t.engram"
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("a memory")
+    env = {"ENGRAM_PASSPHRASE": "pw"}
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        for address in ("no-port-here", "tcp://127.0.0.1:1"):  # port 1: nothing listens there
+            result = CliRunner().invoke(cli, ["fleet", "stats", str(path), "--scheduler", address], env=env,
+                                        catch_exceptions=False)
+            assert result.exit_code == 1 and result.output.startswith("error: ")
+            assert f"Dask scheduler at {address}" in result.output and "hint: check --scheduler" in result.output
+            assert "Traceback" not in result.output and "the path and its permissions" not in result.output
+
+
+def test_a_busy_file_on_the_local_cluster_prints_no_worker_tracebacks(tmp_path):
+    """Each attempt on a busy file made the local cluster's worker log "Compute Failed" with a
+    Traceback to the terminal, even under -q; the report already says which file was busy."""
+    import subprocess
+
+    path = str(tmp_path / "t.engram")
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("a memory")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "ENGRAM_PASSPHRASE": "pw", "PYTHONPATH": root}
+    db = engramdb.open(path, passphrase="pw")
+    try:
+        with db.transaction() as tx:  # another process writing to the file meanwhile
+            tx.add("a write in progress")
+            result = subprocess.run([sys.executable, "-m", "engramdb", "-q", "--timeout", "0", "fleet", "maintain",
+                                     path, "--workers", "1", "--retries", "1"], env=env, capture_output=True,
+                                    text=True, stdin=subprocess.DEVNULL, timeout=300, check=False)
+    finally:
+        db.close()
+    assert result.returncode == 1 and "1 busy" in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "Compute Failed" not in result.stderr, result.stderr
