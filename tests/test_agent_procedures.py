@@ -235,3 +235,17 @@ def test_procedure_rows_written_before_tool_ids_were_escaped_read_the_same(tmp_e
     assert [(n.id, n.kind) for n in graph.nodes()] == [("edit", "action"), ("end", "state"), ("start", "state")]
     assert graph.trajectories()[0].tools == ("edit", "start")
     assert graph.to_dict()["trajectories"] == 1
+
+
+def test_a_proposal_holding_a_lone_surrogate_is_stored_with_a_replacement_character(tmp_engram, now):
+    # a model's JSON can hold half an escaped surrogate pair ("\\ud83d"): refine raised "cannot
+    # encode value" (with a hint about Node fields) and decided nothing
+    graph = ProceduralGraph(tmp_engram, min_trajectories=4)
+    _record_synthetic(graph, now)
+    proposal = {"op": "add_guidance", "src": "read_file", "dst": "edit_file", "text": "read it first \ud83d",
+                "condition": "when \udfff"}
+    report = graph.refine(proposer=lambda contrast: [proposal], now=now)
+    assert [(p["text"], p["condition"]) for p in report.applied] == [("read it first \ufffd", "when \ufffd")]
+    edge = {e.key: e for e in graph.edges()}[("read_file", "edit_file", "leads_to")]
+    assert (edge.guidance, edge.condition) == ("read it first \ufffd", "when \ufffd")
+    assert "2. edit_file: read it first \ufffd" in graph.guidance_for("fix parser bug")

@@ -160,7 +160,8 @@ class Proposal:
             if not isinstance(value, str) or (default is None and not value):
                 raise ValidationError(f"proposal {n}: {key} must be a non-empty string" if default is None
                                       else f"proposal {n}: {key} must be a string", hint=hint)
-            values[key] = value
+            # a model's JSON may hold half an escaped surrogate pair: the file cannot encode it
+            values[key] = storable(value)
         if values["op"] not in OPS:
             raise ValidationError(f"proposal {n}: op {values['op']!r} is not one of {', '.join(OPS)}", hint=hint)
         if values["relation"] not in RELATIONS:
