@@ -6,6 +6,7 @@ import pytest
 
 from engramdb.agent import MemoryHooks, consolidate_sleep, unconsolidated
 from engramdb.errors import ValidationError
+from engramdb.records import MAX_CONTENT_BYTES
 
 TOPICS = {
     "garden": "Alice waters the tomato garden every {} morning and the basil needs shade.",
@@ -108,7 +109,7 @@ def test_the_hooks_leave_the_users_own_memories_alone(tmp_engram, now):
     assert {n.id for n in unconsolidated(tmp_engram)} >= set(user)  # every user memory still live
 
 
-@pytest.mark.parametrize("failure", ["bad value", "raises"])
+@pytest.mark.parametrize("failure", ["bad value", "raises", "too long"])
 def test_a_summarizer_that_fails_on_a_later_group_leaves_the_file_untouched(tmp_engram, now, failure):
     # The summaries used to be asked for group by group, each group written before the next
     # was summarized: a model failing on the second group left the first consolidated (its
@@ -121,16 +122,33 @@ def test_a_summarizer_that_fails_on_a_later_group_leaves_the_file_untouched(tmp_
         if len(calls) == 2:
             if failure == "raises":
                 raise RuntimeError("the model is down")
-            return ""
+            return "x" * (MAX_CONTENT_BYTES + 1) if failure == "too long" else ""
         return "a summary"
 
-    with pytest.raises(ValidationError if failure == "bad value" else RuntimeError):
+    with pytest.raises(RuntimeError if failure == "raises" else ValidationError):
         consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now)
     assert len(calls) == 2
     assert all(tmp_engram.get(i).tier == "hot" for i in ids)
     assert [n.id for n in tmp_engram.scan() if "core" in n.tags] == []
     report = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=lambda texts: "ok", now=now)
     assert report.archived == 10 and unconsolidated(tmp_engram) == []
+
+
+def test_a_summary_holding_a_lone_surrogate_is_stored_with_a_replacement_character(tmp_engram, now):
+    # a model's output with half an escaped surrogate pair: the second group's core could not be
+    # encoded, after the first group's core was written and its members archived
+    ids = _memories(tmp_engram, now, n_per_topic=2)
+    calls = []
+
+    def summarizer(texts):
+        calls.append(texts)
+        return "a summary \ud83d" if len(calls) == 2 else "a summary"
+
+    report = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now)
+    assert report.archived == len(ids) == 10 and unconsolidated(tmp_engram) == []
+    contents = sorted(core["content"] for core in report.cores)
+    assert contents.count("a summary \ufffd") == 1
+    assert sorted(n.content for n in tmp_engram.scan(tags=["core"])) == contents
 
 
 def test_tags_given_as_one_string_are_refused(tmp_engram, now):

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..errors import DuplicateIdError, ValidationError
 from ..index.vectors import HashedTfidfEmbedder
-from ..records import Node, now_ts
+from ..records import MAX_CONTENT_BYTES, Node, now_ts
 from .protocols import AgentMemory
-from .text import content_words, overlap
+from .text import content_words, overlap, storable
 
 __all__ = ["SleepReport", "Summarizer", "consolidate_sleep", "unconsolidated", "CORE_TAG"]
 
@@ -246,6 +246,12 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
             if not isinstance(summary, str) or not summary.strip():
                 raise ValidationError(f"the summarizer returned {type(summary).__name__}, not text",
                                       hint="a Summarizer takes a list of texts and returns one non-empty string")
+            if len(summary) > MAX_CONTENT_BYTES:  # refused by the write below, after earlier groups' commits
+                raise ValidationError(f"the summarizer returned {len(summary)} characters; a memory holds at most "
+                                      f"{MAX_CONTENT_BYTES}", hint="return a summary, not the texts themselves")
+            # half an escaped surrogate pair in a model's output: the file cannot encode it, and
+            # the write below would fail after earlier groups' commits
+            summary = storable(summary)
         else:
             summary = _extractive(texts, embed)
         planned.append((members, summary))
