@@ -2144,8 +2144,11 @@ def agent_procedures(ctx: click.Context, file: str, refine: bool, as_json: bool)
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--readonly", is_flag=True,
+              help="Open FILE read-only and offer only recall, recall_context, before_task and stats (for a file "
+                   "on a read-only disk, or one the agent must not change).")
 @click.pass_context
-def mcp(ctx: click.Context, file: str) -> None:
+def mcp(ctx: click.Context, file: str, readonly: bool) -> None:
     """Serve FILE over stdio with the Model Context Protocol (needs `pip install 'engramdb[mcp]'`).
 
     Tools: remember, recall, recall_context, forget, before_task, after_task, stats. The
@@ -2159,7 +2162,13 @@ def mcp(ctx: click.Context, file: str) -> None:
     from . import mcp_server
 
     mcp_server._sdk()  # a missing SDK is reported before the file is opened
-    with _open(ctx, file) as db:
+    if _key_source(ctx) == "passphrase" and not _settings(ctx).get("passphrase_file") \
+            and not os.environ.get(PASSPHRASE_ENV):  # never a prompt: stdin carries the protocol
+        raise ValidationError("no passphrase given; the MCP server never prompts for one (its standard input "
+                              "carries the protocol)",
+                              hint=f"set {PASSPHRASE_ENV} in the server's environment (the MCP client's \"env\"), "
+                                   "or pass --passphrase-file FILE or --key-file FILE before `mcp`")
+    with _open(ctx, file, readonly=readonly) as db:
         mcp_server.serve(db)
 
 

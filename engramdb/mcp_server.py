@@ -19,10 +19,12 @@ from .agent.hooks import MemoryHooks
 from .engram import Engram
 from .errors import ConfigMismatchError, EngramError, ValidationError
 
-__all__ = ["build_server", "serve", "TOOLS", "INSTALL_HINT"]
+__all__ = ["build_server", "serve", "TOOLS", "READ_TOOLS", "INSTALL_HINT"]
 
 INSTALL_HINT = "install the MCP extra: pip install 'engramdb[mcp]'"
 TOOLS = ("remember", "recall", "recall_context", "forget", "before_task", "after_task", "stats")
+# the tools a read-only handle offers (``engramdb mcp --readonly``): the others write
+READ_TOOLS = ("recall", "recall_context", "before_task", "stats")
 INSTRUCTIONS = ("Long-term memory in one encrypted .engram file. Call before_task with the task first and use "
                 "what it returns; call after_task with the conversation when the task is done; remember facts "
                 "worth keeping; recall to search; forget removes memories for good.")
@@ -48,8 +50,15 @@ def _node_view(node: Any) -> dict[str, Any]:
             "importance": node.importance, "created_at": node.created_at}
 
 
+def _check_max_tokens(max_tokens: int) -> None:
+    if not 1 <= max_tokens <= 100_000:
+        raise ValidationError(f"max_tokens must be between 1 and 100000, got {max_tokens}",
+                              hint="pass max_tokens between 1 and 100000")
+
+
 def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "engramdb") -> Any:
-    """An MCP server (not yet running) whose tools work on the open file ``db``.
+    """An MCP server (not yet running) whose tools work on the open file ``db``: all of
+    :data:`TOOLS`, or only :data:`READ_TOOLS` when ``db`` is open read-only.
 
     Raises:
         ConfigMismatchError: the ``mcp`` package is not installed.
@@ -67,7 +76,8 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
                 except EngramError as exc:  # the message and hint, never a traceback
                     raise tool_error(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from None
 
-            server.add_tool(wrapped, name=fn.__name__, description=description)
+            if fn.__name__ in READ_TOOLS or not db.readonly:
+                server.add_tool(wrapped, name=fn.__name__, description=description)
             return wrapped
         return register
 
@@ -87,9 +97,7 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
 
     @tool("The source passages behind the best memories for the query, within a token budget, as text.")
     def recall_context(query: str, max_tokens: int = 1000) -> str:
-        if not 1 <= max_tokens <= 100_000:
-            raise ValidationError(f"max_tokens must be between 1 and 100000, got {max_tokens}",
-                                  hint="pass max_tokens between 1 and 100000")
+        _check_max_tokens(max_tokens)
         return db.recall_context(query, max_tokens=max_tokens).text
 
     @tool("Delete memories by id for good (records, index entries, edges, archived text). Returns a receipt.")
@@ -99,9 +107,13 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
         return db.forget(ids=list(ids)).to_dict()
 
     @tool("Call before starting a task: the memories relevant to it (and a procedure that worked for similar "
-          "tasks) as a block to put into the prompt; an empty string when nothing is relevant.")
-    def before_task(task: str) -> str:
-        return hooks.before_task(task)
+          "tasks) as a block to put into the prompt, within a token budget; an empty string when nothing is "
+          "relevant.")
+    def before_task(task: str, max_tokens: int = 1000) -> str:
+        # a budget by default: the block goes into the agent's prompt, and one long memory made it
+        # larger than any model's context
+        _check_max_tokens(max_tokens)
+        return hooks.before_task(task, max_tokens=max_tokens)
 
     @tool("Call when a task is done, with the conversation (OpenAI chat or Anthropic messages) and optionally "
           "its outcome ('success' or 'failure'): stores 1 to 3 new facts and returns their ids.")

@@ -133,3 +133,91 @@ def test_the_servers_own_argument_errors_say_what_to_pass(tmp_path):
         text = asyncio.run(failing(name, args))
         assert "hint: " in text and hint in text and "engramdb.Node" not in text, text
     db.close()
+
+
+def _text(result) -> str:
+    assert not _field(result, "is_error", "isError"), result.content
+    return result.content[0].text if result.content else ""
+
+
+def test_before_task_holds_a_token_budget(tmp_path):
+    """The before_task tool returned every relevant memory whole: one long memory made a block
+    of 270,000 tokens for the agent's prompt, past any model's context. It now holds
+    max_tokens (default 1000, as recall_context), each memory whole or left out."""
+    from engramdb import estimate_tokens
+    from engramdb.mcp_server import build_server
+
+    db = engramdb.open(tmp_path / "agent.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    for text in ["The cat sleeps on the sofa", "Paris is the capital of France", "Buy milk and eggs",
+                 "The meeting moved to Tuesday", "Use tabs in Go code", "The garden needs water",
+                 "Violin lesson at five", "Tax return due in April"]:
+        db.remember(text)
+    db.remember("The quarterly revenue report for Berlin shows growth. " * 20000)
+    db.remember("Quarterly revenue in Berlin grew ten percent.")
+    server = build_server(db)
+    task = "write the quarterly revenue report for Berlin"
+
+    async def call(args):
+        return await server.call_tool("before_task", args)
+
+    block = _text(asyncio.run(call({"task": task})))
+    assert "grew ten percent" in block and estimate_tokens(block) <= 1000
+    small = _text(asyncio.run(call({"task": task, "max_tokens": 30})))
+    assert "grew ten percent" in small and estimate_tokens(small) <= 30
+    with pytest.raises(Exception, match="max_tokens between 1 and 100000"):  # the SDK's ToolError in process
+        asyncio.run(call({"task": task, "max_tokens": 0}))
+    db.close()
+
+
+def test_a_file_can_be_served_read_only(tmp_path):
+    """`engramdb mcp` always opened read-write: a file on a read-only mount (or in a folder the
+    user cannot write) could not be served at all, and the error's hint, "open the file
+    read-only", named nothing `engramdb mcp` had. `--readonly` serves the read tools only."""
+    path = tmp_path / "agent.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.remember("Alice moved to Berlin in 2023")
+        for text in ["The cat sleeps on the sofa", "Buy milk and eggs", "The garden needs water"]:
+            db.remember(text)
+    before = path.read_bytes()
+    env = {**os.environ, "ENGRAM_PASSPHRASE": PASSPHRASE, "PYTHONPATH": str(ROOT)}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "engramdb", "mcp", "--readonly", str(path)],
+                                   env=env, cwd=str(ROOT))
+
+    async def script():
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            names = sorted(t.name for t in (await session.list_tools()).tools)
+            hits = _payload(await session.call_tool("recall", {"query": "where does alice live?"}))["hits"]
+            context = _payload(await session.call_tool("recall_context", {"query": "alice"}))
+            stats = _payload(await session.call_tool("stats", {}))
+            refused = await session.call_tool("remember", {"text": "a new fact"})
+            return names, hits, context, stats, refused
+
+    names, hits, context, stats, refused = asyncio.run(script())
+    assert names == sorted(["recall", "recall_context", "before_task", "stats"])
+    assert hits[0]["content"] == "Alice moved to Berlin in 2023" and "Berlin" in context and stats["memories"] == 4
+    assert _field(refused, "is_error", "isError")
+    assert path.read_bytes() == before
+
+
+def test_mcp_never_prompts_for_the_passphrase_even_in_a_terminal(tmp_path):
+    """In a terminal, `engramdb mcp` without a passphrase prompted for one (spec/agent.md 5:
+    never a prompt, stdin carries the protocol), and without a terminal its hint said "or run
+    in a terminal", which an MCP client's configuration cannot do."""
+    import pty
+    import subprocess
+
+    path = tmp_path / "agent.engram"
+    engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    env = {k: v for k, v in os.environ.items() if k != "ENGRAM_PASSPHRASE"}
+    env["PYTHONPATH"] = str(ROOT)
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-m", "engramdb", "mcp", str(path)], env=env, capture_output=True,
+                                text=True, stdin=follower, timeout=60, check=False)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "no passphrase given" in result.stderr and "run in a terminal" not in result.stderr
+    assert "ENGRAM_PASSPHRASE" in result.stderr and "--passphrase-file" in result.stderr
