@@ -387,9 +387,10 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
     the same nodes; metadata bytes are written as ``{"$bytes": base64}``.
 
     All or nothing: when a node is refused (or anything else raises, reading ``nodes``
-    included), ``fp`` is left as it was. A seekable ``fp`` (a file, ``io.StringIO``) is
-    written line by line and cut back to where it started; to anything else (a pipe, a
-    terminal) the lines are written once every node is made, so they are held in memory.
+    included), ``fp`` is left as it was. A seekable ``fp`` positioned at its end (a file
+    opened to write, ``io.StringIO``) is written line by line and cut back to where it
+    started; to anything else (a pipe, a terminal, a file appended to through ``>>``) the
+    lines are written once every node is made, so they are held in memory.
 
     An archived memory's stub (``db.scan()`` gives them) is refused unless it was archived
     with truncation (it has no original): its line would lose the text past the preview and
@@ -413,21 +414,16 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
             cast(TextIO, fp).write(line)
 
     lines = export_lines(nodes, space=space)
-    seekable = False
-    try:
-        seekable = fp.seekable()
-    except (AttributeError, ValueError, OSError):  # a duck-typed writer, or a closed file: not ours to seek
-        pass
-    start = fp.tell() if seekable else 0
+    start = _rewind_point(fp)
     count = 0
     try:
-        if not seekable:
-            lines = iter(list(lines))  # what is written to a pipe cannot be taken back
+        if start is None:
+            lines = iter(list(lines))  # what is written cannot be taken back: every line made first
         for line in lines:
             write(line)
             count += 1
     except BaseException as err:
-        if seekable:
+        if start is not None:
             try:
                 fp.seek(start)
                 fp.truncate()
@@ -439,6 +435,25 @@ def export_jsonl(nodes: Iterable[Node], fp: TextIO | BinaryIO, *, space: str | N
             err.hint = "nothing was written; " + err.hint if err.hint else "nothing was written"
         raise
     return count
+
+
+def _rewind_point(fp: Any) -> int | None:
+    """Where ``fp``'s writes start, when cutting it back there after an error loses nothing it
+    held before: a seekable ``fp`` positioned at its end. None otherwise: a pipe or terminal, a
+    file opened in the middle ("r+"), or one whose writes go elsewhere than its position (a
+    file opened for appending, as a shell's ``>>`` gives stdout, reports position 0)."""
+    try:
+        if not fp.seekable():
+            return None
+        fp.flush()
+        position: int = fp.tell()
+        end = fp.seek(0, io.SEEK_END)
+        if end != position:
+            fp.seek(position)
+            return None
+        return position
+    except (AttributeError, ValueError, OSError):  # a duck-typed writer, or a closed file: not ours to seek
+        return None
 
 
 def export_lines(nodes: Iterable[Node], *, space: str | None = None) -> Iterator[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -199,7 +200,8 @@ class _Pipe(io.RawIOBase):
         return len(b)
 
 
-@pytest.mark.parametrize("target", ["text file", "binary file", "StringIO", "BytesIO", "pipe"])
+@pytest.mark.parametrize("target", ["text file", "binary file", "appended fd", "middle of a file", "StringIO", "BytesIO",
+                                    "pipe"])
 def test_export_jsonl_of_a_stub_writes_nothing(make_db, now, tmp_path, target):
     # export_jsonl(db.scan(), fp) wrote the live memories' lines before it refused the stub:
     # a partial export that looked complete
@@ -216,6 +218,12 @@ def test_export_jsonl_of_a_stub_writes_nothing(make_db, now, tmp_path, target):
     elif target == "binary file":
         path.write_bytes(before.encode())
         fp = open(path, "ab")  # noqa: SIM115
+    elif target == "appended fd":  # a shell's `>> out.jsonl` stdout: writes go to the end, tell() says 0
+        path.write_text(before)
+        fp = open(os.open(path, os.O_WRONLY | os.O_APPEND), "w", encoding="utf-8")  # noqa: SIM115
+    elif target == "middle of a file":  # "r+" at the start of a file with lines: overwritten in place
+        path.write_text(before)
+        fp = open(path, "r+", encoding="utf-8")  # noqa: SIM115
     elif target == "StringIO":
         fp = io.StringIO()
         fp.write(before)
@@ -228,7 +236,7 @@ def test_export_jsonl_of_a_stub_writes_nothing(make_db, now, tmp_path, target):
     with pytest.raises(ValidationError, match="archived stub") as err:
         export_jsonl(db.scan(), fp)
     assert err.value.hint.startswith("nothing was written") and "full=True" in err.value.hint
-    if target.endswith("file"):
+    if target.endswith(("file", "fd")):
         fp.close()
         written = path.read_bytes()
     else:
