@@ -41,6 +41,7 @@ class Native(NamedTuple):
     concat_postings: Callable[[Sequence[tuple[Any, Any, Any]], Any, Any, Any], bool]
     term_holders: Callable[[bytes, Sequence[tuple[int, Any]], tuple[int, ...], tuple[int, ...], dict[int, int]],
                            tuple[tuple[int, ...], tuple[int, ...]]]
+    idf_values: Callable[[Any, int, Sequence[int]], list[float]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -51,13 +52,13 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
         return None
     try:
         from ._native import (accumulate, best_runs, columns_pass, concat_postings, count_postings, frontier_best,
-                              hmac_many, keep_tokens, new_nodes, pair_values, plain_records, posting_blocks,
+                              hmac_many, idf_values, keep_tokens, new_nodes, pair_values, plain_records, posting_blocks,
                               scan_texts, seal_many, state_sum, term_holders)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
                   count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs, concat_postings,
-                  term_holders)
+                  term_holders, idf_values)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

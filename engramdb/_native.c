@@ -74,11 +74,15 @@
  *       engramdb/index/bm25.py's SegmentedBM25._holders and _counts: the small segments of
  *       a read state holding a term, from its cached entry's, and their tombstone counts
  *       (see the function, at the end)
+ *   idf_values(call_info, n_docs, dfs) -> list[float]
+ *       engramdb/index/bm25.py's _idfs: Lucene's idf of each df, the log1p by numpy's own
+ *       float64 loop (call_info: numpy.log1p's, see the function, at the end)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
 #include <math.h>
+#include <fenv.h>
 #define OPENSSL_SUPPRESS_DEPRECATED  /* SHA256_Init and friends: see sha_ctx below */
 #include <openssl/evp.h>
 #include <openssl/sha.h>
@@ -1561,6 +1565,7 @@ static PyObject *frontier_best(PyObject *self, PyObject *args);  /* at the end o
 static PyObject *best_runs(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *concat_postings(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *term_holders(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *idf_values(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1580,6 +1585,7 @@ static PyMethodDef methods[] = {
     {"best_runs", best_runs, METH_VARARGS, "The k best (docno, value) of BM25 posting runs (see best_runs)."},
     {"concat_postings", concat_postings, METH_VARARGS, "BM25 posting blocks' columns, one after another (see concat_postings)."},
     {"term_holders", term_holders, METH_VARARGS, "A BM25 term's small holders and their tombstones (see term_holders)."},
+    {"idf_values", idf_values, METH_VARARGS, "BM25 idfs with numpy's own log1p loop (see idf_values)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2284,5 +2290,98 @@ done:
     Py_XDECREF(seq);
     Py_XDECREF(holders);
     Py_XDECREF(counts);
+    return result;
+}
+
+/* NumPy's ufunc call information (numpy.ufunc._resolve_dtypes_and_context and
+ * _get_strided_loop, NumPy >= 1.24: a capsule named "numpy_1.24_ufunc_call_info"; the
+ * layout is the one NumPy documents for that name). Only the strided loop's signature is
+ * used: loop(context, data, dimensions, strides, auxdata) -> 0 on success. */
+typedef int (*np_strided_loop)(void *context, char *const *data, const Py_ssize_t *dimensions,
+                               const Py_ssize_t *strides, void *auxdata);
+typedef struct {
+    np_strided_loop strided_loop;
+    void *context;
+    void *auxdata;
+    unsigned char requires_pyapi;
+    unsigned char no_floatingpoint_errors;
+} np_ufunc_call_info;
+#define NP_CALL_INFO_NAME "numpy_1.24_ufunc_call_info"
+
+/* idf_values(call_info, n_docs, dfs) -> list[float]
+ * engramdb/index/bm25.py's _idfs: per df of `dfs` (ints), the argument
+ * (n_docs - df + 0.5) / (df + 0.5) with Python's float operations (n_docs and df converted
+ * to double first, as float(df) and int - float do; no fused multiply-add), then ln(1 + x)
+ * by NumPy's own float64 log1p loop, which `call_info` (numpy.log1p's, for float64 -> float64,
+ * contiguous strides) gives: the same loop np.log1p runs over a contiguous array, so the
+ * same bits (numpy's SIMD log1p differs from libm's in the last bit for some inputs, so
+ * C's log1p would not do). On the CPU a commit leaves cold, numpy's ufunc dispatch around
+ * that loop costs ~20 µs per query; this calls the loop alone. The floating-point status
+ * flags are restored after the loop (numpy clears them before its own loops anyway). */
+static PyObject *
+idf_values(PyObject *self, PyObject *args)
+{
+    PyObject *capsule, *dfs_obj, *seq = NULL, *result = NULL;
+    long long n_docs;
+    np_ufunc_call_info *info;
+    Py_ssize_t n, i, strides[2] = {sizeof(double), sizeof(double)};
+    double *xs = NULL;
+    fexcept_t saved;
+    int rc;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLO", &capsule, &n_docs, &dfs_obj))
+        return NULL;
+    info = (np_ufunc_call_info *)PyCapsule_GetPointer(capsule, NP_CALL_INFO_NAME);
+    if (info == NULL)
+        return NULL;
+    if (info->strided_loop == NULL || info->requires_pyapi) {
+        PyErr_SetString(PyExc_ValueError, "idf_values: call_info holds no GIL-free strided loop "
+                                          "(call numpy.ufunc._get_strided_loop first)");
+        return NULL;
+    }
+    seq = PySequence_Fast(dfs_obj, "idf_values: dfs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    xs = PyMem_Malloc((size_t)(2 * n + 1) * sizeof(double));
+    if (xs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        double df = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i)), x;
+        if (df == -1.0 && PyErr_Occurred())
+            goto done;
+        x = (double)n_docs - df;
+        x = x + 0.5;
+        xs[i] = x / (df + 0.5);
+    }
+    if (n > 0) {
+        char *data[2];
+        data[0] = (char *)xs;
+        data[1] = (char *)(xs + n);
+        fegetexceptflag(&saved, FE_ALL_EXCEPT);
+        rc = info->strided_loop(info->context, data, &n, strides, info->auxdata);
+        fesetexceptflag(&saved, FE_ALL_EXCEPT);
+        if (rc < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "idf_values: numpy's log1p loop failed");
+            goto done;
+        }
+    }
+    result = PyList_New(n);
+    if (result == NULL)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *v = PyFloat_FromDouble(xs[n + i]);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    PyMem_Free(xs);
+    Py_XDECREF(seq);
     return result;
 }

@@ -204,12 +204,46 @@ def _idf(n_docs: int, df: int) -> float:
     return float(np.log1p((n_docs - fdf + 0.5) / (fdf + 0.5)))
 
 
+# numpy.log1p's float64 loop for the C extension's idf_values: [] until first asked, then
+# [the call-info capsule] or [None] (numpy without the API, or a loop that does not give
+# _idf's bits: then numpy's ufunc is called as before)
+_LOG1P_LOOP: list[Any] = []
+
+
+def _log1p_loop(native: _accel.Native) -> Any:
+    """numpy.log1p's strided float64 loop as a capsule for ``native.idf_values`` (numpy's
+    documented, unstable ``ufunc._resolve_dtypes_and_context`` / ``_get_strided_loop``, NumPy
+    >= 1.24), or None. Checked once against :func:`_idf` on a sample (one element and
+    several): the loop is the one ``np.log1p`` runs over a contiguous array, so it gives
+    the same bits; a numpy that answered otherwise is not used."""
+    loop = None
+    try:
+        f8 = np.dtype(np.float64)
+        loop = np.log1p._resolve_dtypes_and_context((f8, None))[1]  # type: ignore[attr-defined]
+        np.log1p._get_strided_loop(loop, fixed_strides=(f8.itemsize, f8.itemsize))  # type: ignore[attr-defined]
+        for n_docs, dfs in ((1000, [7]), (10**6 + 3, [1, 2, 3, 17, 250, 4096, 65537, 10**6, 999_999, 0, 31])):
+            if native.idf_values(loop, n_docs, dfs) != [_idf(n_docs, df) for df in dfs]:
+                loop = None
+                break
+    except Exception:  # any failure of an unstable numpy API: use np.log1p
+        loop = None
+    _LOG1P_LOOP[:] = [loop]
+    return loop
+
+
 def _idfs(n_docs: int, dfs: Sequence[int]) -> list[float]:
     """:func:`_idf` of each of ``dfs``, the same floats: the same scalar operations for the
     argument, then one ``np.log1p`` over them all (numpy's log1p loop computes each element
     alone, so an element's bits do not depend on the array it is in; a test checks it against
     :func:`_idf`). After a commit every query term's idf is new (N moved), and a numpy call
-    per term cost ~5 µs on the CPU a commit leaves cold."""
+    per term cost ~5 µs on the CPU a commit leaves cold; the ufunc call around the loop
+    still ~20 µs a query, so the C extension computes the arguments and calls numpy's own
+    log1p loop directly (``idf_values``: the same loop, the same bits; :func:`_log1p_loop`)."""
+    native = _accel.NATIVE
+    if native is not None and dfs:
+        loop = _LOG1P_LOOP[0] if _LOG1P_LOOP else _log1p_loop(native)
+        if loop is not None:
+            return native.idf_values(loop, n_docs, dfs)
     if len(dfs) <= 1:
         return [_idf(n_docs, df) for df in dfs]
     args = [(n_docs - fdf + 0.5) / (fdf + 0.5) for fdf in map(float, dfs)]
