@@ -169,7 +169,8 @@ class Engram:
     """An open .engram file. Use as a context manager, or call :meth:`close`.
 
     Thread-safe for readers; writes are serialized by LMDB's writer lock (one writer
-    across all threads and processes). Do not use a handle after ``fork()``: open the
+    across all threads and processes). A :meth:`transaction` belongs to the thread that
+    opened it. Do not use a handle after ``fork()``: open the
     file again in the child.
     """
 
@@ -642,6 +643,10 @@ class Engram:
         the block join it. :meth:`compact`, :meth:`maintain` and :meth:`forget` commit by
         themselves and raise :class:`~engramdb.errors.ValidationError` inside it: call them
         after the block.
+
+        The transaction belongs to the thread that opened it: used from another thread it
+        raises :class:`~engramdb.errors.WrongThreadError` (and writes nothing). Open one
+        ``db.transaction()`` in each thread that writes; they take turns.
         """
         with self._store.transaction() as txn, self._batched(txn) as tx:
             yield tx

@@ -16,6 +16,8 @@ __all__ = [
     "FileMissingError",
     "WriteConflictError",
     "ForkError",
+    "WrongThreadError",
+    "UnsafeFilesystemError",
     "ReadOnlyError",
     "ClosedError",
     "NotFoundError",
@@ -103,6 +105,24 @@ class ForkError(StoreError):
     """A handle opened in a parent process was used in a forked child."""
 
     default_hint = "open the file again in the child process (or use the 'spawn' start method)"
+
+
+class WrongThreadError(StoreError):
+    """A write transaction was used from a thread other than the one that opened it (LMDB
+    binds a write transaction to its thread). The call wrote nothing; the transaction stays
+    usable in its own thread."""
+
+    default_hint = ("write in the thread that opened the transaction, or open one in this thread: "
+                    "`with db.transaction() as tx:` there (each thread its own), or call db.add()/db.update()")
+
+
+class UnsafeFilesystemError(StoreError):
+    """The file is on a network or FUSE filesystem where LMDB's locks and shared memory map
+    do not hold (NFS, SMB/CIFS, 9p, sshfs, ...): two processes could corrupt it."""
+
+    default_hint = ("move the file to a local disk (copy it, with no process writing to it); if only this one "
+                    "process ever opens it, pass allow_unsafe_fs=True (CLI: --allow-unsafe-fs, or "
+                    "ENGRAMDB_ALLOW_UNSAFE_FS=1)")
 
 
 class ReadOnlyError(StoreError):

@@ -30,7 +30,8 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol, TypedDict, TypeVar
+from threading import get_ident
+from typing import IO, Any, NoReturn, Protocol, TypedDict, TypeVar
 from collections.abc import Callable, Iterable, Iterator
 
 import lmdb
@@ -40,7 +41,7 @@ from . import codec
 from .crypto import EPOCH_LIMIT, Sealer
 from .errors import (
     AlreadyOpenError, BusyError, ClosedError, CorruptFileError, EngramError, FileMissingError, ForeignFileError,
-    ForkError, ReadOnlyError, StorageFullError, StoreError, ValidationError, WriteConflictError,
+    ForkError, ReadOnlyError, StorageFullError, StoreError, ValidationError, WriteConflictError, WrongThreadError,
 )
 
 T = TypeVar("T")
@@ -1488,19 +1489,33 @@ class Txn:
         self._begin_seq: int | None = None
         self._begin_next_docno = 0  # the snapshot's next_docno: docnos from here on are new
         self._after_commit: list[Callable[[int], None]] = []
+        # LMDB binds a write transaction to its thread (its writer mutex, and engramdb's
+        # per-thread joining of nested writes): every use checks this, so a transaction handed
+        # to another thread is refused before it touches the file or the counters. 0 for
+        # reads: no read snapshot outlives the engramdb call that took it, and a snapshot may
+        # move between threads (MDB_NOTLS), so there is nothing to check.
+        self._owner = threading.get_ident() if write else 0
 
     @property
     def _lt(self) -> lmdb.Transaction[bytes]:
-        """The LMDB transaction; only between begin and commit/abort."""
+        """The LMDB transaction; only between begin and commit/abort, on the owner's thread."""
         if self._ltxn is None:
             raise StoreError("this transaction has ended", hint="use the transaction inside its `with` block")
+        if self._owner and self._owner != get_ident():
+            self._wrong_thread()
         return self._ltxn
+
+    def _wrong_thread(self) -> NoReturn:
+        raise WrongThreadError("a write transaction can only be used in the thread that opened it; "
+                               "this call wrote nothing")
 
     def after_commit(self, fn: Callable[[int], None]) -> None:
         """Have ``fn(snapshot_id)`` called once this write transaction has committed, with
         the :attr:`snapshot_id` read transactions of the committed state report; never called
         when it rolls back. Lets a cache adopt what the transaction wrote (``fn`` must not
         raise: the commit has happened)."""
+        if self._owner and self._owner != get_ident():
+            self._wrong_thread()
         self._after_commit.append(fn)
 
     # -- lifecycle (used by Store) -----------------------------------------------------
@@ -1624,6 +1639,8 @@ class Txn:
     @property
     def state(self) -> State:
         """The sealed counters (loaded on first use; written back on commit)."""
+        if self._owner and self._owner != get_ident():  # allocate_docno changes them without _lt
+            self._wrong_thread()
         if self._state is None:
             self._state = self._load_state()
             self._begin_seq = self._state.seq
