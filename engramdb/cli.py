@@ -2023,7 +2023,8 @@ def _read_transcript(path: str) -> Any:
 @click.pass_context
 def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relevance: float | None,
                  max_tokens: int | None, as_json: bool) -> None:
-    """Print the memories relevant to TASK as a prompt block (nothing when none is relevant).
+    """Print the memories relevant to TASK as a prompt block (nothing when none is relevant,
+    or when not even one fits --max-tokens: a note on stderr then says so).
 
     Example:
 
@@ -2033,7 +2034,12 @@ def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relev
 
     options: dict[str, Any] = {} if min_relevance is None else {"min_relevance": min_relevance}
     with _open(ctx, file, readonly=True) as db:
-        block = MemoryHooks(db, top_k=top_k, **options).before_task(task, max_tokens=max_tokens)
+        hooks = MemoryHooks(db, top_k=top_k, **options)
+        block = hooks.before_task(task, max_tokens=max_tokens)
+        unbudgeted = hooks.before_task(task) if not block and max_tokens is not None else ""
+    if unbudgeted:  # relevant memories, none within the budget: not the same as nothing relevant
+        _note(ctx, f"nothing fits in --max-tokens {max_tokens}: without a budget the block has "
+                   f"{estimate_tokens(unbudgeted)} tokens")
     if as_json:
         _emit({"block": block}, True, str)
     elif block:

@@ -51,6 +51,9 @@ def test_agent_commands(run, tmp_path):
     memories = {line.split(". ", 1)[1] for line in block.splitlines()[1:]}
     assert cut.startswith("## Relevant Memories\n1. ") and estimate_tokens(cut) < estimate_tokens(block)
     assert all(line.split(". ", 1)[1] in memories for line in cut.splitlines()[1:])
+    none = run("agent", "before", f, "build a CLI bookmark manager with tags and HTML export", "--max-tokens", "3")
+    assert none.exit_code == 0 and none.stdout == ""  # a hook: nothing to put into the prompt
+    assert f"nothing fits in --max-tokens 3: without a budget the block has {estimate_tokens(block)} tokens" in none.stderr
     quiet = run("agent", "before", f, "refactor this messy module", "--json")
     assert json.loads(quiet.output) == {"block": ""}
 
