@@ -388,3 +388,127 @@ def test_the_filters_oracle_can_fail(monkeypatch):
                         real_parse(value, name) - (1.0 if name == "after" and isinstance(value, str) else 0.0))
     with pytest.raises(AssertionError, match="after="):
         FILTERS.TestOneInput(b"2023-05-01")
+
+
+# --- campaign 2026-12-02: quadratic paths in compress's default method (zc) ----------------------
+# Found by a scaling probe run beside the fuzzer (its inputs stop at 4 KB): each of these took
+# time quadratic in the text (a 100 KB text of ISO dates 5.1 s, 1 MB about 8 minutes). The
+# tests count the work (calls, characters scanned, comparisons), never the time.
+
+def _zc_steps(fn, *args):
+    """(fn(*args), the Python steps it ran in engramdb/compress/zc.py: lines and generator resumptions)."""
+    import sys
+
+    from engramdb.compress import zc
+
+    steps = [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != zc.__file__:
+            return None
+        steps[0] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        result = fn(*args)
+    finally:
+        sys.settrace(None)
+    return result, steps[0]
+
+
+def test_zc_date_overlap_check_is_linear():
+    """zc._extract_absolutes compared each date with every date kept before it: n dates made n^2
+    steps (2,000 ISO dates and 2,000 months: 8 million); the furthest end kept per specificity
+    answers the same question in a bounded number of steps per date, with the same hits."""
+    from engramdb.compress import zc
+
+    text = "2023-05-01 in May 2023, " * 2000
+    hits, steps = _zc_steps(zc._extract_absolutes, text)
+    assert len(hits) == 4000 and [h.date for h in hits[:2]] == [(2023, 5, 1), (2023, 5, None)]
+    assert steps <= 60 * len(hits), steps
+
+
+_COMPARED = [0]
+_SCANNED = [0]
+
+
+class _CountingStr(str):
+    """A name that counts the equality tests made on it (a list scan makes one per element)."""
+
+    def __eq__(self, other):
+        _COMPARED[0] += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_zc_coreference_recency_is_linear():
+    """zc.resolve_coreferences kept the names last seen in a list (``in`` and ``remove`` scan it):
+    a chunk naming n people cost n^2 comparisons; a dict keeps the same order."""
+    from engramdb.compress import zc
+
+    names = [_CountingStr(f"Name{i:05d}") for i in range(3000)]
+    chunk = zc.Chunk(" ".join(names), 0, 0)
+    _COMPARED[0] = 0
+    out = zc.resolve_coreferences([chunk, zc.Chunk("they left", 0, 0)], [list(names), []])
+    assert out[1] == sorted(names[-2:])
+    assert _COMPARED[0] <= 20 * len(names), _COMPARED[0]
+
+
+def test_zc_entity_codes_of_colliding_names_are_linear():
+    """zc.build_entity_index scanned XY1, XY2, ... from 1 for every name whose code was taken:
+    n names with one code made n^2 set lookups (the same codes now, from a count per prefix)."""
+    from engramdb.compress import zc
+
+    names = [f"B{v}{w}{x}{y}" for v in "aeiou" for w in "aeiou" for x in "aeiou" for y in "aeiou"]  # all BAA..BUU
+    index, steps = _zc_steps(zc.build_entity_index, names)
+    assert steps <= 100 * len(names), steps  # the scan from XY1 took ~215 per name here
+    assert index.name_to_code["Baaaa"] == "BAA" and index.name_to_code["Baaae"] == "BA1"
+    assert len(set(index.code_to_name)) == len(names) == 625
+
+
+class _ScanCountingStr(str):
+    """A text that adds up the characters each rfind may scan."""
+
+    def rfind(self, sub, start=0, end=None):
+        end = len(self) if end is None else end
+        _SCANNED[0] += max(0, end - start)
+        return str.rfind(self, sub, start, end)
+
+
+def test_zc_negation_window_scans_only_the_window():
+    """zc._negated looked for "rather than"-style negators with rfind from the start of the text
+    to the keyword, though only one within 50 characters counts: n keywords cost n^2."""
+    from engramdb.compress import zc
+
+    lower = _ScanCountingStr("we decided to go " * 3000)
+    _SCANNED[0] = 0
+    ats = range(3, len(lower), 17)
+    results = [zc._negated(lower, at) for at in ats]
+    assert not any(results)
+    assert _SCANNED[0] <= 200 * len(zc._IMPLICIT_NEGATORS) * len(results)
+
+
+def test_zc_decision_sentence_bounds_found_once(monkeypatch):
+    """zc._records_decision searched from every decision keyword for the next sentence end (and back
+    for the previous one): a long text without one cost n^2; the sentence ends are found once."""
+    from engramdb.compress import zc
+
+    text = "I'm going to decide and I'm going to commit, " * 2000 + "done?"
+    expected = zc.precise_decision(text)
+    scanned = [0]
+    real = zc._SENTENCE_END
+
+    class Counting:
+        def search(self, s, pos=0):
+            scanned[0] += len(s) - pos
+            return real.search(s, pos)
+
+        def finditer(self, s, pos=0):
+            scanned[0] += len(s) - pos
+            return real.finditer(s, pos)
+
+    monkeypatch.setattr(zc, "_SENTENCE_END", Counting())
+    assert zc.precise_decision(text) == expected
+    assert scanned[0] <= 2 * len(text), scanned[0]

@@ -37,8 +37,9 @@ import datetime as _dt
 import math
 import re
 import unicodedata
+from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, islice
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -321,12 +322,16 @@ def build_entity_index(names: Iterable[str]) -> EntityIndex:
     """Codes for ``names`` in sorted order; a collision takes ``XY1``, ``XY2``, ..."""
     index = EntityIndex()
     used: set[str] = set()
+    # _to_code never gives a digit, so the codes XY1, XY2, ... come only from collisions here,
+    # taken in order: the next free one is the count so far plus one (a scan from XY1 made
+    # n colliding names cost n^2)
+    taken: dict[str, int] = {}
     for name in sorted(set(names)):
-        base = code = _to_code(name)
-        suffix = 1
-        while code in used:
-            code = base[:2] + str(suffix)
-            suffix += 1
+        code = _to_code(name)
+        if code in used:
+            prefix = code[:2]
+            taken[prefix] = taken.get(prefix, 0) + 1
+            code = prefix + str(taken[prefix])
         used.add(code)
         index.name_to_code[name] = code
         index.code_to_name[code] = name
@@ -370,7 +375,7 @@ def _gender(name: str) -> str:
 def resolve_coreferences(chunks: Sequence[Chunk], detected: Sequence[list[str]]) -> list[list[str]]:
     """Add the most recent gender-matching name to a chunk with a pronoun and no such name."""
     last: dict[str, str] = {}
-    recent: list[str] = []
+    recent: dict[str, None] = {}  # names in the order last seen (a dict: moving one to the end is O(1))
     out: list[list[str]] = []
     for chunk, names in zip(chunks, detected):
         text = chunk.text
@@ -380,16 +385,15 @@ def resolve_coreferences(chunks: Sequence[Chunk], detected: Sequence[list[str]])
             if g in last and g not in genders and pattern.search(text) and last[g] not in aug:
                 aug.append(last[g])
         if not names and _PLURAL_PRONOUN.search(text):
-            for name in recent[-2:]:
+            for name in list(islice(reversed(recent), 2))[::-1]:
                 if name not in aug:
                     aug.append(name)
         for name in sorted(names, key=text.find):  # stable: equal positions keep their order
             g = _gender(name)
             if g != "unknown":
                 last[g] = name
-            if name in recent:
-                recent.remove(name)
-            recent.append(name)
+            recent.pop(name, None)
+            recent[name] = None
         out.append(sorted(aug))
     return out
 
@@ -768,8 +772,8 @@ def _negated(lower: str, at: int) -> bool:
     if any(_NOT_AZ_APOS.sub("", w) in _NEGATION_WORDS for w in tail):
         return True
     for phrase in _IMPLICIT_NEGATORS:
-        k = lower.rfind(phrase, 0, at + len(phrase))
-        if k != -1 and at - k <= 50:
+        k = lower.rfind(phrase, max(0, at - 50), at + len(phrase))  # only a phrase within 50 counts
+        if k != -1:
             return True
     return False
 
@@ -792,11 +796,14 @@ _WE_BEFORE = re.compile(r"\b(?:i|we)" + WS + r"+$", _A)
 _HEDGE = re.compile(r"\b(?:hopefully|maybe|perhaps|probably|might|hope|hoping|if)\b", _A)
 
 
-def _records_decision(lower: str, m: re.Match[str]) -> bool:
+def _records_decision(lower: str, m: re.Match[str], ends: Sequence[int]) -> bool:
+    """``ends``: the offsets of ``lower``'s sentence ends (``_SENTENCE_END``), ascending; found once
+    per text, since a search from each keyword made a text without them cost n^2."""
     at, kw = m.start(), m.group(0)
-    s0 = max(lower.rfind(c, 0, at) for c in ".!?\n") + 1
-    end = _SENTENCE_END.search(lower, m.end())
-    if end is not None and end.group(0) == "?":
+    k = bisect_left(ends, at)
+    s0 = ends[k - 1] + 1 if k else 0
+    k = bisect_left(ends, m.end())
+    if k < len(ends) and lower[ends[k]] == "?":
         return False  # a question asks about a decision
     before = lower[s0:at]
     tail = js_split_ws(js_trim(lower[max(0, at - 50):at]))[-6:]
@@ -821,7 +828,15 @@ def precise_decision(text: str, pattern: re.Pattern[str] = _DECISION_WORD) -> bo
     """Whether ``text`` records a decision: a DECISION keyword (``pattern``) that is not
     negated and passes the ``decision-precision`` checks of spec/compress.md section 15."""
     lower = text.lower().replace("\u2019", "'")  # same length: offsets stay valid
-    return any(not _negated(lower, m.start()) and _records_decision(lower, m) for m in pattern.finditer(lower))
+    ends: list[int] | None = None
+    for m in pattern.finditer(lower):
+        if _negated(lower, m.start()):
+            continue
+        if ends is None:
+            ends = [e.start() for e in _SENTENCE_END.finditer(lower)]
+        if _records_decision(lower, m, ends):
+            return True
+    return False
 
 
 def _first_unnegated(pattern: re.Pattern[str], lower: str, firsts: frozenset[str] | None = None,
@@ -933,9 +948,16 @@ def _extract_absolutes(text: str) -> list[DateHit]:
             raw.append(DateHit(m.start(), m.end(), (y, None, None)))
     raw.sort(key=lambda h: (h.index, -h.end))
     hits: list[DateHit] = []
+    # A hit is dropped when a kept one overlaps it and is at least as specific. Kept hits start
+    # at or before it (raw is sorted by start), so one overlaps it exactly when it ends after
+    # its start: the furthest end kept per specificity answers that in O(1), where comparing
+    # with every kept hit made a text of n dates cost n^2.
+    furthest: dict[int, int] = {}
     for h in raw:
-        if not any(h.index < k.end and h.end > k.index and _spec(k.date) >= _spec(h.date) for k in hits):
+        spec = _spec(h.date)
+        if not any(end > h.index for s, end in furthest.items() if s >= spec):
             hits.append(h)
+            furthest[spec] = max(furthest.get(spec, h.end), h.end)
     hits.sort(key=lambda h: h.index)
     return hits
 
