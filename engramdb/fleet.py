@@ -333,19 +333,26 @@ def _short(result: Any) -> str:
 
 def expand_paths(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
     """The store paths named by a glob pattern or a list (sorted for a glob, as given for a list).
+    A glob leaves out the stores' sidecars (``-lock``, ``-maint``) and their key files beside
+    them (``NAME.engram.key``).
 
     Raises:
-        ValidationError: nothing matches, or a path repeats.
+        ValidationError: nothing matches, or a file is named twice (under any spelling).
     """
     if isinstance(paths_or_glob, (str, os.PathLike)):
         pattern = os.fspath(paths_or_glob)
-        paths = sorted(p for p in glob.glob(pattern, recursive=True) if not p.endswith(("-lock", "-maint")))
+        matched = {p for p in glob.glob(pattern, recursive=True) if not p.endswith(("-lock", "-maint"))}
+        # a store's key file beside it (KeyFileBeside) is no store: 'tenants/*' matches both
+        paths = sorted(p for p in matched if not (p.endswith(KEY_SUFFIX) and p[:-len(KEY_SUFFIX)] in matched))
         if not paths:
             raise ValidationError(f"no file matches {pattern}", hint="check the pattern (quote it in the shell)")
     else:
         paths = [os.fspath(p) for p in paths_or_glob]
-    if len(set(paths)) != len(paths):
-        raise ValidationError("a file is named twice", hint="give each store once")
+    # one file under two spellings (./a, a symlink) would be two tasks on it at once
+    real = [os.path.realpath(p) for p in paths]
+    if len(set(real)) != len(real):
+        twice = next(p for i, p in enumerate(paths) if real[i] in real[:i])
+        raise ValidationError(f"a file is named twice: {twice}", hint="give each store once")
     return paths
 
 

@@ -438,3 +438,24 @@ def test_a_busy_file_on_the_local_cluster_prints_no_worker_tracebacks(tmp_path):
         db.close()
     assert result.returncode == 1 and "1 busy" in result.stdout, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and "Compute Failed" not in result.stderr, result.stderr
+
+
+def test_a_glob_leaves_out_the_key_files_beside_the_stores_and_one_file_is_named_once(tmp_path):
+    """`engramdb fleet stats 'tenants/*' --key-files-beside` ran each NAME.engram.key as a store
+    (an error row each: "cannot read NAME.engram.key.key"); and one file named twice under two
+    spellings (./t.engram, a symlink) became two tasks on the same file at once."""
+    raw = bytes(range(32))
+    for name in ("a", "b"):
+        path = str(tmp_path / f"{name}.engram")
+        with engramdb.open(path, key=raw, kdf=TEST_KDF) as db:
+            db.add("hello")
+        with open(path + ".key", "wb") as fh:
+            fh.write(raw)
+    (tmp_path / "notes.key").write_bytes(b"not beside a store")  # no store of that name: kept
+    assert fleet.expand_paths(str(tmp_path / "*")) == [str(tmp_path / n) for n in ("a.engram", "b.engram",
+                                                                                  "notes.key")]
+    os.symlink(tmp_path / "a.engram", tmp_path / "link.engram")
+    for twice in ([str(tmp_path / "a.engram"), os.path.join(str(tmp_path), ".", "a.engram")],
+                  [str(tmp_path / "a.engram"), str(tmp_path / "link.engram")]):
+        with pytest.raises(ValidationError, match="named twice"):
+            fleet.run(twice, "stats")
