@@ -456,3 +456,12 @@ def test_before_task_holds_a_token_budget_with_each_memory_whole(make_db, now):
             hooks.before_task(task, max_tokens=bad)
     with pytest.raises(ValidationError, match="count_tokens"):
         hooks.before_task(task, max_tokens=100, count_tokens=lambda s: -1)
+
+
+@pytest.mark.parametrize("tags", [[""], ["agent", " "], ("\t",)])
+def test_blank_tags_are_refused_when_the_hooks_are_made(tmp_engram, tags):
+    # they were taken, and every after_task that formed a fact then failed on its write
+    with pytest.raises(ValidationError, match="empty or blank") as err:
+        MemoryHooks(tmp_engram, tags=tags)
+    assert "leave the empty tag out" in err.value.hint
+    assert MemoryHooks(tmp_engram, tags=[]).tags == []

@@ -77,6 +77,8 @@ class MemoryHooks:
         tags = list(tags)
         if not all(isinstance(tag, str) for tag in tags):
             raise ValidationError("tags must be strings", hint='e.g. tags=["agent"]')
+        if any(not tag.strip() for tag in tags):  # refused by the first fact's write otherwise, task after task
+            raise ValidationError(f"tags must not be empty or blank, got {tags!r}", hint="leave the empty tag out")
         if sleep_threshold is not None and (not isinstance(sleep_threshold, int) or sleep_threshold < 2):
             raise ValidationError("sleep_threshold must be an int of at least 2, or None")
         if extractor is not None and not callable(extractor):
