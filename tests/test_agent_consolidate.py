@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engramdb.agent import MemoryHooks, consolidate_sleep, unconsolidated
+from engramdb.agent import MemoryHooks, ProceduralGraph, consolidate_sleep, unconsolidated
 from engramdb.errors import ValidationError
 from engramdb.records import MAX_CONTENT_BYTES
 
@@ -280,3 +280,23 @@ def test_a_core_memory_is_about_700_characters_even_from_one_long_sentence(tmp_e
     assert len(core["content"]) <= 700 + 1
     assert core["content"].startswith("Deploy notes word0 word1") and core["content"].endswith("…")
     assert tmp_engram.get("long", full=True).content == "Deploy notes " + words  # the original is kept whole
+
+
+def test_numpy_ints_are_taken_and_bools_refused(tmp_engram, now):
+    # NumPy's ints (a pandas or numpy config) were refused as "must be an int", while top_k took
+    # them; target=True was taken as 1
+    np = pytest.importorskip("numpy")
+    _memories(tmp_engram, now, n_per_topic=2)
+    report = consolidate_sleep(tmp_engram, threshold=np.int64(10), target=np.int32(5), now=now)
+    assert report.archived == 10 and report.threshold == 10 and type(report.threshold) is int
+    for bad in ({"target": True}, {"threshold": True}, {"threshold": 10.0}, {"target": np.float64(2)}):
+        with pytest.raises(ValidationError, match="must be"):
+            consolidate_sleep(tmp_engram, now=now, **bad)
+    hooks = MemoryHooks(tmp_engram, sleep_threshold=np.int64(30))
+    assert hooks.sleep_threshold == 30 and type(hooks.sleep_threshold) is int
+    with pytest.raises(ValidationError, match="sleep_threshold"):
+        MemoryHooks(tmp_engram, sleep_threshold=True)
+    graph = ProceduralGraph(tmp_engram, min_trajectories=np.int64(3))
+    assert graph.min_trajectories == 3 and graph.guidance_for("x", max_steps=np.int64(2)) == ""
+    with pytest.raises(ValidationError, match="max_steps"):
+        graph.guidance_for("x", max_steps=True)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import DuplicateIdError, ValidationError
 from ..index.vectors import HashedTfidfEmbedder
+from ..recall import as_int
 from ..records import MAX_CONTENT_BYTES, Node, now_ts
 from .protocols import AgentMemory
 from .text import content_words, overlap, storable
@@ -199,10 +200,12 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     Raises:
         ValidationError: bad arguments, or a summarizer that does not return text.
     """
-    if not isinstance(threshold, int) or threshold < 2:
-        raise ValidationError("threshold must be an int of at least 2")
-    if not isinstance(target, int) or target < 1:
-        raise ValidationError("target must be a positive int")
+    threshold_n, target_n = as_int(threshold), as_int(target)  # NumPy's ints too; never a bool
+    if threshold_n is None or threshold_n < 2:
+        raise ValidationError(f"threshold must be an int of at least 2, got {threshold!r}")
+    if target_n is None or target_n < 1:
+        raise ValidationError(f"target must be a positive int, got {target!r}")
+    threshold, target = threshold_n, target_n
     _check_summarizer(summarizer)
     stamp = now_ts(now)
     nodes = live_candidates(db, tags=tags)

@@ -79,8 +79,11 @@ class MemoryHooks:
             raise ValidationError("tags must be strings", hint='e.g. tags=["agent"]')
         if any(not tag.strip() for tag in tags):  # refused by the first fact's write otherwise, task after task
             raise ValidationError(f"tags must not be empty or blank, got {tags!r}", hint="leave the empty tag out")
-        if sleep_threshold is not None and (not isinstance(sleep_threshold, int) or sleep_threshold < 2):
-            raise ValidationError("sleep_threshold must be an int of at least 2, or None")
+        if sleep_threshold is not None:
+            every = as_int(sleep_threshold)  # NumPy's ints too; never a bool
+            if every is None or every < 2:
+                raise ValidationError(f"sleep_threshold must be an int of at least 2, or None, got {sleep_threshold!r}")
+            sleep_threshold = every
         if extractor is not None and not callable(extractor):
             raise ValidationError(f"the extractor must be a callable or None, got a {type(extractor).__name__}",
                                   hint="pass a function text -> list of fact strings, or None for the built-in one")

@@ -26,6 +26,7 @@ from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ValidationError
+from ..recall import as_int
 from ..records import now_ts
 from .protocols import AgentMemory, AgentTransaction
 from .serialize import SerializedConversation, serialize_conversation
@@ -285,8 +286,10 @@ class ProceduralGraph:
 
     def __init__(self, db: AgentMemory, *, min_trajectories: int = 10, proposer: Proposer | None = None,
                  holdout: float = 1 / 3, seed: int = 0) -> None:
-        if isinstance(min_trajectories, bool) or not isinstance(min_trajectories, int) or min_trajectories < 2:
-            raise ValidationError("min_trajectories must be an int of at least 2")
+        least = as_int(min_trajectories)  # NumPy's ints too; never a bool
+        if least is None or least < 2:
+            raise ValidationError(f"min_trajectories must be an int of at least 2, got {min_trajectories!r}")
+        min_trajectories = least
         if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
             raise ValidationError("holdout must be between 0 and 1 (exclusive)")
         _check_proposer(proposer)
@@ -593,8 +596,10 @@ class ProceduralGraph:
             raise ValidationError("guidance_for() takes the task's text")
         if isinstance(min_overlap, bool) or not isinstance(min_overlap, (int, float)) or not 0 <= min_overlap <= 1:
             raise ValidationError(f"min_overlap must be a number in [0, 1], got {min_overlap!r}")
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        steps = as_int(max_steps)
+        if steps is None or steps < 1:
             raise ValidationError(f"max_steps must be a positive int, got {max_steps!r}")
+        max_steps = steps
         words = content_words(task_text)
         rows = self._rows()
         similar = [t for t in rows.trajectories if overlap(words, content_words(t.task)) >= min_overlap]
