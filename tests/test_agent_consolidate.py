@@ -2,6 +2,7 @@
 derived_from edges, and the originals are archived, never lost."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engramdb.agent import MemoryHooks, ProceduralGraph, consolidate_sleep, unconsolidated
@@ -285,7 +286,6 @@ def test_a_core_memory_is_about_700_characters_even_from_one_long_sentence(tmp_e
 def test_numpy_ints_are_taken_and_bools_refused(tmp_engram, now):
     # NumPy's ints (a pandas or numpy config) were refused as "must be an int", while top_k took
     # them; target=True was taken as 1
-    np = pytest.importorskip("numpy")
     _memories(tmp_engram, now, n_per_topic=2)
     report = consolidate_sleep(tmp_engram, threshold=np.int64(10), target=np.int32(5), now=now)
     assert report.archived == 10 and report.threshold == 10 and type(report.threshold) is int
