@@ -170,8 +170,21 @@ def _write_dump(db: Any, path: str, out: str) -> dict[str, Any]:
             raise ConfigMismatchError("dumps to a URL need fsspec, which is not installed",
                                       hint=INSTALL_HINT) from None
         target = out.rstrip("/") + "/" + name
-        with fsspec.open(target, "wb") as fh:
-            records = db.dump(fh)
+        # under a temporary name, moved over NAME.aaak once complete: writing NAME.aaak in place
+        # cut the last good backup there when a dump failed half-way (an object store commits a
+        # file on close, even after an error)
+        fs, final = fsspec.core.url_to_fs(target)
+        partial = final + ".partial"
+        try:
+            with fs.open(partial, "wb") as fh:
+                records = db.dump(fh)
+            fs.mv(partial, final)
+        except BaseException:
+            try:
+                fs.rm(partial)
+            except Exception:  # nothing written yet, or the store is unreachable: the error below says more
+                pass
+            raise
         return {"dump": target, "records": records}
     target = os.path.join(out, name)
     with atomic_file(target) as fh:

@@ -459,3 +459,31 @@ def test_a_glob_leaves_out_the_key_files_beside_the_stores_and_one_file_is_named
                   [str(tmp_path / "a.engram"), str(tmp_path / "link.engram")]):
         with pytest.raises(ValidationError, match="named twice"):
             fleet.run(twice, "stats")
+
+
+def test_a_dump_to_a_url_that_fails_leaves_the_last_backup_there(tmp_path):
+    """A dump to an fsspec URL wrote NAME.aaak in place: when the dump failed half-way (a
+    damaged record), last night's good backup at that URL was already cut and replaced by
+    the half that was written. A local folder's dump was atomic; a URL's is now too (written
+    under a temporary name, moved over NAME.aaak once complete)."""
+    import lmdb
+
+    path = tmp_path / "t.engram"
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"m{i:02d}", "content": f"memory number {i}"} for i in range(40)])
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    url = bucket.as_uri()
+    assert fleet.run_one(str(path), "dump", fleet.Passphrase("pw"), {"out": url})["status"] == "ok"
+    good = (bucket / "t.aaak").read_bytes()
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    with env.begin(db=env.open_db(b"t1", create=False)) as txn:  # the nodes table
+        last = [value for _, value in txn.cursor()][-1]
+    env.close()
+    data = bytearray(path.read_bytes())
+    data[data.index(last) + len(last) - 1] ^= 0x01  # the last memory's record: damaged, its MAC fails
+    path.write_bytes(bytes(data))
+    row = fleet.run_one(str(path), "dump", fleet.Passphrase("pw"), {"out": url})
+    assert row["status"] == "error" and row["error"] == "DecryptionError", row
+    assert (bucket / "t.aaak").read_bytes() == good
+    assert sorted(os.listdir(bucket)) == ["t.aaak"]  # no temporary file left either
