@@ -16,8 +16,10 @@ committed one is ``fuzz/corpus/keyfile``, replayed by tests/test_fuzz_regression
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 
@@ -35,6 +37,7 @@ else:  # imported by tests/test_fuzz_regressions.py to replay the corpus without
 
 _DIR = tempfile.mkdtemp(prefix="fuzz-keyfile-")
 PATH = os.path.join(_DIR, "key")
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 
 
 def TestOneInput(data: bytes) -> None:

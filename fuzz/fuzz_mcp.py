@@ -22,6 +22,7 @@ committed one is ``fuzz/corpus/mcp``, replayed by tests/test_fuzz_regressions.py
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import json
 import os
@@ -73,6 +74,7 @@ class _Server:
 
 
 SERVER = _Server()
+atexit.register(SERVER.close)
 _, TOOL_ERROR = mcp_server._sdk()
 
 
