@@ -2256,6 +2256,10 @@ class Store:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout >= 0):
             raise ValidationError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+        if timeout is not None and timeout >= threading.TIMEOUT_MAX:
+            # inf (the CLI's `--timeout inf`) or a wait past what the locks take: their waits
+            # raised OverflowError; as long as it takes is what such a timeout asks for
+            timeout = None
         path = os.path.realpath(os.fspath(path))
         with _registry_lock:
             env = _registry.get(path)

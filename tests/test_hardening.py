@@ -758,6 +758,21 @@ def test_timeout_must_be_a_non_negative_number(tmp_path):
             engram.open(tmp_path / "t.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=bad)
 
 
+
+def test_an_infinite_timeout_waits_as_long_as_it_takes(tmp_path):
+    """timeout=float("inf") (what `--timeout inf` means) or any wait longer than the locks can
+    take raised a raw OverflowError at open and in compact(): it is None, wait as long as it
+    takes (a fleet run passed it through, every file an error row blaming the job)."""
+    import threading
+
+    for wait in (float("inf"), threading.TIMEOUT_MAX * 2, 1e300):
+        with engram.open(tmp_path / "i.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=wait) as db:
+            db.add("kept", id=f"m{wait:g}")
+            with db.transaction() as tx:
+                tx.add("in a transaction")
+            db.compact()
+            assert f"m{wait:g}" in db.ids()
+
 # --- issue 12, item 13: leftovers of killed commands ----------------------------------------------
 
 def test_a_killed_restore_leaves_files_the_next_open_removes(tmp_path):
