@@ -16,6 +16,7 @@ paths, or a callable) and resolve it on the worker.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import glob
 import json
 import logging
@@ -389,9 +390,13 @@ def _connect(address: str) -> Any:  # Any: a distributed.Client (Dask is untyped
     try:
         return distributed.Client(address)
     except (OSError, ValueError, TypeError) as exc:  # TimeoutError is an OSError
-        raise ConfigMismatchError(f"cannot connect to the Dask scheduler at {address}: {exc}",
-                                  hint="check --scheduler (tcp://HOST:8786) and that the scheduler is running "
-                                       "there") from None
+        message = f"cannot connect to the Dask scheduler at {address}: {exc}"
+    # The half-made Client sits in a reference cycle. Left to a later garbage collection, its
+    # __del__ may run inside another Client's start, which holds the class-wide LoopRunner
+    # lock that __del__'s close() then waits for: the process hangs. Collect it now.
+    gc.collect()
+    raise ConfigMismatchError(message, hint="check --scheduler (tcp://HOST:8786) and that the scheduler is running "
+                                            "there")
 
 
 def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],

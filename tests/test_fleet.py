@@ -417,6 +417,26 @@ def test_a_scheduler_that_cannot_be_reached_is_an_error_with_a_hint(tmp_path):
             assert "Traceback" not in result.output and "the path and its permissions" not in result.output
 
 
+def test_a_failed_connection_leaves_no_client_for_a_later_garbage_collection():
+    """A Client that failed to connect sat in a reference cycle; a later collection ran its
+    __del__ inside the next Client's start, which holds distributed's class-wide LoopRunner
+    lock that close() waits for: the full suite hung in the test above (caught by the lead's
+    run, 2026-12-02). _connect collects it at once."""
+    import gc
+
+    import dask
+    import distributed
+
+    def clients() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, distributed.Client)}
+
+    before = clients()
+    with (dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+          pytest.raises(engramdb.errors.ConfigMismatchError, match="Dask scheduler at no-port-here")):
+        fleet._connect("no-port-here")
+    assert clients() - before == set()
+
+
 def test_a_busy_file_on_the_local_cluster_prints_no_worker_tracebacks(tmp_path):
     """Each attempt on a busy file made the local cluster's worker log "Compute Failed" with a
     Traceback to the terminal, even under -q; the report already says which file was busy."""
