@@ -40,8 +40,9 @@ class ChunkWriter(Protocol):
     """The facade's record writer inside one write transaction (``Engram._batched``): its
     index changes go into one batch."""
 
-    def put_new_many(self, nodes: list[Node]) -> list[str]:
-        """Write new nodes; raises DuplicateIdError when an id is stored or repeats."""
+    def _put_new_many(self, nodes: list[Node]) -> list[str]:
+        """Write new nodes (checked by build_many, or a dump's records); raises DuplicateIdError
+        when an id is stored or repeats."""
 
     def _put_unstored(self, nodes: list[Node]) -> int:
         """Write the nodes whose id is neither stored nor an earlier one's; returns how many."""
@@ -241,7 +242,7 @@ def add_many(store: Store, batched: Batched, items: Iterable[Item], now: float |
         ids: list[str] = []
         with batched(txn) as tx:
             for start in range(0, len(seq), size):
-                ids += tx.put_new_many(build_many(seq[start:start + size], now, as_stored=as_stored))
+                ids += tx._put_new_many(build_many(seq[start:start + size], now, as_stored=as_stored))
                 tx._end_chunk()  # this chunk's segment; its nodes can go
                 if progress is not None:
                     progress(len(ids))

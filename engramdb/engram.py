@@ -420,7 +420,7 @@ class Engram:
             ValidationError: a field is invalid.
         """
         node = bulk.build(item, fields, now)
-        return self._store.write(lambda txn: Transaction(self, txn).put_new(node))
+        return self._store.write(lambda txn: Transaction(self, txn)._put_new(node))
 
     def remember(self, text: str, /, *, now: float | None = None, **fields: Any) -> str:
         """Store ``text`` as a memory; the friendly spelling of :meth:`add`."""
@@ -1064,6 +1064,18 @@ class Transaction:
         return node
 
     def put_new(self, node: Node) -> str:
+        """Store ``node`` (a new id) as it is.
+
+        Raises:
+            DuplicateIdError: its id exists.
+            ValidationError: it holds what the write API refuses (a blank tag, the reserved
+                archive entry: :func:`~engramdb.records.check_written`).
+        """
+        check_written(node)  # public before session 9 without it: a stub claiming an original
+        return self._put_new(node)
+
+    def _put_new(self, node: Node) -> str:
+        """:meth:`put_new` unchecked: for nodes engramdb built and checked (or a dump's records)."""
         id_key = self._engram._id_key(node.id)
         if self._txn.get("ids", id_key) is not None:
             raise DuplicateIdError(f"a memory with id {shown(node.id)} exists")
@@ -1098,7 +1110,14 @@ class Transaction:
 
         Raises:
             DuplicateIdError: an id exists already or repeats in ``nodes``.
+            ValidationError: a node holds what the write API refuses (as :meth:`put_new`).
         """
+        for node in nodes:
+            check_written(node)
+        return self._put_new_many(nodes)
+
+    def _put_new_many(self, nodes: list[Node]) -> list[str]:
+        """:meth:`put_new_many` unchecked: for nodes ``bulk`` built and checked, or a dump's records."""
         ids = list(map(_id_of, nodes))
         id_keys = self._engram._id_keys(ids)
         # The usual case: distinct ids, none stored, checked by the ids insert itself (one
@@ -1148,7 +1167,7 @@ class Transaction:
 
     def add(self, item: Node | str | Mapping[str, Any] = "", /, *, now: float | None = None, **fields: Any) -> str:
         """As :meth:`Engram.add`, inside this transaction."""
-        return self.put_new(bulk.build(item, fields, now))
+        return self._put_new(bulk.build(item, fields, now))
 
     def update(self, id: str, /, **changes: Any) -> Node:
         """As :meth:`Engram.update`, inside this transaction."""

@@ -184,7 +184,7 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
         with engram._batched(txn) as tx:
             for node in nodes:
                 if tx.find(node.id) is None:
-                    tx.put_new(node)
+                    tx._put_new(node)
         txn.put("sources", engram._store.blind(b"source", stored_name.encode("utf-8", "surrogatepass")), encoded)
         for src, dst, label in tunnels:
             a, b = tx._docno(src), tx._docno(dst)

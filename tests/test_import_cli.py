@@ -223,7 +223,7 @@ def test_a_resumed_import_holds_a_chunk_of_the_source_not_all_of_it(tmp_path, mo
 
     monkeypatch.setattr(importers, "iter_import", counting_iter)
     monkeypatch.setattr(Transaction, "_put_unstored", recording(Transaction._put_unstored))
-    monkeypatch.setattr(Transaction, "put_new_many", recording(Transaction.put_new_many))
+    monkeypatch.setattr(Transaction, "_put_new_many", recording(Transaction._put_new_many))
     assert _run("import", "--resume", str(src), str(tmp_path / "s.engram"), "--create").exit_code == 0
     assert read[0] == written[0] == 250 and len(held) == 7 and max(held) == 40
     read[0] = written[0] = 0

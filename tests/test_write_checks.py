@@ -283,7 +283,7 @@ def test_a_blank_tag_stored_before_may_stay(tmp_engram, now):
     # written below the write API, as an older engramdb stored it: updates still work
     db = tmp_engram
     with db.transaction() as tx:
-        Transaction.put_new(tx, Node(id="m", content="x", tags=("", "a"), created_at=now, last_accessed=now))
+        Transaction._put_new(tx, Node(id="m", content="x", tags=("", "a"), created_at=now, last_accessed=now))
     db.update("m", tags=("", "a", "b"), importance=0.9)
     assert db.get("m").tags == ("", "a", "b")
 
@@ -303,7 +303,7 @@ def test_an_export_of_a_store_with_a_blank_tag_imports(tmp_path, now):
     # say nothing, are left out and everything else comes over
     src = engramdb.open(tmp_path / "a.engram", create=True, passphrase=PASSPHRASE, kdf=TEST_KDF)
     with src.transaction() as tx:
-        Transaction.put_new(tx, Node(id="m", content="x", tags=("", "a", " "), created_at=now, last_accessed=now))
+        Transaction._put_new(tx, Node(id="m", content="x", tags=("", "a", " "), created_at=now, last_accessed=now))
     buf = io.StringIO()
     export_jsonl(src.scan(), buf)
     src.close()
@@ -331,3 +331,24 @@ def test_a_trace_lite_source_with_a_blank_tag_imports(tmp_path):
     result = _run("import", str(f), str(tmp_path / "c.engram"))
     assert result.exit_code == 0, result.output
     assert json.loads(_run("get", str(tmp_path / "c.engram"), "t1", "--json").output)["tags"] == ["keep"]
+
+
+@pytest.mark.parametrize("how", ["put_new", "put_new_many"])
+def test_no_public_put_of_a_transaction_stores_the_reserved_archive_entry(tmp_engram, now, how):
+    # Transaction.put_new / put_new_many (public) stored a node as given: a live memory claiming
+    # an archived original that does not exist, which verify reports as damage (the write API,
+    # update and the former update_stub refuse it); a blank tag likewise
+    db = tmp_engram
+    stub = Node(id="m", content="preview", metadata={ARCHIVE_KEY: ENTRY}, created_at=now, last_accessed=now)
+    blank = Node(id="b", content="x", tags=("a", " "), created_at=now, last_accessed=now)
+    for node, match in ((stub, "reserved"), (blank, "empty or blank tag")):
+        with pytest.raises(ValidationError, match=match), db.transaction() as tx:
+            if how == "put_new":
+                tx.put_new(node)
+            else:
+                tx.put_new_many([Node(id="fine", content="y", created_at=now, last_accessed=now), node])
+    assert len(db) == 0 and db.verify() == []
+    with db.transaction() as tx:  # a node the write API takes still goes in
+        getattr(tx, how)(Node(id="ok", content="z", created_at=now, last_accessed=now)) if how == "put_new" \
+            else tx.put_new_many([Node(id="ok", content="z", created_at=now, last_accessed=now)])
+    assert db.ids() == ["ok"] and db.verify() == []
