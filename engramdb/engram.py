@@ -63,7 +63,8 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
          encrypted: bool = True, create: bool = True, readonly: bool = False,
          kdf: crypto.KDFParams | None = None, verify: bool = False, map_size: int | None = None,
          tokenizer: Mapping[str, Any] | None = None, timeout: float | None = DEFAULT_TIMEOUT,
-         repair: bool = False, cache_mb: float | None = None, fusion: FusionWeights | None = None) -> Engram:
+         repair: bool = False, cache_mb: float | None = None, fusion: FusionWeights | None = None,
+         allow_unsafe_fs: bool = False) -> Engram:
     """Open (or create) a .engram file.
 
     Args:
@@ -95,12 +96,21 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         fusion: the :class:`~engramdb.FusionWeights` every recall of this handle fuses its
             retrievers with, unless a call passes its own (default: the documented defaults,
             spec/recall.md "Fusion"). Not stored in the file.
+        allow_unsafe_fs: open a file on a network or FUSE filesystem (NFS, SMB/CIFS, 9p,
+            virtiofs, sshfs, s3fs, ...), which is otherwise refused, read-only opens too:
+            LMDB's locks and the coherence of its memory map do not hold there, so only
+            pass True when no other process or machine uses the file at the same time.
+            Docker's overlay root and other local filesystems are never refused. The
+            environment variable ``ENGRAM_ALLOW_UNSAFE_FS=1`` does the same for every open
+            (the command line, the fleet's workers). spec/file-format.md, "Local
+            filesystems only".
 
     Raises:
         ModeMismatchError: a key for a plaintext file, or none for an encrypted one.
         WrongPassphraseError: the passphrase or key does not unlock the file.
         CorruptFileError, ForeignFileError, FormatVersionError: see their hints.
         BusyError: another process kept the file busy past ``timeout``.
+        UnsafeFilesystemError: the file is on a network or FUSE filesystem (see ``allow_unsafe_fs``).
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValidationError(f"path must be a file path (str or os.PathLike[str]), got {path!r}",
@@ -118,7 +128,8 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
     if not os.path.isdir(parent):  # said plainly, not as a store error pointing at verify (issue 12, bug 11)
         raise FileMissingError(f"{os.fspath(path)}: the directory {parent} does not exist",
                                hint="check the path; create the directory first for a new store")
-    store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify, timeout=timeout)
+    store = Store.open(path, readonly=readonly, create=create, map_size=map_size, verify=verify, timeout=timeout,
+                       allow_unsafe_fs=allow_unsafe_fs)
     store.repair = bool(repair)
     try:
         engram = Engram._unlock(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)

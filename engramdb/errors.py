@@ -120,9 +120,9 @@ class UnsafeFilesystemError(StoreError):
     """The file is on a network or FUSE filesystem where LMDB's locks and shared memory map
     do not hold (NFS, SMB/CIFS, 9p, sshfs, ...): two processes could corrupt it."""
 
-    default_hint = ("move the file to a local disk (copy it, with no process writing to it); if only this one "
-                    "process ever opens it, pass allow_unsafe_fs=True (CLI: --allow-unsafe-fs, or "
-                    "ENGRAMDB_ALLOW_UNSAFE_FS=1)")
+    default_hint = ("keep the store on a local disk (copy it there while no process writes to it); if no other "
+                    "process or machine uses the file at the same time, open(..., allow_unsafe_fs=True) or the "
+                    "environment variable ENGRAM_ALLOW_UNSAFE_FS=1 (command line, fleet workers) opens it anyway")
 
 
 class ReadOnlyError(StoreError):

@@ -23,7 +23,9 @@ import itertools
 import mmap
 import operator
 import os
+import re
 import resource
+import select
 import stat
 import struct
 import threading
@@ -42,6 +44,7 @@ from .crypto import EPOCH_LIMIT, Sealer
 from .errors import (
     AlreadyOpenError, BusyError, ClosedError, CorruptFileError, EngramError, FileMissingError, ForeignFileError,
     ForkError, ReadOnlyError, StorageFullError, StoreError, ValidationError, WriteConflictError, WrongThreadError,
+    UnsafeFilesystemError,
 )
 
 T = TypeVar("T")
@@ -268,6 +271,132 @@ def _refuse_hard_links(fd: int, path: str, then: str = "") -> None:
                          "name, so writers through two names could corrupt it",
                          hint=f"remove the other names (find / -xdev -samefile {path}), or write to a copy (cp); "
                               "a read-only open is allowed")
+
+
+# -- local filesystems only (reliability rule 9; spec/file-format.md "Local filesystems only") --
+MOUNTINFO = "/proc/self/mountinfo"
+ALLOW_UNSAFE_FS_ENV = "ENGRAM_ALLOW_UNSAFE_FS"
+# Filesystems shared between machines (or between a VM and its host): LMDB's fcntl locks and
+# the reader table and writer mutex in -lock's shared map are not shared across machines, and
+# the memory map is not kept coherent with another machine's writes. "fuse" is FUSE without a
+# subtype (unknown). Any "nfs*" and "fuse.*" type is refused too, except LOCAL_FUSE_TYPES.
+UNSAFE_FS_TYPES = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ncpfs", "afs", "coda", "ceph", "glusterfs", "lustre",
+    "gpfs", "beegfs", "orangefs", "ocfs2", "gfs2", "davfs", "fuse",
+})
+# FUSE filesystems known to be local and to go through the kernel's page cache, which the
+# memory map shares: rootless podman's root filesystem. (overlay, Docker's, is a kernel
+# filesystem and not refused at all; nor is fuseblk, FUSE over a local block device.)
+LOCAL_FUSE_TYPES = frozenset({"fuse.fuse-overlayfs"})
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def unsafe_fs_type(fstype: str) -> bool:
+    """Whether engramdb refuses a store on a filesystem of this type (as /proc/self/mountinfo names it)."""
+    if fstype in LOCAL_FUSE_TYPES:
+        return False
+    return fstype in UNSAFE_FS_TYPES or fstype.startswith(("nfs", "fuse."))
+
+
+def parse_mountinfo(text: str) -> dict[str, str]:
+    """The filesystem type of each mount point in the text of a ``/proc/PID/mountinfo``;
+    of several mounts on one point, the last listed (the one on top). A bind mount is
+    listed with the type it exposes, so a bind of an NFS directory is NFS here. Mount
+    points escape space, tab, newline and backslash as octal (``\\040``)."""
+    mounts: dict[str, str] = {}
+    for line in text.splitlines():
+        # id parent major:minor root MOUNT-POINT options [optional fields...] - TYPE source super-options
+        head, sep, tail = line.partition(" - ")
+        fields = head.split(" ", 5)
+        if not sep or len(fields) < 6 or not tail:
+            continue
+        point = fields[4]
+        if "\\" in point:
+            point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), point)
+        mounts[point] = tail.split(" ", 1)[0]
+    return mounts
+
+
+def mount_of(path: str, mounts: dict[str, str]) -> tuple[str, str] | None:
+    """``(mount point, filesystem type)`` of the mount holding ``path`` (absolute, symlinks
+    resolved): the longest mount point that is ``path`` or one of its directories."""
+    while True:
+        fstype = mounts.get(path)
+        if fstype is not None:
+            return path, fstype
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+# The mount table, read again only when the kernel says it changed: a poll of an open
+# /proc/self/mountinfo reports POLLPRI once after each mount or unmount (a read costs
+# ~0.2 ms, as much as a fifth of a plaintext store's open; the poll ~3 us). Per process:
+# a child after fork() never polls the inherited descriptor, whose state it shares.
+_mounts_lock = threading.Lock()
+_mounts: tuple[str, int, int, Any, dict[str, str]] | None = None  # source, pid, fd, poll object, table
+
+
+def _read_all(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")  # as os.fsdecode decodes paths
+
+
+def mount_table() -> dict[str, str] | None:
+    """:func:`parse_mountinfo` of :data:`MOUNTINFO`, cached until the mount table changes;
+    None when it cannot be read (not Linux, a sandbox without /proc)."""
+    global _mounts
+    source, pid = MOUNTINFO, os.getpid()
+    with _mounts_lock:
+        cached = _mounts
+        if cached is not None and cached[:2] == (source, pid):
+            fd, poller, table = cached[2:]
+            if not poller.poll(0):
+                return table
+        else:
+            if cached is not None and cached[1] == pid:
+                os.close(cached[2])
+            _mounts = None
+            try:
+                fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            poller = select.poll()
+            poller.register(fd, select.POLLPRI | select.POLLERR)
+        try:
+            table = parse_mountinfo(_read_all(fd))
+        except OSError:
+            os.close(fd)
+            _mounts = None
+            return None
+        _mounts = (source, pid, fd, poller, table)
+        return table
+
+
+def check_filesystem(path: str, *, allow_unsafe: bool = False) -> None:
+    """Refuse a store (``path`` absolute and resolved; a new file's name in its directory) on
+    a network or FUSE filesystem (:func:`unsafe_fs_type`), unless ``allow_unsafe`` or the
+    environment variable ``ENGRAM_ALLOW_UNSAFE_FS=1`` says to go ahead. Nothing is refused
+    when the mount table cannot be read (not Linux, a sandbox without /proc).
+
+    Raises:
+        UnsafeFilesystemError: the file's mount is of a refused type.
+    """
+    if allow_unsafe or os.environ.get(ALLOW_UNSAFE_FS_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    mounts = mount_table()
+    found = None if mounts is None else mount_of(path, mounts)
+    if found is None or not unsafe_fs_type(found[1]):
+        return
+    point, fstype = found
+    raise UnsafeFilesystemError(
+        f"{path} is on a {fstype} filesystem (mounted at {point}), a network or FUSE filesystem: LMDB's locks "
+        "and the coherence of its memory map with other processes' writes do not hold there, so two processes "
+        "(or machines) using the file could corrupt it")
 
 
 def open_sidecar(path: str, flags: int) -> int:
@@ -923,8 +1052,9 @@ _registry_lock = threading.Lock()
 def _reset_registry_lock() -> None:
     # A thread of the parent may have held the lock at fork(); the child has only the forking
     # thread, so the lock would never be released there and open() would hang.
-    global _registry_lock
+    global _registry_lock, _mounts_lock
     _registry_lock = threading.Lock()
+    _mounts_lock = threading.Lock()  # the same for the mount table's
 
 
 os.register_at_fork(after_in_child=_reset_registry_lock)
@@ -2240,19 +2370,23 @@ class Store:
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, readonly: bool = False, create: bool = True,
              map_size: int | None = None, verify: bool = False,
-             timeout: float | None = DEFAULT_TIMEOUT) -> Store:
+             timeout: float | None = DEFAULT_TIMEOUT, allow_unsafe_fs: bool = False) -> Store:
         """Open (or share) the environment of ``path``.
 
         ``timeout`` bounds every wait of this handle for another process or thread: for a
         compaction or restore to finish at open, and for the writer lock in each write
-        transaction (None: wait as long as it takes).
+        transaction (None: wait as long as it takes). A file on a network or FUSE
+        filesystem is refused unless ``allow_unsafe_fs`` (:func:`check_filesystem`).
 
         Raises:
             FileMissingError: the file does not exist and ``create`` is false.
             ForeignFileError, CorruptFileError: not an engramdb/LMDB file, or damaged.
             AlreadyOpenError: the path is open in this process with a different read-only mode.
             BusyError: the wait took longer than ``timeout``.
+            UnsafeFilesystemError: the file (a new file's directory) is on a network or FUSE filesystem.
         """
+        if not isinstance(allow_unsafe_fs, bool):
+            raise ValidationError(f"allow_unsafe_fs must be True or False, got {allow_unsafe_fs!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout >= 0):
             raise ValidationError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
@@ -2261,6 +2395,7 @@ class Store:
             # raised OverflowError; as long as it takes is what such a timeout asks for
             timeout = None
         path = os.path.realpath(os.fspath(path))
+        check_filesystem(path, allow_unsafe=allow_unsafe_fs)  # before anything is created there
         with _registry_lock:
             env = _registry.get(path)
             if env is not None and env.pid != os.getpid():
