@@ -673,6 +673,8 @@ class _Env:
         self.maint_writable = False
         self.lock_fd: int | None = None
         self.made_file = False  # this open created the data file
+        self.alone = False  # no other process had the file open when this one opened it
+        self.lockless = False  # a read-only open without LMDB's lock file (_check_lock_sidecar)
         # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
         # after each of its commits): a clean close records the file as clean only if it still
         # is that, so a change made by anyone else while the file was open is checked next time.
@@ -689,7 +691,7 @@ class _Env:
                 structural_verify(path)
                 self.checked = True
             self._check_lock_sidecar(readonly)
-            self.env = self._open(path, readonly=readonly, create=create, map_size=map_size)
+            self.env = self._open(path, readonly=readonly, create=create, map_size=map_size, lock=not self.lockless)
             self._check_not_truncated()  # before any page beyond the meta pages is touched
             self.dbs = self._open_dbs(create=not readonly, new_file=created)
             if self.expected is not None:  # LMDB initialised a new file and created its tables
@@ -755,6 +757,7 @@ class _Env:
                 raise
             self.lock_fd = fd
             self.made_file = created
+            self.alone = alone
             self._open_maint(readonly)
             if alone:
                 self._first_opener(readonly, created)
@@ -797,12 +800,34 @@ class _Env:
 
     def _check_lock_sidecar(self, readonly: bool) -> None:
         """LMDB opens ``-lock`` itself (following links): check what is there, or create it
-        ourselves, mode 0600 and never through a link, before LMDB does."""
+        ourselves, mode 0600 and never through a link, before LMDB does.
+
+        A reader writes its slot into ``-lock`` too (LMDB opens it read-write), so a
+        read-only copy in a directory or on a medium this user may not write (a backup)
+        could not be read. Such a reader opens without LMDB's locks (``lock=False``) when no
+        other process has the file open: there is no writer whose page reuse it must hold
+        off. Otherwise it is refused: a writer would not see it, and could overwrite the
+        pages it reads.
+
+        Raises:
+            ReadOnlyError: a read-only open that cannot write ``-lock`` while another
+                process has the file open.
+        """
         lock = self.path + "-lock"
         try:
-            fd = open_sidecar(lock, os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT)
-        except OSError:
-            return  # missing on a read-only medium: LMDB reports what it needs
+            fd = open_sidecar(lock, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            if not readonly or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                return  # LMDB reports what it needs
+            if not self.alone:
+                raise ReadOnlyError(
+                    f"cannot read {self.path} while another process has it open: this user cannot write its "
+                    f"lock file {lock} ({exc.strerror}), where readers register so that writers keep the pages "
+                    "they read",
+                    hint="open it where its directory is writable (a read-only open writes nothing to the data "
+                         "file), or read a copy (cp) taken while no process writes it") from None
+            self.lockless = True
+            return
         os.close(fd)
 
     def _unlock(self, *, clean: bool) -> None:
@@ -947,13 +972,13 @@ class _Env:
 
     # -- environment -----------------------------------------------------------------
     @staticmethod
-    def _open(path: str, *, readonly: bool, create: bool, map_size: int | None) -> lmdb.Environment:
+    def _open(path: str, *, readonly: bool, create: bool, map_size: int | None, lock: bool = True) -> lmdb.Environment:
         try:
             env = lmdb.open(
                 path, subdir=False, readonly=readonly, create=create and not readonly,
                 map_size=map_size or INITIAL_MAP_SIZE, max_dbs=MAX_DBS, max_readers=MAX_READERS,
                 mode=0o600, sync=True, metasync=True, map_async=False, writemap=False, meminit=True,
-                lock=True, readahead=True, max_spare_txns=0,
+                lock=lock, readahead=True, max_spare_txns=0,
             )
             # Free the reader slots of processes that died holding a read transaction (killed):
             # LMDB never does it by itself, and only the first opener resets the table, so

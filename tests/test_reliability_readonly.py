@@ -1,0 +1,131 @@
+"""Read-only copies (reliability T9.3): a backup of a store, copied into a directory this
+user may not write (or onto a read-only medium), must open read-only without creating a
+lock file. LMDB opens its lock file read-write even for a reader (readers register in it),
+so such an open failed with "the file or its directory is read-only ... commands that only
+read it still work", which was what the user was doing.
+
+Permissions do not stop root: as root, each case runs in a forked child that drops to
+``nobody`` (everything it needs is imported first: the interpreter may not be readable by
+``nobody``)."""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb.engram as engram
+from engramdb.errors import ReadOnlyError
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def place() -> Iterator[str]:
+    """A directory ``nobody`` can reach (pytest's tmp_path is under a 0700 directory of root)."""
+    where = tempfile.mkdtemp(prefix="engramdb-ro-")
+    os.chmod(where, 0o755)
+    yield where
+    for root, dirs, _ in os.walk(where):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+    shutil.rmtree(where)
+
+
+def _unprivileged(fn: Callable[[], int]) -> int:
+    """``fn()``'s exit code, run in a child without root's powers over permissions."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            if os.geteuid() == 0:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            code = fn()
+        except BaseException as exc:  # reported through the exit code (a test never sees the child's output)
+            code = 90 + (3 if isinstance(exc, ReadOnlyError) else 0)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), status
+    return os.WEXITSTATUS(status)
+
+
+def _backup(place: str) -> str:
+    """A store and its backup copy (the data file alone, as `cp` of a closed store gives)
+    in ``place/backup``, owned by the user the child runs as."""
+    src = os.path.join(place, "live.engram")
+    with engram.open(src, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("kept in the backup", id="kept")
+        db.add("the other end", id="other")
+        db.link("kept", "other")
+        assert db.verify() == [] and db.recall("backup")  # imports what the child will need
+    with engram.open(src, passphrase=PASSPHRASE, readonly=True) as db:
+        db.get("kept")
+    backup = os.path.join(place, "backup")
+    os.mkdir(backup)
+    shutil.copy(src, backup)
+    if os.geteuid() == 0:
+        for path in (place, backup, os.path.join(backup, "live.engram")):
+            os.chown(path, NOBODY, NOBODY)
+    return os.path.join(backup, "live.engram")
+
+
+def _reads(path: str) -> int:
+    with engram.open(path, passphrase=PASSPHRASE, readonly=True) as db:
+        ok = db.get("kept").content == "kept in the backup" and db.verify() == [] and len(db.edges("kept")) == 1
+    return 0 if ok else 1
+
+
+def test_a_read_only_copy_in_a_directory_this_user_cannot_write_opens_read_only(place):
+    path = _backup(place)
+    os.chmod(os.path.dirname(path), 0o555)
+    os.chmod(path, 0o400)
+    assert _unprivileged(lambda: _reads(path)) == 0
+    assert os.listdir(os.path.dirname(path)) == ["live.engram"]  # no lock file, no -maint
+    # a writable open is refused, saying what to do
+    assert _unprivileged(lambda: engram.open(path, passphrase=PASSPHRASE) and 0) == 90  # a StoreError
+
+
+def test_a_0400_file_in_a_writable_directory_opens_read_only_and_refuses_writes(place):
+    path = _backup(place)
+    os.chmod(path, 0o400)
+
+    def write() -> int:
+        try:
+            engram.open(path, passphrase=PASSPHRASE)
+        except ReadOnlyError as exc:
+            return 0 if "chmod" in exc.hint else 2
+        return 1
+
+    assert _unprivileged(lambda: _reads(path)) == 0
+    assert _unprivileged(write) == 0
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
+
+
+def test_a_copy_whose_lock_file_cannot_be_written_is_refused_while_another_process_has_it_open(place):
+    """Without the lock file a reader is invisible to writers, which may then overwrite the
+    pages it reads: lockless only when nobody else has the file open (engramdb's openers
+    hold a shared flock on the data file)."""
+    path = _backup(place)
+    os.chmod(os.path.dirname(path), 0o555)
+    other = os.open(path, os.O_RDONLY)  # another opener's shared lock (flock is per open file)
+    try:
+        fcntl.flock(other, fcntl.LOCK_SH)
+
+        def read() -> int:
+            try:
+                engram.open(path, passphrase=PASSPHRASE, readonly=True)
+            except ReadOnlyError as exc:
+                return 0 if "another process" in exc.message and "-lock" in exc.message else 2
+            return 1
+
+        assert _unprivileged(read) == 0
+    finally:
+        os.close(other)
+    assert _unprivileged(lambda: _reads(path)) == 0  # alone again: it opens
