@@ -661,6 +661,7 @@ class _Env:
         self.refs = 0
         self.resize_lock = threading.Condition()
         self.write_mutex = threading.Lock()
+        self.writer_thread = 0  # the thread holding write_mutex (0: none)
         self.active_readers = 0
         self.active_writers = 0
         self.map_uses = 0  # uses of the map since the last look at the resident file pages
@@ -897,6 +898,14 @@ class _Env:
         Raises:
             BusyError: another thread or process kept writing past the timeout.
         """
+        if self.writer_thread == get_ident():
+            # Another handle of this file (the handles of one path share this _Env) has a write
+            # transaction open in this very thread: waiting for it would wait for ever (or blame
+            # "another writer" after the timeout). Writes of the same handle join instead.
+            raise ValidationError(f"{self.path}: this thread has a write transaction of the file open through "
+                                  "another handle; a second one would wait for it for ever",
+                                  hint="write through the handle whose `with db.transaction()` block is open "
+                                       "(its writes join the transaction), or after the block")
         busy = f"{self.path}: another writer held the file for longer than the timeout ({timeout} s)"
         deadline = _deadline(timeout)
         if not self.write_mutex.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
@@ -907,8 +916,10 @@ class _Env:
         except BaseException:
             self.write_mutex.release()
             raise
+        self.writer_thread = get_ident()
 
     def release_writer(self) -> None:
+        self.writer_thread = 0
         try:
             if self.maint_fd is not None and self.maint_writable:
                 fcntl.flock(self.maint_fd, fcntl.LOCK_UN)

@@ -13,7 +13,7 @@ import pytest
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
-from engramdb.errors import StoreError, WrongThreadError
+from engramdb.errors import StoreError, ValidationError, WrongThreadError
 
 
 def _in_thread(fn: Callable[[], Any]) -> BaseException | None:
@@ -138,3 +138,34 @@ def test_reads_of_other_threads_see_the_committed_state_meanwhile(tmp_path):
             assert _in_thread(lambda: seen.extend([db.get("a").content, "b" in db, len(db)])) is None
         assert seen == ["committed", False, 1]
         assert "b" in db
+
+
+@pytest.mark.parametrize("operation", ["add", "transaction", "compact"])
+def test_a_nested_write_through_another_handle_of_the_file_is_refused_not_a_deadlock(tmp_path, operation):
+    """Handles of one path share LMDB's environment and its writer lock. A write through a
+    second handle inside the first one's `with db.transaction()` on the same thread waited
+    for that very transaction: for ever with timeout=None, else until the timeout, then a
+    BusyError blaming "another writer" (T5.3: rejected before it deadlocks). With timeout=0
+    the old code fails at once, with the wrong error."""
+    path = tmp_path / "t.engram"
+    first = engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, timeout=0)
+    second = engram.open(path, passphrase=PASSPHRASE, timeout=0)
+    try:
+        with first.transaction() as tx:
+            tx.add("outer", id="outer")
+            with pytest.raises(ValidationError) as err:
+                if operation == "add":
+                    second.add("inner", id="inner")
+                elif operation == "compact":
+                    second.compact()
+                else:
+                    with second.transaction() as inner:
+                        inner.add("inner", id="inner")
+            assert "through another handle" in err.value.message and "transaction" in err.value.hint
+            tx.add("after", id="after")
+        assert sorted(second.ids()) == ["after", "outer"]
+        second.add("inner", id="inner")  # after the block it writes as usual
+        assert "inner" in first and first.verify() == []
+    finally:
+        second.close()
+        first.close()
