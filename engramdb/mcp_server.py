@@ -2,7 +2,7 @@
 
 Any MCP-speaking agent can then remember, recall, forget and use the task hooks without
 writing Python. The server uses the official ``mcp`` SDK (the optional extra
-``engramdb[mcp]``): ``MCPServer`` in mcp 2.x, ``FastMCP`` in mcp 1.x. Each tool has a JSON
+``engramdb[mcp]``): ``MCPServer`` in mcp 2.x, ``FastMCP`` in mcp 1.x (1.3 or later). Each tool has a JSON
 schema (from its typed signature) and reports an ``EngramError`` as a tool error with its
 message and hint. The passphrase never travels as a tool argument: the command line opens
 the file (``ENGRAM_PASSPHRASE``, ``--passphrase-file`` or ``--key-file``) before serving.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from typing import Any
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ from .errors import ConfigMismatchError, EngramError, ValidationError
 __all__ = ["build_server", "serve", "TOOLS", "READ_TOOLS", "INSTALL_HINT"]
 
 INSTALL_HINT = "install the MCP extra: pip install 'engramdb[mcp]'"
+UPGRADE_HINT = "upgrade it (mcp 1.3 or later): pip install -U 'engramdb[mcp]'"
 TOOLS = ("remember", "recall", "recall_context", "forget", "before_task", "after_task", "stats")
 # the tools a read-only handle offers (``engramdb mcp --readonly``): the others write
 READ_TOOLS = ("recall", "recall_context", "before_task", "stats")
@@ -36,13 +38,20 @@ def _sdk() -> tuple[Any, type[Exception]]:  # Any: the MCP SDK's server class (a
     Raises:
         ConfigMismatchError: the ``mcp`` package is not installed.
     """
+    failures = []
     for module, name in (("mcp.server.mcpserver", "MCPServer"), ("mcp.server.fastmcp", "FastMCP")):  # 2.x, 1.x
         try:
             server = getattr(importlib.import_module(module), name)
             return server, importlib.import_module(module + ".exceptions").ToolError
-        except (ImportError, AttributeError):
+        except (ImportError, AttributeError) as exc:
+            failures.append(f"{module}: {exc}")
             continue
-    raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed", hint=INSTALL_HINT)
+    if importlib.util.find_spec("mcp") is None:
+        raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed",
+                                  hint=INSTALL_HINT)
+    # an mcp before 1.3 (no FastMCP with instructions), or one broken by its dependencies
+    raise ConfigMismatchError("the installed `mcp` package is too old for the MCP server, or cannot be imported "
+                              f"({'; '.join(failures)})", hint=UPGRADE_HINT)
 
 
 def _node_view(node: Any) -> dict[str, Any]:

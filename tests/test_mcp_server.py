@@ -136,8 +136,16 @@ def test_the_servers_own_argument_errors_say_what_to_pass(tmp_path):
 
 
 def _text(result) -> str:
-    assert not _field(result, "is_error", "isError"), result.content
-    return result.content[0].text if result.content else ""
+    """The text of an in-process call_tool's answer: a result (mcp 2.x), or in mcp 1.x the
+    content blocks, or (content blocks, structured content)."""
+    if isinstance(result, tuple):
+        result = result[0]
+    if isinstance(result, list):
+        content = result
+    else:
+        assert not _field(result, "is_error", "isError"), result.content
+        content = result.content
+    return content[0].text if content else ""
 
 
 def test_before_task_holds_a_token_budget(tmp_path):
@@ -221,3 +229,25 @@ def test_mcp_never_prompts_for_the_passphrase_even_in_a_terminal(tmp_path):
     assert result.returncode == 1 and result.stdout == ""
     assert "no passphrase given" in result.stderr and "run in a terminal" not in result.stderr
     assert "ENGRAM_PASSPHRASE" in result.stderr and "--passphrase-file" in result.stderr
+
+
+def test_an_mcp_sdk_too_old_for_the_server_is_named_as_such(tmp_path):
+    """pyproject asked for mcp>=1.0, but the server needs FastMCP with `instructions` (mcp 1.3,
+    or MCPServer in 2.x): with mcp 1.0-1.2 installed, `pip install 'engramdb[mcp]'` kept it and
+    `engramdb mcp` said the mcp package "is not installed"."""
+    import subprocess
+
+    fake = tmp_path / "site" / "mcp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")  # an mcp without mcp.server.fastmcp, as 1.0 and 1.1 are
+    path = tmp_path / "agent.engram"
+    engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    env = {**os.environ, "ENGRAM_PASSPHRASE": PASSPHRASE, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"),
+                                                                                          str(ROOT)])}
+    result = subprocess.run([sys.executable, "-m", "engramdb", "mcp", str(path)], env=env, capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "not installed" not in result.stderr and "too old" in result.stderr, result.stderr
+    assert "pip install -U 'engramdb[mcp]'" in result.stderr
+    pyproject = (ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+)
+    assert 'mcp = ["mcp>=1.3"]' in pyproject and '"mcp>=1.0"' not in pyproject
