@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 from typing import Any
 from collections.abc import Callable
 
@@ -46,9 +45,14 @@ def _sdk() -> tuple[Any, type[Exception]]:  # Any: the MCP SDK's server class (a
         except (ImportError, AttributeError) as exc:
             failures.append(f"{module}: {exc}")
             continue
-    if importlib.util.find_spec("mcp") is None:
-        raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed",
-                                  hint=INSTALL_HINT)
+    try:
+        importlib.import_module("mcp")
+    except ModuleNotFoundError as exc:
+        if exc.name in (None, "mcp"):  # mcp itself, not a module mcp needs
+            raise ConfigMismatchError("the MCP server needs the `mcp` package, which is not installed",
+                                      hint=INSTALL_HINT) from None
+    except ImportError:  # installed, but broken by its dependencies: said below
+        pass
     # an mcp before 1.3 (no FastMCP with instructions), or one broken by its dependencies
     raise ConfigMismatchError("the installed `mcp` package is too old for the MCP server, or cannot be imported "
                               f"({'; '.join(failures)})", hint=UPGRADE_HINT)
