@@ -676,6 +676,7 @@ class _Env:
         self.made_file = False  # this open created the data file
         self.alone = False  # no other process had the file open when this one opened it
         self.lockless = False  # a read-only open without LMDB's lock file (_check_lock_sidecar)
+        self.lockless_key: tuple[int, ...] | None = None  # the data file's _stat_key at a lockless open
         # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
         # after each of its commits): a clean close records the file as clean only if it still
         # is that, so a change made by anyone else while the file was open is checked next time.
@@ -799,6 +800,19 @@ class _Env:
             except OSError as exc:  # a full disk
                 raise _os_error(exc, f"cannot write {self.path}-maint") from None
 
+    def check_unwritten(self) -> None:
+        """For a lockless read-only open: refuse what a read found once the file was written
+        since the open (a writer does not see a lockless reader and reuses the pages it reads).
+
+        Raises:
+            ReadOnlyError: another process wrote the file while this handle read it without locks.
+        """
+        if self.lockless and self.lock_fd is not None and _stat_key(self.lock_fd) != self.lockless_key:
+            raise ReadOnlyError(
+                f"{self.path} was written by another process while this handle read it without LMDB's locks "
+                "(its lock file is not writable here), so what was read may be from pages that writer reused",
+                hint="open it where its lock file is writable, or read a copy (cp) taken while no process writes it")
+
     def _check_lock_sidecar(self, readonly: bool) -> None:
         """LMDB opens ``-lock`` itself (following links): check what is there, or create it
         ourselves, mode 0600 and never through a link, before LMDB does.
@@ -828,6 +842,9 @@ class _Env:
                     hint="open it where its directory is writable (a read-only open writes nothing to the data "
                          "file), or read a copy (cp) taken while no process writes it") from None
             self.lockless = True
+            # what the file is now: a writer that comes later cannot see this reader (no slot
+            # in -lock) and reuses the pages it reads, so each read checks the file is unchanged
+            self.lockless_key = None if self.lock_fd is None else _stat_key(self.lock_fd)
             return
         os.close(fd)
 
@@ -2519,8 +2536,13 @@ class Store:
         try:
             txn._begin()
             yield txn
+            env.check_unwritten()  # before the caller returns what it read
         except lmdb.Error as exc:  # a damaged page met while reading: never a library exception
+            env.check_unwritten()
             raise _map_lmdb_error(exc, "read failed") from None
+        except EngramError:  # a reused page fails authentication or parsing: say why
+            env.check_unwritten()
+            raise
         finally:
             txn._abort()
             with env.resize_lock:

@@ -129,3 +129,39 @@ def test_a_copy_whose_lock_file_cannot_be_written_is_refused_while_another_proce
     finally:
         os.close(other)
     assert _unprivileged(lambda: _reads(path)) == 0  # alone again: it opens
+
+
+def test_a_lockless_reader_refuses_what_it_reads_once_a_writer_came_after_it(place):
+    """A writer that opens the file after a lockless reader cannot see it (no slot in -lock) and
+    reuses the pages its snapshot reads: every record read differently inside one snapshot
+    (3,000 of 3,000 in a probe). The reader now refuses what it read once the file was written
+    since its open, saying why, instead of returning it."""
+    path = _backup(place)
+    os.chmod(os.path.dirname(path), 0o555)
+    opened_r, opened_w = os.pipe()
+    written_r, written_w = os.pipe()
+
+    def read_across_a_write() -> int:
+        db = engram.open(path, passphrase=PASSPHRASE, readonly=True)
+        if not db._store._env.lockless or db.get("kept").content != "kept in the backup":
+            return 1
+        os.write(opened_w, b"1")
+        os.read(written_r, 1)
+        try:
+            db.get("kept")
+        except ReadOnlyError as exc:
+            return 0 if "written by another process" in exc.message and "lock" in exc.hint else 2
+        return 3
+
+    pid = os.fork()
+    if pid == 0:  # the reader, as _unprivileged runs it
+        os._exit(_unprivileged(read_across_a_write))
+    try:
+        assert os.read(opened_r, 1) == b"1"
+        os.chmod(os.path.dirname(path), 0o755)  # the owner (root, or this user) writes meanwhile
+        with engram.open(path, passphrase=PASSPHRASE) as db:
+            db.add("written after the reader opened", id="later")
+    finally:
+        os.write(written_w, b"1")
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
