@@ -126,13 +126,7 @@ def test_mcp_without_the_sdk_says_how_to_install_it(run, tmp_path, monkeypatch):
             raise ModuleNotFoundError(f"No module named {name!r}")
         return real(name, *args)
 
-    real_spec = mcp_server.importlib.util.find_spec
-
-    def no_mcp_spec(name, *args):  # what a package that is not installed gives (2c39a35 tells it from a too old one)
-        return None if name == "mcp" else real_spec(name, *args)
-
     monkeypatch.setattr(mcp_server.importlib, "import_module", no_mcp)
-    monkeypatch.setattr(mcp_server.importlib.util, "find_spec", no_mcp_spec)
     result = CliRunner().invoke(cli, ["mcp", str(tmp_path / "missing.engram")], env={"ENGRAM_PASSPHRASE": "pw"})
     assert result.exit_code == 1 and "pip install 'engramdb[mcp]'" in result.output
     assert "not installed" in result.output
