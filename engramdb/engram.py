@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import hashlib
 import operator
 import os
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, overload
@@ -1272,8 +1271,9 @@ class Transaction:
         return len(found)
 
     def procedure_rows(self) -> list[dict[str, Any]]:
-        """Every procedural-graph row (spec/agent.md), in key order."""
-        return [codec.unpack(value, any_keys=True) for _, value in self._txn.items("procedures")]
+        """Every procedural-graph row (spec/agent.md), in the order of their msgpack bytes (the
+        same in every store: keys are blind, so their order differs from store to store)."""
+        return [codec.unpack(value, any_keys=True) for value in sorted(v for _, v in self._txn.items("procedures"))]
 
     def procedure_keys(self) -> list[bytes]:
         """The keys of every procedural-graph row, in key order, read without decrypting a row.
@@ -1297,18 +1297,30 @@ class Transaction:
 
     def put_procedure_row(self, row: Mapping[str, Any]) -> None:
         """Store one procedural-graph row (a map of msgpack-able values; keys sorted, so the
-        same row always has the same key: SHA-256 of its msgpack, spec/file-format.md).
+        same row always has the same key: a keyed hash of its msgpack, spec/file-format.md).
 
         Raises:
             ValidationError: the row is not a map, or holds a value msgpack cannot store.
         """
         canonical = _canonical_row(row)
         data = codec.pack(canonical)
-        self._txn.put("procedures", _procedure_key(data), data)
+        self._txn.put("procedures", self._procedure_key(data), data)
 
     def delete_procedure_row(self, row: Mapping[str, Any]) -> bool:
         """Delete a row as :meth:`procedure_rows` returned it; False when it is not stored."""
-        return self._txn.delete("procedures", _procedure_key(codec.pack(_canonical_row(row))))
+        return self._txn.delete("procedures", self._procedure_key(codec.pack(_canonical_row(row))))
+
+    def _procedure_key(self, packed: bytes) -> bytes:
+        """A row's key: its blind index (HMAC with the store's blind key), so the key of a
+        guessable row (a tool's name) tells nothing without the passphrase. Files written
+        before 2026-12-02 keyed rows by an unkeyed SHA-256, which confirmed such guesses; the
+        first procedure write converts them, in its transaction."""
+        if self._txn.get("meta", _PROCEDURE_KEYS_KEY) is None:
+            for key, value in list(self._txn.items("procedures")):
+                self._txn.delete("procedures", key)
+                self._txn.put("procedures", self._txn.store.blind(b"procedure", value), value)
+            self._txn.put("meta", _PROCEDURE_KEYS_KEY, b"\x01")
+        return self._txn.store.blind(b"procedure", packed)
 
     def archived(self, id: str) -> str | None:
         """The archived original of a memory, or None."""
@@ -1384,7 +1396,5 @@ def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _PROCEDURE_KEY_BYTES = 16
-
-
-def _procedure_key(packed: bytes) -> bytes:
-    return hashlib.sha256(packed).digest()[:_PROCEDURE_KEY_BYTES]
+# set once the procedure rows are keyed by their blind index (Transaction._procedure_key)
+_PROCEDURE_KEYS_KEY = b"procedures.blind"

@@ -12,7 +12,7 @@ Everything lives in the ``procedures`` table as rows (spec/agent.md section 4), 
 sealed like the rest of the file and round-trips through dumps. This module works on an
 ``Engram`` through its public API only (``procedure_rows``, ``transaction`` and the
 transaction's procedure-row methods). A graph object keeps the rows it parsed by key (a key is
-a hash of its row's content), so recording a trajectory reads only the rows new to it.
+a keyed hash of its row's content), so recording a trajectory reads only the rows new to it.
 """
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ class _Rows:
                 self.trajectories.append(item)
             elif kind == "proposal":
                 self.decided[item[0]] = item[1]
-        self.trajectories.sort(key=operator.attrgetter("seq"))
+        self.trajectories.sort(key=operator.attrgetter("seq", "id"))  # ids break a tie in every store alike
 
 
 def node_id(tool: str) -> str:

@@ -1,0 +1,100 @@
+"""Procedure rows are keyed by their blind index, not by an unkeyed hash of their content.
+
+Found by rev9 (2026-12-02): the key of a row was SHA-256(msgpack(row))[:16], so anyone holding
+an encrypted file, without its passphrase, could confirm guesses such as "the agent ran pytest"
+(a tool's node row is {"id", "kind", "label", "row"}, all guessable). spec/file-format.md says
+no key holds plaintext content; a keyed hash (HMAC with the store's blind key) gives nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import engramdb
+from engramdb import codec
+from engramdb.agent import ProceduralGraph
+from engramdb.agent.procedures import node_id
+
+from conftest import PASSPHRASE, TEST_KDF
+
+
+def _transcript(task: str, tools: list[str]) -> list[dict]:
+    messages: list[dict] = [{"role": "user", "content": task}]
+    for i, tool in enumerate(tools):
+        messages.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"c{i}", "name": tool, "input": {}}]})
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{i}", "content": "ok"}]})
+    messages.append({"role": "assistant", "content": "done"})
+    return messages
+
+
+def _unkeyed(row: dict) -> bytes:
+    return hashlib.sha256(codec.pack(_sorted(row))).digest()[:16]
+
+
+def _sorted(value):
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def _keys_and_rows(db) -> list[tuple[bytes, dict]]:
+    with db.transaction() as tx:
+        return [(key, tx.procedure_row(key)) for key in tx.procedure_keys()]
+
+
+def test_no_key_confirms_a_guessed_row(tmp_path, now):
+    with engramdb.open(tmp_path / "a.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        ProceduralGraph(db).record_trajectory(_transcript("fix the build", ["git_clone", "pytest"]), "success", now=now)
+        stored = _keys_and_rows(db)
+        assert stored and all(row is not None for _, row in stored)
+        keys = {key for key, _ in stored}
+        # an attacker's guess: the node row of a tool, hashed as the old key was
+        guess = {"id": node_id("pytest"), "kind": "action", "label": "pytest", "row": "node"}
+        assert any(row == guess for _, row in stored)  # the guess is right ...
+        assert _unkeyed(guess) not in keys  # ... and the file does not say so
+        assert all(key != _unkeyed(row) for key, row in stored)
+
+
+def test_rows_under_the_old_unkeyed_keys_are_converted_by_the_first_procedure_write(tmp_path, now):
+    path = tmp_path / "old.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        graph = ProceduralGraph(db)
+        graph.record_trajectory(_transcript("first", ["read_file", "run_tests"]), "success", now=now)
+        rows = [row for _, row in _keys_and_rows(db)]
+        # what a file written before 2026-12-02 holds: the same rows under their SHA-256 keys
+        with db.transaction() as tx:
+            for key in tx.procedure_keys():
+                tx.txn.delete("procedures", key)
+            for row in rows:
+                data = codec.pack(_sorted(row))
+                tx.txn.put("procedures", _unkeyed(row), data)
+            tx.txn.delete("meta", b"procedures.blind")
+        assert {key for key, _ in _keys_and_rows(db)} == {_unkeyed(row) for row in rows}
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, readonly=True) as db:
+        assert sorted(map(repr, db.procedure_rows())) == sorted(map(repr, rows))  # read as they are
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        before = ProceduralGraph(db).to_dict()
+        ProceduralGraph(db).record_trajectory(_transcript("second", ["read_file", "run_tests"]), "success", now=now + 1)
+        stored = _keys_and_rows(db)
+        assert all(key != _unkeyed(row) for key, row in stored)  # every row converted
+        after = ProceduralGraph(db).to_dict()
+        assert after["trajectories"] == before["trajectories"] + 1 == 2
+        edges = {(e["src"], e["dst"], e["relation"]): e for e in after["edges"]}
+        assert len(edges) == len(after["edges"])  # the edge rows were replaced, not duplicated
+        assert edges["read_file", "run_tests", "leads_to"]["success"] == 2
+        with db.transaction() as tx:
+            assert len(tx.procedure_keys()) == len(db.procedure_rows())
+        assert db.verify() == []
+
+
+def test_two_stores_list_the_same_rows_in_the_same_order(tmp_path, now):
+    listed = []
+    for name in ("a", "b"):
+        with engramdb.open(tmp_path / f"{name}.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+            graph = ProceduralGraph(db)
+            for i in range(4):
+                graph.record_trajectory(_transcript(f"task {i}", ["read_file", "edit_file", "run_tests"][: 2 + i % 2]),
+                                        "success", now=now + i)
+            listed.append(db.procedure_rows())
+    assert listed[0] == listed[1]
