@@ -822,6 +822,12 @@ class Engram:
             # first the tables a refill would shrink below REPACK_BELOW_FILL of their pages
             for table in ("meta", "nodes", "archive"):
                 self._store.write(operator.methodcaller("repack", table, below=REPACK_BELOW_FILL))
+            # an older file's procedure rows under unkeyed hashes, which confirm guessed rows:
+            # converted here, so the copy below leaves no such key (not even in a free page)
+            with self._store.read() as txn:
+                unconverted = txn.get("meta", _PROCEDURE_KEYS_KEY) is None and txn.count("procedures") > 0
+            if unconverted:
+                self._store.write(lambda txn: Transaction(self, txn)._convert_procedure_keys())
         self._store.compact()
         # The compacted copy restarts LMDB's transaction ids, and the index caches are
         # labelled with them: a later commit could reuse a cached label and serve stale postings.
@@ -1314,13 +1320,17 @@ class Transaction:
         """A row's key: its blind index (HMAC with the store's blind key), so the key of a
         guessable row (a tool's name) tells nothing without the passphrase. Files written
         before 2026-12-02 keyed rows by an unkeyed SHA-256, which confirmed such guesses; the
-        first procedure write converts them, in its transaction."""
+        first procedure write converts them, in its transaction (:meth:`Engram.compact` too)."""
         if self._txn.get("meta", _PROCEDURE_KEYS_KEY) is None:
-            for key, value in list(self._txn.items("procedures")):
-                self._txn.delete("procedures", key)
-                self._txn.put("procedures", self._txn.store.blind(b"procedure", value), value)
-            self._txn.put("meta", _PROCEDURE_KEYS_KEY, b"\x01")
+            self._convert_procedure_keys()
         return self._txn.store.blind(b"procedure", packed)
+
+    def _convert_procedure_keys(self) -> None:
+        """Key the rows of an older file by their blind index, and note it (idempotent)."""
+        for key, value in list(self._txn.items("procedures")):
+            self._txn.delete("procedures", key)
+            self._txn.put("procedures", self._txn.store.blind(b"procedure", value), value)
+        self._txn.put("meta", _PROCEDURE_KEYS_KEY, b"\x01")
 
     def archived(self, id: str) -> str | None:
         """The archived original of a memory, or None."""

@@ -98,3 +98,38 @@ def test_two_stores_list_the_same_rows_in_the_same_order(tmp_path, now):
                                         "success", now=now + i)
             listed.append(db.procedure_rows())
     assert listed[0] == listed[1]
+
+
+def test_compact_converts_the_old_keys_and_leaves_none_in_the_file(tmp_path, now):
+    # found by rev10: the conversion deleted the old keys, but LMDB's free pages kept them
+    # (every one of them, readable in the file); compact is what drops free pages, so it converts
+    path = tmp_path / "old.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        ProceduralGraph(db).record_trajectory(_transcript("first", ["read_file", "run_tests"]), "success", now=now)
+        rows = [row for _, row in _keys_and_rows(db)]
+        with db.transaction() as tx:
+            for key in tx.procedure_keys():
+                tx.txn.delete("procedures", key)
+            for row in rows:
+                tx.txn.put("procedures", _unkeyed(row), codec.pack(_sorted(row)))
+            tx.txn.delete("meta", b"procedures.blind")
+    old_keys = [_unkeyed(row) for row in rows]
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.compact()
+    raw = path.read_bytes()
+    assert [key for key in old_keys if key in raw] == []
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        assert sorted(map(repr, db.procedure_rows())) == sorted(map(repr, rows))
+        assert all(key != _unkeyed(row) for key, row in _keys_and_rows(db))
+        ProceduralGraph(db).record_trajectory(_transcript("second", ["read_file", "run_tests"]), "success", now=now + 1)
+        edges = ProceduralGraph(db).to_dict()["edges"]
+        assert len({(e["src"], e["dst"], e["relation"]) for e in edges}) == len(edges)
+        assert db.verify() == []
+
+
+def test_compact_of_a_file_without_procedure_rows_writes_no_marker(tmp_path):
+    with engramdb.open(tmp_path / "a.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("a memory")
+        db.compact()
+        with db.transaction() as tx:
+            assert tx.txn.get("meta", b"procedures.blind") is None
