@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from typing import Any
 from collections.abc import Callable
 
@@ -41,6 +42,9 @@ def _sdk() -> tuple[Any, type[Exception]]:  # Any: the MCP SDK's server class (a
     for module, name in (("mcp.server.mcpserver", "MCPServer"), ("mcp.server.fastmcp", "FastMCP")):  # 2.x, 1.x
         try:
             server = getattr(importlib.import_module(module), name)
+            if not _takes_instructions(server):  # mcp 1.2's FastMCP: it would drop them unsaid
+                failures.append(f"{module}.{name} takes no instructions (mcp before 1.3)")
+                continue
             return server, importlib.import_module(module + ".exceptions").ToolError
         except (ImportError, AttributeError) as exc:
             failures.append(f"{module}: {exc}")
@@ -56,6 +60,13 @@ def _sdk() -> tuple[Any, type[Exception]]:  # Any: the MCP SDK's server class (a
     # an mcp before 1.3 (no FastMCP with instructions), or one broken by its dependencies
     raise ConfigMismatchError("the installed `mcp` package is too old for the MCP server, or cannot be imported "
                               f"({'; '.join(failures)})", hint=UPGRADE_HINT)
+
+
+def _takes_instructions(server: Any) -> bool:
+    try:
+        return "instructions" in inspect.signature(server).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call say
+        return True
 
 
 def _node_view(node: Any) -> dict[str, Any]:

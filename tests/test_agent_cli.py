@@ -131,3 +131,31 @@ def test_mcp_without_the_sdk_says_how_to_install_it(run, tmp_path, monkeypatch):
     assert result.exit_code == 1 and "pip install 'engramdb[mcp]'" in result.output
     assert "not installed" in result.output
     assert not (tmp_path / "missing.engram").exists()  # reported before the file is touched
+
+
+def test_mcp_1_2_whose_fastmcp_takes_no_instructions_is_named_too_old(monkeypatch):
+    # found by rev10: mcp 1.2 has mcp.server.fastmcp, but its FastMCP(name, **settings) puts
+    # `instructions` into settings that ignore unknown fields: the server ran without them and
+    # nothing said the installed mcp was older than the extra's mcp>=1.3
+    import types
+
+    from engramdb import mcp_server
+    from engramdb.errors import ConfigMismatchError
+
+    class FastMCP:  # mcp 1.2.0's signature
+        def __init__(self, name: str | None = None, **settings: object) -> None:
+            self.settings = settings
+
+    modules = {"mcp": types.ModuleType("mcp"),
+               "mcp.server.fastmcp": types.SimpleNamespace(FastMCP=FastMCP),
+               "mcp.server.fastmcp.exceptions": types.SimpleNamespace(ToolError=Exception)}
+
+    def fake(name, *args):
+        if name in modules:
+            return modules[name]
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(mcp_server.importlib, "import_module", fake)
+    with pytest.raises(ConfigMismatchError) as err:
+        mcp_server._sdk()
+    assert "too old" in str(err.value) and "pip install -U" in (err.value.hint or "")
