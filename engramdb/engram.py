@@ -442,8 +442,11 @@ class Engram:
         """Store many memories in one transaction (all or nothing); returns their ids.
 
         Memories are built, written and indexed :data:`~engramdb.bulk.INGEST_CHUNK` at a
-        time (one BM25 segment per chunk), so the extra memory of a large batch is bounded
-        by a chunk's, not by the batch's size.
+        time (one BM25 segment per chunk), so engramdb's own working set is a chunk's, not
+        the batch's. LMDB keeps the pages one transaction writes in memory up to its cap of
+        512 MiB (about +700 MB for a million memories), so for millions use
+        :meth:`import_many`, which commits each chunk (spec/file-format.md, "Memory of a
+        large write transaction").
 
         Raises:
             DuplicateIdError: an id exists already or repeats in ``items``.
