@@ -233,7 +233,11 @@ def _secret(what: str, file: str | None, env: str, file_option: str, *, confirm:
     if os.environ.get(env):
         return os.environ[env]
     if not sys.stdin.isatty():
-        raise ValidationError(f"no {what} given", hint=f"set {env}, pass {file_option} FILE, or run in a terminal")
+        # a file made with `init --plaintext` needs --plaintext every time: say so, it is the
+        # one key source a user of such a file would not think of as "a passphrase"
+        unencrypted = " (an unencrypted file: --plaintext or ENGRAM_PLAINTEXT=1)" if what == "passphrase" else ""
+        raise ValidationError(f"no {what} given",
+                              hint=f"set {env}, pass {file_option} FILE, or run in a terminal{unencrypted}")
     return click.prompt(what.capitalize(), hide_input=True, confirmation_prompt=confirm)
 
 

@@ -99,6 +99,17 @@ def test_plaintext_mode(run, tmp_path):
     assert run("get", f, "v").exit_code == 1  # with a passphrase: mode mismatch
 
 
+def test_no_passphrase_hint_names_plaintext(run, tmp_path):
+    """A plaintext file opened without --plaintext and without a passphrase said only "set
+    ENGRAM_PASSPHRASE, pass --passphrase-file FILE, or run in a terminal" (found by rev9):
+    nothing a user of an unencrypted file would try."""
+    f = str(tmp_path / "plain.engram")
+    assert run("--plaintext", "init", f).exit_code == 0
+    result = run("info", f, env={"ENGRAM_PASSPHRASE": ""})
+    assert result.exit_code == 1 and "no passphrase given" in result.output
+    assert "--plaintext" in result.output and "Traceback" not in result.output
+
+
 def test_console_script_and_module_entry_points(tmp_path):
     env = {**os.environ, "ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
     f = str(tmp_path / "m.engram")
