@@ -275,6 +275,18 @@ class Killed(Exception):
     """What :func:`kill_at_write` raises: a maintenance pass stopped as by a kill."""
 
 
+def tool_transcript(task: str, tools: list[str], failed: tuple[int, ...] = ()) -> list[dict]:
+    """An agent transcript (Anthropic-style blocks) that calls ``tools`` in order, the calls
+    numbered in ``failed`` returning errors: what the procedural graph records."""
+    msgs: list[dict] = [{"role": "user", "content": task}]
+    for i, name in enumerate(tools):
+        msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": name, "input": {}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "out",
+                                                  "is_error": i in failed}]})
+    msgs.append({"role": "assistant", "content": "done"})
+    return msgs
+
+
 def kill_at_write(phase: str, done: int, total: int) -> None:
     """A ``maintain(progress=...)`` callback that stops the pass once its plan is stored,
     before any batch is written (an interrupted pass, left for the next call to finish)."""

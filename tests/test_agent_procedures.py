@@ -11,17 +11,7 @@ import engramdb
 from engramdb.agent import ProceduralGraph
 from engramdb.errors import ValidationError
 
-from conftest import PASSPHRASE, TEST_KDF
-
-
-def _transcript(task: str, tools: list[str], failed: tuple[int, ...] = ()) -> list[dict]:
-    msgs = [{"role": "user", "content": task}]
-    for i, name in enumerate(tools):
-        msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": name, "input": {}}]})
-        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "out",
-                                                  "is_error": i in failed}]})
-    msgs.append({"role": "assistant", "content": "done"})
-    return msgs
+from conftest import PASSPHRASE, TEST_KDF, tool_transcript as _transcript
 
 
 GOOD = ["read_file", "edit_file", "run_tests"]

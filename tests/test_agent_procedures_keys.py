@@ -14,16 +14,7 @@ from engramdb import codec
 from engramdb.agent import ProceduralGraph
 from engramdb.agent.procedures import node_id
 
-from conftest import PASSPHRASE, TEST_KDF
-
-
-def _transcript(task: str, tools: list[str]) -> list[dict]:
-    messages: list[dict] = [{"role": "user", "content": task}]
-    for i, tool in enumerate(tools):
-        messages.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"c{i}", "name": tool, "input": {}}]})
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{i}", "content": "ok"}]})
-    messages.append({"role": "assistant", "content": "done"})
-    return messages
+from conftest import PASSPHRASE, TEST_KDF, tool_transcript as _transcript
 
 
 def _unkeyed(row: dict) -> bytes:
