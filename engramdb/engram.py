@@ -1017,11 +1017,6 @@ class Transaction:
         self._txn = txn
         self._index_batch: IndexBatch | None = None  # set by Engram._batched (add_many)
 
-    @property
-    def txn(self) -> Txn:
-        """The store transaction underneath (for the maintenance pass)."""
-        return self._txn
-
     def _index(self, *, added: Sequence[tuple[int, Node]] = (), removed: Sequence[tuple[int, Indexed]] = ()) -> None:
         if removed:  # maintenance hook: the change log an incremental pass starts from
             from .maintenance.run import log_changes
@@ -1343,22 +1338,61 @@ class Transaction:
         return None if docno is None else read_original(self._txn, docno)
 
     def set_archived(self, id: str, original: str) -> None:
-        """Keep ``original`` (zstd-compressed, sealed) as the archived full text of memory ``id``.
+        """Keep ``original`` (zstd-compressed, sealed) as the archived full text of memory ``id``
+        (restore's primitive; :meth:`archive` is the way to archive a memory).
 
         Raises:
             NotFoundError: no such id.
+            ValidationError: ``original`` is not a string; or the memory is an archived stub
+                that has its full text already (replacing it would lose that text), or was
+                archived with truncation (it has no full text, and a row would damage the file).
         """
-        docno = self._docno(id)
-        if docno is None:
+        node = self.find(id)
+        if node is None:
             raise NotFoundError(f"no memory with id {shown(id)}")
         if not isinstance(original, str):
             raise ValidationError("an archived original must be a string")
+        from .maintenance.archive import has_original, info
+
+        entry = info(node)
+        if entry is not None and entry.get("truncated"):
+            raise ValidationError(f"memory {shown(id)} was archived with truncation; it cannot hold an archived text",
+                                  hint="delete it and add the full text as a new memory")
+        docno = self._docno(id)
+        assert docno is not None  # find() just read it in this transaction
+        if entry is not None and has_original(self._txn, docno):
+            raise ValidationError(f"memory {shown(id)} is archived; set_archived would replace its full text",
+                                  hint="unarchive it first (Engram.unarchive), then update or archive it again")
+        self._set_archived(id, original)
+
+    def _set_archived(self, id: str, original: str) -> None:
+        """:meth:`set_archived` without the guard (archive() writes the row before the stub)."""
+        docno = self._docno(id)
+        if docno is None:
+            raise NotFoundError(f"no memory with id {shown(id)}")
         from .maintenance.archive import write_original
 
         write_original(self._txn, docno, original)
 
     def drop_archived(self, id: str) -> bool:
-        """Remove the archive row of memory ``id``; False when it had none."""
+        """Remove the archive row of memory ``id`` when it is not an archived stub's full text
+        (a row written by :meth:`set_archived` alone); False when it had none.
+
+        Raises:
+            ValidationError: the memory is archived (its row is its only full text): unarchive
+                or delete it instead.
+        """
+        from .maintenance.archive import info
+
+        node = self.find(id)
+        entry = None if node is None else info(node)
+        if entry is not None and not entry.get("truncated"):
+            raise ValidationError(f"memory {shown(id)} is archived; its archive row is its only full text",
+                                  hint="unarchive it (Engram.unarchive) to get the text back, or delete the memory")
+        return self._drop_archived(id)
+
+    def _drop_archived(self, id: str) -> bool:
+        """:meth:`drop_archived` without the guard (unarchive drops the row, then writes the original back)."""
         from .maintenance.archive import drop_original
 
         docno = self._docno(id)

@@ -56,11 +56,11 @@ def test_rows_under_the_old_unkeyed_keys_are_converted_by_the_first_procedure_wr
         # what a file written before 2026-12-02 holds: the same rows under their SHA-256 keys
         with db.transaction() as tx:
             for key in tx.procedure_keys():
-                tx.txn.delete("procedures", key)
+                tx._txn.delete("procedures", key)
             for row in rows:
                 data = codec.pack(_sorted(row))
-                tx.txn.put("procedures", _unkeyed(row), data)
-            tx.txn.delete("meta", b"procedures.blind")
+                tx._txn.put("procedures", _unkeyed(row), data)
+            tx._txn.delete("meta", b"procedures.blind")
         assert {key for key, _ in _keys_and_rows(db)} == {_unkeyed(row) for row in rows}
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, readonly=True) as db:
         assert sorted(map(repr, db.procedure_rows())) == sorted(map(repr, rows))  # read as they are
@@ -100,10 +100,10 @@ def test_compact_converts_the_old_keys_and_leaves_none_in_the_file(tmp_path, now
         rows = [row for _, row in _keys_and_rows(db)]
         with db.transaction() as tx:
             for key in tx.procedure_keys():
-                tx.txn.delete("procedures", key)
+                tx._txn.delete("procedures", key)
             for row in rows:
-                tx.txn.put("procedures", _unkeyed(row), codec.pack(_sorted(row)))
-            tx.txn.delete("meta", b"procedures.blind")
+                tx._txn.put("procedures", _unkeyed(row), codec.pack(_sorted(row)))
+            tx._txn.delete("meta", b"procedures.blind")
     old_keys = [_unkeyed(row) for row in rows]
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
         db.compact()
@@ -123,4 +123,4 @@ def test_compact_of_a_file_without_procedure_rows_writes_no_marker(tmp_path):
         db.add("a memory")
         db.compact()
         with db.transaction() as tx:
-            assert tx.txn.get("meta", b"procedures.blind") is None
+            assert tx._txn.get("meta", b"procedures.blind") is None

@@ -143,7 +143,7 @@ def test_verify_reports_a_lost_archive_row_and_an_orphan_row(tmp_engram, now):
     db.archive("m")
     assert db.verify() == []
     with db.transaction() as tx:
-        tx.drop_archived("m")
+        tx._drop_archived("m")  # damage on purpose (the public drop_archived refuses it)
     kinds = [(p.kind, p.detail) for p in db.verify()]
     assert kinds == [("archive", "archived memory 'm' has lost its archive row (its full text)")]
     with db.transaction() as tx:
@@ -155,6 +155,50 @@ def test_verify_reports_a_lost_archive_row_and_an_orphan_row(tmp_engram, now):
     assert [p.detail for p in db.verify()] == ["archive row 999 belongs to no memory"]
     with db._store.transaction() as txn:
         txn.delete("archive", codec.u64(999))
+
+
+def test_drop_archived_refuses_an_archived_stubs_only_full_text(tmp_engram, now):
+    """drop_archived on a non-truncated stub deleted its only full text and left a file verify
+    reported as damaged (rev9); it now refuses, saying to unarchive or delete."""
+    db = tmp_engram
+    db.add(LONG, id="m", now=now)
+    db.archive("m")
+    with pytest.raises(engramdb.ValidationError, match="only full text") as caught, db.transaction() as tx:
+        tx.drop_archived("m")
+    assert "unarchive" in (caught.value.hint or "")
+    assert db.verify() == []
+    assert db.get("m", full=True).content == LONG
+    db.add("preview", id="a", now=now)
+    with db.transaction() as tx:  # a row without a stub entry is not an archived memory's text
+        tx.set_archived("a", "the full original text")
+        assert tx.drop_archived("a") and not tx.drop_archived("a")
+        assert not tx.drop_archived("nobody")
+    assert db.verify() == []
+    assert db.unarchive("m").content == LONG and db.verify() == []
+
+
+def test_set_archived_refuses_to_replace_or_add_an_archived_stubs_text(tmp_engram, now):
+    """set_archived replaced an archived memory's full text (lost on unarchive), and gave a
+    truncated stub a row verify reports as damage; it now refuses both."""
+    db = tmp_engram
+    db.add(LONG, id="m", now=now)
+    db.add(LONG, id="t", now=now)
+    db.archive("m")
+    db.archive("t", truncate=True)
+    with pytest.raises(engramdb.ValidationError, match="replace its full text"), db.transaction() as tx:
+        tx.set_archived("m", "something else")
+    with pytest.raises(engramdb.ValidationError, match="truncation"), db.transaction() as tx:
+        tx.set_archived("t", LONG)
+    assert db.verify() == []
+    assert db.get("m", full=True).content == LONG
+    assert db.unarchive("m").content == LONG
+
+
+def test_transaction_has_no_public_raw_store_transaction(tmp_engram):
+    """``Transaction.txn`` handed out the raw store transaction, through which any table could be
+    damaged (rev9); the maintenance pass uses the private ``_txn``."""
+    with tmp_engram.transaction() as tx:
+        assert not hasattr(tx, "txn")
 
 
 def test_a_row_written_by_set_archived_alone_is_the_full_text(tmp_engram, now):

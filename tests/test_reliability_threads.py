@@ -40,9 +40,9 @@ OPERATIONS: dict[str, Callable[[engram.Transaction], Any]] = {
     "get": lambda tx: tx.get("a"),
     "put_procedure_row": lambda tx: tx.put_procedure_row({"kind": "edge", "src": "x", "dst": "y"}),
     # the store transaction underneath: its counters change without touching LMDB
-    "allocate_docno": lambda tx: tx.txn.allocate_docno(),
-    "after_commit": lambda tx: tx.txn.after_commit(lambda snapshot: None),
-    "raw put": lambda tx: tx.txn.put("sources", b"k" * 16, b"v"),
+    "allocate_docno": lambda tx: tx._txn.allocate_docno(),
+    "after_commit": lambda tx: tx._txn.after_commit(lambda snapshot: None),
+    "raw put": lambda tx: tx._txn.put("sources", b"k" * 16, b"v"),
 }
 
 
@@ -54,12 +54,12 @@ def test_a_write_transaction_used_from_another_thread_is_refused_and_writes_noth
         db.add("second", id="b")
         with db.transaction() as tx:
             tx.add("the owner's own write", id="own")
-            next_docno = tx.txn.state.next_docno
+            next_docno = tx._txn.state.next_docno
             raised = _in_thread(lambda: OPERATIONS[name](tx))
             assert isinstance(raised, WrongThreadError), raised
             assert "thread that opened it" in raised.message and "wrote nothing" in raised.message
             assert "db.transaction()" in raised.hint
-            assert tx.txn.state.next_docno == next_docno  # no document number taken
+            assert tx._txn.state.next_docno == next_docno  # no document number taken
             tx.update("b", content="the owner's update")  # the owner's transaction goes on
         assert db.get("own").content == "the owner's own write"
         assert db.get("b").content == "the owner's update"

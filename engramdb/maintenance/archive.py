@@ -21,8 +21,9 @@ byte the record that was archived (fields changed while archived, e.g. ``pinned`
 metadata, and the archive row as an ``@a`` line, so a restore keeps the memory archived.
 
 The functions take a transaction object of the facade (``Engram.transaction()`` /
-``Transaction``): anything with ``find``, ``update``, ``archived``, ``set_archived`` and
-``drop_archived``. This module never imports the facade.
+``Transaction``): anything with ``find``, ``update``, ``archived``, ``_set_archived`` and
+``_drop_archived`` (the unguarded spellings: an archive writes the row before the stub, an
+unarchive drops it while the record is still a stub). This module never imports the facade.
 """
 from __future__ import annotations
 
@@ -253,8 +254,8 @@ class ArchiveTxn(Protocol):
     def update(self, id: str, /, **changes: Any) -> Node: ...
     def _update_stub(self, id: str, /, **changes: Any) -> Node: ...
     def archived(self, id: str) -> str | None: ...
-    def set_archived(self, id: str, original: str) -> None: ...
-    def drop_archived(self, id: str) -> bool: ...
+    def _set_archived(self, id: str, original: str) -> None: ...
+    def _drop_archived(self, id: str) -> bool: ...
 
 
 def preview(content: str, chars: int = PREVIEW_CHARS) -> str:
@@ -318,7 +319,7 @@ def archive(tx: ArchiveTxn, id: str, *, truncate: bool = False, chars: int = PRE
     if truncate and cut:
         dropped = len(content.encode("utf-8", "surrogatepass")) - len(kept[:-3].encode("utf-8", "surrogatepass"))
     else:  # a text no longer than the preview loses nothing: it is archived whole, and can be undone
-        tx.set_archived(id, content)
+        tx._set_archived(id, content)
     tx._update_stub(id, **{**(changes or {}), "content": kept, "tier": "archive",
                       "metadata": {**node.metadata, ARCHIVE_KEY: entry}})
     return dropped
@@ -382,7 +383,7 @@ def unarchive(tx: ArchiveTxn, id: str) -> Node:
     restored = full_of(tx, node)
     if restored is node:
         return node
-    tx.drop_archived(id)
+    tx._drop_archived(id)
     changes = {name: getattr(restored, name) for name in ("content", "tier", "metadata")}
     return tx.update(id, **changes)
 

@@ -109,7 +109,7 @@ TIER_CODE = {t: i for i, t in enumerate(TIERS)}
 class PassTxn(Protocol):
     """What the pass needs from a write transaction of the facade (``engram.Transaction``)."""
 
-    txn: Txn
+    _txn: Txn
 
     def find(self, id: str) -> Node | None: ...
     def update(self, id: str, /, **changes: Any) -> Node: ...
@@ -119,8 +119,8 @@ class PassTxn(Protocol):
     def _put_new(self, node: Node) -> str: ...
     def link(self, src: str, dst: str, kind: str = ..., *, weight: float = ..., now: float | None = ...) -> None: ...
     def archived(self, id: str) -> str | None: ...
-    def set_archived(self, id: str, original: str) -> None: ...
-    def drop_archived(self, id: str) -> bool: ...
+    def _set_archived(self, id: str, original: str) -> None: ...
+    def _drop_archived(self, id: str) -> bool: ...
 
 
 @dataclass
@@ -790,7 +790,7 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     """Apply one memory's non-delete operation (deletes go through :func:`_apply_deletes`)
     unless the memory changed since the plan; returns the bytes of text dropped."""
     docno, id_, token, op = entry
-    txn = tx.txn
+    txn = tx._txn
     key = DIRTY_PREFIX + codec.u64(docno)
     if txn.get("meta", key) != token:
         return 0  # changed (or deleted: that logs too) after the snapshot: the next pass sees it
@@ -816,7 +816,7 @@ def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
     """The delete operations of one batch, in one ``delete_many``: each unless its memory
     changed since the plan (as :func:`_apply_op`). No other operation of the pass changes a
     memory that the pass deletes, so doing them first in their batch changes no outcome."""
-    txn = tx.txn
+    txn = tx._txn
     keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
     due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[0])]
     if not due:
@@ -855,19 +855,19 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], o
         # unchanged since the snapshot: its token is the snapshot's, or none once this plan's
         # own operation on it was applied (which takes it out of the change log)
         expected = None if docno in op_docnos else plan["tokens"].get(docno)
-        if tx.txn.get("meta", key) == expected:
+        if tx._txn.get("meta", key) == expected:
             archive_ops.archive(tx, src, truncate=False, now=now)
-            tx.txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
+            tx._txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
 
 
 def _is_stored(tx: PassTxn, docno: int) -> bool:
     """Whether memory ``docno`` is still stored. A docno is never given again, so its
     record is the memory the plan named (an id deleted and added again has a new docno)."""
-    return tx.txn.contains("nodes", codec.u64(docno))
+    return tx._txn.contains("nodes", codec.u64(docno))
 
 
 def _docno_of(tx: PassTxn, id_: str) -> int:
-    raw = tx.txn.get_present("ids", tx.txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
+    raw = tx._txn.get_present("ids", tx._txn.store.blind(b"id", id_.encode("utf-8", "surrogatepass")))
     return codec.from_u64(raw)
 
 
@@ -878,14 +878,14 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
     op_docnos = {e[0] for e in plan["ops"]}
     while True:
         with target.transaction() as tx:
-            prog = tx.txn.get("meta", PROGRESS_KEY)
+            prog = tx._txn.get("meta", PROGRESS_KEY)
             if prog is None:
                 break  # finished (by another process)
             plan_id, done, _ = codec.unpack(prog)
             if plan_id != plan["id"]:
                 break
             if done >= total:
-                _finish(tx.txn, plan)
+                _finish(tx._txn, plan)
                 break
             batch = steps[done:done + batch_size]
             _apply_deletes(tx, [item for kind, item in batch if kind == "op" and item[3].get("delete")])
@@ -898,7 +898,7 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
                     _apply_summary(tx, plan, item, op_docnos)
             report.bytes_dropped += dropped
             done = min(done + batch_size, total)
-            tx.txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], done, report.bytes_dropped]))
+            tx._txn.put("meta", PROGRESS_KEY, codec.pack([plan["id"], done, report.bytes_dropped]))
         if progress:
             progress("write", done, total)
     return report
