@@ -1602,9 +1602,17 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
         {"source": p.source, "start": p.start, "end": p.end, "date": p.date, "heading": p.heading,
          "ids": list(p.ids), "tokens": p.tokens, "text": p.text}
         for p in result.passages]}
-    if not result.passages and not as_json:
-        why = "no memory matches" if top_k and max_tokens else "--top-k or --max-tokens is 0"
+    if not result.passages and not as_json:  # say why on stderr; stdout stays empty for scripts
+        if not (top_k and max_tokens):
+            why = "--top-k or --max-tokens is 0"
+        elif result.hits:  # they matched, but not even the best one's heading and first word fit
+            n = len(result.hits)
+            why = (f"{n} {'memory matches' if n == 1 else 'memories match'}, but not even the best one's heading "
+                   f"and first word fit in --max-tokens {max_tokens}; raise --max-tokens")
+        else:
+            why = "no memory matches"
         click.echo(f"no passages for {query!r}: {why}", err=True)
+        return
     _emit(data, as_json, lambda _d: result.text)
 
 

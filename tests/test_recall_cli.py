@@ -60,3 +60,19 @@ def test_errors_exit_cleanly(run, file, tmp_path):
     assert run("recall", file, "x", "--top-k", "-1").exit_code == 2
     missing = run("recall", str(tmp_path / "missing.engram"), "x")
     assert missing.exit_code == 1 and "error:" in missing.output
+
+
+def test_context_says_when_memories_match_but_none_fits_the_budget(tmp_path):
+    """`context --max-tokens 5` on a query that matches printed "no memory matches": the
+    memory matched, but not even its heading fits. The note says so, and what to do."""
+    runner = CliRunner()
+    env = {"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": "1"}
+    f = str(tmp_path / "r.engram")
+    assert runner.invoke(cli, ["init", f, "--kdf", KDF], env=env).exit_code == 0
+    assert runner.invoke(cli, ["add", f, "Alice moved to Berlin in 2023", "--id", "a1"], env=env).exit_code == 0
+    tight = runner.invoke(cli, ["context", f, "alice", "--max-tokens", "5"], env=env)
+    assert tight.exit_code == 0 and tight.stdout == ""
+    assert "no memory matches" not in tight.stderr
+    assert "1 memory matches" in tight.stderr and "--max-tokens 5" in tight.stderr
+    none = runner.invoke(cli, ["context", f, "zebra", "--max-tokens", "5"], env=env)
+    assert none.exit_code == 0 and "no memory matches" in none.stderr
