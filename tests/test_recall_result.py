@@ -61,6 +61,25 @@ def test_after_and_before_as_zettel_compress_defines_them():
     assert ids(after=datetime.date(2023, 5, 1), before=datetime.datetime(2023, 5, 31, 12)) == ["2"]
 
 
+def test_date_bounds_in_other_iso_forms_filter_as_the_stores_recall_does():
+    """A datetime string, ISO basic or a week date compared as text with the zettels' dates
+    kept or dropped the wrong ones (``after="2023-05-01T10:00"`` dropped 2023-05-01, since
+    "2023-05-01" < "2023-05-01T10:00"; ``before="20230531"`` kept June); a bound that is no
+    date at all ("May 2023", "2023/05/01", "2023-5") silently matched nothing. Each is now
+    compared as the store's recall compares it (its date), or refused."""
+    r = _result(Zettel("1", quote="tea party", resolved_date="2023-04-30"),
+                Zettel("2", quote="tea party", resolved_date="2023-05-01"),
+                Zettel("3", quote="tea party", resolved_date="2023-06-15"))
+    ids = lambda **kw: sorted(z.id for z in recall_result(r, "tea", top_k=10, **kw))  # noqa: E731
+    assert ids(after="2023-05-01T10:00") == ["2", "3"]
+    assert ids(before="2023-04-30T23:30:00-02:00") == ["1"]  # its own date, as the store cuts a string
+    assert ids(before="20230531") == ["1", "2"]
+    assert ids(after="2023-W18") == ["2", "3"]  # the week of Monday 2023-05-01
+    for bad in ("May 2023", "2023/05/01", "2023-5", "", "soon"):
+        with pytest.raises(ValidationError, match="after must be"):
+            recall_result(r, "tea", after=bad)
+
+
 def test_hops_surface_a_tunnelled_zettel_and_source_text_is_indexed():
     r = _result(Zettel("1", quote="The deploy failed."), Zettel("2", quote="Nothing relevant here."),
                 Zettel("3", quote="Unrelated words."), tunnels=[Tunnel("1", "2", "X")])

@@ -73,7 +73,8 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         expand_query: add synonyms of the query words and the date bonus.
         after, before: ISO dates (``YYYY``, ``YYYY-MM`` or ``YYYY-MM-DD``, or a ``date``) bounding
             the zettels' ``resolved_date`` (inclusive); zettels without one are left out when
-            either is given.
+            either is given. Another ISO form (a date-time, ``20230501``, ``2023-W18``) stands
+            for its date, as in a store's recall (:mod:`engramdb.filters`).
         source: the source text the zettels' offsets point into, when ``result.meta`` has no
             ``"source"`` (for instance after decoding AAAK); zettel-compress's ``source`` option.
         tokenizer: the tokenizer (default: a store's default tokenizer).
@@ -90,13 +91,22 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         raise ValidationError("top_k must be a non-negative integer")
     if not isinstance(hops, bool) or not isinstance(expand_query, bool):
         raise ValidationError("hops and expand_query must be True or False")
-    bounds = []
+    from ..filters import _iso_bound, parse_time  # not at import: engramdb.filters imports this module
+
+    bounds: list[str | None] = []
     for name, value in (("after", after), ("before", before)):
-        if isinstance(value, (datetime.date, datetime.datetime)):
-            value = value.isoformat()[:10]
-        elif value is not None and not isinstance(value, str):
-            raise ValidationError(f"{name} must be an ISO date string (YYYY, YYYY-MM or YYYY-MM-DD), a date or None")
-        bounds.append(value)
+        # a bound the store's filters would refuse is refused here too, and one they take is
+        # compared as they compare it (a datetime string or ISO basic as its date), not as raw text
+        try:
+            if value is not None and not isinstance(value, (str, datetime.date)):
+                raise ValidationError("not a date")
+            parse_time(value, name)
+        except ValidationError:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise ValidationError(f"{name} must be an ISO date string (YYYY, YYYY-MM or YYYY-MM-DD), a date or None, "
+                                  f"got {shown}", hint=f"e.g. {name}='2023-05-01' or {name}=datetime.date(2023, 5, 1)"
+                                  ) from None
+        bounds.append(None if value is None else _iso_bound(value))
     after, before = bounds
     if source is not None and not isinstance(source, str):
         raise ValidationError("source must be the source text (a str) or None")
