@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable
 
+import numpy as np
+
 from .errors import ValidationError
 
 __all__ = ["estimate_tokens", "token_counter"]
@@ -53,6 +55,8 @@ def token_counter(count_tokens: Any = None) -> Counter:
         except Exception as exc:
             raise ValidationError(f"count_tokens raised {type(exc).__name__}: {exc}",
                                   hint="count_tokens must accept any string") from exc
+        if isinstance(n, np.integer):  # a NumPy count (mask.sum()) is an int too, as recall's counts are
+            n = int(n)
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValidationError(f"count_tokens must return a non-negative int, got {n!r}",
                                   hint="return len(...) of the tokens")

@@ -5,6 +5,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -203,3 +204,25 @@ def test_a_long_run_of_dots_is_cut_in_linear_time():
             signal.alarm(0)
             signal.signal(signal.SIGALRM, previous)
     assert ends == [23, len(text)] and text[lo:hi] == "Alice met Bob in Paris."
+
+
+def test_numpy_numbers_are_taken_as_recall_already_takes_them(store):
+    """recall/recall_context take NumPy counts (a29bb8c: pandas rows give them), but
+    inject_context refused ``max_token_budget=np.int64(100)`` / ``max_zettels`` /
+    ``min_weight=np.float32``, recall_result refused ``top_k=np.int64`` and ``hops=np.True_``,
+    and a counter returning a NumPy integer (``mask.sum()``) was "not an int"."""
+    result = compress("Alice moved to Berlin in May 2023. Bob stayed in Lisbon. Carol decided to adopt a dog.")
+    plain = inject_context(result, max_zettels=3, max_token_budget=100, min_weight=0.0)
+    assert plain
+    assert inject_context(result, max_zettels=np.int64(3), max_token_budget=np.int64(100),
+                          min_weight=np.float32(0.0)) == plain
+    assert inject_context(result, max_token_budget=100, count_tokens=lambda s: np.int64(estimate_tokens(s))) \
+        == inject_context(result, max_token_budget=100)
+    ids = [z.id for z in engramdb.recall_result(result, "Alice Berlin", top_k=2)]
+    assert ids and [z.id for z in engramdb.recall_result(result, "Alice Berlin", top_k=np.int64(2),
+                                                         hops=np.True_, expand_query=np.True_)] == ids
+    ctx = store.recall_context("Alice budget", max_tokens=120, count_tokens=lambda s: np.int64(len(s.split())))
+    assert ctx.passages and ctx.tokens == len(ctx.text.split()) <= 120 and type(ctx.tokens) is int
+    for bad in (np.float64(3.0), np.int64(-1), np.True_):
+        with pytest.raises(ValidationError):
+            inject_context(result, max_token_budget=100, count_tokens=lambda s, bad=bad: bad)

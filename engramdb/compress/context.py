@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from ..errors import ValidationError
 from ..tokens import estimate_tokens, token_counter
 from ..records import ALL_FLAGS, CompressResult, EntityIndex, Tunnel, Zettel
@@ -427,6 +429,13 @@ def inject_context(
             returns something other than a non-negative int.
     """
     result = _check_result(result)
+    # NumPy numbers (pandas rows give them) as their Python values, as recall takes them
+    if isinstance(max_zettels, np.integer):
+        max_zettels = int(max_zettels)
+    if isinstance(max_token_budget, np.integer):
+        max_token_budget = int(max_token_budget)
+    if isinstance(min_weight, (np.integer, np.floating)):
+        min_weight = float(min_weight)
     if max_zettels is not None and (
         isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 0
     ):

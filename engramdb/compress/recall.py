@@ -28,6 +28,8 @@ import math
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from ..errors import ValidationError
 from ..index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from ..index.tokenize import Tokenizer
@@ -87,9 +89,11 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
                               hint="pass what engramdb.compress() or engramdb.decode() returned")
     if not isinstance(query, str):
         raise ValidationError(f"query must be a str, got {type(query).__name__}")
+    if isinstance(top_k, np.integer):  # NumPy's (pandas rows give them), as a store's recall takes them
+        top_k = int(top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValidationError("top_k must be a non-negative integer")
-    if not isinstance(hops, bool) or not isinstance(expand_query, bool):
+    if not isinstance(hops, (bool, np.bool_)) or not isinstance(expand_query, (bool, np.bool_)):
         raise ValidationError("hops and expand_query must be True or False")
     from ..filters import _iso_bound, parse_time  # not at import: engramdb.filters imports this module
 
