@@ -479,33 +479,44 @@ def _builtin_vectors(target: Target, txn: Txn, docnos: np.ndarray) -> tuple[np.n
 
 
 _WORD_RE = re.compile(r"\w+")
+# words that state a fact a similarity cannot weigh: one of them changed in a long text moves
+# the vector little, yet "15000" / "25000" or "March" / "April" are two different facts
+_CALENDAR_WORDS = frozenset((
+    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+    "november", "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))
 
 
-def _dropped_words(tokenizer: Any, text: str) -> frozenset[str]:
-    """The words of ``text`` that the index (and so the built-in space) does not see: stop
-    words and single characters, normalised and lowercased as the tokenizer does."""
+def _unseen_words(tokenizer: Any, text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """What the built-in space cannot tell apart in ``text``: the words the index (and so the
+    space) does not see (stop words and single characters), and the words holding a digit or
+    naming a month or weekday (numbers, dates, times), normalised and lowercased as the
+    tokenizer does."""
     form = tokenizer.normalize
     low = (unicodedata.normalize(form, text) if form else text).lower()
     kept = set(tokenizer.words(text))
-    return frozenset(w for w in _WORD_RE.findall(low) if w not in kept)
+    words = _WORD_RE.findall(low)
+    return (frozenset(w for w in words if w not in kept),
+            frozenset(w for w in words if w in _CALENDAR_WORDS or any(c.isdigit() for c in w)))
 
 
 def _seen_alike(pairs: tuple[np.ndarray, np.ndarray], node_of: Callable[[int], Node],
                 tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
     """The duplicate pairs of the built-in space whose texts also agree on the words it
-    cannot see. Its vectors hold only the index's words, so "The migration is done" and
-    "The migration is not done", or "Call mom at 5" and "Call mom at 6", have the same
-    vector (cosine 1): merged as duplicates, one of two different memories was deleted."""
-    memo: dict[int, frozenset[str]] = {}
+    cannot see or weigh. Its vectors hold only the index's words, so "The migration is done"
+    and "The migration is not done", or "Call mom at 5" and "Call mom at 6", have the same
+    vector (cosine 1); and in a long text one other number or month ("the budget is 15000" /
+    "25000") stays above the threshold: merged as duplicates, one of two different memories
+    was deleted."""
+    memo: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
 
-    def dropped(r: int) -> frozenset[str]:
+    def unseen(r: int) -> tuple[frozenset[str], frozenset[str]]:
         got = memo.get(r)
         if got is None:
-            got = memo[r] = _dropped_words(tokenizer, node_text(node_of(r)))
+            got = memo[r] = _unseen_words(tokenizer, node_text(node_of(r)))
         return got
 
     a, b = pairs
-    keep = np.fromiter((dropped(x) == dropped(y) for x, y in zip(a.tolist(), b.tolist())), bool, len(a))
+    keep = np.fromiter((unseen(x) == unseen(y) for x, y in zip(a.tolist(), b.tolist())), bool, len(a))
     return a[keep], b[keep]
 
 
