@@ -282,3 +282,73 @@ def test_parity_thresholds(name):
 
 def test_every_default_fix_is_listed_in_the_spec():
     assert set(zc.ALL_FIXES) <= _parity().listed_fixes()
+
+
+# --- long-paragraphs (spec/compress.md section 15.2) ---------------------------------
+
+
+def _chat_log(lines: int) -> str:
+    # a pasted chat: one message per line, no blank line anywhere
+    speakers = ("Alice", "Bob")
+    return "\n".join(f"{speakers[i % 2]}: message {i} talks about topic {i % 7} and the plan for day {i}."
+                     for i in range(lines))
+
+
+def test_a_chat_log_without_blank_lines_becomes_several_zettels():
+    text = _chat_log(300)  # about 18 KB
+    result = compress(text)
+    assert len(result.zettels) > 10
+    source = result.meta["source"]
+    for z in result.zettels:
+        chunk = source[z.source_start:z.source_end]
+        assert len(chunk) <= 800 + 100  # a chunk re-starts up to chunk_overlap back, as in zettel-compress
+        assert chunk.startswith(("Alice:", "Bob:"))  # the overlap repeats whole messages
+    # every message is in some zettel, in order
+    assert result.zettels[0].source_start == 0 and result.zettels[-1].source_end == len(source)
+    # zettel-compress 1.0.0 exactly: one paragraph, one zettel
+    assert len(compress(text, fixes=()).zettels) == 1
+
+
+def test_a_text_without_any_blank_line_is_cut_past_twenty_chunk_sizes():
+    prose = " ".join(f"Sentence {i} says something about the weather." for i in range(500))  # one line, 24 KB
+    result = compress(prose)
+    assert len(result.zettels) > 20
+    assert max(z.source_end - z.source_start for z in result.zettels) <= 800 + 100
+    assert len(compress(prose, fixes=()).zettels) == 1
+    # a long paragraph that is not chat and under 20 chunk sizes stays whole (Darcy's letter)
+    letter = " ".join(f"Sentence {i} says something about the weather." for i in range(200))  # 9.6 KB
+    assert len(compress(letter).zettels) == 1
+
+
+def _textrank_pairs(monkeypatch: pytest.MonkeyPatch, text: str) -> int:
+    pairs = 0
+    inner = zc._text_rank
+
+    def counting(sets: list[set[str]]) -> list[float]:
+        nonlocal pairs
+        pairs += len(sets) * (len(sets) - 1) // 2  # the sentence pairs it compares
+        return inner(sets)
+
+    monkeypatch.setattr(zc, "_text_rank", counting)
+    compress(text)
+    return pairs
+
+
+def test_key_quote_work_grows_linearly_with_a_chat_without_blank_lines(monkeypatch):
+    small = _textrank_pairs(monkeypatch, _chat_log(400))
+    large = _textrank_pairs(monkeypatch, _chat_log(1600))
+    assert small > 0
+    assert large <= 5 * small  # 4x the lines; one chunk made it 16x (1,875 lines took 20 s)
+
+
+def test_key_quote_work_is_bounded_in_a_paragraph_of_many_short_sentences(monkeypatch):
+    # one paragraph under twenty chunk sizes, 1,200 sentences: 719,400 pairs in one TextRank
+    # (15 KB of them, 3,800 sentences, took 8.8 s)
+    text = "Hi. Yo. " * 600
+    pairs = _textrank_pairs(monkeypatch, text)
+    assert pairs <= 1200 * zc.TEXTRANK_BLOCK // 2
+    assert compress(text).zettels[0].quote in ("Hi.", "Yo.")
+    # up to TEXTRANK_BLOCK sentences the ranking is zettel-compress's, however the chunk is cut
+    sets = [set(f"w{i} w{i % 5} common".split()) for i in range(zc.TEXTRANK_BLOCK)]
+    assert zc._blocked_text_rank(sets, zc.TEXTRANK_BLOCK) == zc._text_rank(sets)
+    assert zc._blocked_text_rank(sets + [{"x"}], zc.TEXTRANK_BLOCK)[-1] != 1.0  # no block of one sentence

@@ -38,7 +38,7 @@ class CompressOptions:
     dedupe_threshold: float = 0.9
     verbose_labels: bool = False
     keep_source: bool = True
-    fixes: tuple[str, ...] = ("decision-precision", "first-name-aliases")
+    fixes: tuple[str, ...] = ALL_FIXES
     method: str = "zettel-compress"
 
 

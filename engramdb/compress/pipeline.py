@@ -167,7 +167,9 @@ def _compress(text: str, opts: CompressOptions) -> CompressResult:
     stripped = len(zc.js_trim(text))
     if stripped < MIN_MEANINGFUL_INPUT:
         warnings.append(f"input is {stripped} chars: too short for meaningful compression")
-    chunks = zc.chunk_text(normalized, opts.chunk_size, opts.chunk_overlap)
+    cut_long = "long-paragraphs" in opts.fixes
+    chunks = zc.chunk_text(normalized, opts.chunk_size, opts.chunk_overlap, cut_long)
+    block = zc.TEXTRANK_BLOCK if cut_long else None
     detected = [zc.detect_entities(c.text, opts.min_entity_frequency) for c in chunks]
     entities = zc.resolve_coreferences(chunks, detected)
     speakers = zc.detect_speaker_names(normalized)
@@ -186,7 +188,7 @@ def _compress(text: str, opts: CompressOptions) -> CompressResult:
             id=zettel_id(k + 1),
             entities=entities[k],
             topics=zc.extract_topics(chunk.text, stop, speakers),
-            quote=zc.select_key_sentence(chunk.text),
+            quote=zc.select_key_sentence(chunk.text, block),
             weight=zc.compute_weight(emotions, flags, chunk.text),
             emotions=emotions,
             flags=flags,
@@ -234,7 +236,7 @@ def compress(text: str, **options: Any) -> CompressResult:
             ``meta["source"]``; zettel offsets index into it),
             ``method="zettel-compress"`` (zettel-compress 1.0.0's algorithm; ``"refined"``
             for engramdb's own pipeline with chat-aware chunking, see spec/compress.md),
-            ``fixes=("decision-precision", "first-name-aliases")`` (the deliberate
+            ``fixes=("decision-precision", "first-name-aliases", "long-paragraphs")`` (the deliberate
             departures from zettel-compress; ``()`` for its exact output).
 
     Returns:

@@ -27,9 +27,9 @@ document or insertion order, as JavaScript's stable sort does), and the hashes a
 FNV-1a and a fixed mulberry32 stream. Lengths that decide chunk boundaries are counted
 in UTF-16 code units, as JavaScript counts them; offsets are code points.
 
-Two deliberate departures, both switchable (``fixes=``), are listed in
-spec/compress.md section 15 with their reasons: ``decision-precision`` and
-``first-name-aliases``.
+Three deliberate departures, each switchable (``fixes=``), are listed in
+spec/compress.md section 15 with their reasons: ``decision-precision``,
+``first-name-aliases`` and ``long-paragraphs``.
 """
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ import re
 import unicodedata
 from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from itertools import accumulate, islice, pairwise
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..records import EntityIndex, Tunnel, Zettel
+from .normalize import is_chat
 
 __all__ = [
     "ALL_FIXES",
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 #: the deliberate departures from zettel-compress 1.0.0 (spec/compress.md section 15)
-ALL_FIXES = ("decision-precision", "first-name-aliases")
+ALL_FIXES = ("decision-precision", "first-name-aliases", "long-paragraphs")
 
 # JavaScript's \s (ECMAScript WhiteSpace + LineTerminator), which Python's \s is not
 _WS_CHARS = "\t\n\x0b\x0c\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
@@ -201,20 +202,114 @@ def _overlap_start(s: str, m: _U16, prev_start: int, prev_end: int, overlap: int
     return cand if cand < prev_end else next_para
 
 
-def chunk_text(s: str, chunk_size: int = 800, chunk_overlap: int = 100) -> list[Chunk]:
-    """Pack the paragraphs of the normalized text ``s`` into chunks."""
+#: the ``long-paragraphs`` fix cuts any paragraph longer than this many chunk sizes (16,000
+#: UTF-16 units by default: above Darcy's 14,071-unit letter, the longest paragraph of the
+#: reference books, which zettel-compress keeps whole)
+LONG_PARAGRAPH_CHUNKS = 20
+_PIECE_END = re.compile(r"[.!?][\"')\]]*" + WS)
+
+
+def _trimmed(s: str, start: int, end: int) -> tuple[int, int] | None:
+    while start < end and s[start] in _WS_SET:
+        start += 1
+    while end > start and s[end - 1] in _WS_SET:
+        end -= 1
+    return (start, end) if end > start else None
+
+
+def _cut_prose(s: str, m: _U16, start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """Pieces of at most ``size`` UTF-16 units: cut at the last line break in the second half
+    of the window, else after the last sentence end, else at the last space, else hard."""
+    out: list[tuple[int, int]] = []
+    while m.u16(end) - m.u16(start) > size:
+        limit = m.cp(m.u16(start) + size)
+        if m.u16(limit) > m.u16(start) + size:
+            limit -= 1  # an astral character straddles the window's end
+        limit = max(limit, start + 1)
+        floor = m.cp(m.u16(start) + size // 2)
+        cut = s.rfind("\n", floor, limit)
+        if cut == -1:
+            for sm in _PIECE_END.finditer(s, floor, limit + 1):
+                cut = sm.end() - 1
+        if cut == -1:
+            cut = next((k for k in range(limit - 1, floor - 1, -1) if s[k] in _WS_SET), limit)
+        piece = _trimmed(s, start, cut)
+        if piece:
+            out.append(piece)
+        rest = _trimmed(s, cut, end)
+        if rest is None:
+            return out
+        start = rest[0]
+    out.append((start, end))
+    return out
+
+
+def _cut_paragraph(s: str, m: _U16, start: int, end: int, size: int) -> list[tuple[int, int, bool]]:
+    """The ``long-paragraphs`` fix: a paragraph over ``size`` whose lines are chat messages
+    becomes one piece per message (flagged ``True``); any piece over
+    ``LONG_PARAGRAPH_CHUNKS * size`` is cut into pieces of at most ``size``."""
+    if m.u16(end) - m.u16(start) <= size:
+        return [(start, end, False)]
+    chat = is_chat(s[start:end])
+    spans = [(start, end)]
+    if chat:
+        spans = []
+        line = start
+        while line < end:
+            nl = s.find("\n", line, end)
+            nl = end if nl == -1 else nl
+            piece = _trimmed(s, line, nl)
+            if piece:
+                spans.append(piece)
+            line = nl + 1
+    out: list[tuple[int, int, bool]] = []
+    for a, b in spans:
+        if m.u16(b) - m.u16(a) > LONG_PARAGRAPH_CHUNKS * size:
+            out.extend((x, y, chat) for x, y in _cut_prose(s, m, a, b, size))
+        else:
+            out.append((a, b, chat))
+    return out
+
+
+def _line_start(s: str, at: int, prev_end: int, next_piece: int) -> int:
+    # the first line start at or after ``at`` inside the previous chunk: a chunk of a cut chat
+    # opens with a message and its speaker label, never mid-message
+    if at > 0 and s[at - 1] != "\n":
+        nl = s.find("\n", at, prev_end)
+        if nl == -1:
+            return next_piece
+        at = nl + 1
+    while at < prev_end and s[at] in _WS_SET:
+        at += 1
+    return at if at < prev_end else next_piece
+
+
+def chunk_text(s: str, chunk_size: int = 800, chunk_overlap: int = 100,
+               cut_long: bool = False) -> list[Chunk]:
+    """Pack the paragraphs of the normalized text ``s`` into chunks (``cut_long``: the
+    ``long-paragraphs`` fix cuts a chat paragraph into its messages, where a chunk's overlap
+    starts at a message, and any paragraph over ``LONG_PARAGRAPH_CHUNKS`` chunk sizes into
+    pieces of at most ``chunk_size``)."""
     if not js_trim(s):
         return []
     m = _U16(s)
     chunks: list[Chunk] = []
     start = end = -1
-    for p_start, p_end in _paragraphs(s):
+    pieces: Iterable[tuple[int, int, bool]]
+    if cut_long:
+        pieces = [piece for a, b in _paragraphs(s) for piece in _cut_paragraph(s, m, a, b, chunk_size)]
+    else:
+        pieces = ((a, b, False) for a, b in _paragraphs(s))
+    for p_start, p_end, message in pieces:
         if start == -1:
             start, end = p_start, p_end
             continue
         if m.u16(p_end) - m.u16(start) > chunk_size:
             chunks.append(Chunk(s[start:end], start, end))
+            prev_start = start
             start = _overlap_start(s, m, start, end, chunk_overlap, p_start)
+            if message and start != prev_start and start != p_start:
+                start = _line_start(s, start, end, p_start)
         end = p_end
     if start != -1:
         chunks.append(Chunk(s[start:end], start, end))
@@ -666,15 +761,35 @@ def sentence_length_bonus(words: int) -> float:
     return 0.0
 
 
-def select_key_sentence(text: str) -> str:
-    """The chunk's most representative sentence (TextRank blended with decision words)."""
+#: the ``long-paragraphs`` fix runs TextRank over blocks of at most this many consecutive
+#: sentences (a chunk of the reference inputs has at most 90), so its cost stays linear
+TEXTRANK_BLOCK = 256
+
+
+def _blocked_text_rank(sets: list[set[str]], block: int) -> list[float]:
+    n = len(sets)
+    if n <= block:
+        return _text_rank(sets)
+    k = -(-n // block)  # blocks of near-equal size: a last block of one sentence would rank it 1.0
+    bounds = [i * n // k for i in range(k + 1)]
+    out: list[float] = []
+    for a, b in pairwise(bounds):
+        out.extend(_text_rank(sets[a:b]))
+    return out
+
+
+def select_key_sentence(text: str, block: int | None = None) -> str:
+    """The chunk's most representative sentence (TextRank blended with decision words;
+    ``block``: TextRank over that many consecutive sentences at a time, the
+    ``long-paragraphs`` fix)."""
     trimmed = js_trim(text)
     if len(_WS_RUN.split(trimmed, 4)) < 5:  # fewer than 5 words
         return _u16_slice(trimmed, 120)
     sentences = _split_sentences(trimmed)
     # lowercasing never adds or removes whitespace: the same words, lowercase
     lowered = [js_split_ws(s.lower()) for s in sentences]
-    centrality = _text_rank([set(w) for w in lowered])
+    sets = [set(w) for w in lowered]
+    centrality = _text_rank(sets) if block is None else _blocked_text_rank(sets, block)
     best, best_score = sentences[0], -math.inf
     last = len(sentences) - 1
     for i, s in enumerate(sentences):
