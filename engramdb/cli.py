@@ -918,7 +918,10 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
 
     from .maintenance.lifecycle import MIN_SUMMARY_CHARS
 
-    argv = shlex.split(command)
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote or a trailing backslash
+        raise click.UsageError(f"--summarizer-cmd: {exc} in {command!r}") from None
     if not argv or shutil.which(argv[0]) is None:
         raise click.UsageError(f"--summarizer-cmd: cannot find the program {argv[0] if argv else command!r}")
     failures: list[str] = []
@@ -929,6 +932,9 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
                                   text=True, encoding="utf-8", check=False)
         except OSError as exc:
             failures.append(str(exc))
+            raise
+        except UnicodeError as exc:  # the pass leaves the cluster alone on any exception: say why
+            failures.append(f"the texts or the summary are not UTF-8 ({exc.reason})")
             raise
         if done.returncode != 0:
             failures.append(f"exit status {done.returncode}: {done.stderr.strip()[:200]}")
@@ -973,6 +979,7 @@ def maintain(ctx: click.Context, file: str, plan: bool, now_text: str | None, su
     Example:
 
         engramdb maintain notes.engram --plan
+
         engramdb maintain notes.engram --summarizer-cmd "python summarize.py" --json
     """
     from .maintenance.lifecycle import MaintenanceConfig, parse_iso

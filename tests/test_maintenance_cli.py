@@ -71,3 +71,32 @@ def test_a_summary_too_short_is_counted_in_the_warning(tmp_path):
                                      "--summarizer-cmd", f"{sys.executable} -c 'print(\"short\")'"])
     assert short.exit_code == 0 and json.loads(short.stdout)["summarized"] == 0
     assert "warning: the summarizer failed for" in short.stderr and "under 10 characters: 'short'" in short.stderr
+
+
+def test_a_summarizer_command_with_an_unclosed_quote_is_a_usage_error(tmp_path):
+    # shlex's ValueError reached the user as a raw traceback
+    path = tmp_path / "q.engram"
+    with engram_mod.open(path, encrypted=False) as db:
+        fill(db, 10, seed=4)
+    bad = CliRunner().invoke(cli, ["maintain", str(path), "--plaintext", "--summarizer-cmd", 'echo "unclosed'])
+    assert bad.exit_code == 2 and "--summarizer-cmd" in bad.output and "quotation" in bad.output
+    assert bad.exception is None or isinstance(bad.exception, SystemExit)
+
+
+def test_a_summary_that_is_not_utf8_is_counted_in_the_warning(tmp_path):
+    # a summarizer printing bytes that are not UTF-8 left its cluster alone without a word
+    path = tmp_path / "u.engram"
+    with engram_mod.open(path, encrypted=False) as db:
+        fill(db, 50, seed=4)
+    script = tmp_path / "latin1.py"
+    script.write_text("import sys\nsys.stdin.read()\nsys.stdout.buffer.write(b'r\\xe9sum\\xe9 of the cluster')\n")
+    done = CliRunner().invoke(cli, ["maintain", str(path), "--plaintext", "--now", NOW_ISO, "--json",
+                                    "--summarizer-cmd", f"{sys.executable} {script}"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["summarized"] == 0
+    assert "warning: the summarizer failed for" in done.stderr and "UTF-8" in done.stderr
+
+
+def test_maintain_help_shows_each_example_on_its_own_line():
+    # the two example commands were rewrapped into one line, which no shell runs
+    shown = CliRunner().invoke(cli, ["maintain", "--help"]).output
+    assert "\n      engramdb maintain notes.engram --plan\n" in shown
