@@ -933,7 +933,7 @@ def _command_summarizer(command: str) -> tuple[Callable[[list[str]], str], list[
         except OSError as exc:
             failures.append(str(exc))
             raise
-        except UnicodeError as exc:  # the pass leaves the cluster alone on any exception: say why
+        except (UnicodeEncodeError, UnicodeDecodeError) as exc:  # the pass leaves the cluster alone on any exception: say why
             failures.append(f"the texts or the summary are not UTF-8 ({exc.reason})")
             raise
         if done.returncode != 0:
