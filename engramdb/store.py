@@ -676,6 +676,8 @@ class _Env:
         self.made_file = False  # this open created the data file
         self.alone = False  # no other process had the file open when this one opened it
         self.lockless = False  # a read-only open without LMDB's lock file (_check_lock_sidecar)
+        self.deferred = False  # read-write, but LMDB's environment read-only until the first write
+        self.map_size = map_size
         self.lockless_key: tuple[int, ...] | None = None  # the data file's _stat_key at a lockless open
         # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
         # after each of its commits): a clean close records the file as clean only if it still
@@ -693,8 +695,20 @@ class _Env:
                 structural_verify(path)
                 self.checked = True
             self._check_lock_sidecar(readonly)
-            self.env = self._open(path, readonly=readonly, create=create, map_size=map_size, lock=not self.lockless)
+            # py-lmdb opens a read-write environment's tables in a write transaction, which
+            # waits for LMDB's writer mutex (a read transaction's table handles end with it).
+            # While another process is writing (a maintenance pass, an import), an existing
+            # file's environment opens read-only instead and becomes read-write at this
+            # process's first write (upgrade_to_write), which waits for that writer as every
+            # write does: the open and the reads meanwhile do not.
+            self.deferred = not readonly and not created and self._writer_busy()
+            self.env = self._open(path, readonly=readonly or self.deferred, create=create, map_size=map_size,
+                                  lock=not self.lockless)
             self._check_not_truncated()  # before any page beyond the meta pages is touched
+            if self.deferred and not self._has_tables():  # made by an older version: create them now
+                self.env.close()
+                self.deferred = False
+                self.env = self._open(path, readonly=False, create=create, map_size=map_size)
             self.dbs = self._open_dbs(create=not readonly, new_file=created)
             if self.expected is not None:  # LMDB initialised a new file and created its tables
                 self.expected = _stat_key(self.lock_fd)
@@ -933,6 +947,14 @@ class _Env:
         except BaseException:
             self.write_mutex.release()
             raise
+        if self.deferred:
+            try:
+                self._upgrade_to_write(deadline)
+            except BaseException:
+                if self.maint_fd is not None and self.maint_writable:
+                    fcntl.flock(self.maint_fd, fcntl.LOCK_UN)
+                self.write_mutex.release()
+                raise
         self.writer_thread = get_ident()
 
     def release_writer(self) -> None:
@@ -1060,8 +1082,53 @@ class _Env:
         except lmdb.Error as exc:  # the main B-tree is damaged (an unverified open)
             raise _map_lmdb_error(exc, f"cannot open the tables of {self.path}") from None
 
+    def _writer_busy(self) -> bool:
+        """Whether another process holds engramdb's writer lock at this moment."""
+        if self.maint_fd is None or not self.maint_writable:
+            return False
+        try:
+            fcntl.flock(self.maint_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        fcntl.flock(self.maint_fd, fcntl.LOCK_UN)
+        return False
+
+    def _has_tables(self) -> bool:
+        try:
+            with self.env.begin() as txn:
+                return all(txn.get(_DB_NAMES[name]) is not None for name in TABLES)
+        except lmdb.Error as exc:  # the main B-tree is damaged (an unverified open)
+            raise _map_lmdb_error(exc, f"cannot open the tables of {self.path}") from None
+
+    def _upgrade_to_write(self, deadline: float | None) -> None:
+        """Make a deferred environment (opened read-only while another process wrote)
+        read-write, holding the writer lock: once no read of this process is open, close it
+        and open it again read-write, with its tables.
+
+        Raises:
+            BusyError: other threads' reads through this file did not end within the timeout.
+        """
+        with self.resize_lock:  # no read begins meanwhile: Store.read counts itself under it
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=left):
+                raise BusyError(f"{self.path}: other threads kept reading through this file for longer than the "
+                                "timeout, and its first write must reopen it read-write once they are done",
+                                hint="retry the write once those reads are done, or open with a longer timeout")
+            self.env.close()
+            try:
+                self.env = self._open(self.path, readonly=False, create=False, map_size=self.map_size)
+                self.dbs = self._open_tables(create=False, writer_held=True)
+            except BaseException:
+                # put the read-only environment back, so that this handle still reads
+                self.env = self._open(self.path, readonly=True, create=False, map_size=self.map_size)
+                self.dbs = self._open_tables(create=False, writer_held=True)
+                raise
+            self.deferred = False
+
     def _open_tables(self, *, create: bool, writer_held: bool) -> dict[str, lmdb._Database]:
-        if self.readonly or writer_held:
+        if self.readonly or self.deferred or writer_held:
             return {name: self.env.open_db(_DB_NAMES[name], create=False) for name in TABLES}
         # py-lmdb opens a read-write environment's tables in a write transaction, which waits
         # for LMDB's writer mutex without a timeout: take engramdb's writer lock first.

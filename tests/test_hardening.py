@@ -719,10 +719,12 @@ def test_a_held_write_transaction_gives_busy_error_after_the_timeout(tmp_path):
         assert holder.stdout.readline().strip() == "holding"
         with engram.open(path, passphrase=PASSPHRASE, readonly=True, timeout=0) as reader:
             assert reader.ids() == ["first"]  # reads never wait
-        start = time.monotonic()
-        with pytest.raises(BusyError) as info:
-            engram.open(path, passphrase=PASSPHRASE, timeout=0.3)
-        assert time.monotonic() - start >= 0.3
+        with engram.open(path, passphrase=PASSPHRASE, timeout=0.3) as db:  # an open does not wait (18d54a8)
+            assert db.ids() == ["first"]
+            start = time.monotonic()
+            with pytest.raises(BusyError) as info:
+                db.add("second", id="second")
+            assert time.monotonic() - start >= 0.3
         assert "timeout" in info.value.hint and isinstance(info.value, EngramError)
         result = CliRunner().invoke(cli, ["--timeout", "0.2", "add", str(path), "text"],
                                     env={"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1"})
