@@ -124,3 +124,32 @@ def test_compact_of_a_file_without_procedure_rows_writes_no_marker(tmp_path):
         db.compact()
         with db.transaction() as tx:
             assert tx._txn.get("meta", b"procedures.blind") is None
+
+
+def test_two_rows_for_one_edge_give_the_same_winner_in_every_read_path(tmp_path):
+    # found by rev10: procedure_rows() (the graph's reads) lists rows in value order and a
+    # transaction's keys (record_trajectory, refine) come in blind-key order; with two rows for
+    # one edge each path kept the last it met, so they disagreed on about half of such edges.
+    # 16 edges, each with two hand-made rows (their blind keys are random per file): one winner
+    # rule everywhere, the row whose msgpack bytes sort last.
+    with engramdb.open(tmp_path / "dup.engram", passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        with db.transaction() as tx:
+            for i in range(16):
+                for success in (1, 7):
+                    tx.put_procedure_row({"row": "edge", "src": f"tool{i}", "dst": "end", "relation": "leads_to",
+                                          "condition": "", "guidance": f"take {success}", "pitfalls": [],
+                                          "success": success, "failure": 0})
+                for label in ("one", "two"):
+                    tx.put_procedure_row({"row": "node", "id": f"tool{i}", "kind": "action", "label": label})
+                for status in ("applied", "rejected"):
+                    tx.put_procedure_row({"row": "proposal", "key": f"p{i}", "status": status})
+        graph = ProceduralGraph(db)
+        read = graph._rows()
+        with db.transaction() as tx:
+            written = graph._rows_in(tx)
+        assert read.edges == written.edges and len(read.edges) == 16
+        assert read.nodes == written.nodes and read.decided == written.decided
+        winners = {e.key: (e.success, e.guidance) for e in graph.edges()}
+        assert set(winners.values()) == {(7, "take 7")}  # "take 7" sorts after "take 1"
+        assert {n.label for n in graph.nodes()} == {"two"}
+        assert set(graph.decided().values()) == {"rejected"}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
+from .. import codec
 from ..errors import ValidationError
 from ..recall import as_int
 from ..records import now_ts
@@ -221,6 +222,11 @@ def _parse(row: Any) -> _Parsed:
     return kind, None
 
 
+def _later(row: Mapping[str, Any], held: Mapping[str, Any]) -> bool:
+    """Whether ``row`` sorts after ``held`` by its msgpack bytes."""
+    return codec.pack(row) > codec.pack(held)
+
+
 class _Rows:
     """The procedure rows of one snapshot, by kind (from the rows, or from their parsed forms
     in key order)."""
@@ -231,17 +237,26 @@ class _Rows:
         self.edge_rows: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         self.trajectories: list[Trajectory] = []
         self.decided: dict[str, Mapping[str, Any]] = {}
+        # Two rows for one node, edge or proposal (written by hand: the graph replaces its own):
+        # the one whose msgpack bytes sort last wins, whatever order the rows come in (value
+        # order from procedure_rows, blind-key order from a transaction's keys).
         for kind, item in itertools.chain(map(_parse, rows), parsed):
             if kind == "node":
-                self.nodes[item.id] = item
+                held_node = self.nodes.get(item.id)
+                if held_node is None or _later(item.row(), held_node.row()):
+                    self.nodes[item.id] = item
             elif kind == "edge":
                 edge, row = item
-                self.edges[edge.key] = edge
-                self.edge_rows[edge.key] = row
+                held = self.edge_rows.get(edge.key)
+                if held is None or _later(row, held):
+                    self.edges[edge.key] = edge
+                    self.edge_rows[edge.key] = row
             elif kind == "trajectory":
                 self.trajectories.append(item)
             elif kind == "proposal":
-                self.decided[item[0]] = item[1]
+                held = self.decided.get(item[0])
+                if held is None or _later(item[1], held):
+                    self.decided[item[0]] = item[1]
         self.trajectories.sort(key=operator.attrgetter("seq", "id"))  # ids break a tie in every store alike
 
 
