@@ -495,6 +495,19 @@ class Engram:
         with self._store.read() as txn:
             return Transaction(self, txn).procedure_rows()
 
+    def procedure_rows_since(self, version: tuple[int, int] | None = None
+                             ) -> tuple[tuple[int, int] | None, list[dict[str, Any]] | None]:
+        """``(the file's version, the rows of the procedural graph)``, read in one snapshot;
+        the rows are None when the file is still at ``version`` (no process committed since),
+        so a caller that keeps what it read at a version reads nothing again while the file
+        stays there. Inside a write transaction of this thread the version is None (its
+        uncommitted rows are at no version): keep nothing read then."""
+        with self._store.read() as txn:
+            if txn.write:
+                return None, Transaction(self, txn).procedure_rows()
+            now = (txn.state.seq, txn.snapshot_id)
+            return now, None if now == version else Transaction(self, txn).procedure_rows()
+
     def archived(self, id: str) -> str | None:
         """The archived full text of a memory (kept when a memory is archived), or None."""
         with self._store.read() as txn:

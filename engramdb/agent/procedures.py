@@ -258,6 +258,13 @@ class _Rows:
                 if held is None or _later(item[1], held):
                     self.decided[item[0]] = item[1]
         self.trajectories.sort(key=operator.attrgetter("seq", "id"))  # ids break a tie in every store alike
+        self._task_words: list[set[str]] | None = None
+
+    def task_words(self) -> list[set[str]]:
+        """The content words of each trajectory's task (computed once per rows object)."""
+        if self._task_words is None:
+            self._task_words = [content_words(t.task) for t in self.trajectories]
+        return self._task_words
 
 
 def node_id(tool: str) -> str:
@@ -315,10 +322,24 @@ class ProceduralGraph:
         self.seed = seed
         # every row this object parsed inside a transaction, by key (see _rows_in)
         self._parsed: dict[bytes, _Parsed] = {}
+        # the rows read outside a transaction and the file's version they were read at (_rows)
+        self._read: tuple[tuple[int, int] | None, _Rows | None] = (None, None)
 
     # -- reading ----------------------------------------------------------------------
     def _rows(self) -> _Rows:
-        return _Rows(self.db.procedure_rows())
+        """The committed rows; read again only once the file moved on (any process's commit):
+        repeated reads of an unchanged file (a guidance_for per task) decrypt nothing. The
+        result is shared: never changed by its users."""
+        since = getattr(self.db, "procedure_rows_since", None)
+        if since is None:  # another AgentMemory
+            return _Rows(self.db.procedure_rows())
+        version, held = self._read
+        now, rows = since(version)
+        if rows is None and held is not None:
+            return held
+        fresh = _Rows(rows if rows is not None else self.db.procedure_rows())
+        self._read = (now, fresh) if now is not None else (None, None)
+        return fresh
 
     def _rows_in(self, tx: AgentTransaction) -> _Rows:
         """The rows ``tx`` sees, decrypting and parsing only those this object has not parsed
@@ -351,7 +372,7 @@ class ProceduralGraph:
 
     def trajectories(self) -> list[Trajectory]:
         """Every recorded trajectory, oldest first."""
-        return self._rows().trajectories
+        return list(self._rows().trajectories)
 
     def decided(self) -> dict[str, str]:
         """Every decided proposal key and its status (``applied`` or ``rejected``)."""
@@ -617,7 +638,8 @@ class ProceduralGraph:
         max_steps = steps
         words = content_words(task_text)
         rows = self._rows()
-        similar = [t for t in rows.trajectories if overlap(words, content_words(t.task)) >= min_overlap]
+        similar = [t for t, task in zip(rows.trajectories, rows.task_words(), strict=True)
+                   if overlap(words, task) >= min_overlap]
         wins = [t for t in similar if t.outcome == "success" and t.tools]
         if not wins:
             return ""
