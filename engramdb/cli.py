@@ -23,7 +23,7 @@ from . import engram as engram_mod
 from .crypto import KDFParams
 from .errors import (
     AAAKParseError, DecryptionError, DuplicateIdError, EngramError, FileMissingError, IndexMismatchError,
-    ModeMismatchError, ValidationError, WrongPassphraseError, shown,
+    ModeMismatchError, UnsafeFilesystemError, ValidationError, WrongPassphraseError, shown,
 )
 from .records import ALL_FLAGS, EDGE_KINDS, TIERS, Node
 from .store import DEFAULT_TIMEOUT, atomic_file, is_lmdb_head
@@ -101,6 +101,10 @@ def _global_options() -> list[click.Option]:
                      callback=_record_option, expose_value=False,
                      help=f"How long to wait for another process writing to, compacting or replacing the file "
                           f"(default {DEFAULT_TIMEOUT:g}; inf waits as long as it takes)."),
+        click.Option(["--allow-unsafe-fs"], is_flag=True, default=None, callback=_record_option, expose_value=False,
+                     help="Open a file on a network or FUSE filesystem (NFS, SMB, sshfs, ...), refused otherwise: "
+                          "only when no other process or machine uses it meanwhile (same as "
+                          "ENGRAM_ALLOW_UNSAFE_FS=1)."),
     ]
 
 
@@ -161,6 +165,9 @@ _CLI_HINTS: dict[type[EngramError], str] = {
     DuplicateIdError: "pick another --id, or change the memory with `engramdb update FILE ID`",
     ValidationError: "check the values against `engramdb {command} --help`",
     IndexMismatchError: "run `engramdb verify --fix FILE` to rebuild the indexes from the records",
+    UnsafeFilesystemError: "keep the store on a local disk (copy it there while no process writes to it); if no "
+                           "other process or machine uses the file at the same time, pass --allow-unsafe-fs (or set "
+                           "ENGRAM_ALLOW_UNSAFE_FS=1)",
 }
 
 
@@ -298,6 +305,11 @@ def _timeout(ctx: click.Context) -> float | None:
     return DEFAULT_TIMEOUT if value is None else None if value == float("inf") else value
 
 
+def _allow_unsafe_fs(ctx: click.Context) -> bool:
+    """--allow-unsafe-fs (ENGRAM_ALLOW_UNSAFE_FS=1 is read by every open anyway)."""
+    return bool(_settings(ctx).get("allow_unsafe_fs"))
+
+
 def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool = False,
           override: KeyOverride | None = None, **kwargs: Any) -> engram_mod.Engram:
     """Open a store with the key source the command line names (--key-file, --plaintext, or a
@@ -317,6 +329,7 @@ def _open(ctx: click.Context, path: str, *, readonly: bool = False, create: bool
         raise FileMissingError(f"{path} does not exist",
                                hint=f"check the path, or create the store with `engramdb init {path}`")
     kwargs.setdefault("timeout", _timeout(ctx))
+    kwargs.setdefault("allow_unsafe_fs", _allow_unsafe_fs(ctx))
     try:
         keys = _key_kwargs(ctx, confirm=create and not os.path.exists(path), override=override)
         return engram_mod.open(path, create=create, readonly=readonly, **keys, **kwargs)
@@ -575,7 +588,8 @@ def init(ctx: click.Context, file: str, kdf_text: str | None, recovery_key: bool
     keys = _key_kwargs(ctx, confirm=True)
     if "passphrase" in keys:
         keys["kdf"] = kdf
-    with _removed_on_failure(file, True), engram_mod.open(file, create=True, **keys) as db:
+    with _removed_on_failure(file, True), \
+            engram_mod.open(file, create=True, allow_unsafe_fs=_allow_unsafe_fs(ctx), **keys) as db:
         click.echo(f"created {file} ({'encrypted' if db.encrypted else 'PLAINTEXT'})")
         if recovery_key:
             click.echo(f"recovery key (store it safely; it is shown once): {db.add_recovery_key()}")
@@ -1096,7 +1110,7 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
     keys = _key_kwargs(ctx)
     if "encrypted" in keys:
         raise click.UsageError("a plaintext file has no key header to import")
-    engram_mod.import_key(file, keyfile, **keys)
+    engram_mod.import_key(file, keyfile, allow_unsafe_fs=_allow_unsafe_fs(ctx), **keys)
     click.echo(f"restored the header of {file}")
 
 
@@ -1254,6 +1268,8 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
     options = _key_kwargs(ctx, confirm=True)
     if "passphrase" in options:
         options["kdf"] = kdf
+    if _allow_unsafe_fs(ctx):
+        options["allow_unsafe_fs"] = True
     source = _read_dump_source(dump_file, dump_passphrase_file)
     with _progress(ctx, desc="restoring", unit=" memories", total=_dump_node_count(dump_file)) as bar, \
             _warnings_to_stderr(ctx):
@@ -2256,7 +2272,7 @@ def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | N
     try:
         report = fleet.run(pattern, job, client=client, key_source=key_source, retries=retries,
                            progress=not _quiet(ctx) and _show_progress(sys.stderr), out=out, now=now,
-                           workers=workers, timeout=_timeout(ctx))
+                           workers=workers, timeout=_timeout(ctx), allow_unsafe_fs=_allow_unsafe_fs(ctx))
     finally:
         if client is not None:
             client.close()

@@ -989,11 +989,12 @@ class Engram:
 
 
 def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
-               key: bytes | str | None = None) -> None:
+               key: bytes | str | None = None, allow_unsafe_fs: bool = False) -> None:
     """Put an exported header back into a file whose header is damaged.
 
     The key file must unlock with ``passphrase`` (or ``key``) and its data key must open
-    the file's sealed state record; otherwise nothing is written.
+    the file's sealed state record; otherwise nothing is written. ``allow_unsafe_fs``: as
+    :func:`open`'s.
 
     Raises:
         ForeignFileError: ``keyfile`` is not an engramdb key file.
@@ -1008,7 +1009,7 @@ def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *,
                                hint="pass the file written by export_key() / `engramdb export-key`") from None
     header = hdr.unpack_key_file(data, keyfile)
     dek = hdr.unlock(header, passphrase=passphrase, raw_key=hdr.parse_raw_key(key) if key is not None else None)
-    store = Store.open(path, create=False)
+    store = Store.open(path, create=False, allow_unsafe_fs=allow_unsafe_fs)
     try:
         store.sealer = crypto.Sealer(dek)
         with store.read() as txn:

@@ -121,8 +121,9 @@ class UnsafeFilesystemError(StoreError):
     do not hold (NFS, SMB/CIFS, 9p, sshfs, ...): two processes could corrupt it."""
 
     default_hint = ("keep the store on a local disk (copy it there while no process writes to it); if no other "
-                    "process or machine uses the file at the same time, open(..., allow_unsafe_fs=True) or the "
-                    "environment variable ENGRAM_ALLOW_UNSAFE_FS=1 (command line, fleet workers) opens it anyway")
+                    "process or machine uses the file at the same time, open(..., allow_unsafe_fs=True) "
+                    "(fleet.run(..., allow_unsafe_fs=True)) or the environment variable ENGRAM_ALLOW_UNSAFE_FS=1 "
+                    "opens it anyway")
 
 
 class ReadOnlyError(StoreError):

@@ -218,12 +218,14 @@ def _do_job(db: Any, path: str, job: str | Callable[[engram.Engram], Mapping[str
     raise ValidationError(f"unknown job {job!r}", hint=f"use one of {', '.join(JOBS)} or a function (Engram) -> dict")
 
 
-def _open(path: str, readonly: bool, kwargs: dict[str, Any], timeout: float | None) -> engram.Engram:
+def _open(path: str, readonly: bool, kwargs: dict[str, Any], timeout: float | None,
+          allow_unsafe_fs: bool = False) -> engram.Engram:
     """``engram.open`` with a mode mismatch's hint in the fleet's words: the library's
     speaks of open()'s arguments (``encrypted=False``), which a fleet user does not pass.
     Plaintext and encrypted files take different key sources, so a mixed glob is run twice."""
     try:
-        return engram.open(path, create=False, readonly=readonly, timeout=timeout, **kwargs)
+        return engram.open(path, create=False, readonly=readonly, timeout=timeout, allow_unsafe_fs=allow_unsafe_fs,
+                           **kwargs)
     except ModeMismatchError as exc:
         if kwargs.get("encrypted") is False:
             hint = ("it is encrypted: run the encrypted files in a fleet run of their own, with their "
@@ -249,7 +251,8 @@ def run_one(path: str, job: str | Callable[[engram.Engram], Mapping[str, Any]], 
     readonly = job in ("verify", "stats", "dump") or (job == "maintain" and bool(options.get("plan")))
     try:
         kwargs = _open_kwargs(key_source, path)
-        with _open(path, readonly, kwargs, options.get("timeout", DEFAULT_TIMEOUT)) as db:
+        with _open(path, readonly, kwargs, options.get("timeout", DEFAULT_TIMEOUT),
+                   bool(options.get("allow_unsafe_fs", False))) as db:
             row["result"] = _do_job(db, path, job, options)
         row["status"] = "ok"
         if job == "verify" and row["result"]["problems"]:
@@ -403,7 +406,7 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         job: str | Callable[[engram.Engram], Mapping[str, Any]], *, client: Any = None, key_source: KeySource | None = None,
         retries: int = 2, progress: bool = True, out: str | None = None, now: float | None = None,
         config: MaintenanceConfig | None = None, workers: int | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT) -> FleetReport:
+        timeout: float | None = DEFAULT_TIMEOUT, allow_unsafe_fs: bool = False) -> FleetReport:
     """Run ``job`` over every file, one Dask task per file, and report per file.
 
     Args:
@@ -420,6 +423,9 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         now, config: passed to ``maintain``.
         timeout: seconds a task waits for another process writing to or compacting its
             file before the file counts as busy (``None``: as long as it takes).
+        allow_unsafe_fs: open files on a network or FUSE filesystem too (each is refused
+            otherwise, see ``engramdb.open``): only when no other process or machine uses
+            any of them during the run (``ENGRAM_ALLOW_UNSAFE_FS=1`` on the workers does the same).
 
     Raises:
         ValidationError: a bad job, no files, or ``dump`` without ``out``.
@@ -434,7 +440,11 @@ def run(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
                                 or not timeout >= 0):
         raise ValidationError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}",
                               hint="pass timeout=SECONDS (--timeout), or None to wait as long as it takes")
+    if not isinstance(allow_unsafe_fs, bool):
+        raise ValidationError(f"allow_unsafe_fs must be True or False, got {allow_unsafe_fs!r}")
     options: dict[str, Any] = {"now": now, "config": config, "timeout": timeout}
+    if allow_unsafe_fs:
+        options["allow_unsafe_fs"] = True
     if job == "dump":
         if not out:
             raise ValidationError("the dump job needs an output folder or URL", hint="pass out=FOLDER (--out)")

@@ -507,3 +507,28 @@ def test_a_dump_to_a_url_that_fails_leaves_the_last_backup_there(tmp_path):
     assert row["status"] == "error" and row["error"] == "DecryptionError", row
     assert (bucket / "t.aaak").read_bytes() == good
     assert sorted(os.listdir(bucket)) == ["t.aaak"]  # no temporary file left either
+
+
+def test_allow_unsafe_fs_reaches_each_task(tmp_path, monkeypatch):
+    # rel2 (session 9): a fleet over files on a network filesystem had no spelling of the opt-out
+    # but the environment variable on every worker
+    import engramdb.store as store_mod
+    monkeypatch.delenv(store_mod.ALLOW_UNSAFE_FS_ENV, raising=False)
+    path = str(tmp_path / "t.engram")
+    with engramdb.open(path, encrypted=False) as db:
+        db.add("kept", id="kept")
+    table = tmp_path / "mountinfo"
+    table.write_text(f"25 1 0:25 / / rw - ext4 src rw\n26 25 0:26 / {tmp_path} rw - nfs4 srv:/x rw\n")
+    monkeypatch.setattr(store_mod, "MOUNTINFO", str(table))
+    refused = fleet.run_one(path, "stats", fleet.Plaintext())
+    assert refused["status"] == "error" and refused["error"] == "UnsafeFilesystemError"
+    assert "allow_unsafe_fs=True" in refused["hint"]
+    assert fleet.run_one(path, "stats", fleet.Plaintext(), {"allow_unsafe_fs": True})["status"] == "ok"
+    seen = []
+    monkeypatch.setattr(fleet, "_gather", lambda distributed, client, paths, job, key_source, options, retries,
+                        progress: seen.append(options) or fleet.FleetReport(job=job, files=[], workers=0))
+    fleet.run([path], "stats", client=object(), key_source=fleet.Plaintext(), allow_unsafe_fs=True, progress=False)
+    fleet.run([path], "stats", client=object(), key_source=fleet.Plaintext(), progress=False)
+    assert [o.get("allow_unsafe_fs", False) for o in seen] == [True, False]
+    with pytest.raises(ValidationError, match="allow_unsafe_fs"):
+        fleet.run([path], "stats", client=object(), allow_unsafe_fs="yes")

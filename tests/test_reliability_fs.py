@@ -261,3 +261,35 @@ def test_a_forked_child_reads_its_own_mount_table_even_if_a_thread_held_the_lock
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert store_mod._mounts[2] == parent_fd  # the parent's cache is untouched
+
+
+def test_the_command_line_takes_allow_unsafe_fs_and_names_it(tmp_path, mounts, monkeypatch):
+    # rel2 (session 9): the opt-out had no command-line spelling (only the environment variable)
+    mounts(("/", "ext4"), (tmp_path, "nfs4"))
+    path = str(tmp_path / "s.engram")
+    runner = CliRunner()
+    result = runner.invoke(cli_main, ["init", path, "--plaintext"])
+    assert result.exit_code == 1 and "--allow-unsafe-fs" in result.output and "ENGRAM_ALLOW_UNSAFE_FS=1" in result.output
+    assert "allow_unsafe_fs=True" not in result.output  # a Python spelling means nothing on the command line
+    assert runner.invoke(cli_main, ["--allow-unsafe-fs", "init", path, "--plaintext"]).exit_code == 0
+    result = runner.invoke(cli_main, ["add", path, "kept on the share", "--id", "kept", "--plaintext"])
+    assert result.exit_code == 1 and "--allow-unsafe-fs" in result.output
+    for args in (["add", path, "kept on the share", "--id", "kept", "--plaintext", "--allow-unsafe-fs"],
+                 ["--allow-unsafe-fs", "dump", path, "-o", str(tmp_path / "d.aaak"), "--plaintext"],
+                 ["--allow-unsafe-fs", "restore", str(tmp_path / "d.aaak"), str(tmp_path / "r.engram"),
+                  "--plaintext"]):
+        result = runner.invoke(cli_main, args)
+        assert result.exit_code == 0, (args, result.output)
+    with engram.open(tmp_path / "r.engram", encrypted=False, allow_unsafe_fs=True) as db:
+        assert db.get("kept").content == "kept on the share"
+    assert "ENGRAM_ALLOW_UNSAFE_FS=1" in runner.invoke(cli_main, ["add", "--help"]).output
+
+
+def test_import_key_takes_allow_unsafe_fs(tmp_path, mounts):
+    mounts(("/", "ext4"), (tmp_path, "cifs"))
+    path = tmp_path / "s.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF, allow_unsafe_fs=True) as db:
+        db.export_key(tmp_path / "s.key")
+    with pytest.raises(UnsafeFilesystemError):
+        engram.import_key(path, tmp_path / "s.key", passphrase=PASSPHRASE)
+    engram.import_key(path, tmp_path / "s.key", passphrase=PASSPHRASE, allow_unsafe_fs=True)
