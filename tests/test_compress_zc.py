@@ -352,3 +352,112 @@ def test_key_quote_work_is_bounded_in_a_paragraph_of_many_short_sentences(monkey
     sets = [set(f"w{i} w{i % 5} common".split()) for i in range(zc.TEXTRANK_BLOCK)]
     assert zc._blocked_text_rank(sets, zc.TEXTRANK_BLOCK) == zc._text_rank(sets)
     assert zc._blocked_text_rank(sets + [{"x"}], zc.TEXTRANK_BLOCK)[-1] != 1.0  # no block of one sentence
+
+
+# --- entity support and coreference order in near-linear time ---------------------------
+# The implementations before the fix (a str.find per distinct name: n^2 characters compared),
+# kept as the reference the new ones must equal exactly.
+
+
+def _old_occurrences(text: str, name: str):
+    i = text.find(name)
+    while i != -1:
+        yield i
+        i = text.find(name, i + 1)
+
+
+def _old_likely_entity(name: str, text: str) -> bool:
+    n = len(name)
+    for i in _old_occurrences(text, name):
+        after_ok = zc._is_word(text, i + n - 1) != zc._is_word(text, i + n)
+        j = i - 1
+        while j >= 0 and text[j] in zc._WS_SET:
+            j -= 1
+        if after_ok and j < i - 1 and j >= 0 and text[j] in zc._MID_PREV:
+            return True
+        if (j < 0 or "\n" in text[j + 1:i]):
+            k = i + n
+            while k < len(text) and text[k] in zc._WS_SET:
+                k += 1
+            if k < len(text) and text[k] == ":":
+                return True
+    low = name.lower()
+    ln = len(low)
+    for i in _old_occurrences(text, low):
+        if zc._is_word(text, i - 1) != zc._is_word(text, i) and zc._is_word(text, i + ln - 1) != zc._is_word(text, i + ln):
+            return False
+    if (name.endswith("ed") or name.endswith("ing")) and name == name[0] + name[1:].lower():
+        return False
+    return True
+
+
+def _old_detect_entities(text: str, min_freq: int = 1) -> list[str]:
+    freq: dict[str, int] = {}
+    for raw in zc.js_split_ws(text):
+        if raw.islower():
+            continue
+        token = zc._EDGE_NONWORD.sub("", raw).removesuffix("'s")
+        if len(token) < 2 or not ("A" <= token[0] <= "Z") or token in zc.STOP_LIST:
+            continue
+        freq[token] = freq.get(token, 0) + 1
+    return sorted(name for name, count in freq.items() if count >= min_freq and _old_likely_entity(name, text))
+
+
+_PIECES = ["Al", "Alice", "alice", "Bob", "bob", "Bobby", "McAl", "Ed", "Edited", "edited", "Going", "going",
+           "O'Brien", "o'brien", "Foo.Bar", "foo.bar", "Zoë", "zoë", "AL", "İx", "Alice's", "(Alice)", "Bob:", ":",
+           ",", ";", ")", "x", "7", "_", "-", "she", "he", "they", "her", "\n", " ", "  ", "\t", "\u00a0", "\ufeff",
+           "\u2028", "🎉", "é", "Kim", "kim", "Kimberly", "I'm", "The", "Ran", "Al's", "al", "ALICE", "Alice."]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES) | st.text(max_size=4), max_size=40),
+       st.lists(st.sampled_from(["", " ", "\n", "\n\n", ", "]), min_size=1, max_size=40))
+def test_entity_support_and_coreference_order_equal_the_old_implementation(pieces, seps):
+    text = "".join(p + seps[k % len(seps)] for k, p in enumerate(pieces))
+    assert zc.detect_entities(text) == _old_detect_entities(text)
+    assert zc.detect_entities(text, 2) == _old_detect_entities(text, 2)
+    names = sorted(set(zc.js_split_ws(text)) - {""})
+    assert zc._first_positions(text, names) == [text.find(n) for n in names]
+    detected = _old_detect_entities(text)
+    assert zc._by_first_position(text, detected) == sorted(detected, key=text.find)
+    assert zc._by_first_position(text, names) == sorted(names, key=text.find)
+
+
+def test_entity_support_on_the_reference_chats_equals_the_old_implementation():
+    path = ORACLE / "locomo-conv-26.input.txt"
+    if not path.exists():
+        pytest.skip("needs ../shared/data/zettel-compress")
+    for c in zc.chunk_text(zc.normalize_text(path.read_text(encoding="utf-8")))[:60]:
+        assert zc.detect_entities(c.text) == _old_detect_entities(c.text)
+
+
+class _CountingStr(str):
+    """A text that counts the characters its users read: str.find scans and indexing."""
+
+    work = 0
+
+    def find(self, sub, start=0, end=None):  # type: ignore[override]
+        i = str.find(self, sub, start, len(self) if end is None else end)
+        _CountingStr.work += (len(self) if i == -1 else i + len(sub)) - start
+        return i
+
+    def __getitem__(self, key):  # type: ignore[override]
+        out = str.__getitem__(self, key)
+        _CountingStr.work += len(out) if isinstance(key, slice) else 1
+        return out
+
+
+def _entity_work(words: int) -> int:
+    # distinct capitalised words, mid-sentence: every one a candidate name
+    names = ["".join(t).capitalize() for t in itertools.islice(itertools.product("abcdefghijklmnop", repeat=4), words)]
+    text = _CountingStr(" ".join(f"x {w}" for w in names) + ". She said so.")
+    _CountingStr.work = 0
+    detected = zc.detect_entities(text)
+    zc.resolve_coreferences([zc.Chunk(text, 0, len(text))] * 2, [detected, []])
+    return _CountingStr.work
+
+
+def test_entity_support_and_coreference_work_grow_linearly():
+    small, large = _entity_work(500), _entity_work(2000)
+    assert small > 0
+    assert large <= 5 * small  # 4x the names; a str.find per name made it 16x (100 KB took 1.3 s)

@@ -349,38 +349,97 @@ def _is_word(s: str, i: int) -> bool:
     return 0 <= i < len(s) and s[i] in _WORD_CHARS
 
 
-def _occurrences(text: str, name: str) -> Iterable[int]:
-    i = text.find(name)
-    while i != -1:
-        yield i
-        i = text.find(name, i + 1)
+_NON_WS_RUN = re.compile("[^" + _WS_CHARS + "]+")
+_UPPER = re.compile("[A-Z]")
+_LOWER_WORD_START = re.compile("(?<![A-Za-z0-9_])[a-z]")
+
+# Where the old code ran one str.find per distinct name over the chunk (n names in a chunk of
+# n words: n^2 characters compared), the names are put in a trie and the text walked once:
+# from each place an occurrence can count, the walk reads only as far as some name goes on.
 
 
-def _likely_entity(name: str, text: str) -> bool:
-    n = len(name)
-    for i in _occurrences(text, name):
-        after_ok = _is_word(text, i + n - 1) != _is_word(text, i + n)
-        # capitalized after a lowercase word, digit, comma: not a sentence start
-        j = i - 1
-        while j >= 0 and text[j] in _WS_SET:
-            j -= 1
-        if after_ok and j < i - 1 and j >= 0 and text[j] in _MID_PREV:
-            return True
-        # a chat speaker label: "Alice: ..." at the start or after a line break
-        if (j < 0 or "\n" in text[j + 1:i]):
-            k = i + n
-            while k < len(text) and text[k] in _WS_SET:
+def _trie(words: Iterable[str]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for w in words:
+        node = root
+        for c in w:
+            node = node.setdefault(c, {})
+        node[""] = w  # "" is no character: the key of the word ending here
+    return root
+
+
+def _prefixes_at(text: str, i: int, end: int, trie: dict[str, Any]) -> Iterable[str]:
+    """The words of ``trie`` that ``text[i:end]`` starts with, shortest first."""
+    node = trie
+    while True:
+        word = node.get("")
+        if word is not None:
+            yield word
+        if i >= end:
+            return
+        child = node.get(text[i])
+        if child is None:
+            return
+        node = child
+        i += 1
+
+
+def _supported_names(names: Sequence[str], text: str) -> set[str]:
+    """The ``names`` (distinct, each starting with ``A-Z``) that ``text`` supports as names.
+
+    A name is supported by an occurrence capitalized after ``[a-z0-9,;)]`` and whitespace,
+    or used as a ``Name:`` label at a line start; failing that it is dropped when the text
+    uses it in lowercase as a whole word, or it is verb-shaped (``-ed``/``-ing``, title case).
+    """
+    segs = [(m.start(), m.end()) for m in _NON_WS_RUN.finditer(text)]
+    trie = _trie(names)
+    supported: set[str] = set()
+    for k, (a, b) in enumerate(segs):
+        if not "A" <= text[a] <= "Z":
+            continue
+        # a name has no whitespace, so an occurrence that can count (after whitespace or at
+        # the start) opens a whitespace-free run; j is the last non-space before it
+        j = segs[k - 1][1] - 1 if k else -1
+        mid = j >= 0 and text[j] in _MID_PREV
+        label_line = j < 0 or "\n" in text[j + 1:a]
+        after_run = segs[k + 1][0] if k + 1 < len(segs) else len(text)
+        for name in _prefixes_at(text, a, b, trie):
+            if name in supported:
+                continue
+            e = a + len(name)
+            if mid and _is_word(text, e - 1) != _is_word(text, e):
+                supported.add(name)
+            elif label_line:
+                nxt = e if e < b else after_run  # the first non-space after the name
+                if nxt < len(text) and text[nxt] == ":":
+                    supported.add(name)
+    lows: dict[str, list[str]] = {}
+    for name in names:
+        if name not in supported:
+            lows.setdefault(name.lower(), []).append(name)
+    used_lower: set[str] = set()
+    if lows:
+        # a lowercase use as a whole word starts a run of word characters
+        low_trie = _trie(lows)
+        k = 0
+        for m in _LOWER_WORD_START.finditer(text):
+            i = m.start()
+            while segs[k][1] <= i:
                 k += 1
-            if k < len(text) and text[k] == ":":
-                return True
-    low = name.lower()
-    ln = len(low)
-    for i in _occurrences(text, low):
-        if _is_word(text, i - 1) != _is_word(text, i) and _is_word(text, i + ln - 1) != _is_word(text, i + ln):
-            return False
-    if (name.endswith("ed") or name.endswith("ing")) and name == name[0] + name[1:].lower():
-        return False
-    return True
+            for low in _prefixes_at(text, i, segs[k][1], low_trie):
+                e = i + len(low)
+                if _is_word(text, e - 1) != _is_word(text, e):
+                    used_lower.add(low)
+            if len(used_lower) == len(lows):
+                break
+    out = set(supported)
+    for low, group in lows.items():
+        if low in used_lower:
+            continue
+        for name in group:
+            if not ((name.endswith("ed") or name.endswith("ing")) and name == name[0] + name[1:].lower()):
+                out.add(name)
+    return out
 
 
 def detect_entities(text: str, min_freq: int = 1) -> list[str]:
@@ -394,7 +453,29 @@ def detect_entities(text: str, min_freq: int = 1) -> list[str]:
         if len(token) < 2 or not ("A" <= token[0] <= "Z") or token in STOP_LIST:
             continue
         freq[token] = freq.get(token, 0) + 1
-    return sorted(name for name, count in freq.items() if count >= min_freq and _likely_entity(name, text))
+    frequent = [name for name, count in freq.items() if count >= min_freq]
+    supported = _supported_names(frequent, text)
+    return sorted(name for name in frequent if name in supported)
+
+
+def _first_positions(text: str, names: Sequence[str]) -> list[int]:
+    """``[text.find(name) for name in names]``, in one walk for the names starting ``A-Z``."""
+    found: dict[str, int] = {}
+    capitalized = {n for n in names if n and "A" <= n[0] <= "Z"}
+    if capitalized:
+        trie = _trie(capitalized)
+        for m in _UPPER.finditer(text):
+            for name in _prefixes_at(text, m.start(), len(text), trie):
+                found.setdefault(name, m.start())
+            if len(found) == len(capitalized):
+                break
+    return [found.get(n, -1) if n in capitalized else text.find(n) for n in names]
+
+
+def _by_first_position(text: str, names: Sequence[str]) -> list[str]:
+    """``sorted(names, key=text.find)`` (stable: equal positions keep their order)."""
+    pos = _first_positions(text, names)
+    return [names[k] for k in sorted(range(len(names)), key=pos.__getitem__)]
 
 
 _VOWELS = frozenset("AEIOU")
@@ -483,7 +564,7 @@ def resolve_coreferences(chunks: Sequence[Chunk], detected: Sequence[list[str]])
             for name in list(islice(reversed(recent), 2))[::-1]:
                 if name not in aug:
                     aug.append(name)
-        for name in sorted(names, key=text.find):  # stable: equal positions keep their order
+        for name in _by_first_position(text, names):
             g = _gender(name)
             if g != "unknown":
                 last[g] = name
