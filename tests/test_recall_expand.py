@@ -60,6 +60,24 @@ def test_query_dates(query, expected):
     assert query_dates(query) == expected
 
 
+@pytest.mark.parametrize("query,expected", [
+    # "May" before a day and then the year (the US spelling, 4 LoCoMo questions) is the month
+    ("Who did Maria have dinner with on May 3, 2023?", [QueryDate(2023, 5)]),
+    ("on May 23rd 2023", [QueryDate(2023, 5)]),
+    ("June 5, 2023 and May 3, 2023", [QueryDate(2023, 5), QueryDate(2023, 6)]),
+    ("may 3 people come in 2023", [QueryDate(2023)]),  # "may" the verb, a number after it, no year next
+    # an ISO date names its month; its year is not a target of its own (every day of it would match)
+    ("what happened on 2023-05-08?", [QueryDate(2023, 5)]),
+    ("2023-05 or 2022", [QueryDate(2022), QueryDate(2023, 5)]),
+    ("between 2023-11-30 and 2024-01-02", [QueryDate(2023, 11), QueryDate(2024, 1)]),
+    ("ticket 2023-13", [QueryDate(2023)]),  # no month 13: the year alone
+])
+def test_query_dates_in_other_spellings(query, expected):
+    """"May 3, 2023" and "2023-05-08" named only the year, so every memory of 2023 got the
+    date boost of that month's memories ("May 2023" and "3 June 2023" named the month)."""
+    assert query_dates(query) == expected
+
+
 def test_parse_date_and_proximity():
     assert parse_date("2023-05-08") == QueryDate(2023, 5)
     assert parse_date("2023") == QueryDate(2023)
@@ -83,3 +101,27 @@ def test_early_stop_gives_the_same_hits_as_boosting_everything(make_db, monkeypa
     monkeypatch.setitem(recall_mod.TIER_BOOST, "unused", 1e9)
     slow = [[(h.id, h.score) for h in db.recall(q, top_k=5)] for q in queries]
     assert fast == slow and all(fast)
+
+
+def test_a_long_query_is_read_for_dates_in_linear_time():
+    """A 100 KB query of "may may may ..." took ~90 s of CPU per recall: the "may next to a
+    year" check read the whole query again for each "may", and its ``\\s*,?\\s*`` retried a
+    long blank run from each blank ("may" and 100,000 spaces: ~55 s); "May 3, 2023" repeated
+    built years x months with every repeat. Each input below is 300 KB (old code: minutes)."""
+    import signal
+
+    def hang(signum, frame):
+        raise AssertionError("did not finish within 60 s")
+
+    queries = ["may " * 75_000, "may" + " " * 300_000 + "x", "May 3, 2023 " * 25_000, "2023-05-" * 37_500]
+    alarm = hasattr(signal, "SIGALRM")  # Windows has none: the results are still checked
+    previous = signal.signal(signal.SIGALRM, hang) if alarm else None
+    if alarm:
+        signal.alarm(60)
+    try:
+        found = [query_dates(q) for q in queries]
+    finally:
+        if alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    assert found == [[], [], [QueryDate(2023, 5)], [QueryDate(2023, 5)]]

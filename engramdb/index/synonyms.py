@@ -111,6 +111,11 @@ _MONTH_ABBR = {m[:3]: i + 1 for i, m in enumerate(MONTHS)} | {"sept": 9}
 _YEAR = re.compile(r"\b(1[89]\d\d|2[01]\d\d)\b")
 _MONTH_WORD = re.compile(r"\b(" + "|".join(MONTHS) + r"|jan|feb|mar|apr|jun|jul|aug|sept|sep|oct|nov|dec)\b", re.I)
 _ISO = re.compile(r"^(\d{4})(?:-(\d{1,2}))?(?:-(\d{1,2}))?")
+# an ISO year-month or date in a query ("2023-05", "2023-05-08"), with a real month
+_ISO_IN_QUERY = re.compile(r"\b(1[89]\d\d|2[01]\d\d)-(0?[1-9]|1[0-2])(?:-\d{1,2})?\b")
+# "may" next to a year, or a day and a year ("May 2023", "May 3, 2023"). One reading of each
+# blank run (``\s*(?:,\s*)?``, not ``\s*,?\s*``), so a long run is not rescanned from each blank.
+_MAY_DATE = re.compile(r"\bmay\s*(?:,\s*)?(?:\d{1,2}(?:st|nd|rd|th)?\s*(?:,\s*)?)?(1[89]|2[01])\d\d\b", re.I)
 
 
 @dataclass(frozen=True, order=True)
@@ -129,20 +134,26 @@ class QueryDate:
 
 
 def query_dates(query: str) -> list[QueryDate]:
-    """Years and months named in ``query`` ("May 2023", "in 2022"); sorted, distinct.
+    """Years and months named in ``query`` ("May 2023", "May 3, 2023", "in 2022", "2023-05-08");
+    sorted, distinct.
 
-    A month with no year is ignored: it is too ambiguous to rank by.
+    A month with no year is ignored: it is too ambiguous to rank by. An ISO date names its
+    own month (its year is no target of its own).
     """
-    years = [int(y) for y in _YEAR.findall(query)]
-    months = []
+    iso = {m.start(): QueryDate(int(m.group(1)), int(m.group(2))) for m in _ISO_IN_QUERY.finditer(query)}
+    years = {int(m.group(1)) for m in _YEAR.finditer(query) if m.start() not in iso}  # an ISO date starts at its year
+    months: set[int] = set()
+    may_is_month: bool | None = None  # searched once: per "may", a long query would be read again for each
     for m in _MONTH_WORD.findall(query):
         m = m.lower()
-        # "may" is mostly the verb; only count it next to a year
-        if m == "may" and not re.search(r"\bmay\s*,?\s*(1[89]|2[01])\d\d\b", query, re.I):
-            continue
-        months.append(MONTHS.index(m) + 1 if m in MONTHS else _MONTH_ABBR[m[:4] if m == "sept" else m[:3]])
-    out: set[QueryDate] = set()
-    for y in years:
+        if m == "may":  # mostly the verb; only counted next to a year, or a day and a year ("May 3, 2023")
+            if may_is_month is None:
+                may_is_month = _MAY_DATE.search(query) is not None
+            if not may_is_month:
+                continue
+        months.add(MONTHS.index(m) + 1 if m in MONTHS else _MONTH_ABBR[m[:4] if m == "sept" else m[:3]])
+    out = set(iso.values())
+    for y in years:  # distinct years times distinct months: a long query's repeats cost nothing
         if months:
             out.update(QueryDate(y, m) for m in months)
         else:
