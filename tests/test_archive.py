@@ -263,6 +263,19 @@ def test_an_archived_memory_keeps_changes_to_other_fields_but_not_a_new_content(
     assert restored.content == LONG and restored.tags == ("a", "b") and restored.pinned and restored.tier == "hot"
 
 
+def test_a_tier_set_while_archived_is_kept_when_unarchived(tmp_engram, now):
+    # the spec: an archived memory's other fields can change and keep their new values when it
+    # is unarchived; a new tier was dropped (unarchive put back the tier from before the archive)
+    db = tmp_engram
+    db.add(LONG, id="m", tier="cold", now=now)
+    db.archive("m")
+    assert db.update("m", tier="warm").tier == "warm"
+    assert db.get("m", full=True).tier == "warm"
+    assert db.unarchive("m").tier == "warm" and db.get("m").content == LONG
+    db.archive("m")  # untouched: the tier from before the archive comes back
+    assert db.unarchive("m").tier == "warm"
+
+
 @pytest.mark.parametrize("truncate", [False, True])
 def test_new_metadata_keeps_an_archived_memory_archived(tmp_engram, now, truncate):
     # the new metadata replaced the archive entry: the memory looked live, its content (the

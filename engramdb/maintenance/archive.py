@@ -362,7 +362,8 @@ def full_of(tx: ArchiveTxn, node: Node) -> Node:
     if original is not None:
         changes["content"] = original
     if entry is not None:
-        changes["tier"] = entry.get("tier", node.tier)
+        # a stub's tier is "archive" unless it was changed while archived: that new value stays
+        changes["tier"] = entry.get("tier", node.tier) if node.tier == "archive" else node.tier
         changes["metadata"] = {k: v for k, v in node.metadata.items() if k != ARCHIVE_KEY}
     return node.replace(**changes)
 
