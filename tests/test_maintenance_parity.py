@@ -89,3 +89,24 @@ def test_consolidate(oracle, case):
 def test_input_round_trips(oracle):
     _, raw, memories, _ = oracle
     assert [m.to_trace_lite() for m in memories] == raw
+
+
+def test_the_file_pass_in_parity_mode_gives_trace_lites_results(oracle, make_db):
+    # The file pass had no oracle test. Its `archived` counted every memory it archived, the
+    # short ones kept whole included (37 here), where Trace Lite counts the memories whose text
+    # it cut (15): parity mode's report now counts those, and the memories equal Trace Lite's.
+    now, _raw, memories, expected = oracle
+    db = make_db(encrypted=False)
+    db.add_space("tl", dims=16, model="trace-lite-oracle", auto=False)
+    db.add_many([{"id": m.id, "content": m.content, "tags": list(m.tags), "importance": m.importance, "tier": m.tier,
+                  "created_at": m.created_at, "last_accessed": m.last_accessed, "access_count": m.access_count,
+                  "source": m.source, "metadata": dict(m.metadata), "embeddings": {"tl": list(m.embedding)}}
+                 for m in memories], now=now)
+    report = db.maintain(MaintenanceConfig.trace_lite(space="tl"), now=now)
+    want = expected["consolidate_no_summarizer"]
+    assert report.to_trace_lite() == want["report"]
+    assert report.changed and len(report.archived_ids) == 37  # the short ones are archived whole
+    stored = list(db.scan())
+    assert [n.id for n in stored] == [m["id"] for m in want["memories"]]
+    assert [(n.tier, n.content) for n in stored] == [(m["tier"], m["content"]) for m in want["memories"]]
+    assert db.verify() == []

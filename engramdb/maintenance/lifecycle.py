@@ -243,7 +243,8 @@ class MaintenanceReport:
     """What a pass did (or, with ``plan``, would do). Counts follow Trace Lite's report.
 
     ``archived`` counts memories whose content became a preview (truncated by the pure
-    functions; moved to the archive table by the file pass), ``bytes_dropped`` the UTF-8
+    functions; moved to the archive table by the file pass, or, with ``archive_truncate``,
+    cut there, as Trace Lite counts: ``archived_ids`` also lists those archived whole), ``bytes_dropped`` the UTF-8
     bytes of text really dropped (only with ``archive_truncate``). The file pass also
     fills ``compared`` (memories compared against the rest), ``batches`` and the ids.
     """
@@ -271,7 +272,7 @@ class MaintenanceReport:
     @property
     def changed(self) -> bool:
         """Whether the pass changed (or would change) anything."""
-        return bool(self.decayed or self.deduplicated or self.summarized or self.archived)
+        return bool(self.decayed or self.deduplicated or self.summarized or self.archived or self.archived_ids)
 
     def to_trace_lite(self) -> dict[str, Any]:
         """Trace Lite's report (without its timestamp and duration)."""

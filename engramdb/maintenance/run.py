@@ -56,6 +56,7 @@ from .lifecycle import (
     format_iso,
     greedy_clusters,
     greedy_dedupe,
+    utf16_len,
 )
 
 __all__ = [
@@ -730,6 +731,10 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         for i in to_archive.tolist():
             archive_now.setdefault(i, truncating and not (rows["flags"][i] & CONSOLIDATED))
         report.archived = len(archive_now)
+        if truncating:  # Trace Lite counts the memories whose text is cut, not those kept whole
+            limit = config.archive_truncate_length
+            report.archived = sum(1 for i, cut in archive_now.items()
+                                  if cut and utf16_len(node(int(rows["docno"][i])).content) > limit)
 
         # the operations, one per memory, in docno order
         ops: list[list[Any]] = []
