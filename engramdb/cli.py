@@ -1853,9 +1853,11 @@ def archive(ctx: click.Context, file: str, id_: str, truncate: bool, as_json: bo
         engramdb archive notes.engram 3f2a...
     """
     with _open(ctx, file) as db:
+        was = db.get(id_).archived  # archiving an archived memory changes nothing: say so
         dropped = db.archive(id_, truncate=truncate)
     _emit({"id": id_, "bytes_dropped": dropped}, as_json,
-          lambda d: f"archived {id_}" + (f" ({dropped} bytes of text dropped)" if dropped else ""))
+          lambda d: f"{id_} is archived already: nothing changed" if was else
+          f"archived {id_}" + (f" ({dropped} bytes of text dropped)" if dropped else ""))
 
 
 @cli.command()
@@ -1871,8 +1873,10 @@ def unarchive(ctx: click.Context, file: str, id_: str, as_json: bool) -> None:
         engramdb unarchive notes.engram 3f2a...
     """
     with _open(ctx, file) as db:
+        was = db.get(id_).archived
         node = db.unarchive(id_)
-    _emit(_node_dict(node), as_json, lambda d: f"unarchived {id_} (tier {node.tier})")
+    _emit(_node_dict(node), as_json, lambda d: f"unarchived {id_} (tier {node.tier})" if was else
+          f"{id_} is not archived: nothing changed")
 
 
 def _set_pinned(ctx: click.Context, file: str, id_: str, pinned: bool, as_json: bool) -> None:

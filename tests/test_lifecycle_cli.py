@@ -50,6 +50,18 @@ def test_archive_truncate_reports_bytes_and_unarchive_refuses(run, store):
     assert refused.exit_code == 1 and "truncation" in refused.output and "hint:" in refused.output
 
 
+def test_archive_and_unarchive_say_when_they_change_nothing(run, store):
+    # `archive --truncate` of a memory archived already printed "archived a" and dropped
+    # nothing; `unarchive` of a live memory printed "unarchived b"
+    assert run("archive", store, "a").output.strip() == "archived a"
+    again = run("archive", store, "a", "--truncate")
+    assert again.exit_code == 0 and again.output.strip() == "a is archived already: nothing changed"
+    assert json.loads(run("get", store, "a", "--full", "--json").output)["content"] == LONG  # still whole
+    live = run("unarchive", store, "b")
+    assert live.exit_code == 0 and live.output.strip() == "b is not archived: nothing changed"
+    assert json.loads(run("archive", store, "a", "--json").output) == {"id": "a", "bytes_dropped": 0}
+
+
 def test_pin_unpin(run, store):
     assert json.loads(run("pin", store, "b", "--json").output) == {"id": "b", "pinned": True}
     assert json.loads(run("get", store, "b", "--json").output)["pinned"] is True
