@@ -77,6 +77,9 @@
  *   idf_values(call_info, n_docs, dfs) -> list[float]
  *       engramdb/index/bm25.py's _idfs: Lucene's idf of each df, the log1p by numpy's own
  *       float64 loop (call_info: numpy.log1p's, see the function, at the end)
+ *   term_values(call_info, n_docs, avgdl, k1, b, specs, empty) -> list[(base, delta)]
+ *       engramdb/index/bm25.py's _Term.of: idf_values and pair_values for a query's terms
+ *       in one call, into one new array (see the function, at the end)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1566,6 +1569,7 @@ static PyObject *best_runs(PyObject *self, PyObject *args);  /* at the end of th
 static PyObject *concat_postings(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *term_holders(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *idf_values(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *term_values(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1586,6 +1590,7 @@ static PyMethodDef methods[] = {
     {"concat_postings", concat_postings, METH_VARARGS, "BM25 posting blocks' columns, one after another (see concat_postings)."},
     {"term_holders", term_holders, METH_VARARGS, "A BM25 term's small holders and their tombstones (see term_holders)."},
     {"idf_values", idf_values, METH_VARARGS, "BM25 idfs with numpy's own log1p loop (see idf_values)."},
+    {"term_values", term_values, METH_VARARGS, "A query's BM25 idfs and term parts in one call (see term_values)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2381,6 +2386,187 @@ idf_values(PyObject *self, PyObject *args)
         PyList_SET_ITEM(result, i, v);
     }
 done:
+    PyMem_Free(xs);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* term_values(call_info, n_docs, avgdl, k1, b, specs, empty) -> list[(base, delta)]
+ * engramdb/index/bm25.py's _Term.of for the terms whose values a state lacks: per spec
+ * (df, w, pair_tf, pair_dl, delta_tf, delta_dl) the term's idf (idf_values' operations and
+ * numpy's own log1p loop: the same bits) and then pair_values' operations over the base
+ * run's pairs (pair_tf, pair_dl; None: no base) and over the delta's postings (delta_tf,
+ * delta_dl; None: no delta), all written into one float64 array from `empty(total)`
+ * (numpy.empty), returned as a slice of it per part (None for a missing part). After a
+ * commit every query term's values are new (N and avgdl moved); on the CPU a commit leaves
+ * cold the Python around idf_values and pair_values (argument lists, the output, the
+ * split) cost ~10 µs a query. */
+static PyObject *
+term_values(PyObject *self, PyObject *args)
+{
+    PyObject *capsule, *specs_obj, *empty, *seq = NULL, *out_obj = NULL, *result = NULL;
+    long long n_docs;
+    double avgdl, k1, b, shift;
+    np_ufunc_call_info *info;
+    Py_ssize_t n, i, total = 0, at = 0, strides[2] = {sizeof(double), sizeof(double)};
+    double *xs = NULL, *out;
+    Py_buffer ob = {0};
+    int have_o = 0, rc;
+    fexcept_t saved;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLdddOO", &capsule, &n_docs, &avgdl, &k1, &b, &specs_obj, &empty))
+        return NULL;
+    info = (np_ufunc_call_info *)PyCapsule_GetPointer(capsule, NP_CALL_INFO_NAME);
+    if (info == NULL)
+        return NULL;
+    if (info->strided_loop == NULL || info->requires_pyapi) {
+        PyErr_SetString(PyExc_ValueError, "term_values: call_info holds no GIL-free strided loop "
+                                          "(call numpy.ufunc._get_strided_loop first)");
+        return NULL;
+    }
+    seq = PySequence_Fast(specs_obj, "term_values: specs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    xs = PyMem_Malloc((size_t)(2 * n + 1) * sizeof(double));
+    if (xs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {  /* check every spec and size the output first */
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        double df, x;
+        int c;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+            PyErr_SetString(PyExc_TypeError, "term_values: a spec is a (df, w, pair_tf, pair_dl, delta_tf, delta_dl) tuple");
+            goto done;
+        }
+        df = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 0));
+        if (df == -1.0 && PyErr_Occurred())
+            goto done;
+        x = (double)n_docs - df;
+        x = x + 0.5;
+        xs[i] = x / (df + 0.5);
+        for (c = 2; c < 6; c += 2) {
+            PyObject *tf = PyTuple_GET_ITEM(item, c);
+            Py_ssize_t len;
+            if (tf == Py_None)
+                continue;
+            len = PyObject_Length(tf);
+            if (len < 0)
+                goto done;
+            total += len;
+        }
+    }
+    if (n > 0) {
+        char *data[2];
+        data[0] = (char *)xs;
+        data[1] = (char *)(xs + n);
+        fegetexceptflag(&saved, FE_ALL_EXCEPT);
+        rc = info->strided_loop(info->context, data, &n, strides, info->auxdata);
+        fesetexceptflag(&saved, FE_ALL_EXCEPT);
+        if (rc < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "term_values: numpy's log1p loop failed");
+            goto done;
+        }
+    }
+    out_obj = PyObject_CallFunction(empty, "n", total);
+    if (out_obj == NULL)
+        goto done;
+    if (!get_buffer(out_obj, &ob, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "term_values", "empty(n)"))
+        goto done;
+    have_o = 1;
+    if (buffer_kind(&ob, "term_values", "empty(n)") != 'f' || ob.shape[0] != total) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "term_values: empty(n) must give n float64");
+        goto done;
+    }
+    out = (double *)ob.buf;
+    shift = 1.0 - b;
+    result = PyList_New(n);
+    if (result == NULL)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *parts[2] = {Py_None, Py_None}, *pair;
+        double idf = xs[n + i], w = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 1));
+        int c;
+        if (w == -1.0 && PyErr_Occurred())
+            goto fail;
+        for (c = 0; c < 2; c++) {
+            PyObject *tfo = PyTuple_GET_ITEM(item, 2 + 2 * c), *dlo = PyTuple_GET_ITEM(item, 3 + 2 * c);
+            Py_buffer tb = {0}, db = {0};
+            const double *tf, *dl;
+            Py_ssize_t len, j;
+            int ok;
+            if (tfo == Py_None)
+                continue;
+            if (!get_buffer(tfo, &tb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS, "term_values", "tf"))
+                goto part_fail;
+            if (!get_buffer(dlo, &db, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS, "term_values", "dl")) {
+                PyBuffer_Release(&tb);
+                goto part_fail;
+            }
+            ok = buffer_kind(&tb, "term_values", "tf") == 'f' && buffer_kind(&db, "term_values", "dl") == 'f'
+                 && tb.shape[0] == db.shape[0] && tb.shape[0] <= total - at;
+            if (!ok) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "term_values: tf and dl must be float64 arrays of one length");
+                PyBuffer_Release(&tb);
+                PyBuffer_Release(&db);
+                goto part_fail;
+            }
+            len = tb.shape[0];
+            tf = (const double *)tb.buf;
+            dl = (const double *)db.buf;
+            for (j = 0; j < len; j++) {  /* pair_values' operations, in its order */
+                double x = dl[j] * b;
+                x = x / avgdl;
+                x = x + shift;
+                x = x * k1;
+                x = x + tf[j];
+                x = tf[j] / x;
+                x = x * idf;
+                if (w != 1.0)
+                    x = x * w;
+                out[at + j] = x;
+            }
+            PyBuffer_Release(&tb);
+            PyBuffer_Release(&db);
+            parts[c] = PySequence_GetSlice(out_obj, at, at + len);
+            if (parts[c] == NULL) {
+                parts[c] = Py_None;
+                goto part_fail;
+            }
+            at += len;
+        }
+        if (parts[0] == Py_None)
+            Py_INCREF(Py_None);
+        if (parts[1] == Py_None)
+            Py_INCREF(Py_None);
+        pair = PyTuple_Pack(2, parts[0], parts[1]);
+        Py_DECREF(parts[0]);
+        Py_DECREF(parts[1]);
+        if (pair == NULL)
+            goto fail;
+        PyList_SET_ITEM(result, i, pair);
+        continue;
+    part_fail:
+        for (c = 0; c < 2; c++)
+            if (parts[c] != Py_None)
+                Py_DECREF(parts[c]);
+        goto fail;
+    }
+    if (at != total) {
+        PyErr_SetString(PyExc_ValueError, "term_values: the specs changed size");
+        goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    if (have_o) PyBuffer_Release(&ob);
+    Py_XDECREF(out_obj);
     PyMem_Free(xs);
     Py_XDECREF(seq);
     return result;

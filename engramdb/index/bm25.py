@@ -1019,6 +1019,27 @@ class _Term:
         memos: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]] | None]
         memos = [p.memo.get((n_docs, total_len, w)) for p, w in found] if cached else [None] * len(found)
         if None in memos:
+            native = _accel.NATIVE
+            loop = None if native is None else _LOG1P_LOOP[0] if _LOG1P_LOOP else _log1p_loop(native)
+            if loop is not None:
+                # the idfs and the values in one C call (term_values: the operations of _idfs
+                # and _parts, the same bits): on the CPU a commit leaves cold the Python around
+                # them cost ~10 µs a query
+                values = iter(cast("_accel.Native", native).term_values(
+                    loop, n_docs, total_len / n_docs, K1, B,
+                    [(p.size, w, p.pairs.tf if p.base.docnos.size else None, p.pairs.dl,
+                      p.delta.tf if p.delta.docnos.size else None, p.delta.dl)
+                     for (p, w), memo in zip(found, memos) if memo is None], np.empty))
+                for i, ((p, w), memo) in enumerate(zip(found, memos)):
+                    if memo is None:
+                        base, delta = next(values)
+                        memo = memos[i] = (p.base.docnos if base is None else base,
+                                           p.delta.tf if delta is None else delta, {})
+                        if cached:
+                            if len(p.memo) >= 4:
+                                p.memo.clear()
+                            p.memo[(n_docs, total_len, w)] = memo
+                return [_Term(p, w, memo) for (p, w), memo in zip(found, memos) if memo is not None]
             groups: list[tuple[np.ndarray, np.ndarray, float, float]] = []
             idfs = iter(_idfs(n_docs, [p.size for (p, _), memo in zip(found, memos) if memo is None]))
             for (p, w), memo in zip(found, memos):
