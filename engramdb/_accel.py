@@ -44,6 +44,8 @@ class Native(NamedTuple):
     idf_values: Callable[[Any, int, Sequence[int]], list[float]]
     term_values: Callable[[Any, int, float, float, float, Sequence[tuple[int, float, Any, Any, Any, Any]],
                            Callable[[int], Any]], list[tuple[Any, Any]]]
+    fresh_delta: Callable[[bytes, Any, Any, Any, Sequence[Any], Callable[..., Any], Any],
+                          tuple[Any, Any, Any, tuple[int, ...], bool]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -55,12 +57,12 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     try:
         from ._native import (accumulate, best_runs, columns_pass, concat_postings, count_postings, frontier_best,
                               hmac_many, idf_values, keep_tokens, new_nodes, pair_values, plain_records, posting_blocks,
-                              scan_texts, seal_many, state_sum, term_holders, term_values)
+                              scan_texts, seal_many, state_sum, term_holders, term_values, fresh_delta)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
                   count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs, concat_postings,
-                  term_holders, idf_values, term_values)
+                  term_holders, idf_values, term_values, fresh_delta)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -80,6 +80,9 @@
  *   term_values(call_info, n_docs, avgdl, k1, b, specs, empty) -> list[(base, delta)]
  *       engramdb/index/bm25.py's _Term.of: idf_values and pair_values for a query's terms
  *       in one call, into one new array (see the function, at the end)
+ *   fresh_delta(blind, docnos, tf, dl, fresh, empty, int64) -> (docnos, tf, dl, sizes, increasing)
+ *       engramdb/index/bm25.py's SegmentedBM25._delta when only segments this handle wrote
+ *       come: the old delta's columns and the term's postings in each (see the function)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1570,6 +1573,7 @@ static PyObject *concat_postings(PyObject *self, PyObject *args);  /* at the end
 static PyObject *term_holders(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *idf_values(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *term_values(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *fresh_delta(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1591,6 +1595,7 @@ static PyMethodDef methods[] = {
     {"term_holders", term_holders, METH_VARARGS, "A BM25 term's small holders and their tombstones (see term_holders)."},
     {"idf_values", idf_values, METH_VARARGS, "BM25 idfs with numpy's own log1p loop (see idf_values)."},
     {"term_values", term_values, METH_VARARGS, "A query's BM25 idfs and term parts in one call (see term_values)."},
+    {"fresh_delta", fresh_delta, METH_VARARGS, "A BM25 delta grown by this handle's new segments (see fresh_delta)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2568,6 +2573,226 @@ done:
     if (have_o) PyBuffer_Release(&ob);
     Py_XDECREF(out_obj);
     PyMem_Free(xs);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* fresh_delta(blind, docnos, tf, dl, fresh, empty, int64) -> (docnos, tf, dl, sizes, increasing)
+ * engramdb/index/bm25.py's SegmentedBM25._delta when a term's delta only gains segments this
+ * handle wrote (its _Fresh columns) and none of them has tombstones: the old delta's
+ * columns (docnos int64, tf and dl float64) followed by the term's postings in each of
+ * `fresh` (objects with `rows`, a dict blind -> (start, end), and `docnos`, `tf`, `dl`
+ * columns of those dtypes), in order. `sizes` is a tuple of each fresh segment's posting
+ * count for the term (0 when it has none); `increasing` whether every part's first docno is
+ * above the previous part's last (else the caller sorts). One part alone is returned as
+ * it is (a slice of its columns, as _Fresh.block gives it); more are copied into arrays
+ * from `empty(n, int64)` and `empty(n)` (numpy.empty). On the CPU a commit leaves cold, the
+ * Python of the per-segment blocks and the concatenation cost ~10 µs per delta. */
+static PyObject *
+fresh_delta(PyObject *self, PyObject *args)
+{
+    static PyObject *s_rows = NULL, *s_docnos = NULL, *s_tf = NULL, *s_dl = NULL;
+    PyObject *blind, *old[3], *fresh_obj, *empty, *int64, *seq = NULL, *sizes = NULL, *result = NULL;
+    PyObject *cols[3] = {NULL, NULL, NULL}, *outs[3] = {NULL, NULL, NULL};
+    PyObject *parts[64][3];
+    Py_ssize_t spans[64][2], nparts = 0, nfresh, f, total = 0, i;
+    Py_buffer ob[3];
+    int have_o[3] = {0, 0, 0}, c, increasing = 1, started = 0;
+    long long last = 0;
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &blind, &old[0], &old[1], &old[2], &fresh_obj, &empty, &int64))
+        return NULL;
+    if (s_rows == NULL) {
+        s_rows = PyUnicode_InternFromString("rows");
+        s_docnos = PyUnicode_InternFromString("docnos");
+        s_tf = PyUnicode_InternFromString("tf");
+        s_dl = PyUnicode_InternFromString("dl");
+        if (!s_rows || !s_docnos || !s_tf || !s_dl)
+            return NULL;
+    }
+    seq = PySequence_Fast(fresh_obj, "fresh_delta: fresh must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    nfresh = PySequence_Fast_GET_SIZE(seq);
+    if (nfresh + 1 > 64) {
+        PyErr_SetString(PyExc_ValueError, "fresh_delta: at most 63 fresh segments");
+        goto done;
+    }
+    sizes = PyTuple_New(nfresh);
+    if (sizes == NULL)
+        goto done;
+    /* the parts (borrowed columns) and their spans: the old delta's whole columns first */
+    i = PyObject_Length(old[0]);
+    if (i < 0)
+        goto done;
+    if (i > 0) {
+        for (c = 0; c < 3; c++)
+            parts[nparts][c] = old[c];
+        spans[nparts][0] = 0;
+        spans[nparts][1] = i;
+        nparts++;
+        total += i;
+    }
+    for (f = 0; f < nfresh; f++) {
+        PyObject *fr = PySequence_Fast_GET_ITEM(seq, f), *rows, *at, *size;
+        Py_ssize_t a = 0, b = 0;
+        rows = PyObject_GetAttr(fr, s_rows);
+        if (rows == NULL)
+            goto done;
+        if (!PyDict_Check(rows)) {
+            Py_DECREF(rows);
+            PyErr_SetString(PyExc_TypeError, "fresh_delta: a fresh segment's rows must be a dict");
+            goto done;
+        }
+        at = PyDict_GetItemWithError(rows, blind);  /* borrowed; the tuple lives while rows does */
+        if (at == NULL && PyErr_Occurred()) {
+            Py_DECREF(rows);
+            goto done;
+        }
+        if (at != NULL) {
+            if (!PyTuple_Check(at) || PyTuple_GET_SIZE(at) != 2) {
+                Py_DECREF(rows);
+                PyErr_SetString(PyExc_TypeError, "fresh_delta: a row is a (start, end) tuple");
+                goto done;
+            }
+            a = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, 0));
+            b = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, 1));
+            if ((a == -1 || b == -1) && PyErr_Occurred()) {
+                Py_DECREF(rows);
+                goto done;
+            }
+            if (a < 0 || b < a) {
+                Py_DECREF(rows);
+                PyErr_SetString(PyExc_ValueError, "fresh_delta: a row's span is not 0 <= start <= end");
+                goto done;
+            }
+        }
+        Py_DECREF(rows);
+        size = PyLong_FromSsize_t(b - a);
+        if (size == NULL)
+            goto done;
+        PyTuple_SET_ITEM(sizes, f, size);
+        if (b > a) {
+            for (c = 0; c < 3; c++)
+                parts[nparts][c] = fr;  /* its columns are fetched below */
+            spans[nparts][0] = a;
+            spans[nparts][1] = b;
+            nparts++;
+            total += b - a;
+        }
+    }
+    if (nparts == 1 && parts[0][0] != old[0]) {  /* one fresh block alone: its slices */
+        PyObject *fr = parts[0][0];
+        PyObject *names[3] = {s_docnos, s_tf, s_dl};
+        for (c = 0; c < 3; c++) {
+            PyObject *col = PyObject_GetAttr(fr, names[c]);
+            if (col == NULL)
+                goto done;
+            outs[c] = PySequence_GetSlice(col, spans[0][0], spans[0][1]);
+            Py_DECREF(col);
+            if (outs[c] == NULL)
+                goto done;
+        }
+        if (PyObject_Length(outs[0]) != total || PyObject_Length(outs[1]) != total
+                || PyObject_Length(outs[2]) != total) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "fresh_delta: a row's span is past the columns");
+            goto done;
+        }
+        result = Py_BuildValue("(OOOOO)", outs[0], outs[1], outs[2], sizes, Py_True);
+        goto done;
+    }
+    if (nparts == 1) {  /* the old delta alone */
+        result = Py_BuildValue("(OOOOO)", old[0], old[1], old[2], sizes, Py_True);
+        goto done;
+    }
+    outs[0] = PyObject_CallFunction(empty, "nO", total, int64);
+    outs[1] = outs[0] ? PyObject_CallFunction(empty, "n", total) : NULL;
+    outs[2] = outs[1] ? PyObject_CallFunction(empty, "n", total) : NULL;
+    if (outs[2] == NULL)
+        goto done;
+    for (c = 0; c < 3; c++) {
+        int kind;
+        if (!get_buffer(outs[c], &ob[c], flags | PyBUF_WRITABLE, "fresh_delta", "empty(n)"))
+            goto done;
+        have_o[c] = 1;
+        kind = buffer_kind(&ob[c], "fresh_delta", "empty(n)");
+        if (kind == 0)
+            goto done;
+        if ((c == 0 ? (kind != 'i' || ob[c].itemsize != 8) : kind != 'f') || ob[c].shape[0] != total) {
+            PyErr_SetString(PyExc_TypeError, "fresh_delta: empty(n, int64) and empty(n) must give n int64 and n float64");
+            goto done;
+        }
+    }
+    {
+        Py_ssize_t p, to = 0;
+        for (p = 0; p < nparts; p++) {
+            Py_buffer b[3];
+            int have[3] = {0, 0, 0}, ok = 1;
+            Py_ssize_t a = spans[p][0], e = spans[p][1];
+            PyObject *names[3] = {s_docnos, s_tf, s_dl};
+            for (c = 0; c < 3 && ok; c++) {
+                int kind;
+                if (parts[p][c] == old[c]) {
+                    cols[c] = old[c];
+                    Py_INCREF(cols[c]);
+                } else {
+                    cols[c] = PyObject_GetAttr(parts[p][c], names[c]);
+                    if (cols[c] == NULL) {
+                        ok = 0;
+                        break;
+                    }
+                }
+                if (!get_buffer(cols[c], &b[c], flags, "fresh_delta", "a column")) {
+                    ok = 0;
+                    break;
+                }
+                have[c] = 1;
+                kind = buffer_kind(&b[c], "fresh_delta", "a column");
+                if (kind == 0) {
+                    ok = 0;
+                } else if (c == 0 ? (kind != 'i' || b[c].itemsize != 8) : kind != 'f') {
+                    PyErr_SetString(PyExc_TypeError, "fresh_delta: docnos must be int64, tf and dl float64");
+                    ok = 0;
+                } else if (b[c].shape[0] < e || to + (e - a) > total) {
+                    PyErr_SetString(PyExc_ValueError, "fresh_delta: a span is past its columns");
+                    ok = 0;
+                }
+            }
+            if (ok && e > a) {
+                const long long *dn = (const long long *)b[0].buf + a;
+                if (started && dn[0] <= last)
+                    increasing = 0;
+                started = 1;
+                last = dn[e - a - 1];
+                memcpy((long long *)ob[0].buf + to, dn, (size_t)(e - a) * sizeof(long long));
+                memcpy((double *)ob[1].buf + to, (const double *)b[1].buf + a, (size_t)(e - a) * sizeof(double));
+                memcpy((double *)ob[2].buf + to, (const double *)b[2].buf + a, (size_t)(e - a) * sizeof(double));
+                to += e - a;
+            }
+            for (c = 0; c < 3; c++) {
+                if (have[c])
+                    PyBuffer_Release(&b[c]);
+                Py_CLEAR(cols[c]);
+            }
+            if (!ok)
+                goto done;
+        }
+        if (to != total) {
+            PyErr_SetString(PyExc_ValueError, "fresh_delta: the parts changed size");
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(OOOOO)", outs[0], outs[1], outs[2], sizes, increasing ? Py_True : Py_False);
+done:
+    for (c = 0; c < 3; c++) {
+        if (have_o[c])
+            PyBuffer_Release(&ob[c]);
+        Py_XDECREF(outs[c]);
+        Py_XDECREF(cols[c]);
+    }
+    Py_XDECREF(sizes);
     Py_XDECREF(seq);
     return result;
 }

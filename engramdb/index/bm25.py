@@ -1916,6 +1916,20 @@ class SegmentedBM25:
         at = 0
         if old is not None and (at := len(old.key[0])) < len(holders) \
                 and holders[:at] == old.key[0] and counts[:at] == old.key[1]:
+            native = _accel.NATIVE
+            if native is not None and not txn.write and not any(counts[at:]) and len(holders) - at < 64:
+                # only segments this handle wrote came, with no tombstones (the agent loop's
+                # add-then-query): their blocks and the copy in one C call (fresh_delta: the
+                # same arrays as the loop below; ~10 µs of Python per delta on a cold CPU)
+                fresh = [d.fresh.get(s) for s in holders[at:]]
+                if None not in fresh:
+                    self.deltas_built += 1
+                    docnos, tf, dl, added, increasing = native.fresh_delta(blind, old.docnos, old.tf, old.dl, fresh,
+                                                                           np.empty, np.int64)
+                    if not increasing:
+                        order = np.argsort(docnos, kind="stable")  # an update re-added an older docno
+                        docnos, tf, dl = docnos[order], tf[order], dl[order]
+                    return _Delta((holders, counts), docnos, tf, dl, old.sizes + added)
             if old.docnos.size:
                 parts.append((old.docnos, old.tf, old.dl))  # only segments were added: append theirs
             sizes.extend(old.sizes)
