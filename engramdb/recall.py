@@ -713,8 +713,15 @@ _RECALL_OPTIONS = frozenset(inspect.signature(recall).parameters) - {"store", "i
 # (quadratic), and a run still ends where it did.
 _SENTENCE_END = re.compile(r"[.!?\u2026]{1,16}[\"'\u201d\u2019)\]]*(?=\s|$)"
                            r"|[\u3002\uff01\uff1f]+[\u300d\u300f\uff09\"'\u201d\u2019)\]]*|\n")
-# A word ends before whitespace; Chinese and Japanese have no spaces, so after each character.
-_WORD_END = re.compile(r"\S(?=\s|$)|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff](?=\S)")
+# A word ends before whitespace; Chinese and Japanese have no spaces, so after each character,
+# but never before a mark that belongs to it (a kana's voicing mark in NFD text, "か" + U+3099
+# being "が"; a variation selector; a combining mark; a joiner).
+_MARKS = ("\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u200c\u200d\u20d0-\u20ff\u302a-\u302f\u3099\u309a"
+          "\ufe00-\ufe0f\ufe20-\ufe2f\U000e0100-\U000e01ef")
+# (The voicing marks U+3099/U+309A are no character of their own here: a run of them after one
+# kana is read once, not again from each of them.)
+_WORD_END = re.compile(r"\S(?=\s|$)|[\u3040-\u3098\u309b-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+                       "[" + _MARKS + "]*(?=[^\\s" + _MARKS + "])")
 # how far a span is widened to reach a sentence boundary (a longer sentence is cut at a word)
 SENTENCE_REACH = 400
 

@@ -183,6 +183,35 @@ def test_chinese_and_japanese_text_is_cut_at_its_own_sentence_ends(make_db):
     assert tight.passages[0].text == "アリスは東京に \u2026" and tight.tokens == 9
 
 
+def test_a_cut_within_chinese_or_japanese_never_parts_a_character_from_its_mark(make_db):
+    """A cut could fall after a kana whose voicing mark follows it as a combining character
+    (NFD text: "か" + U+3099 is "が"), or after an ideograph before its variation selector:
+    the passage ended in "か", another word, or in a bare ideograph without its variant."""
+    import unicodedata
+
+    db = make_db()
+    kana = unicodedata.normalize("NFD", "がぎぐげござじずぜぞだぢづでど" * 20)
+    variants = "\u845b\U000E0100" * 100  # 葛 with an ideographic variation selector
+    db.add("学校 " + kana, id="kana")
+    db.add("ivs " + variants, id="ivs")
+    texts: dict[str, list[str]] = {}
+    for query, memory in (("学校", "kana"), ("ivs", "ivs")):
+        content = db.get(memory).content
+        cut = 0
+        for budget in range(8, 40):
+            for counter in (None, len):
+                ctx = db.recall_context(query, max_tokens=budget, count_tokens=counter, top_k=1)
+                if ctx.passages:
+                    text = ctx.passages[0].text.removesuffix(" \u2026")
+                    assert content.startswith(text)
+                    texts.setdefault(memory, []).append(text)
+                    cut += 1
+                    following = content[len(text):len(text) + 1]
+                    assert following not in ("\u3099", "\U000E0100"), (budget, text[-3:])
+        assert cut > 10  # the budgets do cut within the memory
+        assert any(len(t) > 5 for t in texts[memory])  # cut between characters, not only after the first word
+
+
 def test_a_long_run_of_dots_is_cut_in_linear_time():
     # the sentence-end regex retried a run of dots that ends no sentence from each of its
     # dots (quadratic: 12,000 took 3 s); _fit_first scans the whole span of the best memory
