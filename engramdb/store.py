@@ -532,6 +532,13 @@ def _stat_key(fd: int) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _written_key(fd: int) -> tuple[int, ...]:
+    """What a write to the data file changes: (device, inode, size, mtime). Not the ctime,
+    which a chmod, a new hard link or a change of owner move as well, with nothing written."""
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def file_fingerprint(path: str, fd: int) -> bytes:
     """What a clean close records of the data file: device, inode, size, change and modification
     times, and the last commit id. Any write to the file outside engramdb changes the ctime
@@ -678,7 +685,7 @@ class _Env:
         self.lockless = False  # a read-only open without LMDB's lock file (_check_lock_sidecar)
         self.deferred = False  # read-write, but LMDB's environment read-only until the first write
         self.map_size = map_size
-        self.lockless_key: tuple[int, ...] | None = None  # the data file's _stat_key at a lockless open
+        self.lockless_key: tuple[int, ...] | None = None  # the data file's _written_key at a lockless open
         # The data file's (dev, inode, size, mtime, ctime) as this process last knew it (at open,
         # after each of its commits): a clean close records the file as clean only if it still
         # is that, so a change made by anyone else while the file was open is checked next time.
@@ -821,11 +828,13 @@ class _Env:
         Raises:
             ReadOnlyError: another process wrote the file while this handle read it without locks.
         """
-        if self.lockless and self.lock_fd is not None and _stat_key(self.lock_fd) != self.lockless_key:
+        if self.lockless and self.lock_fd is not None and _written_key(self.lock_fd) != self.lockless_key:
             raise ReadOnlyError(
-                f"{self.path} was written by another process while this handle read it without LMDB's locks "
-                "(its lock file is not writable here), so what was read may be from pages that writer reused",
-                hint="open it where its lock file is writable, or read a copy (cp) taken while no process writes it")
+                f"{self.path} changed on disk (its size or modification time) since this handle opened it without "
+                "LMDB's locks (its lock file is not writable here): another process may have written it, reusing "
+                "the pages this read came from, so what was read is not returned",
+                hint="open the file again to read it as it is now; to read while another process writes it, open "
+                     "it where its lock file is writable, or read a copy (cp) taken while no process writes it")
 
     def _check_lock_sidecar(self, readonly: bool) -> None:
         """LMDB opens ``-lock`` itself (following links): check what is there, or create it
@@ -858,7 +867,7 @@ class _Env:
             self.lockless = True
             # what the file is now: a writer that comes later cannot see this reader (no slot
             # in -lock) and reuses the pages it reads, so each read checks the file is unchanged
-            self.lockless_key = None if self.lock_fd is None else _stat_key(self.lock_fd)
+            self.lockless_key = None if self.lock_fd is None else _written_key(self.lock_fd)
             return
         os.close(fd)
 
