@@ -18,7 +18,10 @@ from collections.abc import Callable
 
 from .agent.hooks import MemoryHooks
 from .engram import Engram
-from .errors import ConfigMismatchError, EngramError, ValidationError
+from .errors import (
+    BusyError, ClosedError, ConfigMismatchError, DuplicateIdError, EngramError, IndexMismatchError, NotFoundError,
+    ReadOnlyError, ValidationError,
+)
 
 __all__ = ["build_server", "serve", "TOOLS", "READ_TOOLS", "INSTALL_HINT"]
 
@@ -69,6 +72,41 @@ def _takes_instructions(server: Any) -> bool:
         return True
 
 
+# What each tool takes, in its arguments' names: the hint of an error about a value (the library's
+# default hint names Python objects, "help(engramdb.Node) for fields").
+_ARGUMENTS = {
+    "remember": "text (the fact, as text), tags (a list of non-blank strings) and importance (a number from 0 "
+                "to 1, or left out)",
+    "recall": "query (text) and top_k (1 to 100)",
+    "recall_context": "query (text) and max_tokens (1 to 100000)",
+    "forget": "ids (a list of the ids that remember or recall returned)",
+    "before_task": "task (text) and max_tokens (1 to 100000)",
+    "after_task": "messages (OpenAI chat or Anthropic messages) and outcome ('success', 'failure', or left out)",
+    "stats": "no arguments",
+}
+# Default hints that speak of Python calls, in the words of an MCP client (None: the tool's arguments).
+_MCP_HINTS: dict[type[EngramError], str | None] = {
+    ValidationError: None,
+    DuplicateIdError: "remember gives each memory a new id; recall finds the one that exists",
+    BusyError: "another process is writing to or compacting the file; call the tool again later (or start "
+               "`engramdb mcp` with a longer --timeout)",
+    ReadOnlyError: "the server serves the file read-only (`engramdb mcp --readonly`); start it without "
+                   "--readonly, on a file it may write, to use this tool",
+    ClosedError: "restart the MCP server",
+    NotFoundError: "check the ids: remember and recall return them",
+    IndexMismatchError: "stop the server and run `engramdb verify --fix FILE` to rebuild the indexes from the records",
+}
+
+
+def _hint(exc: EngramError, tool: str) -> str:
+    """The hint an MCP client gets: the error's own when it was written for this case, else
+    (a class's default, in Python's terms) what to do through the tools."""
+    for cls in type(exc).__mro__:
+        if cls in _MCP_HINTS and exc.hint == getattr(cls, "default_hint", None):
+            return _MCP_HINTS[cls] or f"check the {tool} tool's arguments: {_ARGUMENTS.get(tool, 'see its schema')}"
+    return exc.hint
+
+
 def _node_view(node: Any) -> dict[str, Any]:
     return {"id": node.id, "content": node.content, "tags": list(node.tags), "tier": node.tier,
             "importance": node.importance, "created_at": node.created_at}
@@ -98,7 +136,8 @@ def build_server(db: Engram, *, hooks: MemoryHooks | None = None, name: str = "e
                 try:
                     return fn(*args, **kwargs)
                 except EngramError as exc:  # the message and hint, never a traceback
-                    raise tool_error(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from None
+                    hint = _hint(exc, fn.__name__)
+                    raise tool_error(f"{exc.message}" + (f" (hint: {hint})" if hint else "")) from None
 
             if fn.__name__ in READ_TOOLS or not db.readonly:
                 server.add_tool(wrapped, name=fn.__name__, description=description)

@@ -132,7 +132,25 @@ def test_the_servers_own_argument_errors_say_what_to_pass(tmp_path):
                              ("after_task", {"messages": [], "outcome": "done"}, "'success' or 'failure'")]:
         text = asyncio.run(failing(name, args))
         assert "hint: " in text and hint in text and "engramdb.Node" not in text, text
+    # the library's own checks: their default hint named Python objects (help(engramdb.Node))
+    for name, args, hint in [("remember", {"text": "x", "importance": float("nan")}, "importance (a number from 0"),
+                             ("remember", {"text": "x", "tags": [" "]}, "leave the empty tag out")]:
+        text = asyncio.run(failing(name, args))
+        assert "hint: " in text and hint in text and "help(" not in text and "engramdb.Node" not in text, text
+    assert "importance must be finite" in asyncio.run(failing("remember", {"text": "x", "importance": float("nan")}))
     db.close()
+
+
+def test_a_default_hint_in_python_terms_is_told_in_the_tools_terms():
+    from engramdb.errors import BusyError, ReadOnlyError, ValidationError
+    from engramdb.mcp_server import _hint
+
+    for exc in (ValidationError("bad"), BusyError("busy"), ReadOnlyError("read-only")):
+        hint = _hint(exc, "remember")
+        assert hint and hint != exc.hint and "open(" not in hint and "help(" not in hint, hint
+    assert _hint(ValidationError("bad"), "recall").startswith("check the recall tool's arguments: query")
+    assert _hint(ValidationError("bad", hint="pass a top_k between 1 and 100"), "recall") == \
+        "pass a top_k between 1 and 100"  # a hint written for the case is kept
 
 
 def _text(result) -> str:
