@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 import engramdb
 from engramdb import codec
 from engramdb.agent import ProceduralGraph
@@ -153,3 +155,26 @@ def test_two_rows_for_one_edge_give_the_same_winner_in_every_read_path(tmp_path)
         assert set(winners.values()) == {(7, "take 7")}  # "take 7" sorts after "take 1"
         assert {n.label for n in graph.nodes()} == {"two"}
         assert set(graph.decided().values()) == {"rejected"}
+
+
+def test_converted_keys_are_a_format_feature_that_a_version_not_knowing_it_must_not_write(tmp_path, now):
+    # rev10: an engramdb from before the blind keys wrote to a converted file as it always had
+    # (unkeyed SHA-256 keys again: duplicate edges, the leak back) and nothing stopped it. Those
+    # versions cannot be changed; from now on a file lists the format features it was written
+    # with, and a version that finds one it does not know opens the file read-only only.
+    from engramdb import engram as engram_mod
+    from engramdb.errors import FormatVersionError
+
+    path = tmp_path / "f.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        with db.transaction() as tx:
+            assert engram_mod._features(tx._txn) == set()  # nothing converted yet
+        ProceduralGraph(db).record_trajectory(_transcript("first", ["read_file", "run_tests"]), "success", now=now)
+        with db.transaction() as tx:
+            assert engram_mod._features(tx._txn) == {"procedure-keys-blind"}
+            engram_mod._add_features(tx._txn, {"from-the-future"})  # as a newer version would
+    with pytest.raises(FormatVersionError) as err:
+        engramdb.open(path, passphrase=PASSPHRASE)
+    assert "from-the-future" in err.value.message and "upgrade engramdb" in err.value.hint
+    with engramdb.open(path, passphrase=PASSPHRASE, readonly=True) as db:  # reading still works
+        assert len(ProceduralGraph(db).trajectories()) == 1
