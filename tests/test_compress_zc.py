@@ -515,3 +515,40 @@ def test_parenthesized_dates_equal_the_regex_scan(pieces):
     text = "".join(pieces)
     old = [(m.start(), m.end(), m.groups()) for m in zc._RE_PAREN.finditer(text)]
     assert [(m.start(), m.end(), m.groups()) for m in zc._paren_dates(text)] == old
+
+
+# --- method="refined": the speaker of a message cut in two, in linear time ----------------
+
+
+class _SpeakerProbe:
+    """Stands in for entities._SPEAKER and counts the characters each match may read."""
+
+    def __init__(self, rx) -> None:
+        self.rx = rx
+        self.work = 0
+
+    def match(self, text: str, pos: int = 0, endpos: int | None = None):
+        self.work += (len(text) if endpos is None else endpos) - pos
+        return self.rx.match(text, pos) if endpos is None else self.rx.match(text, pos, endpos)
+
+    def __getattr__(self, name: str):
+        return getattr(self.rx, name)
+
+
+def test_refined_speaker_lookup_is_linear_on_one_huge_line(monkeypatch):
+    from engramdb.compress import entities
+
+    def work(n: int) -> int:
+        probe = _SpeakerProbe(entities._SPEAKER)
+        monkeypatch.setattr(entities, "_SPEAKER", probe)
+        compress("A" * n, method="refined")
+        monkeypatch.undo()
+        return probe.work
+
+    # every chunk of one 400 KB line re-read the line from its start: 11 s
+    small, large = work(20_000), work(80_000)
+    assert 0 < large <= 5 * small
+    # a chunk that continues a message cut in two still names its speaker
+    chat = "Alice: " + " ".join(f"word{i}" for i in range(400)) + "\nBob: short reply here"
+    r = compress(chat, method="refined", chunk_size=200, chunk_overlap=20)
+    assert len(r.zettels) > 3 and all("Alice" in z.entities for z in r.zettels[:3])

@@ -23,6 +23,7 @@ from . import zc
 from .dates import DateIndex, PartialDate
 from .entities import (
     EntityEvidence,
+    LineLabels,
     assign_codes,
     build_entity_index,
     chunk_entities,
@@ -89,9 +90,10 @@ def analyze(
     tokens = [tokenize(c.text) for c in chunks]
     lower_sets = [set(low) for _, low in tokens]
     named = [chunk_entities(c.text, evidence, opts.min_entity_frequency, raw) for c, (raw, _) in zip(chunks, tokens)]
+    lines = LineLabels(normalized)
     for names, chunk in zip(named, chunks):
         # a chunk that continues a message too long for one chunk keeps its speaker
-        who = message_speaker(normalized, chunk.start, evidence)
+        who = message_speaker(normalized, chunk.start, evidence, lines)
         if who is not None and who not in names:
             names.insert(0, who)
     if gender is not None:
