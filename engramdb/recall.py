@@ -696,9 +696,12 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
             if src_text is not None and s0 is not None and e0 is not None and 0 <= s0 < e0 <= len(src_text):
                 key = name
                 start, end = sentence_span(src_text, s0, e0)
-            else:
-                key, start, end = f"\x00{hit.docno}", 0, len(node.content)
-                layout.texts[key] = node.content
+            else:  # the content itself, without its leading and trailing whitespace
+                content = node.content
+                key, start, end = f"\x00{hit.docno}", len(content) - len(content.lstrip()), len(content.rstrip())
+                if start >= end:
+                    continue  # only whitespace (reached by the hop): nothing to show
+                layout.texts[key] = content
             layout.offer(key, start, end, hit, max_tokens)
     passages = layout.passages()
     text = PASSAGE_SEPARATOR.join(p.block for p in passages)
@@ -802,7 +805,9 @@ class _Layout:
             self.cut = {}
             return ok
 
-        sentence_ends = [m.end() for m in _SENTENCE_END.finditer(text, lo, end) if m.end() > lo]
+        # a cut ends at its last sentence, never after the blank or line breaks that follow it
+        # (a line break ends a sentence too): "a.\n\nb." gives the cuts after "a." and "b."
+        sentence_ends = sorted({_rstrip_at(text, lo, m.end()) for m in _SENTENCE_END.finditer(text, lo, end)} - {lo})
         if not sentence_ends or sentence_ends[-1] < end:
             sentence_ends.append(end)
         best = _last_fitting(sentence_ends, fits)
@@ -845,6 +850,13 @@ class _Layout:
         return tuple(Passage(source=p.source, start=p.start, end=p.end, text=p.text, ids=p.ids,
                              tokens=self.count(p.block), date=p.date, heading=p.heading)
                      for p in self._passages(self.admitted, self.order))
+
+
+def _rstrip_at(text: str, lo: int, cut: int) -> int:
+    """``cut`` moved back over the whitespace before it (not below ``lo``)."""
+    while cut > lo and text[cut - 1].isspace():
+        cut -= 1
+    return cut
 
 
 def _one_line(text: str) -> str:

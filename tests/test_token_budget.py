@@ -255,3 +255,25 @@ def test_numpy_numbers_are_taken_as_recall_already_takes_them(store):
     for bad in (np.float64(3.0), np.int64(-1), np.True_):
         with pytest.raises(ValidationError):
             inject_context(result, max_token_budget=100, count_tokens=lambda s, bad=bad: bad)
+
+
+def test_a_passage_cut_to_fit_ends_at_its_last_sentence_not_after_the_blank_lines(make_db):
+    """A passage cut to whole sentences ended after the line breaks that follow its last
+    sentence (a line break ends a sentence too): "...stories?\\n\\n", blank lines the budget
+    paid for, against "Leading and trailing whitespace is dropped" (spec/recall.md 3). A memory
+    without a source kept its content's leading and trailing whitespace whole."""
+    db = make_db()
+    turns = [f"Melanie: turn {i} of the chat about pottery and painting." for i in range(40)]
+    db.add("\n\n".join(turns), id="chat", resolved_date="2023-05-08")
+    for budget in (30, 45, 60, 90, 120, 200):
+        for counter in (None, len):
+            ctx = db.recall_context("pottery painting", max_tokens=budget, count_tokens=counter)
+            if ctx.passages:
+                text = ctx.passages[0].text
+                assert text == text.strip(), (budget, text[-20:])
+                assert text.endswith(("painting.", " \u2026")), (budget, text[-20:])  # sentences, else words
+                if budget >= 90:
+                    assert text.endswith("painting.")
+    # a memory's own content (no source) without its surrounding blanks and line breaks
+    db.add("  \n a zebra crossed the road.  \n\n", id="padded", resolved_date="2023-05-08")
+    assert db.recall_context("zebra").text == "### memory padded (2023-05-08)\na zebra crossed the road."
