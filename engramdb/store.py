@@ -1341,7 +1341,12 @@ def scrub_unused_bytes(fd: int) -> int:
                 value_size = lo | hi << 16
                 first = struct.unpack_from("<Q", mm, node + 8 + key_size)[0]
                 start = first * psize + _PAGE_HEADER + value_size
-                end = first * psize + -(-(_PAGE_HEADER + value_size) // psize) * psize
+                need = -(-(_PAGE_HEADER + value_size) // psize)
+                # a run can be longer than its value needs: LMDB overwrites a value in place,
+                # keeping the run, when it was written earlier in the same transaction, and the
+                # run's tail then holds the bytes of that earlier version
+                run = struct.unpack_from("<I", mm, first * psize + 12)[0] if first < pages else 0
+                end = first * psize + (run if need <= run <= pages - first else need) * psize
                 if first < pages and end <= size:
                     mm[start:end] = bytes(end - start)
                     zeroed += end - start
@@ -1627,15 +1632,51 @@ def structural_problems(path: str) -> list[str]:
 
     It reads the file with plain I/O, never through a mapping, so a damaged file cannot crash it.
     """
-    from lmdb.verify import verify as untyped_verify
-
-    # lmdb/verify.py ships no annotations (the rest of lmdb does): the library boundary
-    lmdb_verify: Callable[..., Iterable[str]] = untyped_verify
-
     try:
-        return list(lmdb_verify(path, subdir=False))
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            return list(_verifier_class()(fh, size).verify())
     except Exception as exc:  # VerifyError and anything the offline walker trips on
         return [f"cannot walk the file: {exc}"]
+
+
+def _verifier_class() -> Any:
+    """lmdb.verify's walker, accepting an overflow run longer than its value needs.
+
+    LMDB overwrites a large value in place when its overflow pages were written earlier in
+    the same transaction and the new value fits (mdb_cursor_put: "we don't bother to try
+    shrinking"); the run keeps its page count in its first page's header, and LMDB frees it
+    by that count (mdb_ovpage_free). lmdb.verify (py-lmdb 3.0) wants the exact count, so a
+    record rewritten smaller in one transaction (an update made twice, or the archive groups
+    a forget or compact rewrites) made a sound file fail the check, and open refused it.
+    """
+    from lmdb import verify as lmdb_verify
+
+    base: Any = lmdb_verify._Verifier  # the verifier is untyped: the library boundary
+    u64 = lmdb_verify._U64
+
+    class Verifier(base):  # type: ignore[misc]
+        def _bigdata(self, ctx: dict[str, Any], pgno: int, i: int, buf: Any, doff: int, dsize: int,
+                     want_bytes: bool) -> Any:
+            seen = len(self.errors)
+            out = base._bigdata(self, ctx, pgno, i, buf, doff, dsize, want_bytes)
+            if self.eng["has_txnid"] or len(self.errors) == seen or doff + 8 > self.psize:
+                return out
+            op_pgno = u64.unpack_from(buf, doff)[0]
+            need = (self.hdrsz - 1 + dsize) // self.psize + 1
+            first = self.read_page(op_pgno) if op_pgno < self.next_pgno else None
+            if first is None:
+                return out
+            run = self._pg_pages(first, 0)
+            longer = f"{ctx['name']} DB: overflow page {op_pgno} header mp_pages {run} != OVPAGES({dsize})={need}"
+            if run > need and op_pgno + run <= self.next_pgno and longer in self.errors[seen:]:
+                self.errors.remove(longer)
+                for k in range(need, run):  # the run's tail is the value's too: LMDB frees it with the run
+                    self._mark_live(op_pgno + k, f"{ctx['name']} DB overflow")
+                ctx["overflow"] += run - need
+            return out
+
+    return Verifier
 
 
 def page_owners(path: str) -> dict[int, str]:
@@ -1648,7 +1689,6 @@ def page_owners(path: str) -> dict[int, str]:
     Raises:
         CorruptFileError: the file does not pass the structural check.
     """
-    from lmdb import verify as lmdb_verify
 
     names = {b"t%d" % i: name for i, name in enumerate(TABLES)}
     owners: dict[int, str] = {}
@@ -1659,7 +1699,7 @@ def page_owners(path: str) -> dict[int, str]:
             return names.get(tree[5:].encode(), tree[5:])
         return "free-list" if tree == "freeDB" else "tables"
 
-    base: Any = lmdb_verify._Verifier  # the verifier is untyped: the library boundary
+    base: Any = _verifier_class()
 
     class _Walker(base):  # type: ignore[misc]
         def _mark_live(self, pgno: int, what: str) -> bool:
