@@ -5,6 +5,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import NOW, Killed, kill_at_write
 from hypothesis import HealthCheck, given, settings
@@ -475,8 +476,6 @@ def test_times_and_counts_past_int64_milliseconds_saturate(make_db):
 
 def test_a_config_switch_must_be_a_bool():
     # regression: keep_pinned="no" (or 0, "false") was accepted and taken as True / False by truthiness
-    import numpy as np
-
     for name in ("archive_truncate", "keep_pinned", "merge_duplicates", "incremental"):
         for bad in ("no", "false", 0, 1, None):
             with pytest.raises(ValidationError, match=f"MaintenanceConfig.{name} must be True or False"):
@@ -484,6 +483,27 @@ def test_a_config_switch_must_be_a_bool():
         assert getattr(MaintenanceConfig(**{name: np.bool_(False)}), name) is False
     with pytest.raises(ValidationError, match="space"):
         MaintenanceConfig(space=3)
+
+
+def test_config_takes_numpy_numbers_as_their_python_values(make_db):
+    # a threshold computed with numpy (np.float32(0.9), np.int64(3)) was refused as "must be a
+    # finite number", while the boolean options already took numpy.bool_ and recall takes NumPy numbers
+    config = MaintenanceConfig(dedupe_threshold=np.float64(0.9), cluster_threshold=np.float32(0.5),
+                               min_cluster_size=np.int64(4), hot_days=np.int32(3), decay_steps=np.int64(2),
+                               batch_size=np.uint16(50), archive_truncate_length=np.int64(100))
+    assert config.dedupe_threshold == 0.9 and type(config.dedupe_threshold) is float
+    assert type(config.cluster_threshold) is float and config.cluster_threshold == float(np.float32(0.5))
+    assert (config.min_cluster_size, config.decay_steps, config.batch_size, config.archive_truncate_length) == (4, 2, 50, 100)
+    assert all(type(v) is int for v in (config.min_cluster_size, config.decay_steps, config.batch_size))
+    assert config.hot_days == 3.0
+    for bad in (np.bool_(True), np.float64("nan"), "0.9"):
+        with pytest.raises(ValidationError, match="dedupe_threshold"):
+            MaintenanceConfig(dedupe_threshold=bad)
+    with pytest.raises(ValidationError, match="min_cluster_size"):
+        MaintenanceConfig(min_cluster_size=np.float64(3.0))
+    db = make_db(encrypted=False)
+    db.add("one memory", id="a", now=NOW)
+    assert db.maintain(config, now=NOW).after_total == 1
 
 
 def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_words_it_cannot_see(make_db):

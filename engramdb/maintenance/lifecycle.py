@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import numbers
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -100,19 +101,25 @@ class MaintenanceConfig:
     incremental: bool = True
 
     def __post_init__(self) -> None:
+        # NumPy numbers (a threshold computed with numpy, a pandas row) are taken as their Python values
         for name in ("dedupe_threshold", "cluster_threshold", "hot_days", "warm_days", "cold_days"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValidationError(f"MaintenanceConfig.{name} must be a finite number, got {value!r}")
+            if isinstance(value, np.generic) or not isinstance(value, (int, float)):
+                object.__setattr__(self, name, float(value))
         for name in ("min_cluster_size", "archive_truncate_length", "batch_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValidationError(f"MaintenanceConfig.{name} must be a non-negative integer, got {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.batch_size < 1:
             raise ValidationError("MaintenanceConfig.batch_size must be at least 1")
-        if self.decay_steps is not None and (isinstance(self.decay_steps, bool) or not isinstance(self.decay_steps, int)
-                                             or self.decay_steps < 1):
-            raise ValidationError(f"MaintenanceConfig.decay_steps must be None or at least 1, got {self.decay_steps!r}")
+        if self.decay_steps is not None:
+            if (isinstance(self.decay_steps, (bool, np.bool_)) or not isinstance(self.decay_steps, numbers.Integral)
+                    or self.decay_steps < 1):
+                raise ValidationError(f"MaintenanceConfig.decay_steps must be None or at least 1, got {self.decay_steps!r}")
+            object.__setattr__(self, "decay_steps", int(self.decay_steps))
         for name in ("archive_truncate", "keep_pinned", "merge_duplicates", "incremental"):
             value = getattr(self, name)
             # a truthy string such as "no" or "false" must not switch an option on
