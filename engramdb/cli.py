@@ -1444,8 +1444,9 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
               help="Date of the input (YYYY-MM-DD), for dates relative to it.")
 @click.option("--tag", "tags", multiple=True, help="Tag every memory (repeatable).")
 @click.option("--chunk-size", type=click.IntRange(min=50), default=800, show_default=True,
-              help="Characters per chunk, at most: chunks are whole paragraphs (blank-line separated), so a "
-                   "longer paragraph is a chunk of its own, never split.")
+              help="Characters per chunk: chunks are whole paragraphs (blank-line separated); a longer "
+                   "paragraph is a chunk of its own, except a chat pasted without blank lines (cut between "
+                   "messages) and a paragraph over 20 chunk sizes (cut).")
 @click.option("--encoding", default="utf-8", show_default=True,
               help="Text encoding of the inputs, e.g. latin-1 or cp1252 (a leading byte-order mark is dropped).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")
