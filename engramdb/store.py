@@ -708,7 +708,8 @@ class _Env:
             # file's environment opens read-only instead and becomes read-write at this
             # process's first write (upgrade_to_write), which waits for that writer as every
             # write does: the open and the reads meanwhile do not.
-            self.deferred = not readonly and not created and self._writer_busy()
+            # (only for a file this process may write: one it may not is refused at open, as without a writer)
+            self.deferred = not readonly and not created and os.access(path, os.W_OK) and self._writer_busy()
             self.env = self._open(path, readonly=readonly or self.deferred, create=create, map_size=map_size,
                                   lock=not self.lockless)
             self._check_not_truncated()  # before any page beyond the meta pages is touched

@@ -200,3 +200,26 @@ def test_a_lockless_reader_goes_on_after_a_change_that_writes_nothing(place, cha
             st = os.stat(path)
             os.chown(path, st.st_uid, st.st_gid)  # same owner: the ctime moves all the same
     assert _change_under_a_lockless_reader(place, do) == 0
+
+
+def test_a_0400_file_is_refused_a_writable_open_while_another_process_writes_too(place):
+    # While another process held the writer lock, a read-write open opened the environment
+    # read-only (to be reopened at the first write): a file this user may not write opened,
+    # and only its first write was refused.
+    path = _backup(place)
+    os.chmod(path, 0o400)
+    assert _unprivileged(lambda: _reads(path)) == 0  # creates the -maint beside it
+    held = os.open(path + "-maint", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process's write transaction
+
+        def write() -> int:
+            try:
+                engram.open(path, passphrase=PASSPHRASE, timeout=0)
+            except ReadOnlyError as exc:
+                return 0 if "chmod" in exc.hint else 2
+            return 1
+
+        assert _unprivileged(write) == 0
+    finally:
+        os.close(held)
