@@ -161,6 +161,12 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         raise
 
 
+def _fresh(txn: Txn) -> bool:
+    """Whether the file holds nothing of engramdb yet (a new file, to be initialised)."""
+    return txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
+        and txn.count("nodes") == 0 and txn.count("meta") == 0
+
+
 def _check_cache_mb(cache_mb: Any) -> float | None:
     """``open(cache_mb=)`` checked: None or a finite number >= 0.
 
@@ -197,14 +203,17 @@ class Engram:
     def _unlock(cls, store: Store, *, passphrase: str | bytes | None, raw_key: bytes | None, encrypted: bool,
                 kdf: crypto.KDFParams | None) -> Engram:
         with store.read() as txn:
-            fresh = txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
-                and txn.count("nodes") == 0 and txn.count("meta") == 0
+            fresh = _fresh(txn)
             if not fresh:
                 header, _, needs_repair = hdr.read_header(txn, store.path)
         if fresh:
             if store.readonly:
                 raise ForeignFileError(f"{store.path} has no engramdb header")
-            return cls._initialize(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+            made = cls._initialize(store, passphrase=passphrase, raw_key=raw_key, encrypted=encrypted, kdf=kdf)
+            if made is not None:
+                return made
+            with store.read() as txn:  # another process initialised the file meanwhile: open theirs
+                header, _, needs_repair = hdr.read_header(txn, store.path)
         store.sealer = hdr.sealer_for(header, store.path, passphrase=passphrase, raw_key=raw_key)
         engram = cls(store, header)
         with store.read() as txn:
@@ -216,14 +225,22 @@ class Engram:
 
     @classmethod
     def _initialize(cls, store: Store, *, passphrase: str | bytes | None, raw_key: bytes | None, encrypted: bool,
-                    kdf: crypto.KDFParams | None) -> Engram:
-        header, store.sealer = hdr.new_header(encrypted=encrypted, passphrase=passphrase, raw_key=raw_key, kdf=kdf)
+                    kdf: crypto.KDFParams | None) -> Engram | None:
+        """A new file's header and state; None when another process initialised the file
+        since it was found fresh (two processes opening one new file at once): its header
+        written over theirs would leave their records under a key nobody has."""
+        header, sealer = hdr.new_header(encrypted=encrypted, passphrase=passphrase, raw_key=raw_key, kdf=kdf)
 
-        def init(txn: Txn) -> None:
+        def init(txn: Txn) -> bool:
+            if not _fresh(txn):
+                return False
             hdr.write_header(txn, header)
             txn.state  # creates the sealed state record on commit  # noqa: B018
+            return True
 
-        store.write(init)
+        store.sealer = sealer  # the state record is sealed with it
+        if not store.write(init):
+            return None
         return cls(store, header)
 
     # -- context management -----------------------------------------------------------
