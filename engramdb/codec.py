@@ -56,6 +56,18 @@ _compressor = _decompressor = ZstdPerThread(level=3)
 _local = threading.local()
 
 
+def _encode_error(exc: Exception) -> ValidationError:
+    """The error for a value msgpack refused; a lone surrogate gets a hint of its own."""
+    if isinstance(exc, UnicodeEncodeError) and "surrogate" in exc.reason:
+        # half of a UTF-16 pair: a string cut between the two, or bytes decoded with
+        # errors="surrogateescape"; UTF-8 (the file's text encoding) cannot hold it
+        return ValidationError(
+            f"cannot encode value: the text holds a lone surrogate {exc.object[exc.start]!r} at position {exc.start}",
+            hint="replace it before storing, e.g. text.encode('utf-8', 'replace').decode('utf-8') "
+                 "(or fix the source that cut a UTF-16 pair or decoded with surrogateescape)")
+    return ValidationError(f"cannot encode value: {exc}")
+
+
 def pack(obj: Any) -> bytes:
     """Canonical msgpack (bin type for bytes, str for text).
 
@@ -65,7 +77,7 @@ def pack(obj: Any) -> bytes:
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValidationError(f"cannot encode value: {exc}") from None
+        raise _encode_error(exc) from None
 
 
 def unpack(data: bytes, *, any_keys: bool = False) -> Any:
@@ -357,7 +369,7 @@ def _encode_nodes(nodes: list[Node]) -> list[bytes]:
             else:
                 out.append(_MSGPACK_PREFIX + body)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValidationError(f"cannot encode value: {exc}") from None
+        raise _encode_error(exc) from None
     return out
 
 
@@ -478,5 +490,5 @@ def patch_node(data: bytes, changes: dict[str, Any]) -> bytes:
     try:
         out = _packer().pack(_compact_fields(fields))
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValidationError(f"cannot encode value: {exc}") from None
+        raise _encode_error(exc) from None
     return _ZSTD_PREFIX + _compressor.compress(out) if len(out) > ZSTD_THRESHOLD else _MSGPACK_PREFIX + out

@@ -225,3 +225,22 @@ def test_patch_node_of_an_older_record_writes_schema_3():
 def test_malformed_compact_records_are_corrupt(fields):
     with pytest.raises(CorruptFileError):
         codec.decode_node(bytes([codec.CODEC_MSGPACK]) + msgpack.packb(fields, use_bin_type=True))
+
+
+def test_a_lone_surrogate_is_named_with_a_hint_that_says_how_to_repair_it(tmp_path):
+    """`db.add` / `db.ingest` of text holding a lone surrogate (a string cut between the
+    two halves of a UTF-16 pair) was refused with msgpack's "surrogates not allowed" and
+    the generic hint "help(engramdb.Node) for fields", which says nothing of what to do."""
+    import engramdb
+
+    with engramdb.open(tmp_path / "s.engram", encrypted=False) as db:
+        calls = [lambda: db.add("hello \ud83d world"),
+                 lambda: db.ingest("A first sentence here. Then \ud800 a second one, long enough to keep.")]
+        for call in calls:
+            with pytest.raises(ValidationError) as err:
+                call()
+            assert "lone surrogate" in str(err.value)
+            assert "encode('utf-8', 'replace')" in err.value.hint
+        assert len(db) == 0  # nothing half-stored
+    with pytest.raises(ValidationError, match="lone surrogate '\\\\udc80' at position 2"):
+        codec.pack({"t": "ab\udc80"})
