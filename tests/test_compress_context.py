@@ -198,3 +198,21 @@ def test_wake_up_caps_at_five():
     text = "\n\n".join(f"Person{i} founded club number {i} in the city." for i in range(12))
     r = compress(text, chunk_size=50, chunk_overlap=0)
     assert wake_up(r).count("Origin:") == 5
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "json", "aaak"])
+def test_a_zettel_that_fits_the_budget_is_not_left_out(fmt):
+    """_fit skipped a zettel when the text so far plus the zettel's own count was over the
+    budget, as if counts added up. They do not: estimate_tokens' floor is words for prose and
+    characters for a long run (the sum of two lines' maxima is above the joined text's), and a
+    tokenizer with a fixed overhead (a BOS token) counts it once per piece. Both zettels fit in
+    exactly their joined text's count; one was returned."""
+    prose = Zettel("1", quote=" ".join("abcdefghijklmnopqrst"), weight=0.9)  # 20 words: the words floor
+    run = Zettel("2", quote="x" * 200, weight=0.8)  # one long word: the characters floor
+    result = CompressResult([prose, run], [], meta={})
+    overhead = lambda s: estimate_tokens(s) + 20  # noqa: E731  (a chat template's tokens)
+    for counter in (None, overhead):
+        count = counter or estimate_tokens
+        both = inject_context(result, format=fmt)
+        assert "x" * 200 in both and "a b c" in both
+        assert inject_context(result, format=fmt, max_token_budget=count(both), count_tokens=counter) == both

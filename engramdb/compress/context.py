@@ -382,15 +382,28 @@ def _fit(
     renderer: _Renderer, ordered: list[Zettel], budget: int, count: Callable[[str], int], pos: dict[int, int]
 ) -> str:
     chosen: list[Zettel] = []
-    best, used = "", 0
+    best = ""
+    # Adding a zettel's count to the text's so far is no lower bound of the joined text's count:
+    # estimate_tokens' ceilings and its word or character floor, or a counter's fixed overhead (a
+    # tokenizer's BOS token), count the parts' sum above the joined text, which left out zettels
+    # that fit. Markdown under estimate_tokens is counted exactly without rendering (its lines
+    # are joined by "\n": words and characters add up); otherwise only a zettel whose own text
+    # alone is over the budget is skipped unrendered.
+    exact = renderer.fmt == "markdown" and count is estimate_tokens
+    words = chars = 0  # of best, for the exact count
     for z in ordered:
-        if used + count(renderer.lower_bound_text(z)) > budget:
+        low = renderer.lower_bound_text(z)
+        if exact:
+            w, c = words + len(low.split()), chars + len(low) + (1 if chosen else 0)
+            if max(-(-13 * w // 10), -(-c // 4)) > budget:
+                continue
+        elif count(low) > budget:
             continue
         attempt = renderer.render(chosen + [z], pos)
-        tokens = count(attempt)
-        if tokens <= budget:
+        if count(attempt) <= budget:
             chosen.append(z)
-            best, used = attempt, tokens
+            best = attempt
+            words, chars = len(best.split()), len(best)
     return best
 
 
