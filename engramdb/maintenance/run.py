@@ -485,19 +485,35 @@ _WORD_RE = re.compile(r"\w+")
 _CALENDAR_WORDS = frozenset((
     "january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
     "november", "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))
+# what ends a sentence (or a line): the capitalised word after it is not taken as a name
+_SENTENCE_END = frozenset(".!?:;\n")
 
 
-def _unseen_words(tokenizer: Any, text: str) -> tuple[frozenset[str], frozenset[str]]:
+def _is_name(text: str, start: int) -> bool:
+    """Whether the word at ``start`` of ``text`` is capitalised and not the first of a sentence."""
+    if not text[start].isupper():
+        return False
+    i = start - 1
+    while i >= 0 and text[i] in " \t":  # a walk back, not a slice: a long text has many words
+        i -= 1
+    return i >= 0 and text[i] not in _SENTENCE_END
+
+
+def _unseen_words(tokenizer: Any, text: str) -> tuple[frozenset[str], tuple[str, ...]]:
     """What the built-in space cannot tell apart in ``text``: the words the index (and so the
-    space) does not see (stop words and single characters), and the words holding a digit or
-    naming a month or weekday (numbers, dates, times), normalised and lowercased as the
-    tokenizer does."""
+    space) does not see (stop words and single characters), and, in text order, the words it
+    cannot weigh: those holding a digit or naming a month or weekday (numbers, dates, times)
+    and names (capitalised words not starting a sentence), normalised and lowercased as the
+    tokenizer does. The order matters: "Alice owes Bob" and "Bob owes Alice" hold the same
+    words, so the same vector."""
     form = tokenizer.normalize
-    low = (unicodedata.normalize(form, text) if form else text).lower()
+    normal = unicodedata.normalize(form, text) if form else text
+    low = normal.lower()
     kept = set(tokenizer.words(text))
-    words = _WORD_RE.findall(low)
-    return (frozenset(w for w in words if w not in kept),
-            frozenset(w for w in words if w in _CALENDAR_WORDS or any(c.isdigit() for c in w)))
+    # positions in `normal`, not in `low`: lowercasing can lengthen a string ("İ" -> "i̇")
+    facts = tuple(w for w, start in ((m.group().lower(), m.start()) for m in _WORD_RE.finditer(normal))
+                  if w in _CALENDAR_WORDS or any(c.isdigit() for c in w) or _is_name(normal, start))
+    return frozenset(w for w in _WORD_RE.findall(low) if w not in kept), facts
 
 
 def _seen_alike(pairs: tuple[np.ndarray, np.ndarray], node_of: Callable[[int], Node],
@@ -508,9 +524,9 @@ def _seen_alike(pairs: tuple[np.ndarray, np.ndarray], node_of: Callable[[int], N
     vector (cosine 1); and in a long text one other number or month ("the budget is 15000" /
     "25000") stays above the threshold: merged as duplicates, one of two different memories
     was deleted."""
-    memo: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+    memo: dict[int, tuple[frozenset[str], tuple[str, ...]]] = {}
 
-    def unseen(r: int) -> tuple[frozenset[str], frozenset[str]]:
+    def unseen(r: int) -> tuple[frozenset[str], tuple[str, ...]]:
         got = memo.get(r)
         if got is None:
             got = memo[r] = _unseen_words(tokenizer, node_text(node_of(r)))
