@@ -992,8 +992,8 @@ def maintain(ctx: click.Context, file: str, plan: bool, now_text: str | None, su
 
     Example:
 
+    \b
         engramdb maintain notes.engram --plan
-
         engramdb maintain notes.engram --summarizer-cmd "python summarize.py" --json
     """
     from .maintenance.lifecycle import MaintenanceConfig, parse_iso
@@ -1937,6 +1937,7 @@ def forget(ctx: click.Context, file: str, ids: tuple[str, ...], query: str | Non
 
     Example:
 
+    \b
         engramdb forget notes.engram --query "my old address" --threshold 0.8 --dry-run
     """
     if not ids and query is None:
@@ -2068,6 +2069,7 @@ def agent_before(ctx: click.Context, file: str, task: str, top_k: int, min_relev
 
     Example:
 
+    \b
         engramdb agent before notes.engram "build a CLI bookmark manager with tags" --max-tokens 500
     """
     from .agent import MemoryHooks
@@ -2263,6 +2265,7 @@ def fleet_command(ctx: click.Context, job: str, pattern: str, scheduler: str | N
 
     Example:
 
+    \b
         ENGRAM_PASSPHRASE=... engramdb fleet maintain 'tenants/*.engram'
         engramdb fleet dump 'tenants/*.engram' --key-files-beside --out backups/ --json
     """

@@ -158,3 +158,31 @@ def test_dump_restore_diff_and_encrypted_dumps(run, tmp_path):
     assert wrong.exit_code == 1 and not (tmp_path / "c.engram").exists()
     assert run("restore", str(enc), str(tmp_path / "c.engram"), "--kdf", KDF, env=env).exit_code == 0
     assert run("diff", a, str(tmp_path / "c.engram")).exit_code == 0
+
+
+def test_every_commands_help_shows_its_example_commands_whole():
+    # click rewraps a paragraph: `fleet --help` joined its two example commands and broke the
+    # second one before `--json`, so neither line could be copied into a shell as printed
+    import click as click_module
+    from click.testing import CliRunner as Runner
+
+    from engramdb.cli import cli as root
+
+    def commands(group: click_module.Group, prefix: list[str]):
+        for name, command in sorted(group.commands.items()):
+            yield [*prefix, name], command
+            if isinstance(command, click_module.Group):
+                yield from commands(command, [*prefix, name])
+
+    checked = 0
+    for path, command in commands(root, []):
+        examples = [line.strip() for line in (command.help or "").splitlines()
+                    if line.strip().startswith(("engramdb ", "ENGRAM_PASSPHRASE=... engramdb "))]
+        if not examples:
+            continue
+        shown = Runner().invoke(root, [*path, "--help"], terminal_width=80).output
+        lines = {line.strip() for line in shown.splitlines()}
+        for example in examples:
+            assert example in lines, (path, example)
+            checked += 1
+    assert checked >= 2
