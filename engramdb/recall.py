@@ -53,7 +53,7 @@ from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_
 from .records import Node, now_ts
 from .recall_features import QueryFeatures
 from .store import Store, Txn
-from .tokens import token_counter
+from .tokens import estimate_tokens, token_counter
 
 __all__ = [
     "Hit",
@@ -777,20 +777,65 @@ class _Layout:
         self.order: dict[str, int] = {}  # document order: a key's earliest memory's docno
         self.nodes: dict[str, Node] = {}
         self.cut: dict[str, str] = {}  # key -> text appended to a passage cut within a sentence
+        # Each key's rendered blocks, kept so that an offer renders only the spans of its own
+        # key, not the whole context again (which made recall_context quadratic in top_k):
+        # key -> {(start, end, ids): (block, words)}, and the sums of chars, words and blocks
+        # over all keys, enough to give estimate_tokens of the whole text (the separator is
+        # whitespace, so words and characters add up exactly) without building it.
+        self.blocks: dict[str, dict[tuple[int, int, tuple[str, ...]], tuple[str, int]]] = {}
+        self.key_sums: dict[str, tuple[int, int, int]] = {}
+        self.sums = (0, 0, 0)
 
     def offer(self, key: str, start: int, end: int, hit: Hit, budget: int) -> None:
         """Admit ``hit``'s span if the whole context still fits ``budget``; when it is the
         first span and does not fit, admit the largest piece of it that does."""
         self.nodes[hit.id] = hit.node
-        spans = self.admitted.get(key, [])
-        trial = dict(self.admitted)
-        trial[key] = _merge_span(spans, start, end, hit.id, self.texts[key] or "")
-        order = dict(self.order)
-        order[key] = min(order.get(key, hit.docno), hit.docno)
-        if self.count(self.render(trial, order)) <= budget:
-            self.admitted, self.order = trial, order
+        spans = _merge_span(self.admitted.get(key, []), start, end, hit.id, self.texts[key] or "")
+        key_order = min(self.order.get(key, hit.docno), hit.docno)
+        blocks = self._blocks(key, spans)
+        if self._fits(key, spans, blocks, key_order, budget):
+            self._commit(key, spans, blocks, key_order)
         elif not self.admitted:
+            order = dict(self.order)
+            order[key] = key_order
             self._fit_first(key, start, end, hit, budget, order)
+
+    def _blocks(self, key: str, spans: list[list[Any]]) -> dict[tuple[int, int, tuple[str, ...]], tuple[str, int]]:
+        known = self.blocks.get(key, {})
+        out = {}
+        for start, end, ids in spans:
+            span = (start, end, tuple(ids))
+            block = known.get(span)
+            if block is None:
+                text = self._passage(key, start, end, ids).block
+                block = (text, len(text.split()))
+            out[span] = block
+        return out
+
+    def _fits(self, key: str, spans: list[list[Any]], blocks: dict[tuple[int, int, tuple[str, ...]], tuple[str, int]],
+              key_order: int, budget: int) -> bool:
+        if self.count is estimate_tokens:  # counted from the sums: the same figure as the whole text's
+            chars, words, n = self.sums
+            old = self.key_sums.get(key, (0, 0, 0))
+            new = _block_sums(blocks)
+            chars, words, n = chars - old[0] + new[0], words - old[1] + new[1], n - old[2] + new[2]
+            chars += len(PASSAGE_SEPARATOR) * max(n - 1, 0)
+            return max(-(-13 * words // 10), -(-chars // 4)) <= budget
+        order = dict(self.order)
+        order[key] = key_order
+        parts: list[str] = []
+        for k in sorted(set(self.admitted) | {key}, key=lambda k: (order[k], k)):
+            parts.extend(b for b, _ in (blocks if k == key else self.blocks[k]).values())
+        return self.count(PASSAGE_SEPARATOR.join(parts)) <= budget
+
+    def _commit(self, key: str, spans: list[list[Any]], blocks: dict[tuple[int, int, tuple[str, ...]], tuple[str, int]],
+                key_order: int) -> None:
+        self.admitted[key] = spans
+        self.order[key] = key_order
+        self.blocks[key] = blocks
+        old = self.key_sums.get(key, (0, 0, 0))
+        new = self.key_sums[key] = _block_sums(blocks)
+        self.sums = tuple(a - b + c for a, b, c in zip(self.sums, old, new))  # type: ignore[assignment]
 
     def _fit_first(self, key: str, start: int, end: int, hit: Hit, budget: int, order: dict[str, int]) -> None:
         text = self.texts[key] or ""
@@ -818,9 +863,9 @@ class _Layout:
             best = _last_fitting(word_ends, lambda cut: fits(cut, suffix))
         if best is None:
             return
-        self.admitted = {key: [[lo, best, [hit.id]]]}
-        self.order = order
         self.cut = {key: suffix} if suffix else {}
+        spans = [[lo, best, [hit.id]]]
+        self._commit(key, spans, self._blocks(key, spans), order[key])
 
     def _date(self, ids: Sequence[str]) -> str | None:
         found = (_node_date(self.nodes[i]) for i in ids if i in self.nodes)
@@ -829,19 +874,19 @@ class _Layout:
             return None
         return dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
 
+    def _passage(self, key: str, start: int, end: int, ids: Sequence[str]) -> Passage:
+        text = self.texts[key] or ""
+        content_only = key.startswith("\x00")
+        date = self._date(ids)
+        label = f"memory {ids[0]}" if content_only else key
+        heading = f"### {_one_line(label)}" + (f" ({date})" if date else "")
+        return Passage(source="" if content_only else key, start=None if content_only else start,
+                       end=None if content_only else end, text=text[start:end] + self.cut.get(key, ""),
+                       ids=tuple(ids), tokens=0, date=date, heading=heading)
+
     def _passages(self, admitted: dict[str, list[list[Any]]], order: dict[str, int]) -> list[Passage]:
-        out = []
-        for key in sorted(admitted, key=lambda k: (order[k], k)):
-            text = self.texts[key] or ""
-            content_only = key.startswith("\x00")
-            for start, end, ids in admitted[key]:
-                date = self._date(ids)
-                label = f"memory {ids[0]}" if content_only else key
-                heading = f"### {_one_line(label)}" + (f" ({date})" if date else "")
-                out.append(Passage(source="" if content_only else key, start=None if content_only else start,
-                                   end=None if content_only else end, text=text[start:end] + self.cut.get(key, ""),
-                                   ids=tuple(ids), tokens=0, date=date, heading=heading))
-        return out
+        return [self._passage(key, start, end, ids)
+                for key in sorted(admitted, key=lambda k: (order[k], k)) for start, end, ids in admitted[key]]
 
     def render(self, admitted: dict[str, list[list[Any]]], order: dict[str, int]) -> str:
         return PASSAGE_SEPARATOR.join(p.block for p in self._passages(admitted, order))
@@ -850,6 +895,11 @@ class _Layout:
         return tuple(Passage(source=p.source, start=p.start, end=p.end, text=p.text, ids=p.ids,
                              tokens=self.count(p.block), date=p.date, heading=p.heading)
                      for p in self._passages(self.admitted, self.order))
+
+
+def _block_sums(blocks: dict[tuple[int, int, tuple[str, ...]], tuple[str, int]]) -> tuple[int, int, int]:
+    """(characters, words, blocks) of a key's rendered blocks."""
+    return sum(len(b) for b, _ in blocks.values()), sum(w for _, w in blocks.values()), len(blocks)
 
 
 def _rstrip_at(text: str, lo: int, cut: int) -> int:

@@ -277,3 +277,18 @@ def test_a_passage_cut_to_fit_ends_at_its_last_sentence_not_after_the_blank_line
     # a memory's own content (no source) without its surrounding blanks and line breaks
     db.add("  \n a zebra crossed the road.  \n\n", id="padded", resolved_date="2023-05-08")
     assert db.recall_context("zebra").text == "### memory padded (2023-05-08)\na zebra crossed the road."
+
+
+@pytest.mark.parametrize("counter", [None, len])
+def test_recall_context_renders_each_passage_once_not_the_whole_context_per_hit(make_db, monkeypatch, counter):
+    # Each hit used to re-render every passage admitted so far (top_k=1000: ~500,000 headings,
+    # quadratic); now only the spans of the hit's own source or memory are rendered.
+    db = make_db()
+    n = 300
+    db.add_many([f"note {i}: the budget of round {i}." for i in range(n)], now=NOW)
+    rendered = []
+    one_line = recall_module._one_line
+    monkeypatch.setattr(recall_module, "_one_line", lambda text: rendered.append(text) or one_line(text))
+    ctx = db.recall_context("budget", top_k=n, max_tokens=10**6, count_tokens=counter)
+    assert len(ctx.passages) == n
+    assert len(rendered) <= 3 * n  # old code: n * (n + 1) / 2 = 45,150
