@@ -47,11 +47,11 @@ def fill(db, n: int, seed: int = 0, start: int = 0) -> None:
 
 
 def snapshot(db) -> dict:
-    """Every memory (as stored, and its full original when archived) plus derived_from edges."""
+    """Every memory (as stored, and its full original when archived) plus its edges."""
     out = {}
     for node in db.scan():
         full = db.get(node.id, full=True)
-        edges = sorted((e.dst, e.kind) for e in db.edges(node.id) if e.kind == "derived_from")
+        edges = sorted((e.dst, e.kind, e.weight) for e in db.edges(node.id))
         out[node.id] = (node.to_dict(), full.to_dict(), edges)
     return out
 
@@ -219,6 +219,15 @@ class IncrementalEqualsFull(RuleBasedStateMachine):
         ids = self.live()
         id_ = ids[pick % len(ids)]
         self.both(lambda db: db.delete(id_))
+
+    @precondition(lambda self: len(self.inc) > 1)
+    @rule(a=st.integers(0, 10_000), b=st.integers(0, 10_000), weight=st.sampled_from([0.2, 0.5, 1.0]),
+          kind=st.sampled_from(["related", "supersedes"]))
+    def link(self, a, b, weight, kind):
+        ids = self.live()
+        src, dst = ids[a % len(ids)], ids[b % len(ids)]
+        if src != dst:  # a removed duplicate's edges go to its survivor, the same in both files
+            self.both(lambda db: db.link(src, dst, kind, weight=weight, now=self.now))
 
     @precondition(lambda self: len(self.inc) > 0)
     @rule(pick=st.integers(0, 10_000))
@@ -602,3 +611,57 @@ def test_the_words_dedupe_cannot_weigh_are_read_in_order():
     assert facts == ("bob", "carol", "50", "monday")  # Alice, Then and Dana start a sentence or a line
     _, facts = run._unseen_words(tokenizer, "met İstanbul friends and Bob")  # "İ".lower() is two characters
     assert facts == ("i̇stanbul", "bob")
+
+
+def _links(db):
+    """Every edge: (src, kind, dst, weight, label)."""
+    return sorted((e.src, e.kind, e.dst, e.weight, e.label) for n in db.scan() for e in db.edges(n.id))
+
+
+def _duplicates_with_edges(db):
+    db.add_space("v", dims=3, model="mine", auto=False)
+    for id_, vec, importance in (("a", [1, 0, 0], 0.0), ("a2", [1, 0.0005, 0], 0.1), ("b", [1, 0.001, 0], 0.9),
+                                 ("c", [0, 1, 0], 0.5), ("d", [0, 0, 1], 0.5), ("e", [0, 1, 1], 0.5)):
+        db.add(f"memory {id_}", id=id_, importance=importance, embeddings={"v": vec}, now=NOW,
+               entities=["Paris", "Louvre"] if id_ in ("a", "c") else [])
+    db.link_tunnels(now=NOW)  # a derived tunnel a -> c (shared entities)
+    db.link("a", "c", "related", weight=0.7, label="moves", now=NOW)
+    db.link("d", "a", "supersedes", now=NOW)  # incoming: d -> b
+    db.link("a", "b", "related", now=NOW)  # between the duplicates: no self-link
+    db.link("a", "a2", "related", now=NOW)  # between two removed duplicates: gone
+    db.link("a2", "e", "related", weight=0.3, now=NOW)
+    db.link("b", "e", "related", weight=0.9, now=NOW)  # b's own, stronger: kept
+    db.link("a", "d", "related", weight=0.8, now=NOW)
+    db.link("b", "d", "related", weight=0.2, now=NOW)  # b's own, weaker: a's replaces it
+
+
+def test_a_removed_duplicate_gives_its_edges_to_its_survivor(make_db):
+    # maint's notes: the pass deleted a duplicate's edges with it, so the graph lost the links
+    # its survivor now stands for (tags and access counts already moved)
+    db = make_db(encrypted=False)
+    _duplicates_with_edges(db)
+    report = db.maintain(MaintenanceConfig(space="v", batch_size=1), now=NOW)
+    assert report.removed_ids == ["a", "a2"]
+    assert _links(db) == [
+        ("b", "related", "c", 0.7, "moves"),
+        ("b", "related", "d", 0.8, ""),
+        ("b", "related", "e", 0.9, ""),
+        ("b", "tunnel", "c", pytest.approx(1.0), "shared entities/topics"),
+        ("d", "supersedes", "b", 1.0, ""),
+    ]
+    with db._store.read() as txn:  # the tunnel stays derived: the next recomputation replaces it
+        b = engram_mod.Transaction(db, txn)._docno("b")
+        assert [derived for _, e, derived in db.indexes.graph.outgoing(txn, b) if e.kind == "tunnel"] == [True]
+    assert db.verify() == []
+    # one batch or many, the same graph
+    other = make_db("other.engram", encrypted=False)
+    _duplicates_with_edges(other)
+    other.maintain(MaintenanceConfig(space="v"), now=NOW)
+    assert _links(other) == _links(db)
+
+
+def test_without_merge_duplicates_a_removed_duplicates_edges_go_with_it(make_db):
+    db = make_db(encrypted=False)
+    _duplicates_with_edges(db)
+    db.maintain(MaintenanceConfig(space="v", merge_duplicates=False), now=NOW)
+    assert _links(db) == [("b", "related", "d", 0.2, ""), ("b", "related", "e", 0.9, "")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import struct
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -296,6 +297,43 @@ class Graph:
             txn.delete("edges", _KEY.pack(b"f", src, k, dst))
             n += 1
         return n
+
+    def move_edges(self, txn: Txn, old: int, new: int, new_id: str) -> int:
+        """Give every edge of docno ``old`` to docno ``new`` (id ``new_id``), as the
+        maintenance pass does for a duplicate it removes; returns how many ``new`` took.
+
+        An edge between the two is dropped (no self-link). Where ``new`` has an edge of
+        that kind with that neighbour in that direction already, one stays: a user's edge
+        over a derived one (derived ones are recomputed; :meth:`link_tunnels` keeps the
+        user's too), else the higher weight, on a tie ``new``'s own. A derived edge goes
+        from the lower docno to the higher, where :meth:`link_tunnels` puts it.
+        """
+        moves: list[tuple[int, int, Edge, bool]] = []
+        for key, value in txn.items("edges", b"f" + struct.pack(">Q", old)):
+            dst = _KEY.unpack(key)[3]
+            edge, derived = _edge_from(value)
+            moves.append((new, dst, replace(edge, src=new_id), derived))
+        for key in txn.keys("edges", b"r" + struct.pack(">Q", old)):
+            _, _, k, src = _KEY.unpack(key)
+            data = txn.get("edges", _KEY.pack(b"f", src, k, old))
+            if data is not None:  # a reverse key without its edge: verify reports it, nothing to move
+                edge, derived = _edge_from(data)
+                moves.append((src, new, replace(edge, dst=new_id), derived))
+        self.remove_node(txn, old)
+        taken = 0
+        for src, dst, edge, derived in moves:
+            if src == dst:
+                continue
+            if derived and src > dst:
+                src, dst, edge = dst, src, replace(edge, src=edge.dst, dst=edge.src)
+            held = txn.get("edges", _KEY.pack(b"f", src, _kind_no(edge.kind), dst))
+            if held is not None:
+                kept, kept_derived = _edge_from(held)
+                if (not kept_derived, kept.weight) >= (not derived, edge.weight):
+                    continue
+            self.put(txn, src, dst, edge, derived=derived)
+            taken += 1
+        return taken
 
     def link_tunnels(self, txn: Txn, nodes: Sequence[tuple[int, Any]], *, now: float = 0.0,
                      threshold: float = TUNNEL_THRESHOLD, top_k: int = TUNNEL_TOP_K) -> int:

@@ -41,6 +41,7 @@ from .. import codec
 from ..errors import BusyError, CorruptFileError, EmbeddingError, ValidationError
 from ..records import ARCHIVE_KEY, Node, now_ts
 from ..index import Indexes, node_text
+from ..index.graph import Graph
 from ..index.vectors import HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder
 from ..store import Store, Txn
 from . import archive as archive_ops
@@ -670,11 +671,13 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         alive = np.ones(n, bool)
         alive[list(removed)] = False
         merges: dict[int, dict[str, Any]] = {}
+        survivor: dict[int, int] = {}
         if config.merge_duplicates and removed:
             for loser in sorted(removed):
                 keeper = loser
                 while keeper in into:
                     keeper = into[keeper]
+                survivor[loser] = keeper
                 m = merges.setdefault(keeper, {"tags": list(node(int(rows["docno"][keeper])).tags),
                                                "access_count": int(rows["access"][keeper]),
                                                "last_accessed": int(rows["last"][keeper])})
@@ -759,6 +762,9 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             op: dict[str, Any] = {}
             if i in removed:
                 op["delete"] = True
+                if i in survivor:  # its edges go there (a plan stored without it drops them)
+                    k = int(rows["docno"][survivor[i]])
+                    op["into"] = [k, id_of(k)]
             else:
                 if decayed[i]:
                     op["tier"] = TIERS[int(new_tier[i])]
@@ -844,15 +850,22 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     return dropped
 
 
-def _apply_deletes(tx: PassTxn, entries: Sequence[Sequence[Any]]) -> None:
+def _apply_deletes(tx: PassTxn, graph: Graph, entries: Sequence[Sequence[Any]]) -> None:
     """The delete operations of one batch, in one ``delete_many``: each unless its memory
     changed since the plan (as :func:`_apply_op`). No other operation of the pass changes a
-    memory that the pass deletes, so doing them first in their batch changes no outcome."""
+    memory that the pass deletes, so doing them first in their batch changes no outcome.
+    With ``merge_duplicates`` a deleted duplicate's edges go to its survivor first
+    (:meth:`Graph.move_edges`), unless the survivor is gone."""
     txn = tx._txn
     keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
     due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[0])]
     if not due:
         return
+    for e, _ in due:
+        # in this transaction, before the delete would drop them; one by one in docno order,
+        # so an edge between two duplicates of one batch ends as no edge (no self-link)
+        if "into" in e[3] and _is_stored(tx, e[3]["into"][0]):
+            graph.move_edges(txn, e[0], int(e[3]["into"][0]), e[3]["into"][1])
     tx.delete_many([e[1] for e, _ in due])
     txn.delete_many("meta", [key for _, key in due])  # our own changes: the new state accounts for them
 
@@ -920,7 +933,7 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
                 _finish(tx._txn, plan)
                 break
             batch = steps[done:done + batch_size]
-            _apply_deletes(tx, [item for kind, item in batch if kind == "op" and item[3].get("delete")])
+            _apply_deletes(tx, target.indexes.graph, [item for kind, item in batch if kind == "op" and item[3].get("delete")])
             dropped = 0
             for kind, item in batch:
                 if kind == "op":
