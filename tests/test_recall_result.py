@@ -149,3 +149,32 @@ def test_cli_context_with_a_source_text_file(tmp_path):
     import json
     assert [p["text"] for p in json.loads(out.stdout)["passages"]] == [
         "We decided to rotate the tokens hourly because of the audit."]
+
+
+@pytest.mark.parametrize("call, kwargs, names", [
+    ("recall_result", {"query": 3}, "recall_result"),
+    ("recall_result", {"top_k": -1}, "top_k"),
+    ("recall_result", {"top_k": "5"}, "top_k"),
+    ("recall_result", {"hops": "no"}, "hops"),
+    ("recall_result", {"expand_query": 1}, "hops"),
+    ("recall_result", {"source": b"text"}, "source"),
+    ("recall_result", {"tokenizer": "default"}, "tokenizer"),
+    ("inject_context", {"max_zettels": -1}, "max_zettels"),
+    ("inject_context", {"selection": "best"}, "selection"),
+    ("inject_context", {"format": "md"}, "format"),
+    ("inject_context", {"min_weight": float("nan")}, "min_weight"),
+    ("inject_context", {"max_token_budget": 1.5}, "max_token_budget"),
+])
+def test_argument_errors_hint_at_the_call_and_argument_not_at_node_fields(call, kwargs, names):
+    # they carried ValidationError's default hint "help(engramdb.Node) for fields": the wrong object
+    from engramdb.compress import inject_context
+
+    result = compress("Alice moved to Berlin in May 2023. Bob stayed in Paris.")
+    with pytest.raises(ValidationError) as info:
+        if call == "recall_result":
+            recall_result(result, **{"query": "Berlin", **kwargs})
+        else:
+            inject_context(result, **kwargs)
+    hint = info.value.hint
+    assert hint and "engramdb.Node" not in hint and hint != ValidationError.default_hint
+    assert call in hint and names in hint

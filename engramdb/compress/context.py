@@ -452,17 +452,22 @@ def inject_context(
     if max_zettels is not None and (
         isinstance(max_zettels, bool) or not isinstance(max_zettels, int) or max_zettels < 0
     ):
-        raise ValidationError("max_zettels must be a non-negative integer or None")
+        raise ValidationError(f"max_zettels must be a non-negative integer or None, got {max_zettels!r}",
+                              hint="e.g. inject_context(result, max_zettels=10) (the default); None for no cap")
     if selection not in SELECTIONS:
-        raise ValidationError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+        raise ValidationError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}",
+                              hint="e.g. inject_context(result, selection=\"mmr\")")
     if format not in FORMATS:
-        raise ValidationError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise ValidationError(f"format must be one of {', '.join(FORMATS)}, got {format!r}",
+                              hint="e.g. inject_context(result, format=\"markdown\") (the default)")
     if min_weight is not None and (isinstance(min_weight, bool) or not isinstance(min_weight, (int, float))
                                    or not math.isfinite(min_weight)):
-        raise ValidationError("min_weight must be a finite number or None")
+        raise ValidationError(f"min_weight must be a finite number or None, got {min_weight!r}",
+                              hint="e.g. inject_context(result, min_weight=0.5); None keeps every weight")
     if max_token_budget is not None and (isinstance(max_token_budget, bool) or not isinstance(max_token_budget, int)
                                          or max_token_budget < 0):
-        raise ValidationError("max_token_budget must be a non-negative integer or None")
+        raise ValidationError(f"max_token_budget must be a non-negative integer or None, got {max_token_budget!r}",
+                              hint="e.g. inject_context(result, max_token_budget=2000); None for no budget")
     guarantees = _check_flags("guarantee_flags", guarantee_flags)
     wanted = _check_flags("flags", flags)
     count = token_counter(count_tokens)

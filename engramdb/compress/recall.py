@@ -88,13 +88,16 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         raise ValidationError(f"recall_result takes a CompressResult, got {type(result).__name__}",
                               hint="pass what engramdb.compress() or engramdb.decode() returned")
     if not isinstance(query, str):
-        raise ValidationError(f"query must be a str, got {type(query).__name__}")
+        raise ValidationError(f"query must be a str, got {type(query).__name__}",
+                              hint="pass the question as text: recall_result(result, \"what did Alice decide?\")")
     if isinstance(top_k, np.integer):  # NumPy's (pandas rows give them), as a store's recall takes them
         top_k = int(top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValidationError("top_k must be a non-negative integer")
+        raise ValidationError(f"top_k must be a non-negative integer, got {top_k!r}",
+                              hint="e.g. recall_result(result, query, top_k=5) (the default)")
     if not isinstance(hops, (bool, np.bool_)) or not isinstance(expand_query, (bool, np.bool_)):
-        raise ValidationError("hops and expand_query must be True or False")
+        raise ValidationError(f"hops and expand_query must be True or False, got hops={hops!r}, "
+                              f"expand_query={expand_query!r}", hint="pass recall_result(..., hops=False) to turn it off")
     from ..filters import _iso_bound, parse_time  # not at import: engramdb.filters imports this module
 
     bounds: list[str | None] = []
@@ -113,9 +116,11 @@ def recall_result(result: CompressResult, query: str, *, top_k: int = 5, hops: b
         bounds.append(None if value is None else _iso_bound(value))
     after, before = bounds
     if source is not None and not isinstance(source, str):
-        raise ValidationError("source must be the source text (a str) or None")
+        raise ValidationError(f"source must be the source text (a str) or None, got {type(source).__name__}",
+                              hint="pass recall_result(..., source=text) with the text that was compressed")
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        raise ValidationError("tokenizer must be an engramdb.Tokenizer")
+        raise ValidationError(f"tokenizer must be an engramdb.Tokenizer, got {type(tokenizer).__name__}",
+                              hint="pass recall_result(..., tokenizer=engramdb.Tokenizer(...)) or leave it out")
     tok = tokenizer or _default_tokenizer()
     bounded = after is not None or before is not None
     zettels = [z for z in result.zettels
