@@ -655,8 +655,10 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
         The :class:`Context`.
 
     Raises:
-        ValidationError: bad arguments, or a ``count_tokens`` that fails or returns
-            something other than a non-negative int.
+        ValidationError: bad arguments, a ``count_tokens`` that fails or returns
+            something other than a non-negative int, or one that counts more than
+            ``max_tokens`` in the empty text (``Context.tokens`` is the count of the text,
+            ``count_tokens("")`` for an empty context).
     """
     budget = as_int(max_tokens)
     if budget is None or budget < 0:
@@ -672,6 +674,12 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
                               hint="its options: max_tokens, source, source_text, count_tokens, source_loader, "
                                    "top_k and recall's " + ", ".join(sorted(_RECALL_OPTIONS)))
     count = token_counter(count_tokens)
+    # a counter with a fixed overhead (a BOS token) counts the empty text too: the budget is a
+    # hard limit on the text as returned, and under one that small no context, not even "", fits
+    empty = count("")
+    if empty > max_tokens:
+        raise ValidationError(f"count_tokens counts {empty} tokens in the empty text, more than max_tokens={max_tokens}: "
+                              "no context can fit", hint=f"raise max_tokens to at least {empty} plus the passages' tokens")
     hits = recall(store, indexes, query, top_k=top_k, source=source, **recall_kwargs)
     loader = source_loader or default_source_loader(store)
     layout = _Layout(count)
@@ -705,7 +713,7 @@ def recall_context(store: Store, indexes: Indexes, query: str, *, top_k: int = 1
             layout.offer(key, start, end, hit, max_tokens)
     passages = layout.passages()
     text = PASSAGE_SEPARATOR.join(p.block for p in passages)
-    return Context(passages=passages, tokens=count(text) if passages else 0, hits=tuple(hits))
+    return Context(passages=passages, tokens=count(text) if passages else empty, hits=tuple(hits))
 
 
 # what recall_context passes on to recall() (its other options are recall_context's own)

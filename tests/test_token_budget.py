@@ -292,3 +292,20 @@ def test_recall_context_renders_each_passage_once_not_the_whole_context_per_hit(
     ctx = db.recall_context("budget", top_k=n, max_tokens=10**6, count_tokens=counter)
     assert len(ctx.passages) == n
     assert len(rendered) <= 3 * n  # old code: n * (n + 1) / 2 = 45,150
+
+
+def test_an_empty_contexts_tokens_are_the_counters_count_of_the_empty_text(store):
+    # tokens was 0 for an empty context even under a counter with a fixed overhead, and a
+    # budget below that overhead was not checked: "" does not fit it either
+    def with_overhead(text):
+        return len(text) + 20
+
+    empty = store.recall_context("zzzqqq", max_tokens=100, count_tokens=with_overhead)
+    assert empty.passages == () and empty.text == ""
+    assert empty.tokens == 20 == with_overhead(empty.text)
+    full = store.recall_context("Alice budget", max_tokens=400, count_tokens=with_overhead)
+    assert full.passages and full.tokens == with_overhead(full.text) <= 400
+    with pytest.raises(ValidationError, match="empty text") as info:
+        store.recall_context("Alice budget", max_tokens=19, count_tokens=with_overhead)
+    assert "max_tokens" in info.value.hint
+    assert store.recall_context("zzzqqq", max_tokens=0).tokens == 0  # estimate_tokens("") is 0
