@@ -7,6 +7,7 @@ issue 11 against zettel-compress's own outputs on one book and one conversation.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -466,42 +467,10 @@ def test_entity_support_and_coreference_work_grow_linearly():
 # --- "(... 8 May 2023 ...)" timestamps in linear time -----------------------------------
 
 
-class _ParenProbe:
-    """Stands in for zc._RE_PAREN and bounds what the regex engine may read: an attempt at a
-    "(" scans at most to the end of its line ("[^\\n]*?" cannot cross one)."""
-
-    def __init__(self) -> None:
-        self.rx = zc._RE_PAREN
-        self.work = 0
-
-    def _line_rest(self, text: str, p: int) -> int:
-        ends = [i for i in (text.find(c, p) for c in "\n\r\u2028\u2029") if i != -1]
-        return (min(ends) if ends else len(text)) - p
-
-    def finditer(self, text: str, pos: int = 0):
-        yield from self.rx.finditer(text, pos)
-        self.work += sum(self._line_rest(text, p) for p in range(pos, len(text)) if text[p] == "(")
-
-    def match(self, text: str, pos: int = 0):
-        self.work += self._line_rest(text, pos)
-        return self.rx.match(text, pos)
-
-    def __getattr__(self, name: str):
-        return getattr(self.rx, name)
-
-
-def _paren_work(monkeypatch: pytest.MonkeyPatch, text: str) -> tuple[int, list]:
-    probe = _ParenProbe()
-    monkeypatch.setattr(zc, "_RE_PAREN", probe)
-    hits = zc.scan_document_dates(text)
-    monkeypatch.undo()
-    return probe.work, hits
-
-
 def test_parenthesized_dates_cost_linear_time_on_a_line_of_many_parentheses(monkeypatch):
     # 20 KB of "(" before a year on one line took 7.8 s (minified code has lines like it)
-    small, _ = _paren_work(monkeypatch, "(" * 2000 + " 2023")
-    large, _ = _paren_work(monkeypatch, "(" * 8000 + " 2023")
+    small, _ = _date_tail_work(monkeypatch, "(" * 2000 + " 2023")
+    large, _ = _date_tail_work(monkeypatch, "(" * 8000 + " 2023")
     assert 0 < large <= 5 * small
 
 
@@ -515,6 +484,105 @@ def test_parenthesized_dates_equal_the_regex_scan(pieces):
     text = "".join(pieces)
     old = [(m.start(), m.end(), m.groups()) for m in zc._RE_PAREN.finditer(text)]
     assert [(m.start(), m.end(), m.groups()) for m in zc._paren_dates(text)] == old
+
+
+_PAREN_HEAD, _PAREN_TAIL = r"\([^\n\r\u2028\u2029]*?", r"[^\n\r\u2028\u2029]*?\)"
+# the date alone (after the "(" and its lazy prefix, before the lazy tail and ")")
+_DATE_ONLY = re.compile(zc._RE_PAREN.pattern[len(_PAREN_HEAD):-len(_PAREN_TAIL)], zc._RE_PAREN.flags)
+_LINE_BREAK = re.compile("[\n\r\u2028\u2029]")
+
+
+def _old_paren_dates(text):
+    """zc._paren_dates as it was (b92c8ba): each attempt's date tails read to the line's end."""
+    pos = 0
+    while (p := text.find("(", pos)) != -1:
+        m = zc._RE_PAREN.match(text, p)
+        if m is not None:
+            yield m
+            pos = m.end()
+            continue
+        brk = _LINE_BREAK.search(text, p)
+        if brk is None:
+            return
+        pos = brk.end()
+
+
+def _line_end(text: str, at: int) -> int:
+    m = _LINE_BREAK.search(text, at)
+    return m.start() if m is not None else len(text)
+
+
+class _DateReadProbe:
+    """Stands in for zc._RE_PAREN (an attempt at a "(") or zc._PAREN_DATE (one date) and counts
+    what the regex engine reads: for an attempt at a "(", each place on its line in turn, the
+    date there, then the lazy tail up to a ")" or the end of the line where the date ends."""
+
+    def __init__(self, rx, attempt: bool) -> None:
+        self.rx, self.attempt, self.work = rx, attempt, 0
+
+    def match(self, text, pos=0, endpos=None):
+        m = self.rx.match(text, pos) if endpos is None else self.rx.match(text, pos, endpos)
+        if not self.attempt:
+            self.work += m.end() - pos if m is not None else 1
+            return m
+        for k in range(pos + 1, _line_end(text, pos)):
+            self.work += 1
+            d = _DATE_ONLY.match(text, k)
+            if d is None:
+                continue
+            end = _line_end(text, d.end())
+            close = str.find(text, ")", d.end(), end)
+            self.work += (d.end() - k) + ((end if close == -1 else close + 1) - d.end())
+            if close != -1:
+                break
+        return m
+
+    def __getattr__(self, name: str):
+        return getattr(self.rx, name)
+
+
+class _CountingFinds(_CountingStr):
+    def rfind(self, sub, start=0, end=None):  # type: ignore[override]
+        end = len(self) if end is None else end
+        i = str.rfind(self, sub, start, end)
+        _CountingStr.work += end - (start if i == -1 else i)
+        return i
+
+
+def _date_tail_work(monkeypatch: pytest.MonkeyPatch, text: str) -> tuple[int, list]:
+    probes = [_DateReadProbe(zc._RE_PAREN, attempt=True)]
+    monkeypatch.setattr(zc, "_RE_PAREN", probes[0])
+    if hasattr(zc, "_PAREN_DATE"):
+        probes.append(_DateReadProbe(zc._PAREN_DATE, attempt=False))
+        monkeypatch.setattr(zc, "_PAREN_DATE", probes[1])
+    _CountingStr.work = 0
+    found = [(m.start(), m.end(), m.groups()) for m in zc._paren_dates(_CountingFinds(text))]
+    monkeypatch.undo()
+    return sum(p.work for p in probes) + _CountingStr.work, found
+
+
+@pytest.mark.parametrize("line", ["({dates} and no closing bracket", "(a) ({dates}\n(9 May 2023)"])
+def test_a_bracket_before_many_dates_and_no_closing_one_costs_linear_time(monkeypatch, line):
+    # each date's lazy tail read on to the line's end looking for ")": 2,000 dates took 0.22 s,
+    # 20,000 about 22 s
+    small, _ = _date_tail_work(monkeypatch, line.format(dates="8 May 2023 " * 500))
+    large, found = _date_tail_work(monkeypatch, line.format(dates="8 May 2023 " * 2000))
+    assert found == [(m.start(), m.end(), m.groups()) for m in _old_paren_dates(line.format(dates="8 May 2023 " * 2000))]
+    assert small > 0 and large <= 5 * small  # 4x the dates; 16x before
+
+
+_MULTILINE_PIECES = _PAREN_PIECES + ["8\nMay\n2023", "on\n\n8 ", "\n2023 x)", "May\r\n2023)", "(on\n", ")\n",
+                                     "\r\n", ")(", "3 jan 20231)", "1st Sept. 1999", "ON 4 MAR. 2020"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_MULTILINE_PIECES), max_size=40))
+def test_parenthesized_dates_equal_the_old_scan_and_the_regex(pieces):
+    # a date may start after "on" and span line breaks; its ")" is on the line where it ends
+    text = "".join(pieces)
+    new = [(m.start(), m.end(), m.groups()) for m in zc._paren_dates(text)]
+    assert new == [(m.start(), m.end(), m.groups()) for m in _old_paren_dates(text)]
+    assert new == [(m.start(), m.end(), m.groups()) for m in zc._RE_PAREN.finditer(text)]
 
 
 # --- method="refined": the speaker of a message cut in two, in linear time ----------------

@@ -40,7 +40,7 @@ import unicodedata
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate, islice, pairwise
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..records import EntityIndex, Tunnel, Zettel
@@ -1098,25 +1098,76 @@ _RE_PAREN = re.compile(
 _LINE_BREAK = re.compile("[\n\r\u2028\u2029]")
 
 
-def _paren_dates(text: str) -> Iterable[re.Match[str]]:
-    """``_RE_PAREN.finditer(text)`` without its n^2 on a line of many ``(``.
+# _RE_PAREN without its "(" + lazy prefix and its lazy tail + ")": the date itself, which may
+# start after "on" and span line breaks (its blanks are WS), and where it may start.
+_PAREN_HEAD, _PAREN_TAIL = r"\([^\n\r\u2028\u2029]*?", r"[^\n\r\u2028\u2029]*?\)"
+assert _RE_PAREN.pattern.startswith(_PAREN_HEAD) and _RE_PAREN.pattern.endswith(_PAREN_TAIL)
+_PAREN_DATE = re.compile(_RE_PAREN.pattern[len(_PAREN_HEAD):-len(_PAREN_TAIL)], _RE_PAREN.flags)
+_PAREN_DATE_START = re.compile(r"\d|on", re.I | _A)
 
-    Whether an attempt at a ``(`` succeeds depends only on the dates after it on its line
-    (and a ``)`` after each), so when one fails every later ``(`` of its line fails too: the
-    scan goes on at the next line. ``finditer`` tried them all, each reading to the line's
-    end (20 KB of ``(`` before a year took 7.8 s).
+
+class ParenMatch:
+    """A match of ``_RE_PAREN``: its span and its groups (day, month name, year)."""
+
+    __slots__ = ("_start", "_end", "_groups")
+
+    def __init__(self, start: int, end: int, groups: tuple[str, str, str]) -> None:
+        self._start, self._end, self._groups = start, end, groups
+
+    def start(self) -> int:
+        return self._start
+
+    def end(self) -> int:
+        return self._end
+
+    def groups(self) -> tuple[str, str, str]:
+        return self._groups
+
+    def group(self, i: int) -> str:
+        return self._groups[i - 1]
+
+
+def _paren_dates(text: str) -> Iterator[ParenMatch]:
+    """The matches of ``_RE_PAREN.finditer(text)`` without its n^2 on a line of many ``(``
+    or of many dates.
+
+    The regex tries each place after the ``(`` on its line where the date may start, in
+    order; at each date found, it reads on for a ``)`` on the line where the date ends. That
+    read went to the line's end for every date without a ``)`` after it: a ``(`` before 2,000
+    dates and no ``)`` took 0.22 s, 10x the dates 100x the time. Here each line's last ``)``
+    is looked up once, so a date is checked in O(1). And whether an attempt at a ``(``
+    succeeds depends only on what follows it on its line, so when one fails every later
+    ``(`` of its line fails too: the scan goes on at the next line (``finditer`` tried them
+    all, each reading to the line's end: 20 KB of ``(`` before a year took 7.8 s).
     """
+    breaks = [m.start() for m in _LINE_BREAK.finditer(text)]
+    n = len(text)
+    last_close: dict[int, int] = {}  # line number -> its last ")" (-1: none)
+
+    def line(at: int) -> tuple[int, int]:
+        """(line number, end) of the line holding ``at``."""
+        i = bisect_left(breaks, at)
+        return i, breaks[i] if i < len(breaks) else n
+
     pos = 0
     while (p := text.find("(", pos)) != -1:
-        m = _RE_PAREN.match(text, p)
-        if m is not None:
-            yield m
-            pos = m.end()
-            continue
-        brk = _LINE_BREAK.search(text, p)
-        if brk is None:
-            return
-        pos = brk.end()
+        _, end = line(p)
+        for start in _PAREN_DATE_START.finditer(text, p + 1, end):
+            d = _PAREN_DATE.match(text, start.start())
+            if d is None:
+                continue
+            i, d_end = line(d.end())
+            if i not in last_close:
+                last_close[i] = text.rfind(")", breaks[i - 1] + 1 if i else 0, d_end)
+            if last_close[i] >= d.end():
+                close = text.find(")", d.end(), d_end)
+                yield ParenMatch(p, close + 1, d.groups())  # type: ignore[arg-type]
+                pos = close + 1
+                break
+        else:
+            if end >= n:
+                return
+            pos = end + 1  # a line break is one character
 
 
 PDate = tuple[int, int | None, int | None]  # (year, month, day); month and day may be unknown
