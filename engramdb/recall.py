@@ -9,8 +9,10 @@ Scoring (spec/bm25.md, "Recall"):
 
 * each retriever (BM25; one per embedding space that can embed the query) ranks its
   candidates by its score plus ``HOP_WEIGHT`` times the score one step of personalised
-  PageRank moves to them over edges and tunnels from the other candidates, so the
-  neighbours of strong matches rise (and join the list);
+  PageRank moves to them over edges and tunnels from the other candidates (at most the
+  best of those candidates' scores), so the neighbours of strong matches rise (and join
+  the list), and a memory that matches nothing stays below the best match it is linked
+  to however many matches it is linked to;
 * ``rrf``: weighted fusion of those rankings (:mod:`engramdb.fusion`, weights from a
   :class:`~engramdb.fusion.FusionWeights`, ``fusion=``): BM25 alone keeps reciprocal rank
   fusion ``1 / (60 + rank)``; with spaces, each ranking's standard scores summed, a space
@@ -32,6 +34,7 @@ import bisect
 import copy
 import datetime as _dt
 import inspect
+import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -48,7 +51,6 @@ from .fusion import (DEFAULT_FUSION, LIFT_DEPTH, FusionWeights, SpaceSignal, che
 from .index import Indexes
 from .index.bm25 import IdfMasses, lucene_idf
 from .index.bm25 import top_k as _top_k
-from .index.graph import spread as spread_one_hop
 from .index.synonyms import DATE_WEIGHT, Expander, QueryDate, parse_date, query_dates
 from .records import Node, now_ts
 from .recall_features import QueryFeatures
@@ -70,8 +72,9 @@ _ARGS_HINT = "see help(engramdb.Engram.recall) for the arguments and their types
 TIER_BOOST = {"hot": 1.0, "warm": 0.995, "cold": 0.99, "archive": 0.98}
 SUPERSEDED_PENALTY = 0.5
 # The hop's weight: a neighbour gains HOP_WEIGHT times the score one PageRank step moves to it.
-# Below 1, so a memory linked only to one match never ties it; 0.9 was chosen by leave-one-
-# conversation-out cross-validation on LoCoMo (spec/recall.md, section 7; tools/bench/locomo_cv.py).
+# Below 1, so a memory that matches nothing never ties the best match it is linked to (its gain
+# is capped at that match's score, _spread_capped); 0.9 was chosen by leave-one-conversation-out
+# cross-validation on LoCoMo (spec/recall.md, section 7; tools/bench/locomo_cv.py).
 HOP_WEIGHT = 0.9
 MIN_VECTOR_SCORE = 1e-5
 # How many ranked candidates each retriever hands to fusion, relative to top_k.
@@ -361,6 +364,29 @@ def _counts(terms: Sequence[str]) -> list[tuple[str, int]]:
     return sorted(out.items())
 
 
+def _spread_capped(rows: dict[int, tuple[tuple[int, float], ...]], seeds: dict[int, float]) -> dict[int, float]:
+    """:func:`~engramdb.index.graph.spread` (the same sums, in the same order), each node's
+    sum capped at the best score among the seeds that give it a positive share.
+
+    Summed over many matches, a hub linked to all of them would collect more than any of
+    them and outrank the memories that match (0.9 x the scores of 50 leaves). Where the sum
+    stays below that best score (an inner turn of a chain of turns: each neighbour passes
+    half its score), its floats are unchanged.
+    """
+    moved: dict[int, float] = {}
+    best: dict[int, float] = {}
+    get, top = moved.get, best.get
+    for src in sorted(seeds):
+        row = rows.get(src)
+        if row:
+            score = seeds[src]
+            for dst, share in row:
+                moved[dst] = get(dst, 0.0) + score * share
+                if share > 0 and score > top(dst, -math.inf):
+                    best[dst] = score
+    return {d: min(m, top(d, 0.0)) for d, m in moved.items()}
+
+
 class _Run:
     """The state of one recall: its snapshot, node cache, filter and neighbour cache."""
 
@@ -397,9 +423,11 @@ class _Run:
     def ranking(self, docnos: np.ndarray, scores: np.ndarray, limit: int) -> list[tuple[int, float, float]]:
         """The best ``limit`` (docno, score, hop share) of one retriever, after filters and the hop.
 
-        The hop adds ``HOP_WEIGHT * (P^T s)[d]`` to every candidate and its neighbours, where
-        ``s`` holds the candidates' scores and ``P`` the row-normalised edge weights: the
-        mass one step of personalised PageRank from the candidates moves to ``d``.
+        The hop adds ``HOP_WEIGHT * min((P^T s)[d], b[d])`` to every candidate and its
+        neighbours, where ``s`` holds the candidates' scores, ``P`` the row-normalised edge
+        weights (``P^T s``: the mass one step of personalised PageRank from the candidates
+        moves to ``d``) and ``b[d]`` the best score among the candidates with an edge to
+        ``d``: a node's hop gain never exceeds what its best neighbour alone could give it.
         """
         docnos, scores = self._passing_top(docnos, scores, limit) if self.filtering else _top_k(docnos, scores, limit)
         if not (self.hops and docnos.size and self.has_edges):
@@ -407,7 +435,7 @@ class _Run:
             return [(d, s, 0.0) for d, s in zip(docnos.tolist(), scores.tolist())]
         seeds = docnos.tolist()
         base = dict(zip(seeds, scores.tolist()))
-        moved = spread_one_hop(self._view.hop_rows(seeds), base)  # rows lead to existing nodes only
+        moved = _spread_capped(self._view.hop_rows(seeds), base)  # rows lead to existing nodes only
         if self.filtering:
             node = self.node
             moved = {d: m for d, m in moved.items() if d in base or node(d) is not None}

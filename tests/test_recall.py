@@ -111,6 +111,41 @@ def test_one_hop_brings_linked_memories(make_db):
     assert [h.id for h in db.recall("Caroline puppy", top_k=3, hops=False)] == ["pup"]
 
 
+def test_a_hub_linked_to_many_matches_ranks_below_them(make_db):
+    """Regression: the hop summed what every matching neighbour passed on, so a memory linked
+    to 20 matches and matching nothing collected 0.9 x 20 of their scores and ranked first.
+    Its gain is now capped at its best neighbour's score (times the hop's weight)."""
+    db = make_db()
+    db.add_space("hashed", dims=64)
+    db.add_many([{"id": "hub", "content": "the central hub memory about zebras"}]
+                + [{"id": f"n{i}", "content": f"leaf {i} about lions and tigers"} for i in range(20)])
+    with db.transaction() as tx:
+        for i in range(20):
+            tx.link("hub", f"n{i}", "related")
+    hits = db.recall("lions", top_k=21, explain=True)
+    assert [h.id for h in hits][-1] == "hub" and len(hits) == 21
+    hub, leaves = hits[-1], hits[:-1]
+    assert hub.parts["bm25"] == 0.0 and 0 < hub.parts["hop:bm25"] <= 0.9 * max(h.parts["bm25"] for h in leaves)
+    for key in [k for k in hub.parts if k.startswith("hop:vector:")]:
+        space = key[len("hop:"):]
+        assert hub.parts[key] <= 0.9 * max(h.parts.get(space, 0.0) for h in leaves)
+    assert hits[0].id != "hub" and db.recall("lions", top_k=1, hops=False)[0].id != "hub"
+    assert db.recall("zebras", top_k=1)[0].id == "hub"  # the hub's own match still leads
+
+
+def test_the_hop_cap_leaves_a_chain_of_turns_unchanged():
+    """Where no node collects more than its best neighbour's score (consecutive turns linked
+    in a chain, as on LoCoMo), the capped hop gives the same floats as the plain sum."""
+    from engramdb.index.graph import hop_row, spread
+    from engramdb.recall import _spread_capped
+    n = 12
+    rows = {i: hop_row({j: 1.0 for j in (i - 1, i + 1) if 0 <= j < n}) for i in range(n)}
+    seeds = {i: 1.0 + (i * 7919 % 13) / 3 for i in range(1, n - 1)}
+    assert _spread_capped(rows, seeds) == spread(rows, seeds)
+    star = {0: hop_row({1: 1.0}), 2: hop_row({1: 1.0}), 3: hop_row({1: 1.0, 4: 1.0})}
+    assert _spread_capped(star, {0: 2.0, 2: 3.0, 3: 4.0}) == {1: 4.0, 4: 2.0}  # 2 + 3 + 2 = 7, capped at 4
+
+
 def test_vectors_join_the_fusion(db):
     db.add_space("hashed", dims=128)
     assert db.spaces()["hashed"].auto
