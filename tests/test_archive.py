@@ -411,3 +411,31 @@ def test_a_pass_then_compact_makes_a_file_with_archivable_memories_smaller(make_
         assert full.content == node.content  # the tier is the decayed one: archive
     assert db.unarchive("m0123").content == originals["m0123"].content
     assert db.verify() == []
+
+
+@pytest.mark.parametrize("tier", ["hot", "warm", "cold"])
+def test_a_memory_the_pass_archived_is_unarchived_into_a_live_tier(make_db, now, tier):
+    # maint's notes: the pass decays and archives in one write, so the archive entry held the
+    # tier "archive" and unarchive gave back a live memory in the archive tier
+    db = make_db()
+    db.add(LONG, id="m", tier=tier, importance=0.0, now=now - 400 * 86400)
+    db.add("kept short", id="s", tier=tier, importance=0.0, now=now - 400 * 86400)
+    report = db.maintain(now=now)
+    assert sorted(report.archived_ids) == ["m", "s"]
+    for id_ in ("m", "s"):
+        assert db.get(id_).tier == "archive" and db.get(id_, full=True).tier == "cold"
+        restored = db.unarchive(id_)
+        assert not restored.archived and restored.tier == "cold"
+    assert db.get("m").content == LONG
+    # still past the cold limit: the next pass archives it again, by the same rule; pinned, it stays
+    db.update("s", pinned=True)
+    assert db.maintain(now=now).archived_ids == ["m"]
+    assert db.get("s").tier == "cold" and not db.get("s").archived
+
+
+def test_a_memory_in_the_archive_tier_before_the_pass_keeps_that_tier_in_its_entry(make_db, now):
+    # as archive() by hand: a tier the user set comes back as it was
+    db = make_db()
+    db.add(LONG, id="m", tier="archive", now=now)
+    assert db.maintain(now=now).archived_ids == ["m"]
+    assert db.get("m", full=True).tier == "archive"

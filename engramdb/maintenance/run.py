@@ -768,6 +768,11 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             else:
                 if decayed[i]:
                     op["tier"] = TIERS[int(new_tier[i])]
+                    if i in archive_now and new_tier[i] == 3:
+                        # the stub's tier is "archive" all the same; its archive entry keeps the
+                        # tier it comes back in: "archive" there made unarchive give back a live
+                        # memory in the archive tier, which the next pass archived again
+                        op["tier"] = "cold"
                 if i in merges:
                     op.update(merges[i])
                     op["last_accessed"] = op["last_accessed"] / 1000
