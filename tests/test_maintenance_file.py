@@ -665,3 +665,29 @@ def test_without_merge_duplicates_a_removed_duplicates_edges_go_with_it(make_db)
     _duplicates_with_edges(db)
     db.maintain(MaintenanceConfig(space="v", merge_duplicates=False), now=NOW)
     assert _links(db) == [("b", "related", "d", 0.2, ""), ("b", "related", "e", 0.9, "")]
+
+
+@pytest.mark.parametrize("change", ["content", "delete"])
+def test_a_duplicate_stays_when_its_survivor_changed_while_the_pass_planned(make_db, tmp_path, change):
+    # the pass deleted the duplicate all the same: its text, no longer in the survivor, was lost
+    db = make_db("survivor.engram", encrypted=False)
+    db.add_space("v", dims=3, model="mine", auto=False)
+    db.add("the ferry leaves at noon", id="a", embeddings={"v": [1, 0, 0]}, now=NOW)
+    db.add("the ferry leaves at noon!", id="b", importance=0.9, embeddings={"v": [1, 0.001, 0]}, now=NOW)
+    other = engram_mod.open(tmp_path / "survivor.engram", encrypted=False)
+
+    def act():
+        if change == "content":
+            other.update("b", content="something else entirely", embeddings={"v": [0, 1, 0]})
+        else:
+            other.delete("b")
+    try:
+        report = db.maintain(MaintenanceConfig(space="v"), now=NOW, progress=_during_planning(db, act))
+    finally:
+        other.close()
+    assert report.removed_ids == ["a"]  # the plan's decision
+    assert db.get("a").content == "the ferry leaves at noon"
+    with db._store.read() as txn:  # logged as changed: the next pass looks at it again
+        assert list(iter_dirty(txn)) != []
+    again = db.maintain(MaintenanceConfig(space="v"), now=NOW)
+    assert again.removed_ids == [] and db.get("a") is not None and db.verify() == []

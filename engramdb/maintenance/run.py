@@ -672,12 +672,12 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
         alive[list(removed)] = False
         merges: dict[int, dict[str, Any]] = {}
         survivor: dict[int, int] = {}
-        if config.merge_duplicates and removed:
-            for loser in sorted(removed):
-                keeper = loser
-                while keeper in into:
-                    keeper = into[keeper]
-                survivor[loser] = keeper
+        for loser in sorted(removed):
+            keeper = loser
+            while keeper in into:
+                keeper = into[keeper]
+            survivor[loser] = keeper
+            if config.merge_duplicates:
                 m = merges.setdefault(keeper, {"tags": list(node(int(rows["docno"][keeper])).tags),
                                                "access_count": int(rows["access"][keeper]),
                                                "last_accessed": int(rows["last"][keeper])})
@@ -762,9 +762,10 @@ def _plan(target: Target, config: MaintenanceConfig, summarizer: Summarizer | No
             op: dict[str, Any] = {}
             if i in removed:
                 op["delete"] = True
-                if i in survivor:  # its edges go there (a plan stored without it drops them)
-                    k = int(rows["docno"][survivor[i]])
-                    op["into"] = [k, id_of(k)]
+                # deleted only while its survivor is unchanged; with merge_duplicates its edges go
+                # there (a plan stored without "into" deletes it as before)
+                k = int(rows["docno"][survivor[i]])
+                op["into"] = [k, id_of(k), bool(config.merge_duplicates)]
             else:
                 if decayed[i]:
                     op["tier"] = TIERS[int(new_tier[i])]
@@ -855,22 +856,31 @@ def _apply_op(tx: PassTxn, plan: Mapping[str, Any], entry: Sequence[Any]) -> int
     return dropped
 
 
-def _apply_deletes(tx: PassTxn, graph: Graph, entries: Sequence[Sequence[Any]]) -> None:
+def _apply_deletes(tx: PassTxn, graph: Graph, plan: Mapping[str, Any], op_docnos: set[int],
+                   entries: Sequence[Sequence[Any]]) -> None:
     """The delete operations of one batch, in one ``delete_many``: each unless its memory
     changed since the plan (as :func:`_apply_op`). No other operation of the pass changes a
     memory that the pass deletes, so doing them first in their batch changes no outcome.
-    With ``merge_duplicates`` a deleted duplicate's edges go to its survivor first
-    (:meth:`Graph.move_edges`), unless the survivor is gone."""
+    A duplicate whose survivor changed or went since the plan stays (:func:`_unchanged`);
+    with ``merge_duplicates`` a deleted duplicate's edges go to its survivor first
+    (:meth:`Graph.move_edges`)."""
     txn = tx._txn
     keys = [DIRTY_PREFIX + codec.u64(e[0]) for e in entries]
     due = [(e, key) for e, key in zip(entries, keys) if txn.get("meta", key) == e[2] and _is_stored(tx, e[0])]
+    kept = [e[0] for e, _ in due if "into" in e[3] and not _unchanged(tx, plan, op_docnos, int(e[3]["into"][0]))]
+    if kept:
+        # its survivor changed (or went) since the snapshot: it may no longer hold this text.
+        # Kept, and logged as changed, so the next pass compares it again
+        log_changes(txn, kept)
+        due = [(e, key) for e, key in due if e[0] not in kept]
     if not due:
         return
     for e, _ in due:
         # in this transaction, before the delete would drop them; one by one in docno order,
         # so an edge between two duplicates of one batch ends as no edge (no self-link)
-        if "into" in e[3] and _is_stored(tx, e[3]["into"][0]):
-            graph.move_edges(txn, e[0], int(e[3]["into"][0]), e[3]["into"][1])
+        into = e[3].get("into")
+        if into is not None and (len(into) < 3 or into[2]):
+            graph.move_edges(txn, e[0], int(into[0]), into[1])
     tx.delete_many([e[1] for e, _ in due])
     txn.delete_many("meta", [key for _, key in due])  # our own changes: the new state accounts for them
 
@@ -910,6 +920,16 @@ def _apply_summary(tx: PassTxn, plan: Mapping[str, Any], s: Mapping[str, Any], o
             tx._txn.delete("meta", key)  # our own change (a source changed meanwhile stays for the next pass)
 
 
+def _unchanged(tx: PassTxn, plan: Mapping[str, Any], op_docnos: set[int], docno: int) -> bool:
+    """Whether memory ``docno`` is stored and unchanged since the plan's snapshot: its change-log
+    token is the snapshot's, or none once this plan's own operation on it was applied (which
+    takes it out of the change log; any later change logs a new token)."""
+    if not _is_stored(tx, docno):
+        return False
+    token = tx._txn.get("meta", DIRTY_PREFIX + codec.u64(docno))
+    return token == plan["tokens"].get(docno) or (token is None and docno in op_docnos)
+
+
 def _is_stored(tx: PassTxn, docno: int) -> bool:
     """Whether memory ``docno`` is still stored. A docno is never given again, so its
     record is the memory the plan named (an id deleted and added again has a new docno)."""
@@ -938,7 +958,8 @@ def _run_plan(target: Target, plan: dict[str, Any], batch_size: int, progress: P
                 _finish(tx._txn, plan)
                 break
             batch = steps[done:done + batch_size]
-            _apply_deletes(tx, target.indexes.graph, [item for kind, item in batch if kind == "op" and item[3].get("delete")])
+            deletes = [item for kind, item in batch if kind == "op" and item[3].get("delete")]
+            _apply_deletes(tx, target.indexes.graph, plan, op_docnos, deletes)
             dropped = 0
             for kind, item in batch:
                 if kind == "op":
