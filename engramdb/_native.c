@@ -2318,6 +2318,52 @@ typedef struct {
 } np_ufunc_call_info;
 #define NP_CALL_INFO_NAME "numpy_1.24_ufunc_call_info"
 
+/* numpy.log1p's float64 loop from `capsule` (bm25.py's _log1p_loop), or NULL with an error */
+static np_ufunc_call_info *
+log1p_loop(PyObject *capsule, const char *who)
+{
+    np_ufunc_call_info *info = (np_ufunc_call_info *)PyCapsule_GetPointer(capsule, NP_CALL_INFO_NAME);
+    if (info != NULL && (info->strided_loop == NULL || info->requires_pyapi)) {
+        PyErr_Format(PyExc_ValueError, "%s: call_info holds no GIL-free strided loop "
+                                       "(call numpy.ufunc._get_strided_loop first)", who);
+        return NULL;
+    }
+    return info;
+}
+
+/* the idf argument (n_docs - df + 0.5) / (df + 0.5), with Python's float operations */
+static double
+idf_argument(long long n_docs, double df)
+{
+    double x = (double)n_docs - df;
+    x = x + 0.5;
+    return x / (df + 0.5);
+}
+
+/* ln(1 + xs[i]) into xs[n + i] for i < n by `info`'s loop, the floating-point status flags
+ * kept as they were; 0, or -1 with an error */
+static int
+run_log1p(np_ufunc_call_info *info, double *xs, Py_ssize_t n, const char *who)
+{
+    Py_ssize_t strides[2] = {sizeof(double), sizeof(double)};
+    char *data[2];
+    fexcept_t saved;
+    int rc;
+    if (n == 0)
+        return 0;
+    data[0] = (char *)xs;
+    data[1] = (char *)(xs + n);
+    fegetexceptflag(&saved, FE_ALL_EXCEPT);
+    rc = info->strided_loop(info->context, data, &n, strides, info->auxdata);
+    fesetexceptflag(&saved, FE_ALL_EXCEPT);
+    if (rc < 0) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "%s: numpy's log1p loop failed", who);
+        return -1;
+    }
+    return 0;
+}
+
 /* idf_values(call_info, n_docs, dfs) -> list[float]
  * engramdb/index/bm25.py's _idfs: per df of `dfs` (ints), the argument
  * (n_docs - df + 0.5) / (df + 0.5) with Python's float operations (n_docs and df converted
@@ -2334,21 +2380,14 @@ idf_values(PyObject *self, PyObject *args)
     PyObject *capsule, *dfs_obj, *seq = NULL, *result = NULL;
     long long n_docs;
     np_ufunc_call_info *info;
-    Py_ssize_t n, i, strides[2] = {sizeof(double), sizeof(double)};
+    Py_ssize_t n, i;
     double *xs = NULL;
-    fexcept_t saved;
-    int rc;
     (void)self;
     if (!PyArg_ParseTuple(args, "OLO", &capsule, &n_docs, &dfs_obj))
         return NULL;
-    info = (np_ufunc_call_info *)PyCapsule_GetPointer(capsule, NP_CALL_INFO_NAME);
+    info = log1p_loop(capsule, "idf_values");
     if (info == NULL)
         return NULL;
-    if (info->strided_loop == NULL || info->requires_pyapi) {
-        PyErr_SetString(PyExc_ValueError, "idf_values: call_info holds no GIL-free strided loop "
-                                          "(call numpy.ufunc._get_strided_loop first)");
-        return NULL;
-    }
     seq = PySequence_Fast(dfs_obj, "idf_values: dfs must be a sequence");
     if (seq == NULL)
         return NULL;
@@ -2359,26 +2398,13 @@ idf_values(PyObject *self, PyObject *args)
         goto done;
     }
     for (i = 0; i < n; i++) {
-        double df = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i)), x;
+        double df = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
         if (df == -1.0 && PyErr_Occurred())
             goto done;
-        x = (double)n_docs - df;
-        x = x + 0.5;
-        xs[i] = x / (df + 0.5);
+        xs[i] = idf_argument(n_docs, df);
     }
-    if (n > 0) {
-        char *data[2];
-        data[0] = (char *)xs;
-        data[1] = (char *)(xs + n);
-        fegetexceptflag(&saved, FE_ALL_EXCEPT);
-        rc = info->strided_loop(info->context, data, &n, strides, info->auxdata);
-        fesetexceptflag(&saved, FE_ALL_EXCEPT);
-        if (rc < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "idf_values: numpy's log1p loop failed");
-            goto done;
-        }
-    }
+    if (run_log1p(info, xs, n, "idf_values") < 0)
+        goto done;
     result = PyList_New(n);
     if (result == NULL)
         goto done;
@@ -2413,22 +2439,16 @@ term_values(PyObject *self, PyObject *args)
     long long n_docs;
     double avgdl, k1, b, shift;
     np_ufunc_call_info *info;
-    Py_ssize_t n, i, total = 0, at = 0, strides[2] = {sizeof(double), sizeof(double)};
+    Py_ssize_t n, i, total = 0, at = 0;
     double *xs = NULL, *out;
     Py_buffer ob = {0};
-    int have_o = 0, rc;
-    fexcept_t saved;
+    int have_o = 0;
     (void)self;
     if (!PyArg_ParseTuple(args, "OLdddOO", &capsule, &n_docs, &avgdl, &k1, &b, &specs_obj, &empty))
         return NULL;
-    info = (np_ufunc_call_info *)PyCapsule_GetPointer(capsule, NP_CALL_INFO_NAME);
+    info = log1p_loop(capsule, "term_values");
     if (info == NULL)
         return NULL;
-    if (info->strided_loop == NULL || info->requires_pyapi) {
-        PyErr_SetString(PyExc_ValueError, "term_values: call_info holds no GIL-free strided loop "
-                                          "(call numpy.ufunc._get_strided_loop first)");
-        return NULL;
-    }
     seq = PySequence_Fast(specs_obj, "term_values: specs must be a sequence");
     if (seq == NULL)
         return NULL;
@@ -2440,7 +2460,7 @@ term_values(PyObject *self, PyObject *args)
     }
     for (i = 0; i < n; i++) {  /* check every spec and size the output first */
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        double df, x;
+        double df;
         int c;
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
             PyErr_SetString(PyExc_TypeError, "term_values: a spec is a (df, w, pair_tf, pair_dl, delta_tf, delta_dl) tuple");
@@ -2449,9 +2469,7 @@ term_values(PyObject *self, PyObject *args)
         df = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 0));
         if (df == -1.0 && PyErr_Occurred())
             goto done;
-        x = (double)n_docs - df;
-        x = x + 0.5;
-        xs[i] = x / (df + 0.5);
+        xs[i] = idf_argument(n_docs, df);
         for (c = 2; c < 6; c += 2) {
             PyObject *tf = PyTuple_GET_ITEM(item, c);
             Py_ssize_t len;
@@ -2463,19 +2481,8 @@ term_values(PyObject *self, PyObject *args)
             total += len;
         }
     }
-    if (n > 0) {
-        char *data[2];
-        data[0] = (char *)xs;
-        data[1] = (char *)(xs + n);
-        fegetexceptflag(&saved, FE_ALL_EXCEPT);
-        rc = info->strided_loop(info->context, data, &n, strides, info->auxdata);
-        fesetexceptflag(&saved, FE_ALL_EXCEPT);
-        if (rc < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "term_values: numpy's log1p loop failed");
-            goto done;
-        }
-    }
+    if (run_log1p(info, xs, n, "term_values") < 0)
+        goto done;
     out_obj = PyObject_CallFunction(empty, "n", total);
     if (out_obj == NULL)
         goto done;
