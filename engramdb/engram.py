@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar, overload
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import bulk, codec, crypto
+from . import bulk, codec, crypto, format_features
 from . import header as hdr
 from . import verify as verify_mod
 # their home was here: users, error hints and the CLI name them so
@@ -23,7 +23,7 @@ from .header import (
 )
 from .verify import Problem as Problem
 from .errors import (
-    CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError, FormatVersionError,
+    CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError,
     ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, shown,
 )
 from .records import Edge, Node, check_written, now_ts
@@ -218,7 +218,7 @@ class Engram:
         engram = cls(store, header)
         with store.read() as txn:
             txn.state  # the sealed state record must open under this key  # noqa: B018
-            _check_features(txn, store.path, store.readonly)
+            format_features.check(txn, store.path, store.readonly)
         if needs_repair and not store.readonly:
             store.write(lambda t: hdr.write_header(t, header))
         return engram
@@ -1361,7 +1361,7 @@ class Transaction:
             self._txn.delete("procedures", key)
             self._txn.put("procedures", self._txn.store.blind(b"procedure", value), value)
         self._txn.put("meta", _PROCEDURE_KEYS_KEY, b"\x01")
-        _add_features(self._txn, {FEATURE_PROCEDURE_KEYS})
+        format_features.add(self._txn, {format_features.PROCEDURE_KEYS})
 
     def archived(self, id: str) -> str | None:
         """The archived original of a memory, or None."""
@@ -1478,41 +1478,3 @@ def _canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
 _PROCEDURE_KEY_BYTES = 16
 # set once the procedure rows are keyed by their blind index (Transaction._procedure_key)
 _PROCEDURE_KEYS_KEY = b"procedures.blind"
-# The format features a file was written with (spec/file-format.md, "Format features"): a
-# sealed msgpack list of names in meta. An engramdb that finds a name it does not know in it
-# opens the file read-only only: its writes would not follow that feature.
-_FEATURES_KEY = b"features"
-FEATURE_PROCEDURE_KEYS = "procedure-keys-blind"  # procedure rows keyed by their blind index (8aa8c3e)
-KNOWN_FEATURES = frozenset({FEATURE_PROCEDURE_KEYS})
-
-
-def _features(txn: Txn) -> set[str]:
-    raw = txn.get("meta", _FEATURES_KEY)
-    if raw is None:
-        return set()
-    names = codec.unpack(raw)
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise CorruptFileError("the file's list of format features is malformed",
-                               hint="restore the file from a dump or backup")
-    return set(names)
-
-
-def _add_features(txn: Txn, names: set[str]) -> None:
-    held = _features(txn)
-    if not names <= held:
-        txn.put("meta", _FEATURES_KEY, codec.pack(sorted(held | names)))
-
-
-def _check_features(txn: Txn, path: str, readonly: bool) -> None:
-    """Refuse a writable open of a file written with a format feature this version does not know.
-
-    Raises:
-        FormatVersionError: such a feature, and ``readonly`` is false.
-    """
-    unknown = sorted(_features(txn) - KNOWN_FEATURES)
-    if unknown and not readonly:
-        raise FormatVersionError(
-            f"{path} was written by a newer engramdb with format features this one does not know "
-            f"({', '.join(unknown)}); it can read the file but must not write it",
-            hint="upgrade engramdb (pip install -U engramdb) to write it; reading it works (open(..., "
-                 "readonly=True), and the command line's commands that only read)")

@@ -162,17 +162,17 @@ def test_converted_keys_are_a_format_feature_that_a_version_not_knowing_it_must_
     # (unkeyed SHA-256 keys again: duplicate edges, the leak back) and nothing stopped it. Those
     # versions cannot be changed; from now on a file lists the format features it was written
     # with, and a version that finds one it does not know opens the file read-only only.
-    from engramdb import engram as engram_mod
+    from engramdb import format_features
     from engramdb.errors import FormatVersionError
 
     path = tmp_path / "f.engram"
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
         with db.transaction() as tx:
-            assert engram_mod._features(tx._txn) == set()  # nothing converted yet
+            assert format_features.held(tx._txn) == set()  # nothing converted yet
         ProceduralGraph(db).record_trajectory(_transcript("first", ["read_file", "run_tests"]), "success", now=now)
         with db.transaction() as tx:
-            assert engram_mod._features(tx._txn) == {"procedure-keys-blind"}
-            engram_mod._add_features(tx._txn, {"from-the-future"})  # as a newer version would
+            assert format_features.held(tx._txn) == {"procedure-keys-blind"}
+            format_features.add(tx._txn, {"from-the-future"})  # as a newer version would
     with pytest.raises(FormatVersionError) as err:
         engramdb.open(path, passphrase=PASSPHRASE)
     assert "from-the-future" in err.value.message and "upgrade engramdb" in err.value.hint

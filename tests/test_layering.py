@@ -28,6 +28,8 @@ RANKS = {
     "bulk": 4,
     # the file header and its key slots (codec, crypto, store's header keys)
     "header": 4,
+    # the format features a file was written with (a sealed list in meta; codec, store)
+    "format_features": 4,
     "aaak": 5, "importers": 5,
     "compress.*": 6, "compress": 6,
     # one meaning for every filter over memories (scan, recall); dates compare as compress does
