@@ -265,17 +265,19 @@ def test_forget_by_query_keeps_a_memory_whose_negation_differs_in_the_built_in_s
     assert list(db.ids()) == ["t"]
 
 
+def _random_texts(seed):
+    """A function giving random lowercase texts of a given length, seeded."""
+    rng = random.Random(seed)
+    return lambda n: "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(n))
+
+
 def test_a_large_value_rewritten_smaller_in_one_transaction_passes_the_structural_check(make_db, tmp_path):
     # LMDB overwrites a large value in place when its overflow pages were written earlier in the
     # same transaction, keeping the longer run (mdb_cursor_put does not shrink it, and frees by
     # the run's own count). lmdb.verify wanted the exact count, so verify() called such a file
     # damaged and open() refused it after a forget or compact (its groups are rewritten smaller
     # in one transaction): a sound store could not be opened.
-    rng = random.Random(5)
-
-    def text(n):
-        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(n))
-
+    text = _random_texts(5)
     db = make_db("big.engram", encrypted=False)
     db.add(text(70_000), id="a")
     with db.transaction() as tx:
@@ -294,11 +296,7 @@ def test_compact_zeroes_the_tail_of_an_overflow_run_longer_than_its_value(make_d
     # The run of a value rewritten smaller in one transaction keeps its pages; their tail held
     # the earlier version's bytes, and the compacting copy's scrub zeroed only the pages the
     # value needs: that version stayed in the file after compact.
-    rng = random.Random(6)
-
-    def text(n):
-        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(n))
-
+    text = _random_texts(6)
     db = make_db("tail.engram", encrypted=False)
     db.add(text(70_000), id="a")
     with db.transaction() as tx:

@@ -535,13 +535,24 @@ def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_words_it_cannot_
     assert other.maintain(MaintenanceConfig(space="mine"), now=NOW).removed_ids == ["b"]
 
 
+# a long shared start: one changed word after it leaves the built-in space's cosine above 0.92
+_LONG_HEAD = ("The quarterly review covered the Atlas project, the hiring plan for the platform team, "
+              "the new office lease, the customer escalations from the enterprise accounts and the roadmap. ")
+
+
+def _maintain_pairs_after_a_long_head(db, pairs):
+    """Each pair stored as NAME-a and NAME-b after :data:`_LONG_HEAD`; the pass's report."""
+    for name, (a, b) in pairs.items():
+        db.add(_LONG_HEAD + a, id=f"{name}-a", now=NOW)
+        db.add(_LONG_HEAD + b, id=f"{name}-b", now=NOW)
+    return db.maintain(now=NOW)
+
+
 def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_a_number_or_a_date(make_db):
     # In a long text one different number, date or month moves the built-in space's vector
     # little: these pairs scored above 0.92 and maintain() deleted the second memory of each
     # as a duplicate, losing the fact ("the budget is 25000"). Numbers, dates and times must
     # agree as well; the true duplicate still goes.
-    head = ("The quarterly review covered the Atlas project, the hiring plan for the platform team, "
-            "the new office lease, the customer escalations from the enterprise accounts and the roadmap. ")
     db = make_db(encrypted=False)
     pairs = {"num": ("The budget is 15000 dollars.", "The budget is 25000 dollars."),
              "date": ("Launch is on 2024-03-14.", "Launch is on 2025-03-14."),
@@ -549,10 +560,7 @@ def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_a_number_or_a_da
              "day": ("The review is on Monday.", "The review is on Friday."),
              "time": ("Standup at 10:30.", "Standup at 11:30."),
              "twin": ("Retro on 2023-01-09.", "retro on 2023-01-09!")}
-    for name, (a, b) in pairs.items():
-        db.add(head + a, id=f"{name}-a", now=NOW)
-        db.add(head + b, id=f"{name}-b", now=NOW)
-    report = db.maintain(now=NOW)
+    report = _maintain_pairs_after_a_long_head(db, pairs)
     assert report.removed_ids == ["twin-b"]
     assert not db.maintain(now=NOW).changed
 
@@ -588,16 +596,11 @@ def test_dedupe_in_the_builtin_space_keeps_texts_that_differ_in_a_name_or_its_pl
     # deleted the second memory of each pair as a duplicate. Names (capitalised words not
     # starting a sentence) must agree, in order; a twin differing in a sentence's first letter
     # still goes.
-    head = ("The quarterly review covered the Atlas project, the hiring plan for the platform team, "
-            "the new office lease, the customer escalations from the enterprise accounts and the roadmap. ")
     db = make_db(encrypted=False)
     pairs = {"swap": ("After the trip Alice owes Bob 50 euros.", "After the trip Bob owes Alice 50 euros."),
              "name": ("The lease was signed by Alice.", "The lease was signed by Carol."),
              "twin": ("Then Alice signs.", "then Alice signs!")}
-    for name, (a, b) in pairs.items():
-        db.add(head + a, id=f"{name}-a", now=NOW)
-        db.add(head + b, id=f"{name}-b", now=NOW)
-    report = db.maintain(now=NOW)
+    report = _maintain_pairs_after_a_long_head(db, pairs)
     assert report.removed_ids == ["twin-b"]
     assert not db.maintain(now=NOW).changed
 
