@@ -347,6 +347,8 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
                 txn.put("meta", ENTITIES_KEY, codec.pack(dict(sorted(table.items()))))
 
         db._store.write(put_sources)
+    # a dump's vectors are the stored ones: a normalising space keeps them bit for bit
+    db.indexes.vectors.stored_rows = True
     count = 0
     batch: list[Node] = []
     edges: list[Edge] = []
@@ -368,6 +370,7 @@ def _load(db: Engram, header: aaak.DumpHeader, items: Iterator[Any], progress: C
             procedures.append(item.data)
     if batch:
         count += len(_add_stored(db, batch))
+    db.indexes.vectors.stored_rows = False
     if progress:
         progress(count)
 

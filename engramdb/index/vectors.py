@@ -338,8 +338,16 @@ def _legacy_decode_block(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return docnos, matrix.reshape(rows, dims).astype(np.float32)
 
 
-def _check_matrix(space: EmbeddingSpace, vectors: Any) -> np.ndarray:
-    """Validate and (if the space says so) normalise a (rows, dims) matrix."""
+# A row within this of its normalised self (every component) is a unit vector engramdb stored.
+_STORED_UNIT_TOL = 1e-5
+
+
+def _check_matrix(space: EmbeddingSpace, vectors: Any, *, stored: bool = False) -> np.ndarray:
+    """Validate and (if the space says so) normalise a (rows, dims) matrix.
+
+    ``stored``: the rows are vectors engramdb stored (a dump's): a row that is already a
+    unit vector is kept bit for bit. Float32 normalisation is not idempotent (a unit row
+    divided by its float32 norm moves by an ulp), so a restore changed every vector."""
     try:
         arr = np.asarray(vectors, dtype=np.float32)
     except (TypeError, ValueError) as exc:
@@ -352,10 +360,14 @@ def _check_matrix(space: EmbeddingSpace, vectors: Any) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise EmbeddingError(f"space {space.name!r}: the vector contains NaN or infinity")
     if space.normalize:
+        given = arr
         arr, zero = unit_rows(arr)
         if zero.any():
             raise EmbeddingError(f"space {space.name!r} normalises vectors, and a zero vector cannot be normalised",
                                  hint="skip empty texts or create the space with normalize=False")
+        if stored:
+            unit = np.max(np.abs(arr - given), axis=1) <= _STORED_UNIT_TOL
+            arr[unit] = given[unit]
     return arr
 
 
@@ -530,6 +542,8 @@ class VectorIndex:
         # embedded by it on every handle, whatever this one registered under its name
         self._builtin: dict[str, Callable[[list[str]], np.ndarray]] = {}
         self.cache_bytes = int((DEFAULT_CACHE_MB if cache_mb is None else max(0.0, float(cache_mb))) * 2**20)
+        # set by restore on its own handle: the nodes' vectors are a dump's, stored as they are
+        self.stored_rows = False
 
     # --- spaces -------------------------------------------------------------------------
 
@@ -672,7 +686,7 @@ class VectorIndex:
         column = _one_space_column(spaces, nodes)
         if column is not None:  # a bulk add's usual batch: one vector each, one space, one length
             name, docnos, vecs = column
-            out = {name: (docnos, _check_matrix(spaces[name], np.stack(vecs)))}
+            out = {name: (docnos, _check_matrix(spaces[name], np.stack(vecs), stored=self.stored_rows))}
         else:
             out = self._rows_one_by_one(spaces, nodes)
         for name, (docnos, mat) in self._auto_rows(spaces, nodes, texts).items():
@@ -702,7 +716,7 @@ class VectorIndex:
                 entry = rows.setdefault(name, ([], []))
                 entry[0].append(docno)
                 entry[1].append(vec)
-        return {name: (docnos, _check_matrix(spaces[name], np.stack(vecs) if vecs else vecs))
+        return {name: (docnos, _check_matrix(spaces[name], np.stack(vecs) if vecs else vecs, stored=self.stored_rows))
                 for name, (docnos, vecs) in rows.items() if docnos}
 
     def _new_dir(self, space: EmbeddingSpace, seq: int = 0) -> _Dir:
