@@ -300,3 +300,56 @@ def test_numpy_ints_are_taken_and_bools_refused(tmp_engram, now):
     assert graph.min_trajectories == 3 and graph.guidance_for("x", max_steps=np.int64(2)) == ""
     with pytest.raises(ValidationError, match="max_steps"):
         graph.guidance_for("x", max_steps=True)
+
+
+def test_a_run_whose_members_another_run_consolidated_meanwhile_leaves_them_to_it(tmp_engram, now):
+    # two runs at once that grouped differently (another target, or one more fact seen: two
+    # agents, or two MCP after_task calls at the threshold; a summarizer that is a model call
+    # makes the window seconds long): the later commits wrote a second core memory over
+    # members the first had archived, so one fact was in two core memories
+    _memories(tmp_engram, now, n_per_topic=4)
+    other: list = []
+
+    def summarizer(texts):
+        if not other:  # meanwhile, another run consolidates the same memories its own way
+            other.append(consolidate_sleep(tmp_engram, threshold=10, target=2, now=now + 1))
+        return "Summary: " + " ".join(t.split(" ")[0] for t in texts)
+
+    late = consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now + 2)
+    first = other[0]
+    assert first.archived == 20 and len(first.cores) == 2
+    cores = list(tmp_engram.scan(tags=["core"]))
+    members = [m for core in cores for m in core.metadata["agent"]["consolidated_from"]]
+    assert sorted(members) == sorted(n for n in _memory_ids()) and len(members) == 20  # each in one core
+    assert sorted(c.id for c in cores) == sorted(c["id"] for c in first.cores)
+    assert late.cores == [] and late.archived == 0  # nothing claimed that it did not write
+    for core in cores:  # and each core linked to its own members only
+        derived = sorted(e.dst for e in tmp_engram.edges(core.id) if e.kind == "derived_from")
+        assert derived == sorted(core.metadata["agent"]["consolidated_from"])
+
+
+def test_a_group_whose_member_was_changed_or_forgotten_meanwhile_is_left_for_the_next_run(tmp_engram, now):
+    # a member forgotten while the summarizer ran made the run raise NotFoundError after
+    # earlier groups were written; one edited meanwhile was archived under a summary of its
+    # old text
+    _memories(tmp_engram, now, n_per_topic=4)
+    calls: list = []
+
+    def summarizer(texts):
+        calls.append(texts)
+        if len(calls) == 1:
+            tmp_engram.forget(ids=["garden-1"])
+            tmp_engram.update("deploy-2", content="The deploy pipeline moved to the new cluster.")
+        return "Summary of " + str(len(texts))
+
+    report = consolidate_sleep(tmp_engram, threshold=10, summarizer=summarizer, now=now)
+    written = {m for core in report.cores for m in core["derived_from"]}
+    assert "garden-1" not in written and "deploy-2" not in written and report.archived == len(written) > 0
+    assert tmp_engram.get("deploy-2").tier != "archive"
+    assert not any(m.startswith(("garden-", "deploy-")) for m in written)  # those groups wait, whole
+    again = consolidate_sleep(tmp_engram, threshold=2, now=now + 10)
+    assert "deploy-2" in {m for core in again.cores for m in core["derived_from"]}
+
+
+def _memory_ids():
+    return [f"{topic}-{k}" for topic in TOPICS for k in range(4)]

@@ -153,6 +153,12 @@ def _cut(sentence: str) -> str:
     return sentence if sentence.endswith((".", "!", "?")) else sentence + "."
 
 
+def _stale(current: Node | None, planned: Node) -> bool:
+    """Whether a member read again in the write transaction is no longer the live memory its
+    group was planned (and summarized) from."""
+    return current is None or current.tier not in LIVE_TIERS or current.content != planned.content
+
+
 def _cores(db: AgentMemory) -> Iterable[tuple[Node, list[str], bool]]:
     """(core memory, the ids in its ``consolidated_from``, whether it is ``complete``) of every
     core memory, in insertion order."""
@@ -266,6 +272,12 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         exists = core_id in db  # a memory the user made from a core (its tag or metadata changed)
         try:
             with db.transaction() as tx:
+                # planned outside this commit (a summarizer may be a model call, seconds long):
+                # another run (process, thread, target) may have consolidated a member meanwhile,
+                # or the user changed or forgot one. Then the group waits for the next run, whole:
+                # written, a member would be in two core memories, or under a summary of an old text.
+                if any(_stale(tx.find(m.id), m) for m in members):
+                    continue
                 if not exists:
                     tx.add(summary, id=core_id, now=stamp, tags=["agent", CORE_TAG],
                            importance=max(m.importance for m in members),
