@@ -90,8 +90,8 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
             last commit (otherwise refused), only to run ``verify(fix=True)`` on it.
         cache_mb: the limit, in MiB, of each of this handle's caches of decrypted data
             (None: each cache's default; the postings cache's is 64 MiB, the vector
-            matrices' 2048 MiB, beyond which a space is searched block by block): least recently
-            used entries are evicted beyond it (README, "Memory").
+            matrices' 2048 MiB together, beyond which a space is searched block by block): least
+            recently used entries are evicted beyond it (README, "Memory").
         fusion: the :class:`~engramdb.FusionWeights` every recall of this handle fuses its
             retrievers with, unless a call passes its own (default: the documented defaults,
             spec/recall.md "Fusion"). Not stored in the file.

@@ -505,3 +505,26 @@ def test_unit_rows_fast_path_on_query_and_matrix_shapes():
         ref_out, ref_zero = _unit_rows_reference(arr)
         assert out.tobytes() == ref_out.tobytes() and zero.tobytes() == ref_zero.tobytes()
         assert out.tobytes() == (arr / np.linalg.norm(arr, axis=1, keepdims=True)).astype(np.float32).tobytes()
+
+
+def test_equal_vectors_score_equal_wherever_they_sit_so_ties_go_by_docno(store):
+    """Scores came from BLAS (``matrix @ q``), whose kernel depends on the matrix's shape:
+    the last rows of 50 equal vectors scored a float32 ulp apart from the others (here 11 of
+    these 16 spaces), so a duplicate added later could rank first (6 of them), and a space
+    searched block by block (over the cache limit) scored otherwise than one held whole."""
+    vi = VectorIndex(store.blind, store.last_txnid)
+    streamed = VectorIndex(store.blind, store.last_txnid, cache_mb=0)
+    rng = np.random.default_rng(0)
+    for n in range(16):
+        space = f"s{n}"
+        store.write(lambda txn, space=space: vi.add_space(txn, EmbeddingSpace(space, "test-model", 384)))
+        v = rng.standard_normal(384).astype(np.float32)
+        q = v + rng.standard_normal(384).astype(np.float32)
+        for start in range(0, 50, 7):  # 50 equal vectors, added in batches of 7
+            batch = [(i + 1, _node(i + 1, v, space)) for i in range(start, min(50, start + 7))]
+            store.write(lambda txn, batch=batch: vi.apply(txn, batch, ["" for _ in batch], []))
+        with store.read() as txn:
+            scores = vi.scores(txn, space, q)[1]
+            assert np.all(scores == scores[0]), space
+            assert np.array_equal(streamed.scores(txn, space, q)[1], scores)
+            assert [d for d, _ in vi.search(txn, space, q, 50)] == list(range(1, 51))

@@ -357,3 +357,34 @@ def test_a_bulk_add_of_numpy_rows_builds_the_same_nodes_as_one_by_one(make_db):
     with pytest.raises(engramdb.ValidationError, match="NaN or infinity"):
         bulk.add_many([dict(r, id="x" + r["id"]) for r in bad])
     assert len(bulk) == 20
+
+
+def test_the_matrices_of_all_spaces_together_stay_within_the_cache_limit(make_db):
+    """open(cache_mb=) bounds the vector cache, the matrices of every space together (README
+    "Memory"): each space's matrix was checked against the whole limit alone, so a handle
+    with three spaces held three times its limit."""
+    rng = np.random.default_rng(8)
+    rows = {s: rng.standard_normal((40, DIMS)).astype(np.float32) for s in "abc"}
+    cached = make_db("c.engram", encrypted=False, passphrase=None)
+    bounded = make_db("b.engram", encrypted=False, passphrase=None, cache_mb=0.5)  # one matrix: 40 x 6 KiB
+    for db in (cached, bounded):
+        for s in "abc":
+            db.add_space(s, dims=DIMS, model="m" + s, normalize=False)
+        db.add_many([{"id": f"n{i}", "content": "x", "embeddings": {s: rows[s][i] for s in "abc"}}
+                     for i in range(40)])
+    one = 40 * DIMS * 4
+    assert 2 * one <= bounded.indexes.vectors.cache_bytes < 3 * one
+    q = rng.standard_normal(DIMS).astype(np.float32)
+    for _ in range(2):  # and again, from what the first round kept
+        for s in "abc":
+            with cached._store.read() as a, bounded._store.read() as b:
+                assert cached.indexes.vectors.search(a, s, q, 7) == bounded.indexes.vectors.search(b, s, q, 7)
+        held = [c.live[3].nbytes for c in bounded.indexes.vectors._caches.values() if c.live is not None]
+        assert sum(held) <= bounded.indexes.vectors.cache_bytes and len(held) == 2
+    bounded.add("y", id="new", embeddings={s: rows[s][0] for s in "abc"})  # the kept matrices follow a commit
+    cached.add("y", id="new", embeddings={s: rows[s][0] for s in "abc"})
+    for s in "abc":
+        with cached._store.read() as a, bounded._store.read() as b:
+            assert cached.indexes.vectors.search(a, s, q, 7) == bounded.indexes.vectors.search(b, s, q, 7)
+    held = [c.live[3].nbytes for c in bounded.indexes.vectors._caches.values() if c.live is not None]
+    assert sum(held) <= bounded.indexes.vectors.cache_bytes and len(held) == 2

@@ -5,13 +5,14 @@ Layout (values sealed by the store; no space name or id appears in a key):
 ``meta`` table
     ``b"index.spaces"`` -> msgpack ``{name: {"model", "dims", "dtype", "normalize", "auto"}}``.
 ``vectors`` table
-    ``blind(space) | u32 0``     -> the space's directory: live blocks, tombstones, count.
-    ``blind(space) | u32 block`` -> one block: the rows one write batch added.
+    ``blind(space) | u32 0``                -> the space's directory: rows per block, count, change log.
+    ``blind(space) | 0x01 | u64be(block)``  -> the rows of docnos ``block * R`` to ``block * R + R - 1``.
 
-A block is ``u32 rows | u32 dims | rows x u64 docnos (LE) | rows x dims float32 (LE)``.
-Search is exact: the live rows are concatenated into one float32 matrix kept in memory
-(refreshed when another process commits), scored with one matrix-vector product, and
-the top k taken with ``argpartition``; ties break by docno ascending.
+A block is ``u16le n | u16le R | u32le dims | bitmap | n x dims float32 (LE)``. Files of the
+first layout (blocks by write batch, with tombstones) are read and converted (spec/vectors.md).
+Search is exact: the live rows are read into one float32 matrix kept in memory (refreshed
+when another process commits), each row's dot product with the query computed on its own
+(:func:`row_dots`), and the top k taken with ``argpartition``; ties break by docno ascending.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ __all__ = [
     "EmbeddingSpace",
     "HashedTfidfEmbedder",
     "check_embedder",
+    "row_dots",
     "LocalModelEmbedder",
     "VectorIndex",
     "decode_vector_block",
@@ -405,6 +407,17 @@ def unit_rows(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, zero
 
 
+def row_dots(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``matrix @ q``, each row's dot product computed the same way wherever the row sits.
+
+    BLAS (``@``) picks its kernel by the matrix's shape: one row's score changed with the
+    number of rows around it (a search block by block, a matrix a few rows longer), so
+    equal vectors scored differently by their position and broke the docno order of ties.
+    NumPy's einsum sums each row on its own (and is no slower for one query vector)."""
+    out: np.ndarray = np.einsum("ij,j->i", matrix, q)
+    return out
+
+
 def _embed(space: EmbeddingSpace, emb: Callable[[list[str]], Any], texts: list[str]) -> np.ndarray:
     """``emb(texts)`` as float32, for documents and queries alike.
 
@@ -485,7 +498,7 @@ class _SpaceCache:
     """The live matrix of a space with the state it was built from, and the last block a
     lookup decoded (sequential reads of a dump decode each block once)."""
 
-    __slots__ = ("live", "last", "used", "lock")
+    __slots__ = ("live", "last", "used")
 
     def __init__(self) -> None:
         # (snapshot id, directory seq, docnos, matrix): replaced as a whole, so a reader on
@@ -495,7 +508,6 @@ class _SpaceCache:
         self.live: tuple[int, tuple[str, int | None], np.ndarray, np.ndarray] | None = None
         self.last: tuple[int, int, np.ndarray, np.ndarray] | None = None
         self.used = 0
-        self.lock = threading.Lock()
 
 
 def _frozen_row(row: np.ndarray) -> np.ndarray:
@@ -541,6 +553,7 @@ class VectorIndex:
         # the built-in model's embedder per space, apart from the user's: a built-in space is
         # embedded by it on every handle, whatever this one registered under its name
         self._builtin: dict[str, Callable[[list[str]], np.ndarray]] = {}
+        self._lock = threading.Lock()  # loads a matrix: the bound holds for all spaces together
         self.cache_bytes = int((DEFAULT_CACHE_MB if cache_mb is None else max(0.0, float(cache_mb))) * 2**20)
         # set by restore on its own handle: the nodes' vectors are a dump's, stored as they are
         self.stored_rows = False
@@ -999,12 +1012,19 @@ class VectorIndex:
         if live is not None and sid is not None and live[1] == key:
             cache.live = (sid, key, live[2], live[3])
             return live[2], live[3]
-        if isinstance(d, _Dir) and d.count * d.dims * 4 > self.cache_bytes:
+        size = d.count * d.dims * 4 if isinstance(d, _Dir) else 0
+        if size > self.cache_bytes:
             cache.live = None
             return None
         if sid is None:  # a write transaction: its state is not committed, nothing is cached
             return self._load(txn, name, prefix, d)
-        with cache.lock:
+        # one space at a time, so the matrices held together stay within the limit: a space
+        # that does not fit beside the others' is streamed (evicting them instead would
+        # reload every space on every recall, which queries them all)
+        with self._lock:
+            if size > self.cache_bytes - self._held_bytes(name):
+                cache.live = None
+                return None
             live = cache.live
             got = None
             if live is not None and isinstance(d, _Dir) and live[1][0] == "seq":
@@ -1015,6 +1035,10 @@ class VectorIndex:
                 cache.used = got[0].size
             cache.live = (sid, key, got[0], got[1])
         return got
+
+    def _held_bytes(self, name: str) -> int:
+        """The bytes of the matrices this handle holds for spaces other than ``name``."""
+        return sum(c.live[3].nbytes for n, c in list(self._caches.items()) if n != name and c.live is not None)
 
     def live_rows(self, txn: Txn, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(docnos, matrix) of the live rows of space ``name``, in docno order: the cached
@@ -1093,7 +1117,7 @@ class VectorIndex:
             if end > d.count:
                 break
             docnos[pos:end] = docs
-            scores[pos:end] = mat @ q
+            scores[pos:end] = row_dots(mat, q)
             pos = end
         else:
             if pos == d.count:
@@ -1113,7 +1137,7 @@ class VectorIndex:
         if got is None:
             return self._stream_scores(txn, space, q)
         docnos, matrix = got
-        return docnos, matrix @ q
+        return docnos, row_dots(matrix, q)
 
     def search(self, txn: Txn, space: str, query: Any, k: int) -> list[tuple[int, float]]:
         """Exact top ``k`` (docno, score): score descending, docno ascending.
