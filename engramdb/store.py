@@ -670,6 +670,11 @@ class _Env:
         self.write_mutex = threading.Lock()
         self.writer_thread = 0  # the thread holding write_mutex (0: none)
         self.active_readers = 0
+        self.thread_reads: dict[int, int] = {}  # open reads per thread (in active_readers too)
+        # a deferred environment's reopen is waiting for the reads open now to end: a new read
+        # (of a thread with none open) waits for the reopen, or a steady stream of overlapping
+        # reads of other threads would hold it off until its timeout
+        self.upgrading = False
         self.active_writers = 0
         self.map_uses = 0  # uses of the map since the last look at the resident file pages
         self.file_base = resident_file_bytes()  # those pages after the last release (None: no /proc)
@@ -947,6 +952,15 @@ class _Env:
                                   "another handle; a second one would wait for it for ever",
                                   hint="write through the handle whose `with db.transaction()` block is open "
                                        "(its writes join the transaction), or after the block")
+        if self.deferred and self.thread_reads.get(get_ident()):
+            # Its reopen waits for every read of this process to end, this thread's too: it
+            # would wait for itself until the timeout (for ever with None). Race-free: while
+            # this read is open, no other thread's reopen can complete either.
+            raise BusyError(f"{self.path}: this thread has a read of the file open, and the first write of this "
+                            "process must reopen the file read-write once no read of it is open (it was opened "
+                            "while another process was writing); this write would wait for its own read",
+                            hint="write after the read's block has ended, or begin the write first (reads inside "
+                                 "a `with db.transaction()` block join it)")
         busy = f"{self.path}: another writer held the file for longer than the timeout ({timeout} s)"
         deadline = _deadline(timeout)
         if not self.write_mutex.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
@@ -1122,7 +1136,13 @@ class _Env:
         """
         with self.resize_lock:  # no read begins meanwhile: Store.read counts itself under it
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=left):
+            self.upgrading = True  # new reads wait (Store.read): only the reads open now are waited for
+            try:
+                ended = self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=left)
+            finally:
+                self.upgrading = False
+                self.resize_lock.notify_all()
+            if not ended:
                 raise BusyError(f"{self.path}: other threads kept reading through this file for longer than the "
                                 "timeout, and its first write must reopen it read-write once they are done",
                                 hint="retry the write once those reads are done, or open with a longer timeout")
@@ -2622,7 +2642,9 @@ class Store:
     def last_txnid(self) -> int:
         """LMDB's last committed transaction id: it moves whenever any process commits."""
         self._check()
-        return self._env.env.info()["last_txnid"]
+        env = self._env
+        with env.resize_lock:  # not while a deferred reopen or a compact has the environment closed
+            return env.env.info()["last_txnid"]
 
     def on_commit(self, listener: CommitListener) -> None:
         """Have ``listener.purge(changes)`` called after every commit through this process's
@@ -2647,8 +2669,13 @@ class Store:
             yield current
             return
         env = self._env
+        ident = get_ident()
         with env.resize_lock:
+            own = env.thread_reads.get(ident, 0)
+            if env.upgrading and not own:  # a thread with a read open goes on: the reopen waits for it
+                env.resize_lock.wait_for(lambda: not env.upgrading)
             env.active_readers += 1
+            env.thread_reads[ident] = own + 1
         txn = Txn(self, write=False)
         try:
             txn._begin()
@@ -2664,6 +2691,9 @@ class Store:
             txn._abort()
             with env.resize_lock:
                 env.active_readers -= 1
+                left = env.thread_reads.pop(ident) - 1
+                if left:
+                    env.thread_reads[ident] = left
                 env.resize_lock.notify_all()
 
     def outside_transaction(self, what: str) -> None:
@@ -2738,8 +2768,9 @@ class Store:
     # -- whole-file operations --------------------------------------------------------
     def env_info(self) -> EnvInfo:
         self._check()
-        return EnvInfo(**self._env.env.info(), psize=self._env.env.stat()["psize"],
-                       file_size=os.stat(self.path).st_size)
+        env = self._env
+        with env.resize_lock:  # not while a deferred reopen or a compact has the environment closed
+            return EnvInfo(**env.env.info(), psize=env.env.stat()["psize"], file_size=os.stat(self.path).st_size)
 
     def compact(self) -> None:
         """Replace the file by a compacting copy of itself: freed pages (and the ciphertext

@@ -126,3 +126,131 @@ def test_a_file_without_a_newer_table_still_gets_it_and_waits_for_the_writer(tmp
     with env.begin() as txn:
         assert txn.get(_DB_NAMES["sources"]) is not None
     env.close()
+
+
+@pytest.fixture
+def deferred(tmp_path):
+    """A handle opened while another holder had engramdb's writer lock (its environment is
+    read-only until its first write), with that lock released again."""
+    import fcntl
+    import os
+    path = tmp_path / "deferred.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add(id="first", content="kept", now=1.0)
+    fd = os.open(str(path) + "-maint", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the writer lock, as a writing process holds it
+        db = engram.open(path, passphrase=PASSPHRASE, timeout=10)
+    finally:
+        os.close(fd)
+    assert db._store._env.deferred
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def test_a_write_inside_the_same_thread_s_read_of_a_deferred_handle_fails_at_once(deferred):
+    """The reopen waits for every read of the process to end: a thread writing inside its own
+    read waited for itself until the timeout (for ever with timeout=None), then blamed "other
+    threads". It is refused at once, and the write works once the read has ended."""
+    db = deferred
+    store = db._store
+    store.timeout = None  # the old code: waits for ever (the test's own timeout below catches that)
+    import threading
+    outcome: list[BaseException | None] = []
+
+    def nested() -> None:
+        try:
+            with store.read():
+                db.add(id="second", content="written inside a read", now=2.0)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the write waited for its own read"
+    assert isinstance(outcome[0], BusyError) and "this thread has a read of the file open" in str(outcome[0])
+    assert "after the read" in outcome[0].hint
+    assert store._env.deferred and store._env.thread_reads == {}
+    db.add(id="second", content="written after the read", now=2.0)  # the reopen happens
+    assert not store._env.deferred and db.get("second").content == "written after the read"
+
+
+def test_new_reads_wait_for_a_pending_reopen_of_a_deferred_handle(deferred):
+    """The first write's reopen waits for the reads open at that moment; reads that begin later
+    wait for the reopen instead of holding it off (a steady stream of overlapping reads of other
+    threads made that write time out)."""
+    import threading
+    import time
+    db = deferred
+    store = db._store
+    env = store._env
+    seen: list[bool] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            db.add(id="second", content="written by another thread", now=2.0)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def read() -> None:
+        try:
+            with store.read():
+                seen.append(env.deferred)  # False: the reopen came first
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    with store.read():  # open before the write: the reopen waits for it
+        writer = threading.Thread(target=write)
+        writer.start()
+        end = time.monotonic() + 60
+        while not getattr(env, "upgrading", False) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert env.upgrading, "the write's reopen never waited for the open read"
+        with store.read():  # this thread's own read still begins: the reopen waits for it anyway
+            pass
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(2)  # time for a read that does not wait to happen (it must not)
+    writer.join(60)
+    reader.join(60)
+    assert not writer.is_alive() and not reader.is_alive() and errors == []
+    assert seen == [False] and not env.deferred and env.thread_reads == {}
+
+
+def test_last_txnid_and_env_info_during_a_deferred_reopen(deferred, monkeypatch):
+    """The reopen closes the environment for a moment: last_txnid()/env_info() of another
+    thread then raised a raw lmdb.Error; they wait for the reopen instead."""
+    import threading
+
+    from engramdb.store import _Env
+    db = deferred
+    store = db._store
+    real_open = _Env._open
+    got: list[object] = []
+    threads: list[threading.Thread] = []
+
+    def query() -> None:
+        try:
+            got.append((store.last_txnid(), store.env_info()["last_txnid"]))
+        except BaseException as exc:
+            got.append(exc)
+
+    def reopen(path, **kwargs):
+        if not kwargs["readonly"]:  # the reopen, with the read-only environment closed
+            t = threading.Thread(target=query)
+            t.start()
+            t.join(2)  # time for a call that does not wait to meet the closed environment (it must not)
+            threads.append(t)
+        return real_open(path, **kwargs)
+
+    monkeypatch.setattr(_Env, "_open", staticmethod(reopen))
+    db.add(id="second", content="written by the reopened environment", now=2.0)
+    for t in threads:
+        t.join(60)
+    assert len(threads) == 1 and len(got) == 1
+    assert isinstance(got[0], tuple) and got[0][0] == got[0][1] and isinstance(got[0][0], int), got
