@@ -126,7 +126,7 @@ def test_a_summarizer_that_fails_on_a_later_group_leaves_the_file_untouched(tmp_
             return "x" * (MAX_CONTENT_BYTES + 1) if failure == "too long" else ""
         return "a summary"
 
-    with pytest.raises(RuntimeError if failure == "raises" else ValidationError):
+    with pytest.raises(ValidationError):  # a model that raises too (its exception the cause, since session 11)
         consolidate_sleep(tmp_engram, threshold=10, target=5, summarizer=summarizer, now=now)
     assert len(calls) == 2
     assert all(tmp_engram.get(i).tier == "hot" for i in ids)
@@ -353,3 +353,23 @@ def test_a_group_whose_member_was_changed_or_forgotten_meanwhile_is_left_for_the
 
 def _memory_ids():
     return [f"{topic}-{k}" for topic in TOPICS for k in range(4)]
+
+
+def test_a_summarizer_that_raises_is_a_validation_error_and_nothing_is_written(tmp_engram, now):
+    # the model's exception (an API timeout on the second group here) left consolidate_sleep
+    # raw; a blank summary was "the summarizer returned str, not text"
+    _memories(tmp_engram, now, n_per_topic=2)
+    calls: list = []
+
+    def summarizer(texts):
+        calls.append(texts)
+        if len(calls) == 2:
+            raise TimeoutError("the model did not answer")
+        return "A summary."
+
+    with pytest.raises(ValidationError, match="the summarizer raised TimeoutError: the model did not answer") as info:
+        consolidate_sleep(tmp_engram, threshold=10, summarizer=summarizer, now=now)
+    assert isinstance(info.value.__cause__, TimeoutError) and "nothing was written" in info.value.hint
+    assert len(unconsolidated(tmp_engram)) == 10 and list(tmp_engram.scan(tags=["core"])) == []
+    with pytest.raises(ValidationError, match="the summarizer returned an empty text"):
+        consolidate_sleep(tmp_engram, threshold=10, summarizer=lambda texts: " \n", now=now)

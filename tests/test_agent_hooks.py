@@ -12,6 +12,7 @@ from engramdb.agent import MemoryHooks, extract_facts, serialize_conversation
 from engramdb.agent.hooks import HEADER
 from engramdb.agent.text import content_words, has_noise, scrub
 from engramdb.errors import ValidationError
+from engramdb.records import MAX_CONTENT_BYTES
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
 SAMPLE = Path(engramdb.__file__).parent / "data" / "sample_memories.txt"
@@ -465,3 +466,42 @@ def test_blank_tags_are_refused_when_the_hooks_are_made(tmp_engram, tags):
         MemoryHooks(tmp_engram, tags=tags)
     assert "leave the empty tag out" in err.value.hint
     assert MemoryHooks(tmp_engram, tags=[]).tags == []
+
+
+def test_an_extractor_fact_too_long_for_a_memory_is_refused_before_any_fact_is_written(make_db, now):
+    # the first fact was stored, then the second's write raised "content is longer than ...",
+    # (with the hint about engramdb.Node) and the trajectory was not recorded: half a task
+    db = make_db()
+    hooks = MemoryHooks(db, extractor=lambda text: ["The user prefers tabs", "x" * (MAX_CONTENT_BYTES + 1)])
+    with pytest.raises(ValidationError, match="the extractor returned a fact of 16777217 characters"):
+        hooks.after_task(_session1(), outcome="success", now=now)
+    assert list(db.scan()) == [] and hooks.graph is not None and hooks.graph.trajectories() == []
+
+
+@pytest.mark.parametrize("extractor", [
+    lambda text: 1 / 0,
+    lambda text: (fact for fact in ["The user prefers tabs", 1 / 0]),  # raising while iterated
+])
+def test_an_extractor_that_raises_is_a_validation_error_and_nothing_is_written(make_db, now, extractor):
+    # the model's own exception (a ZeroDivisionError here, a rate limit or timeout from an API)
+    # left after_task raw: a caller catching EngramError around its hooks did not catch it
+    db = make_db()
+    hooks = MemoryHooks(db, extractor=extractor)
+    with pytest.raises(ValidationError, match="the extractor raised ZeroDivisionError") as info:
+        hooks.after_task(_session1(), outcome="success", now=now)
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing was written" in info.value.hint
+    assert list(db.scan()) == [] and hooks.graph is not None and hooks.graph.trajectories() == []
+
+
+def test_an_extractor_yielding_without_end_gives_its_first_three_facts(make_db, now):
+    # every item was read before the first three were taken: a generator that does not end
+    # (a model's stream read line by line) hung after_task
+    db = make_db()
+
+    def endless(text):
+        yield from ["Prefers tabs over spaces", "   ", "Keeps notes in Markdown", "Deploys on Fridays"]
+        raise AssertionError("read past the third fact")
+
+    ids = MemoryHooks(db, extractor=endless).after_task(_session1(), now=now)
+    assert [db.get(i).content for i in ids] == ["Prefers tabs over spaces", "Keeps notes in Markdown",
+                                                 "Deploys on Fridays"]

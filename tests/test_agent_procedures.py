@@ -239,3 +239,18 @@ def test_a_proposal_holding_a_lone_surrogate_is_stored_with_a_replacement_charac
     edge = {e.key: e for e in graph.edges()}[("read_file", "edit_file", "leads_to")]
     assert (edge.guidance, edge.condition) == ("read it first \ufffd", "when \ufffd")
     assert "2. edit_file: read it first \ufffd" in graph.guidance_for("fix parser bug")
+
+
+@pytest.mark.parametrize("proposer", [
+    lambda contrast: 1 / 0,
+    lambda contrast: (p for p in [{"op": "add_pitfall", "src": "start", "dst": "end"}, 1 / 0]),
+])
+def test_a_proposer_that_raises_is_a_validation_error_and_nothing_is_decided(tmp_engram, now, proposer):
+    # the model's own exception left refine raw (a caller catching EngramError missed it)
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    rows = tmp_engram.procedure_rows()
+    with pytest.raises(ValidationError, match="the proposer raised ZeroDivisionError") as info:
+        graph.refine(proposer=proposer, now=now)
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing was written" in info.value.hint
+    assert graph.decided() == {} and tmp_engram.procedure_rows() == rows

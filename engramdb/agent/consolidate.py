@@ -21,6 +21,7 @@ from ..errors import DuplicateIdError, ValidationError
 from ..index.vectors import HashedTfidfEmbedder
 from ..recall import as_int
 from ..records import MAX_CONTENT_BYTES, Node, now_ts
+from .models import call_model
 from .protocols import AgentMemory
 from .text import content_words, overlap, storable
 
@@ -204,7 +205,8 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
     not return text leaves the file as it was.
 
     Raises:
-        ValidationError: bad arguments, or a summarizer that does not return text.
+        ValidationError: bad arguments, or a summarizer that raises (its exception is the cause)
+            or does not return text; nothing is written then.
     """
     threshold_n, target_n = as_int(threshold), as_int(target)  # NumPy's ints too; never a bool
     if threshold_n is None or threshold_n < 2:
@@ -251,9 +253,10 @@ def consolidate_sleep(db: AgentMemory, *, threshold: int = 50, target: int = 5, 
         members = [nodes[i] for i in group]
         texts = [m.content for m in members]
         if summarizer is not None:
-            summary = summarizer(texts)
+            summary = call_model(summarizer, texts, "summarizer")
             if not isinstance(summary, str) or not summary.strip():
-                raise ValidationError(f"the summarizer returned {type(summary).__name__}, not text",
+                got = "an empty text" if isinstance(summary, str) else f"{type(summary).__name__}, not text"
+                raise ValidationError(f"the summarizer returned {got}",
                                       hint="a Summarizer takes a list of texts and returns one non-empty string")
             if len(summary) > MAX_CONTENT_BYTES:  # refused by the write below, after earlier groups' commits
                 raise ValidationError(f"the summarizer returned {len(summary)} characters; a memory holds at most "

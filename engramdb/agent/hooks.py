@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..errors import DuplicateIdError, ValidationError
 from ..recall import Hit, as_int, as_real
-from ..records import now_ts
+from ..records import MAX_CONTENT_BYTES, now_ts
 from ..tokens import token_counter
 from .consolidate import LIVE_TIERS, SleepReport, Summarizer, _check_summarizer, consolidate_sleep, live_candidates
 from .extract import Fact, extract_facts
+from .models import call_model, iterate_model
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
@@ -30,6 +31,8 @@ __all__ = ["MemoryHooks", "Extractor", "HEADER", "DEFAULT_MIN_RELEVANCE"]
 HEADER = "## Relevant Memories"
 DEFAULT_MIN_RELEVANCE = 0.15
 DUPLICATE_OVERLAP = 0.8
+MAX_FACTS = 3
+_EXTRACTOR_HINT = "return e.g. ['The user wants only the standard library']"
 Extractor = Callable[[str], Iterable[str]]
 
 
@@ -147,22 +150,30 @@ class MemoryHooks:
 
     # -- after ----------------------------------------------------------------------------
     def _facts(self, conv: SerializedConversation, outcome: str | None) -> list[Fact]:
+        """The facts to store, all checked before the first is written (a fact refused by its
+        write would leave the ones before it stored, and the trajectory unrecorded)."""
         if self.extractor is None:
             return extract_facts(conv, outcome=outcome)
-        produced = self.extractor(conv.text)
+        produced = call_model(self.extractor, conv.text, "extractor")
         # a Mapping (a model's {"facts": [...]} parsed) would iterate its keys as facts
         if isinstance(produced, (str, bytes, Mapping)) or not isinstance(produced, Iterable):
             raise ValidationError(f"the extractor returned a {type(produced).__name__}; it must return a list "
-                                  "of fact strings", hint="return e.g. ['The user wants only the standard library']")
-        facts = []
-        for item in produced:
+                                  "of fact strings", hint=_EXTRACTOR_HINT)
+        facts: list[Fact] = []
+        for item in iterate_model(produced, "extractor"):
             if not isinstance(item, str):
                 raise ValidationError(f"the extractor returned a {type(item).__name__} among its facts; "
-                                      "each fact must be a string")
+                                      "each fact must be a string", hint=_EXTRACTOR_HINT)
             text = scrub(item)
+            if len(text) > MAX_CONTENT_BYTES:
+                raise ValidationError(f"the extractor returned a fact of {len(text)} characters; a memory holds at "
+                                      f"most {MAX_CONTENT_BYTES}", hint="return facts of a sentence or two each, "
+                                                                         "not the transcript")
             if text:
                 facts.append(Fact(text, "extracted"))
-        return facts[:3]
+                if len(facts) == MAX_FACTS:  # the rest is not read (a generator may not end)
+                    break
+        return facts
 
     def _is_duplicate(self, text: str) -> bool:
         words, negated = content_words(text), negations(text)
@@ -185,7 +196,9 @@ class MemoryHooks:
 
         Raises:
             ValidationError: a transcript that cannot be parsed (the message and field are
-                named), a bad outcome, or an extractor that returns something else than strings.
+                named), a bad outcome, or an extractor that raises (its exception is the
+                cause), returns something else than strings or a fact longer than a memory
+                holds; nothing is written then.
         """
         if outcome is not None and outcome not in OUTCOMES:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}",

@@ -29,6 +29,7 @@ from .. import codec
 from ..errors import ValidationError
 from ..recall import as_int
 from ..records import now_ts
+from .models import call_model, iterate_model
 from .protocols import AgentMemory, AgentTransaction
 from .serialize import SerializedConversation, serialize_conversation
 from .text import content_words, overlap, scrub, storable
@@ -535,7 +536,8 @@ class ProceduralGraph:
         proposed again. A proposal that no held-out trajectory can test stays undecided.
 
         Raises:
-            ValidationError: the proposer returned a malformed proposal.
+            ValidationError: the proposer raised (its exception is the cause) or returned a
+                malformed proposal; nothing is written then.
         """
         _check_proposer(proposer)
         proposer = proposer or self.proposer
@@ -556,13 +558,13 @@ class ProceduralGraph:
                 "graph": self.to_dict(),
                 "decided": sorted(rows.decided),
             }
-            produced = proposer(contrast)
+            produced = call_model(proposer, contrast, "proposer")
             # a str or a Mapping (a model's {"proposals": [...]} parsed) would iterate as characters or keys
             if isinstance(produced, (str, bytes, Mapping)) or not isinstance(produced, Iterable):
                 raise ValidationError(f"the proposer returned a {type(produced).__name__}; it must return a list "
                                       "of proposals", hint="return e.g. [{'op': 'add_pitfall', 'src': 'edit_file', "
                                                            "'dst': 'run_tests', 'text': 'run the linter first'}]")
-            proposals = [Proposal.parse(p, n) for n, p in enumerate(produced)]
+            proposals = [Proposal.parse(p, n) for n, p in enumerate(iterate_model(produced, "proposer"))]
         seen: set[str] = set()
         decisions: list[tuple[Proposal, str, str]] = []
         for proposal in proposals:
