@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -505,3 +506,35 @@ def test_an_extractor_yielding_without_end_gives_its_first_three_facts(make_db, 
     ids = MemoryHooks(db, extractor=endless).after_task(_session1(), now=now)
     assert [db.get(i).content for i in ids] == ["Prefers tabs over spaces", "Keeps notes in Markdown",
                                                  "Deploys on Fridays"]
+
+
+def test_hooks_shared_by_threads_do_not_store_one_fact_twice(make_db, now):
+    # `engramdb mcp` runs each tool call in a worker thread (mcp 2.x), all on one MemoryHooks:
+    # two after_task calls at once both checked for a duplicate before either stored its fact,
+    # so parallel calls saying the same thing stored it once per call (10 calls: 10 facts)
+    db = make_db()
+    first = [{"role": "user", "content": "Task one: always use tabs. Never use spaces."}]
+    second = [{"role": "user", "content": "Task two: always use tabs. Never use spaces."}]
+    other: list = []
+
+    class Racing:
+        """The store as the first call sees it: while it stores its fact, the second call runs."""
+
+        def __getattr__(self, name):
+            return getattr(db, name)
+
+        def __contains__(self, id):
+            return id in db
+
+        def remember(self, text, **fields):
+            if not other:
+                other.append(threading.Thread(target=lambda: other.append(hooks.after_task(second, now=now))))
+                other[0].start()
+                other[0].join(timeout=3)  # done by then, unless it waits for this call to finish
+            return db.remember(text, **fields)
+
+    hooks = MemoryHooks(Racing(), procedures=False, sleep_threshold=None)
+    stored = hooks.after_task(first, now=now)
+    other[0].join()
+    assert len(stored) == 1 and other[1] == []  # the second call found the first one's fact
+    assert [n.content for n in db.scan()] == [db.get(stored[0]).content]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -99,6 +100,7 @@ class MemoryHooks:
         self.sleep_threshold = sleep_threshold
         self.summarizer = summarizer
         self.tags = list(tags)
+        self._lock = threading.RLock()  # after_task holds it around its own sleep
 
     # -- before ---------------------------------------------------------------------------
     def relevant(self, task_text: str) -> list[Hit]:
@@ -209,9 +211,18 @@ class MemoryHooks:
         conv = serialize_conversation(messages)
         stamp = now_ts(now)
         session = session or "s-" + hashlib.sha256(conv.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        facts = self._facts(conv, outcome)  # a model call: outside the lock
+        # One thread at a time from here (the MCP server calls its tools in worker threads): the
+        # duplicate check and the write of a fact are one step, or parallel calls saying the same
+        # thing each store it; and a sleep another call started is seen before planning a second.
+        with self._lock:
+            return self._store(conv, facts, outcome, session, stamp)
+
+    def _store(self, conv: SerializedConversation, facts: list[Fact], outcome: str | None, session: str,
+               stamp: float) -> list[str]:
         ids: list[str] = []
         seen: set[str] = set()
-        for fact in self._facts(conv, outcome):
+        for fact in facts:
             fact_id = "fact-" + hashlib.sha256(fact.text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
             if fact_id in seen or fact_id in self.db or self._is_duplicate(fact.text):
                 continue
@@ -236,6 +247,8 @@ class MemoryHooks:
     # -- sleep ----------------------------------------------------------------------------
     def consolidate_sleep(self, *, force: bool = False, now: float | None = None) -> SleepReport:
         """:func:`engramdb.agent.consolidate_sleep` with this object's threshold, summarizer and
-        tags (only the memories carrying every one of :attr:`tags`)."""
-        return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
-                                 tags=self.tags or None, force=force, now=now)
+        tags (only the memories carrying every one of :attr:`tags`); one at a time with
+        :meth:`after_task`'s writes of other threads."""
+        with self._lock:
+            return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
+                                     tags=self.tags or None, force=force, now=now)
