@@ -528,3 +528,15 @@ def test_equal_vectors_score_equal_wherever_they_sit_so_ties_go_by_docno(store):
             assert np.all(scores == scores[0]), space
             assert np.array_equal(streamed.scores(txn, space, q)[1], scores)
             assert [d for d, _ in vi.search(txn, space, q, 50)] == list(range(1, 51))
+
+
+def test_the_builtin_embedder_remembers_a_bounded_number_of_terms():
+    """Its memo of term slots grew to 1,000,000 terms (~146 MiB per space and handle, no
+    cache limit), which a long-lived handle reaches on ids, numbers and names."""
+    from engramdb.index import vectors as vec_mod
+
+    emb = HashedTfidfEmbedder(64)
+    texts = [" ".join(f"t{i * 50 + j:x}" for j in range(50)) for i in range(1000)]  # 50,000 distinct terms
+    first = emb(texts)
+    assert len(emb._slots) == vec_mod.MAX_SLOTS < 50_000  # before: all 50,000
+    assert np.array_equal(emb(texts), first) and np.array_equal(HashedTfidfEmbedder(64)(texts), first)
