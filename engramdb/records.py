@@ -21,6 +21,7 @@ from . import _accel
 from .errors import EmbeddingError, ValidationError, shown
 
 __all__ = [
+    "as_float32",
     "TIERS",
     "ARCHIVE_KEY",
     "ALL_FLAGS",
@@ -171,6 +172,32 @@ class _Stored:
 STORED: Any = _Stored()
 
 
+def as_float32(value: Any, what: str, *, copy: bool = True) -> np.ndarray:
+    """``value`` (an array, list or tuple of numbers) as a float32 array: a copy, or with
+    ``copy=False`` the float32 array itself.
+
+    Raises:
+        EmbeddingError: ``what`` is not numbers, holds complex numbers (a cast keeps only
+            their real parts, silently), or a value beyond float32's range (the cast raised a
+            raw OverflowError for a Python int, or made it infinity).
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.float32:
+            return np.array(value) if copy else value
+        if value.dtype.kind == "c":
+            raise EmbeddingError(f"{what} holds complex numbers",
+                                 hint="pass real numbers: a float32 array, or a list of floats")
+    try:
+        with np.errstate(over="raise"):
+            return np.array(value, dtype=np.float32) if copy else np.asarray(value, dtype=np.float32)
+    except (FloatingPointError, OverflowError):
+        raise EmbeddingError(f"{what} holds a value beyond float32's range (about 3.4e38)",
+                             hint="embeddings are stored as float32: scale the vector down") from None
+    except (TypeError, ValueError):
+        raise EmbeddingError(f"{what} must be a vector of numbers",
+                             hint="pass a list or a 1-D NumPy array of floats") from None
+
+
 def _freeze_vector(name: str, value: Any) -> Any:
     """A read-only float32 copy of ``value`` (a NumPy array, list or tuple): NumPy input is
     copied as it is, never through Python floats.
@@ -184,10 +211,7 @@ def _freeze_vector(name: str, value: Any) -> Any:
     if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.ndim == 1 and not value.flags.writeable:
         arr = value  # already frozen (a node copied with replace(), a vector read from the file)
     else:
-        try:
-            arr = np.array(value, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise EmbeddingError(f"embedding {name!r} must be a vector of numbers") from None
+        arr = as_float32(value, f"embedding {name!r}")
         arr.flags.writeable = False
     if arr.ndim != 1 or arr.size == 0:
         raise EmbeddingError(f"embedding {name!r} must be a non-empty 1-D vector")

@@ -540,3 +540,29 @@ def test_the_builtin_embedder_remembers_a_bounded_number_of_terms():
     first = emb(texts)
     assert len(emb._slots) == vec_mod.MAX_SLOTS < 50_000  # before: all 50,000
     assert np.array_equal(emb(texts), first) and np.array_equal(HashedTfidfEmbedder(64)(texts), first)
+
+
+def test_complex_and_out_of_range_vectors_are_embedding_errors(make_db):
+    """A complex array was stored as its real parts (NumPy's cast, with only a ComplexWarning);
+    a Python int past float's range raised a raw OverflowError from add and forget; a float
+    past float32's range was called "NaN or infinity"."""
+    import warnings
+
+    db = make_db(encrypted=False, passphrase=None)
+    db.add_space("m", dims=2, model="toy", normalize=False)
+    calls = [lambda v: db.add("x", embeddings={"m": v}),
+             lambda v: db.add_many([{"content": "x", "embeddings": {"m": v}}]),
+             lambda v: db.forget(embedding=v, space="m", dry_run=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is cast with a warning either
+        for call in calls:
+            with pytest.raises(EmbeddingError, match="complex numbers"):
+                call(np.array([1 + 2j, 3]))
+            for big in ([10**400, 0], np.array([1e39, 0.0]), [-1e39, 1.0]):
+                with pytest.raises(EmbeddingError, match="beyond float32's range"):
+                    call(big)
+        assert db.stats()["memories"] == 0
+        db.add_space("q", dims=2, model="toy-q", embedder=lambda texts: np.ones((len(texts), 2), np.complex64))
+        db.add("x", embeddings={"q": [1.0, 1.0]})
+        with pytest.raises(EmbeddingError, match="complex numbers"):
+            db.recall("x")

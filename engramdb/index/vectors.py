@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from ..crypto import ENVELOPE_OVERHEAD
 from ..errors import CorruptFileError, EmbeddingError, ValidationError
-from ..records import STORED
+from ..records import STORED, as_float32
 from .bm25 import snapshot_id, top_k
 from .tokenize import Tokenizer
 
@@ -354,10 +354,7 @@ def _check_matrix(space: EmbeddingSpace, vectors: Any, *, stored: bool = False) 
     ``stored``: the rows are vectors engramdb stored (a dump's): a row that is already a
     unit vector is kept bit for bit. Float32 normalisation is not idempotent (a unit row
     divided by its float32 norm moves by an ulp), so a restore changed every vector."""
-    try:
-        arr = np.asarray(vectors, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise EmbeddingError(f"space {space.name!r}: the vector is not numeric") from exc
+    arr = as_float32(vectors, f"space {space.name!r}: the vector", copy=False)
     if arr.ndim == 1:
         arr = arr[None, :]
     if arr.ndim != 2 or arr.shape[1] != space.dims:
@@ -431,10 +428,9 @@ def _embed(space: EmbeddingSpace, emb: Callable[[list[str]], Any], texts: list[s
     """
     out = emb(texts)
     try:
-        return np.asarray(out, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise EmbeddingError(f"the embedder of space {space.name!r} did not return numbers ({exc})",
-                             hint="an embedder returns a float32 array (n, dims) for n texts") from None
+        return as_float32(out, f"the answer of the embedder of space {space.name!r}", copy=False)
+    except EmbeddingError as exc:
+        raise EmbeddingError(exc.message, hint="an embedder returns a float32 array (n, dims) for n texts") from None
 
 
 def _one_space_column(spaces: Mapping[str, EmbeddingSpace],

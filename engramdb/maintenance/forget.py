@@ -41,6 +41,7 @@ from ..errors import AlreadyOpenError, EmbeddingError, EngramError, NotFoundErro
 from ..index import node_text
 from ..index.tokenize import negations
 from ..index.vectors import HASHED_MODEL, EmbeddingSpace, unit_rows
+from ..records import as_float32
 from ..store import Txn
 
 __all__ = ["INDEX_TABLES", "RECORD_TABLES", "ForgetReceipt", "forget"]
@@ -93,11 +94,7 @@ def _query_vector(embedding: ArrayLike) -> np.ndarray:
     Raises:
         EmbeddingError: not finite numbers, or not one vector (a batch of rows is not flattened into one).
     """
-    try:
-        vec = np.asarray(embedding, dtype=np.float32)
-    except (TypeError, ValueError):
-        raise EmbeddingError("embedding must be a vector of numbers",
-                              hint="pass a list or a 1-D NumPy array of floats") from None
+    vec = as_float32(embedding, "embedding", copy=False)
     if vec.ndim == 2 and vec.shape[0] == 1:
         vec = vec[0]
     if vec.ndim != 1 or vec.size == 0:
