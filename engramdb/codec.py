@@ -27,7 +27,7 @@ import numpy as np
 import zstandard
 
 from . import _accel
-from .errors import CorruptFileError, ValidationError
+from .errors import CorruptFileError, ValidationError, shown
 from .records import _FIELD_DEFAULTS, STORED, Node
 
 NODE_SCHEMA = 1
@@ -36,8 +36,11 @@ NODE_SCHEMA_COMPACT = 3  # the fields at their default left out (a mask says whi
 CODEC_MSGPACK = 1
 CODEC_ZSTD = 2
 ZSTD_THRESHOLD = 2048
-# Caps stop a format bug (or a hostile plaintext file) from becoming a memory bomb.
-MAX_RECORD_BYTES = 64 * 1024 * 1024
+# Caps stop a format bug (or a hostile plaintext file) from becoming a memory bomb. A node
+# record holds at most this many bytes (msgpack, before compression): the largest content
+# (16 Mi characters, 64 MiB of UTF-8) with an id and its other fields fits; a write of a
+# larger record is refused, as its read would be.
+MAX_RECORD_BYTES = 64 * 1024 * 1024 + 64 * 1024
 _U64 = struct.Struct(">Q")
 
 
@@ -88,11 +91,14 @@ def unpack(data: bytes, *, any_keys: bool = False) -> Any:
     Raises:
         CorruptFileError: the bytes are not valid msgpack within the caps.
     """
+    # n bytes hold at most n items (n / 2 map entries): as tight as a fixed cap on hostile
+    # input, and never below what a record within MAX_RECORD_BYTES can hold (a fixed bytes / 8
+    # refused a metadata list of 9 million zeros, 9 MB, that had been stored)
+    size = len(data)
     try:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=not any_keys, use_list=True,
-            max_bin_len=MAX_RECORD_BYTES, max_str_len=MAX_RECORD_BYTES,
-            max_array_len=MAX_RECORD_BYTES // 8, max_map_len=MAX_RECORD_BYTES // 16,
+            max_bin_len=size, max_str_len=size, max_array_len=size, max_map_len=size // 2,
         )
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData, RecursionError) as exc:
         # msgpack raises several unrelated types on bad input
@@ -364,6 +370,11 @@ def _encode_nodes(nodes: list[Node]) -> list[bytes]:
             embeddings = values["embeddings"]
             spaces = sorted(embeddings)  # the vectors are written to the vector blocks by the index
             body = pack(_compact_node(values, spaces))
+            if len(body) > MAX_RECORD_BYTES:  # (the C path's plain records are always within)
+                raise ValidationError(
+                    f"memory {shown(node.id)} is too large: {len(body)} bytes encoded, a record holds at most "
+                    f"{MAX_RECORD_BYTES}", hint="shorten its quote, metadata or tags (keep long text in content, "
+                    "or split it into several memories)")
             if len(body) > ZSTD_THRESHOLD:
                 out.append(_ZSTD_PREFIX + _compressor.compress(body))
             else:

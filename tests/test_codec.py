@@ -244,3 +244,31 @@ def test_a_lone_surrogate_is_named_with_a_hint_that_says_how_to_repair_it(tmp_pa
         assert len(db) == 0  # nothing half-stored
     with pytest.raises(ValidationError, match="lone surrogate '\\\\udc80' at position 2"):
         codec.pack({"t": "ab\udc80"})
+
+
+def test_a_record_too_large_to_read_back_is_refused_when_written(make_db):
+    # A 72 MiB quote (or metadata, or tags) was stored, and every read of it raised
+    # CorruptFileError ("declares a size beyond the cap"): the memory was lost and the store
+    # no longer dumped or verified. Now the write is refused and nothing is stored.
+    db = make_db()
+    with pytest.raises(ValidationError, match="too large"):
+        db.add(Node(id="big", content="x", quote="a b " * (18 * 1024 * 1024)))
+    with pytest.raises(ValidationError, match="too large"):
+        db.add_many([{"id": "ok", "content": "fine"}, {"id": "big", "metadata": {"k": "a b " * (18 * 1024 * 1024)}}])
+    assert len(db) == 0
+
+
+def test_the_largest_content_reads_back():
+    # 16 Mi characters of 4 UTF-8 bytes each fill the record cap with the content alone;
+    # with its id and fields the record was past the cap and did not decode.
+    node = Node(id="n" * 300, content="\U0001F600" * (16 * 1024 * 1024), created_at=1.0, last_accessed=1.0)
+    assert codec.decode_node(codec.encode_node(node)).content == node.content
+
+
+def test_a_record_of_many_small_items_reads_back():
+    # a list of 9 million zeros is 9 MB of msgpack, within the byte cap, but the element
+    # cap (bytes / 8) refused it: the memory that held it could not be read
+    body = msgpack.packb([0] * 9_000_000, use_bin_type=True)
+    assert len(codec.unpack(body)) == 9_000_000
+    entries = 4_500_000  # a map header past the old cap (bytes / 16); repeated keys keep it cheap
+    assert codec.unpack(b"\xdf" + entries.to_bytes(4, "big") + b"\xa1a\x00" * entries) == {"a": 0}
