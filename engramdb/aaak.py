@@ -32,6 +32,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import crypto as _crypto
+from .codec import MAX_RECORD_BYTES
 from .errors import (
     AAAKParseError,
     DecryptionError,
@@ -84,8 +85,12 @@ __all__ = [
 
 FORMAT_VERSION = 3
 DUMP_HEADER = "FILE:||||v3|dump"
-# 16 MiB of content fully \uXXXX-escaped is 96 MiB of characters; leave headroom.
-MAX_LINE_CHARS = 100 * 1024 * 1024
+# What one node of a store can take in a dump: its record (codec.MAX_RECORD_BYTES: content,
+# quote, metadata, tags, ...) at most 6 characters a byte (a control byte is \u0001), plus
+# its vectors (at most MAX_DUMP_SPACES lines of 65,536 float32 in base64, 22.4 Mi characters).
+# The old 100 MiB (a 16 Mi-character content, fully escaped) refused the dumps of stores
+# holding a larger quote or metadata beside their content: a backup that did not restore.
+MAX_LINE_CHARS = 8 * MAX_RECORD_BYTES
 MAX_RECORDS = 10**9
 _MAX_PRELUDE = 4096
 # Limits on hostile input (spec/aaak.md): a dump's @space lines cost nothing to write but

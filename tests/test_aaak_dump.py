@@ -291,6 +291,27 @@ def test_caps_bound_memory():
         list(read_dump(fat_node, max_line_chars=10_000))
 
 
+def test_the_caps_hold_every_node_a_store_can_hold():
+    # A store took a 16 Mi-character content of control characters plus a 2 Mi-character
+    # quote and metadata; its dump had a 120 Mi-character node, which restore refused
+    # ("holds more than 104857600 characters"): a backup that did not restore. A record
+    # holds codec.MAX_RECORD_BYTES at most, each byte at most 6 characters in a dump (a
+    # control byte is \u0001; measured here on the worst character in every field), plus its
+    # id on each of its lines (5 and a vector line per space, an id at most 6 KiB escaped).
+    from engramdb import aaak, codec
+    from engramdb.records import MAX_ID_BYTES
+
+    worst = "\x01" * 300
+    node = Node(id="n", content=worst, quote=worst, metadata={worst: [worst, {worst: worst}]},
+                tags=[worst], entities=[worst], topics=[worst], source=worst, resolved_date=worst)
+    record = len(codec.pack(codec._compact_node(node.__dict__, [])))
+    lines = dump_text({"settings": {}, "meta": {}, "spaces": [], "nodes": [node]}).split("\n")[1:-2]
+    assert sum(len(line) + 1 for line in lines) <= 6 * record
+    ids = (5 + aaak.MAX_DUMP_SPACES) * 6 * MAX_ID_BYTES
+    vectors = aaak.MAX_DUMP_SPACES * (1024 + (4 * aaak.MAX_DUMP_DIMS + 2) // 3 * 4)
+    assert 6 * codec.MAX_RECORD_BYTES + ids + vectors <= aaak.MAX_LINE_CHARS
+
+
 def test_streams_text_binary_and_bytes(dump, tmp_path):
     path = tmp_path / "d.aaak"
     with open(path, "wb") as fp:
