@@ -31,8 +31,11 @@ def _search(native: object, handle: SegmentedBM25, txn: object, query: object, k
 
 
 @pytest.mark.skipif(NATIVE is None, reason="engramdb._native is not built")
-@pytest.mark.parametrize("seed", [1, 2])
-def test_loop_with_the_extension_answers_as_the_pure_path(store, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "lookup_ratio"), [(1, bm25.LOOKUP_RATIO), (2, bm25.LOOKUP_RATIO), (3, 0.0)])
+def test_loop_with_the_extension_answers_as_the_pure_path(store, monkeypatch: pytest.MonkeyPatch, seed: int,
+                                                          lookup_ratio: float) -> None:
+    # lookup_ratio 0.0: every multi-term query looks its longest list up (top_terms' lookup path)
+    monkeypatch.setattr(bm25, "LOOKUP_RATIO", lookup_ratio)
     monkeypatch.setattr(bm25, "SMALL_SEGMENT_DOCS", 6)
     monkeypatch.setattr(bm25, "AUTO_MERGE_MAX_DOCS", 6 * bm25.MERGE_FACTOR)
     monkeypatch.setattr(bm25, "_FRONTIER_DEPTH", 24)  # frontiers in runs of this size (k 1, 10 from them)

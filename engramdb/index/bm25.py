@@ -275,6 +275,52 @@ def top_k(docnos: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, n
     return docnos[order], scores[order]
 
 
+def _top_numpy(acc: np.ndarray, terms: Sequence[Sequence[tuple[np.ndarray, np.ndarray | None, np.ndarray]]],
+               longest: int, best: np.ndarray | None, k: int, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`SegmentedBM25.top`'s adds and selection for two or more terms (``k`` positive),
+    in numpy (the C extension's ``top_terms`` gives the same arrays in one call).
+
+    ``terms``: each term's runs ``(docnos, codes, values)``, in the summation order; ``acc``:
+    a zeroed accumulator beyond every docno, zeroed again on return; ``longest``: the term
+    looked up rather than added (-1: none), ``best`` its ``k`` best docnos; ``floor``: a
+    score the k-th best reaches (0.0: none known). The candidates are the other terms'
+    docnos and ``best``; the result their ``k`` best, score descending then docno ascending.
+    """
+    if longest >= 0:
+        cand = np.concatenate([r[0] for i, runs in enumerate(terms) if i != longest for r in runs]
+                              + [cast("np.ndarray", best)])
+    else:
+        cand = np.concatenate([r[0] for runs in terms for r in runs])
+    try:
+        for i, runs in enumerate(terms):  # sorted term order: the same sums as scores()
+            for docnos, codes, values in runs:
+                if i == longest:
+                    # cand may repeat a docno; a fancy-indexed add then adds once, as it must
+                    pos = np.searchsorted(docnos, _as_dtype_of(cand, docnos))
+                    pos[pos == docnos.size] = 0
+                    hit = docnos[pos] == cand
+                    at = pos[hit]
+                    acc[cand[hit]] += values[at if codes is None else codes[at]]
+                else:
+                    acc[docnos] += values if codes is None else values[codes]
+        cscores = acc[cand]
+    finally:
+        acc[cand] = 0.0  # every touched slot is a candidate
+    if floor > 0:
+        keep = cscores >= floor
+        cand, cscores = cand[keep], cscores[keep]
+    m = k * len(terms)
+    if cand.size > m:
+        threshold = cscores[np.argpartition(-cscores, m - 1)[:m]].min()
+        keep = cscores >= threshold
+        cand, cscores = cand[keep], cscores[keep]
+    order = np.lexsort((cand, -cscores))
+    cand, cscores = cand[order], cscores[order]
+    first = np.ones(cand.size, dtype=bool)
+    first[1:] = cand[1:] != cand[:-1]
+    return cand[first][:k].astype(np.uint64), cscores[first][:k]
+
+
 def _width(max_value: int) -> int:
     if max_value < 1 << 8:
         return 1
@@ -2339,8 +2385,8 @@ class SegmentedBM25:
 
         * Contributions go into a dense per-thread accumulator, term by term in sorted
           order (each term's docnos are distinct, so a fancy-indexed add is exact, and the
-          sums are the same floats as :meth:`scores`; the C extension's ``accumulate``
-          makes the same additions without numpy's index cast).
+          sums are the same floats as :meth:`scores`; the C extension's ``top_terms``
+          makes the same additions, and selects the same ``k`` best, in one call).
         * When one posting list is much longer than all the others together, it is not
           scanned: its contribution is looked up (binary search) for the documents of the
           other lists, plus its own ``k`` best documents. A document that matches only
@@ -2369,49 +2415,20 @@ class SegmentedBM25:
         sizes = [p.size for p in parts]
         longest = max(range(len(parts)), key=sizes.__getitem__)
         lookup = sizes[longest] > LOOKUP_RATIO * (sum(sizes) - sizes[longest])
-        if lookup:
-            cand = np.concatenate([r[0] for i, p in enumerate(parts) if i != longest for r in p.runs]
-                                  + [parts[longest].best(k)[0]])
-        else:
-            cand = np.concatenate([r[0] for p in parts for r in p.runs])
+        best = parts[longest].best(k)[0] if lookup else None
         acc = self._accumulator(max(p.max_docno for p in parts) + 1)
+        runs = [p.runs for p in parts]
         native = _accel.NATIVE
-        try:
-            for i, p in enumerate(parts):  # sorted term order: the same sums as scores()
-                for docnos, codes, values in p.runs:
-                    if lookup and i == longest:
-                        # cand may repeat a docno; a fancy-indexed add then adds once, as it must
-                        pos = np.searchsorted(docnos, _as_dtype_of(cand, docnos))
-                        pos[pos == docnos.size] = 0
-                        hit = docnos[pos] == cand
-                        at = pos[hit]
-                        acc[cand[hit]] += values[at if codes is None else codes[at]]
-                    elif native is not None:
-                        # the same float64 additions in the same order as the numpy line below
-                        # (a run's docnos are distinct), without converting narrow docnos to
-                        # intp or gathering values[codes] into a temporary
-                        native.accumulate(acc, docnos, values, codes)
-                    else:
-                        acc[docnos] += values if codes is None else values[codes]
-            cscores = acc[cand]
-        finally:
-            acc[cand] = 0.0  # every touched slot is a candidate
+        if native is not None:
+            # the adds and the selection of _top_numpy in one C call (top_terms: the same
+            # additions in the same order, and the k best distinct candidates, which is what
+            # its floor, argpartition, lexsort and dedupe keep): their ~20 numpy calls cost
+            # ~40 µs a query on the CPU a commit leaves cold, ~25 warm
+            return native.top_terms(acc, runs, longest if lookup else -1, best, k, np.empty, np.uint64)
         # the floor from the terms whose ranking is at hand (computing the others' costs more
         # than the candidates it drops)
         floor = max(p.kth_best(k) if (lookup and i == longest) or p.ranked(k) else 0.0 for i, p in enumerate(parts))
-        if floor > 0:
-            keep = cscores >= floor
-            cand, cscores = cand[keep], cscores[keep]
-        m = k * len(parts)
-        if cand.size > m:
-            threshold = cscores[np.argpartition(-cscores, m - 1)[:m]].min()
-            keep = cscores >= threshold
-            cand, cscores = cand[keep], cscores[keep]
-        order = np.lexsort((cand, -cscores))
-        cand, cscores = cand[order], cscores[order]
-        first = np.ones(cand.size, dtype=bool)
-        first[1:] = cand[1:] != cand[:-1]
-        return cand[first][:k].astype(np.uint64), cscores[first][:k]
+        return _top_numpy(acc, runs, longest if lookup else -1, best, k, floor)
 
     def search(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str], k: int) -> list[tuple[int, float]]:
         """The top ``k`` (docno, score), score descending then docno ascending.
