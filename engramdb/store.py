@@ -247,6 +247,54 @@ def _flock_until(fd: int, op: int, deadline: float | None, busy: str) -> None:
             pause = min(pause * 2, 0.05)
 
 
+# The writer lock's turnstile: an open-file-description lock (fcntl F_OFD_SETLK, Linux; it
+# does not interact with flock, and belongs to the fd as flock does) on the first byte of
+# -maint. A writer takes it before the writer lock and drops it once it has that lock, so a
+# writer that waits for the writer lock holds the turnstile meanwhile, and the holder, once
+# done, must pass the turnstile to write again: it cannot take the writer lock back at once,
+# ahead of the waiter, commit after commit (flock is not fair: a process committing in a
+# tight loop starved a maintenance pass into BusyError). Older versions and systems without
+# such locks skip the turnstile (and are not fair).
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
+
+
+def _turnstile_lock(kind: int) -> bytes:
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, 0, 1, 0)  # struct flock: the first byte; l_pid 0 (OFD)
+
+
+def _enter_turnstile(fd: int, deadline: float | None, busy: str) -> bool:
+    """Take the turnstile of the writer lock (on ``-maint``'s ``fd``), waiting until
+    ``deadline``; False when this system has no such lock (nothing to release then).
+
+    Raises:
+        BusyError: other writers kept it past the deadline.
+    """
+    if _OFD_SETLK is None or _OFD_SETLKW is None:
+        return False
+    lock = _turnstile_lock(fcntl.F_WRLCK)
+    pause = 0.001
+    while True:
+        try:
+            fcntl.fcntl(fd, _OFD_SETLK if deadline is not None else _OFD_SETLKW, lock)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):  # EINVAL, ENOLCK: no such locks here
+                return False
+        assert deadline is not None  # F_OFD_SETLKW waits; only a lock held by another description says EAGAIN
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BusyError(busy) from None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
+
+
+def _leave_turnstile(fd: int) -> None:
+    if _OFD_SETLK is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, _OFD_SETLK, _turnstile_lock(fcntl.F_UNLCK))
+
+
 def _same_file(fd: int, path: str) -> bool:
     """Whether ``path`` still names the file open on ``fd`` (not unlinked or replaced)."""
     try:
@@ -967,7 +1015,12 @@ class _Env:
             raise BusyError(busy)
         try:
             if self.maint_fd is not None and self.maint_writable:
-                _flock_until(self.maint_fd, fcntl.LOCK_EX, deadline, busy)
+                turn = _enter_turnstile(self.maint_fd, deadline, busy)  # see _OFD_SETLK
+                try:
+                    _flock_until(self.maint_fd, fcntl.LOCK_EX, deadline, busy)
+                finally:
+                    if turn:
+                        _leave_turnstile(self.maint_fd)
         except BaseException:
             self.write_mutex.release()
             raise

@@ -4,6 +4,7 @@ the open, and reads through the handle, do not wait for that writer; the first w
 for it as every write does (within the handle's timeout)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -254,3 +255,56 @@ def test_last_txnid_and_env_info_during_a_deferred_reopen(deferred, monkeypatch)
         t.join(60)
     assert len(threads) == 1 and len(got) == 1
     assert isinstance(got[0], tuple) and got[0][0] == got[0][1] and isinstance(got[0][0], int), got
+
+
+def _turnstile_holder(fd: int) -> bool:
+    """Whether another open file description holds the writer lock's turnstile (F_OFD_GETLK)."""
+    import fcntl
+    import struct
+    probe = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+    return struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
+
+
+def test_a_waiting_writer_goes_before_the_holder_s_next_write(tmp_path):
+    """flock is not fair: a process committing in a tight loop took the writer lock back at once
+    after each commit, and a maintenance pass of another process waiting for it failed with
+    BusyError. A writer now waits in the lock's turnstile: the holder's next write passes the
+    turnstile only once the waiter has the writer lock, so it commits after the waiter."""
+    import fcntl
+    import threading
+
+    from engramdb.store import _enter_turnstile
+    path = tmp_path / "fair.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add(id="first", content="kept", now=1.0)
+    other = os.open(str(path) + "-maint", os.O_RDWR)  # another writer's -maint, as a looping process has it
+    db = engram.open(path, passphrase=PASSPHRASE, timeout=60)
+    try:
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                db.add(id="waiter", content="the waiting write", now=2.0)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        fcntl.flock(other, fcntl.LOCK_EX)  # the other writer commits
+        waiter = threading.Thread(target=write)
+        waiter.start()
+        for _ in range(6000):  # the waiter takes the turnstile, then waits for the writer lock
+            if _turnstile_holder(other) or not waiter.is_alive():
+                break
+            threading.Event().wait(0.01)
+        assert _turnstile_holder(other), "the waiting writer does not hold the turnstile"
+        fcntl.flock(other, fcntl.LOCK_UN)  # its commit is done; its next one:
+        assert _enter_turnstile(other, None, "")  # waits until the waiter has the writer lock
+        fcntl.flock(other, fcntl.LOCK_EX)  # and until the waiter's commit is done
+        try:
+            assert db.get("waiter").content == "the waiting write"  # it went first
+        finally:
+            fcntl.flock(other, fcntl.LOCK_UN)
+        waiter.join(60)
+        assert not waiter.is_alive() and errors == []
+    finally:
+        db.close()
+        os.close(other)
