@@ -566,3 +566,40 @@ def test_complex_and_out_of_range_vectors_are_embedding_errors(make_db):
         db.add("x", embeddings={"q": [1.0, 1.0]})
         with pytest.raises(EmbeddingError, match="complex numbers"):
             db.recall("x")
+
+
+def test_add_space_refuses_settings_it_would_store_wrongly(make_db):
+    """normalize="false" was stored as the string and acted by its truthiness: vectors were
+    normalised, re-adding the space with normalize=False was a ConfigMismatchError naming
+    the same model and dims, and the dump of the file failed. A NumPy bool was a raw
+    TypeError from msgpack, a lone surrogate in a name a raw UnicodeEncodeError."""
+    import io
+
+    import msgpack
+
+    from engramdb.index.vectors import SPACES_KEY
+
+    db = make_db(encrypted=False, passphrase=None)
+    for kwargs in ({"normalize": "false"}, {"normalize": 0}, {"normalize": None}, {"auto": "no"},
+                   {"name": "s\ud800"}, {"model": "m\udc00"}):
+        call = {"name": "s", "dims": 2, "model": "m", **kwargs}
+        with pytest.raises(EmbeddingError) as exc:
+            db.add_space(call.pop("name"), **call)
+        assert exc.value.hint
+    assert db.spaces() == {}
+    db.add_space("s", dims=np.int64(2), model="m", normalize=np.bool_(False), auto=np.bool_(False))
+    space = db.spaces()["s"]
+    assert (space.dims, space.normalize, space.auto) == (2, False, False)
+    assert type(space.dims) is int and type(space.normalize) is bool
+    db.add("a", id="a", embeddings={"s": [3.0, 4.0]})
+    assert db.get("a").embeddings["s"].tolist() == [3.0, 4.0]
+    db.add_space("s", dims=2, model="m", normalize=False)  # the same settings: a no-op
+    with pytest.raises(ConfigMismatchError, match="normalize=False"):
+        db.add_space("s", dims=2, model="m", normalize=True)
+    # a file an older engramdb wrote with normalize="false" reads as what it did (normalised)
+    db._store.write(lambda txn: txn.put("meta", SPACES_KEY, msgpack.packb(
+        {"s": {"model": "m", "dims": 2, "dtype": "float32", "normalize": "false", "auto": False}})))
+    assert db.spaces()["s"].normalize is True
+    out = io.StringIO()
+    db.dump(out)
+    assert "@space s|m|2|float32|1|" in out.getvalue()

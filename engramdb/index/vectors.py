@@ -186,8 +186,23 @@ class EmbeddingSpace:
             raise EmbeddingError("an embedding space needs a non-empty name")
         if not isinstance(self.model, str) or not self.model:
             raise EmbeddingError("an embedding space needs a model id", hint="e.g. 'all-MiniLM-L6-v2'")
+        for what, text in (("name", self.name), ("model id", self.model)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: the settings record could not be written
+                raise EmbeddingError(f"the embedding space's {what} {text!r} is not valid Unicode (a lone surrogate)",
+                                     hint="pass a name of valid characters") from None
+        if isinstance(self.dims, np.integer):  # a NumPy count (a model's output shape) is a count
+            object.__setattr__(self, "dims", int(self.dims))
         if isinstance(self.dims, bool) or not isinstance(self.dims, int) or not 0 < self.dims <= MAX_DIMS:
             raise EmbeddingError(f"dims must be an integer in 1..{MAX_DIMS}, got {self.dims!r}")
+        for flag in ("normalize", "auto"):
+            value = getattr(self, flag)
+            if isinstance(value, np.bool_):
+                object.__setattr__(self, flag, bool(value))
+            elif not isinstance(value, bool):  # by truthiness, normalize="false" would normalise
+                raise EmbeddingError(f"{flag} must be True or False, got {value!r}",
+                                     hint=f"pass {flag}=True or {flag}=False")
         if self.dtype not in DTYPES:
             raise EmbeddingError(f"unsupported vector dtype {self.dtype!r}", hint="use 'float32'")
         if self.auto and self.model != HASHED_MODEL:
@@ -455,6 +470,16 @@ def _one_space_column(spaces: Mapping[str, EmbeddingSpace],
     return name, [docno for docno, _ in nodes], vecs
 
 
+def _flags_as_bools(cfg: Any) -> Any:
+    """A stored space's settings with ``normalize`` and ``auto`` as bools: before session 11,
+    ``add_space(normalize="false")`` was stored as it was and acted by its truthiness (its
+    vectors were normalised), so such a file reads as what it did."""
+    if isinstance(cfg, dict):
+        cfg = {k: bool(v) if k in ("normalize", "auto") and isinstance(v, (str, int, float)) else v
+               for k, v in cfg.items()}
+    return cfg
+
+
 class _VDir:
     """A space's directory in the first layout (read to migrate a file): its blocks and
     tombstones. A tombstone ``(docno, before)`` says: rows of ``docno`` in blocks numbered
@@ -570,7 +595,7 @@ class VectorIndex:
             return {}
         try:
             raw = msgpack.unpackb(data, raw=False)
-            return {name: EmbeddingSpace(name=name, **cfg) for name, cfg in sorted(raw.items())}
+            return {name: EmbeddingSpace(name=name, **_flags_as_bools(cfg)) for name, cfg in sorted(raw.items())}
         except (EmbeddingError, TypeError, ValueError, msgpack.UnpackException) as exc:
             raise CorruptFileError("the embedding-space settings in meta are malformed") from exc
 
@@ -606,8 +631,9 @@ class VectorIndex:
         if old is not None:
             if old != space:
                 raise ConfigMismatchError(
-                    f"embedding space {space.name!r} exists with model {old.model!r}, {old.dims} dims",
-                    hint="use another space name, or open with the same model and dims")
+                    f"embedding space {space.name!r} exists with model {old.model!r}, {old.dims} dims, "
+                    f"normalize={old.normalize}, auto={old.auto}",
+                    hint="use another space name, or add it with the same settings")
             return
         registered = self._embedders.get(space.name)
         if registered is not None:
