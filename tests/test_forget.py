@@ -125,6 +125,27 @@ def test_forget_errors_have_hints(make_db):
     assert "x" in db
 
 
+@pytest.mark.parametrize("dry_run", ["no", "false", 1, 0, None, 1.0])
+def test_forget_refuses_a_dry_run_that_is_not_a_bool(make_db, dry_run):
+    """dry_run="no" (any truthy value) was a dry run, and its receipt said dry_run="no"; 0 or None
+    forgot. Whether memories are removed is not decided by a value's truthiness."""
+    db = make_db()
+    db.add("x", id="x")
+    with pytest.raises(engramdb.ValidationError, match="dry_run must be True or False") as exc:
+        db.forget(ids=["x"], dry_run=dry_run)
+    assert "dry_run=True" in exc.value.hint
+    assert "x" in db
+
+
+def test_forget_takes_a_numpy_bool_as_dry_run(make_db):
+    import numpy as np
+    db = make_db()
+    db.add("x", id="x")
+    receipt = db.forget(ids=["x"], dry_run=np.bool_(True))
+    assert receipt.dry_run is True and receipt.ids == ("x",) and "x" in db
+    assert db.forget(ids=["x"], dry_run=np.bool_(False)).dry_run is False and "x" not in db
+
+
 def test_forget_needs_the_only_handle_to_compact(make_db, tmp_path):
     db = make_db("a.engram", encrypted=False)
     db.add("x", id="x")

@@ -346,6 +346,10 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         raise ValidationError("ids must be a list of ids, not a string", hint=f"write ids=[{ids!r}]")
     if query is not None and not isinstance(query, str):
         raise ValidationError("query must be a string")
+    if not isinstance(dry_run, (bool, np.bool_)):  # a truthy "no" or 0.0 must not decide whether data goes
+        raise ValidationError(f"dry_run must be True or False, got {dry_run!r}",
+                              hint="pass dry_run=True to only report what would be forgotten, dry_run=False to forget")
+    dry_run = bool(dry_run)  # numpy.bool_ as a bool (the receipt's field)
     threshold = _check_threshold(threshold)
     store = engram._store
     size_before = store.env_info()["file_size"]
