@@ -490,7 +490,7 @@ def test_an_extractor_that_raises_is_a_validation_error_and_nothing_is_written(m
     hooks = MemoryHooks(db, extractor=extractor)
     with pytest.raises(ValidationError, match="the extractor raised ZeroDivisionError") as info:
         hooks.after_task(_session1(), outcome="success", now=now)
-    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing was written" in info.value.hint
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing of what it was called for was written" in info.value.hint
     assert list(db.scan()) == [] and hooks.graph is not None and hooks.graph.trajectories() == []
 
 
@@ -538,3 +538,25 @@ def test_hooks_shared_by_threads_do_not_store_one_fact_twice(make_db, now):
     other[0].join()
     assert len(stored) == 1 and other[1] == []  # the second call found the first one's fact
     assert [n.content for n in db.scan()] == [db.get(stored[0]).content]
+
+
+def test_a_failing_sleep_says_that_the_tasks_facts_were_stored(make_db, now):
+    # the summarizer's failure left after_task saying only that (and, since session 11, "nothing
+    # was written"), though this task's fact and trajectory were stored: the caller took the
+    # task as not done and never learnt the new fact's id
+    db = make_db()
+
+    def summarizer(texts):
+        raise TimeoutError("the model did not answer")
+
+    hooks = MemoryHooks(db, summarizer=summarizer, sleep_threshold=2)
+    hooks.after_task([{"role": "user", "content": "Build the invoice tool. Never use global variables."}],
+                     outcome="success", now=now)
+    with pytest.raises(ValidationError, match="the summarizer raised TimeoutError") as info:
+        hooks.after_task([{"role": "user", "content": "Port the parser to Rust. Always run clippy."}],
+                         outcome="success", now=now + 1)
+    facts = [n.id for n in db.scan()]
+    assert len(facts) == 2 and hooks.graph is not None and len(hooks.graph.trajectories()) == 2
+    assert info.value.message.startswith(f"after_task stored this task's facts ({facts[1]}) and its trajectory, "
+                                         "then sleep consolidation failed: ")
+    assert isinstance(info.value.__cause__, TimeoutError) and str(info.value).startswith(info.value.message)

@@ -252,5 +252,5 @@ def test_a_proposer_that_raises_is_a_validation_error_and_nothing_is_decided(tmp
     rows = tmp_engram.procedure_rows()
     with pytest.raises(ValidationError, match="the proposer raised ZeroDivisionError") as info:
         graph.refine(proposer=proposer, now=now)
-    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing was written" in info.value.hint
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing of what it was called for was written" in info.value.hint
     assert graph.decided() == {} and tmp_engram.procedure_rows() == rows

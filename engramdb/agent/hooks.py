@@ -15,7 +15,7 @@ import threading
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ..errors import DuplicateIdError, ValidationError
+from ..errors import DuplicateIdError, EngramError, ValidationError
 from ..recall import Hit, as_int, as_real
 from ..records import MAX_CONTENT_BYTES, now_ts
 from ..tokens import token_counter
@@ -201,6 +201,9 @@ class MemoryHooks:
                 named), a bad outcome, or an extractor that raises (its exception is the
                 cause), returns something else than strings or a fact longer than a memory
                 holds; nothing is written then.
+            EngramError: the sleep consolidation this call ran failed (a summarizer that
+                raises: ValidationError); the message says that the facts (their ids) and the
+                trajectory were stored before it.
         """
         if outcome is not None and outcome not in OUTCOMES:
             raise ValidationError(f"outcome must be one of {', '.join(OUTCOMES)} or None, got {outcome!r}",
@@ -241,7 +244,16 @@ class MemoryHooks:
                                          call_id="after_task-" + hashlib.sha256(call.encode()).hexdigest()[:24])
         # live_candidates >= unconsolidated: below the threshold there, no need to read the cores
         if self.sleep_threshold is not None and len(live_candidates(self.db, tags=self.tags)) >= self.sleep_threshold:
-            self.consolidate_sleep(now=stamp)
+            try:
+                self.consolidate_sleep(now=stamp)
+            except EngramError as exc:
+                # this task's facts and trajectory are stored: a caller told only "the summarizer
+                # raised" would take the task as not done, and the new facts' ids were lost
+                stored = ", ".join(ids) if ids else "no new fact"
+                exc.message = (f"after_task stored this task's facts ({stored}) and its trajectory, then sleep "
+                               f"consolidation failed: {exc.message}")
+                exc.args = (exc.message,)
+                raise
         return ids
 
     # -- sleep ----------------------------------------------------------------------------

@@ -15,8 +15,8 @@ T = TypeVar("T")
 
 def _failed(what: str, exc: Exception) -> ValidationError:
     return ValidationError(f"the {what} raised {type(exc).__name__}: {exc}",
-                           hint=f"nothing was written; fix the {what} or call again (its exception is this "
-                                "error's __cause__)")
+                           hint=f"nothing of what it was called for was written; fix the {what} or call again "
+                                "(its exception is this error's __cause__)")
 
 
 def call_model(fn: Callable[[Any], T], arg: Any, what: str) -> T:
