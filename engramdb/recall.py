@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from .codec import decode_node, encode_node
-from .errors import ValidationError
+from .errors import ReadOnlyError, ValidationError
 from .filters import Filter, NameSet, TimeBound
 from .fusion import (DEFAULT_FUSION, LIFT_DEPTH, FusionWeights, SpaceSignal, check_fusion, fuse_rankings, lift, standout,
                      tied_ranks)
@@ -268,6 +268,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
 
     Raises:
         ValidationError: bad arguments.
+        ReadOnlyError: ``touch=True`` on a read-only handle.
         CorruptFileError, DecryptionError: the file is damaged.
     """
     if not isinstance(query, str):
@@ -279,6 +280,9 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
     for name, switch in (("hops", hops), ("expand_query", expand_query), ("explain", explain), ("touch", touch)):
         if not isinstance(switch, (bool, np.bool_)):  # by truthiness, hops="no" would spread
             raise ValidationError(f"{name} must be True or False, got {switch!r}", hint=_ARGS_HINT)
+    if touch and store.readonly:  # it would write nothing, and say nothing of it
+        raise ReadOnlyError("touch=True records the hits' access (a write), and this handle is read-only",
+                            hint="open the file with readonly=False to record accesses, or recall with touch=False")
     keep = Filter(after=after, before=before, tiers=tiers, tags=tags, any_tags=any_tags, flags=flags,
                   any_flags=any_flags, source=source)
     floor = as_real(min_relevance)
@@ -335,7 +339,7 @@ def recall(store: Store, indexes: Indexes, query: str, *, top_k: int = 5, hops: 
             _bm25_features(txn, indexes, rankings, ceiling, weights, candidates, features, weighted)
             _source_features(txn, indexes, ctx, qfeatures, counts, ceiling, candidates, masses)
         hits = ctx.fuse(rankings, features, dates, top_k, explain, float(min_relevance), weights_of_fusion, signals)
-    if touch and hits and not store.readonly:
+    if touch and hits:
         hits = _touch(store, hits, now_ts(now))
     return hits
 

@@ -171,7 +171,23 @@ def test_readonly_handle_recalls(db, tmp_path):
     ro = engram_mod.open(path, passphrase="correct horse battery staple", readonly=True)
     try:
         assert ro.recall("Caroline guitar", top_k=1)[0].id == "guitar"
-        assert ro.recall("Caroline guitar", top_k=1, touch=True)[0].node.access_count == 0
+        assert ro.recall("Caroline guitar", top_k=1)[0].node.access_count == 0
+    finally:
+        ro.close()
+
+
+def test_touch_on_a_readonly_handle_is_refused_not_silently_dropped(db):
+    """touch=True on a read-only handle returned the hits and recorded no access, and said
+    nothing of it (recall's notes): it is a ReadOnlyError, for recall and recall_context."""
+    from engramdb.errors import ReadOnlyError
+    path = db.path
+    db.close()
+    ro = engram_mod.open(path, passphrase="correct horse battery staple", readonly=True)
+    try:
+        for call in (ro.recall, ro.recall_context):
+            with pytest.raises(ReadOnlyError, match="touch=True") as info:
+                call("Caroline guitar", top_k=1, touch=True)
+            assert "readonly=False" in info.value.hint and "touch=False" in info.value.hint
     finally:
         ro.close()
 
