@@ -509,11 +509,15 @@ def _text_arg(text: str) -> str:
 _TIME_FIELDS = ("created_at", "last_accessed", "valid_from", "valid_to")
 
 
-def _iso(ts: float) -> str:
-    """A Unix timestamp as ISO 8601 in UTC (``2023-11-14T22:13:20Z``; fractions when present)."""
+def _iso(ts: float) -> str | float:
+    """A Unix timestamp as ISO 8601 in UTC (``2023-11-14T22:13:20Z``; fractions when present),
+    or the number itself outside the years 1-9999 (a raw ValueError crashed `list`/`get`)."""
     import datetime
 
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    try:
+        return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return ts
 
 
 def _readable(data: dict[str, Any]) -> dict[str, Any]:

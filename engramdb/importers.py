@@ -279,6 +279,8 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
         if "tags" in fields:
             fields["tags"] = _without_blank_tags(fields["tags"])
         return Node.from_dict(fields)
+    if not _NODE_ONLY_KEYS.isdisjoint(obj):
+        return _node_line(obj, now, id_prefix)
     mem_id = obj.get("id")
     if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
         raise ValidationError("a Memory needs a non-empty string id")
@@ -301,6 +303,45 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
     )
 
 
+# engramdb's own field names (`engramdb list --json`, `get --json`, Node.to_dict()) that a
+# Trace-Lite Memory does not have: a line with any of them is read with engramdb's names.
+# Read as a Memory, its created_at, pinned, entities, weight, ... were dropped without a word.
+_NODE_FIELDS = frozenset(Node.__dataclass_fields__)
+_NODE_ONLY_KEYS = _NODE_FIELDS - {"id", "content", "tags", "importance", "tier", "source", "metadata"}
+
+
+def _node_line(obj: dict[str, Any], now: float, id_prefix: str) -> Node:
+    """A line in engramdb's field names (timestamps ISO 8601 or seconds; ``archived`` as
+    ``list --json`` prints it)."""
+    unknown = sorted(set(obj) - _NODE_FIELDS - {"archived"})
+    if unknown:
+        raise ValidationError(f"the line mixes engramdb's field names with unknown keys {', '.join(unknown)[:80]}",
+                              hint="use one shape a line: engramdb's fields (as `engramdb list --json` prints "
+                                   "them) or a Trace-Lite Memory (createdAt, accessCount, embedding)")
+    if obj.get("archived") is True or ARCHIVE_KEY in (obj.get("metadata") or {}):
+        raise ValidationError("an archived memory's preview (its full text is not in the line)",
+                              hint="write the file with `engramdb export` (archived memories whole) or "
+                                   "`engramdb get --full --json`")
+    fields = {k: v for k, v in obj.items() if k != "archived"}
+    mem_id = fields.get("id")
+    if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
+        raise ValidationError("a memory needs a non-empty string id")
+    fields["id"] = id_prefix + str(mem_id)
+    for name, default in (("created_at", now), ("last_accessed", None)):
+        value = fields.get(name)
+        if isinstance(value, str):  # as `list --json` prints them; numbers are seconds, as in Node
+            fields[name] = _parse_time(value, name, now)
+        elif value is None:
+            fields[name] = fields.get("created_at", now) if default is None else default
+    if "tags" in fields:
+        fields["tags"] = _without_blank_tags(fields["tags"])
+    if fields.get("metadata") is None:
+        fields["metadata"] = {}
+    if fields.get("embeddings") is None:
+        fields["embeddings"] = {}
+    return Node.from_dict(fields)
+
+
 def _without_blank_tags(tags: Any) -> Any:
     """``tags`` without its empty or blank strings, when it is a list: the write API refuses
     them, and an older engramdb's export or a foreign source may hold them (taken before
@@ -319,7 +360,9 @@ def iter_jsonl(
     Field mapping: ``id``, ``content``, ``tags``, ``importance``, ``tier``, ``accessCount``,
     ``source``, ``metadata`` map to the node fields of the same meaning; ``createdAt`` /
     ``lastAccessed`` are ISO 8601 strings (or JavaScript milliseconds); ``embedding`` goes
-    into the space ``space``. Blank lines are skipped. Lines written by
+    into the space ``space``. A line with engramdb's own field names (``created_at``,
+    ``pinned``, ``embeddings``, ... as ``engramdb list --json`` prints them; timestamps ISO 8601
+    or seconds) is read with those names, every field kept. Blank lines are skipped. Lines written by
     :func:`export_jsonl` are restored exactly, but for blank tags (an older
     engramdb stored them; the write API refuses them), which are left out, as they are
     from any line.

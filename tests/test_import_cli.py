@@ -436,3 +436,45 @@ def test_a_resumed_import_writes_edges_as_they_come_once_their_ends_are_stored(t
     with engramdb.open(two, encrypted=False) as db:
         backup.import_records(db, [item for item in items if item is not gone])
         assert got == sorted((e.src, e.dst, e.weight) for n in db for e in db.edges(n.id))
+
+
+def test_list_json_imports_every_field_and_odd_timestamps_print(tmp_path):
+    # `list --json` prints engramdb's own field names; `import` read the lines as Trace-Lite
+    # Memories and dropped created_at, last_accessed, access_count, pinned, entities, weight,
+    # ... without a word (created_at became the time of the import). And `list`/`get` of a
+    # timestamp outside the years 1-9999 crashed with a raw ValueError traceback.
+    import engramdb
+
+    a, b = tmp_path / "a.engram", tmp_path / "b.engram"
+    _init(a)
+    with engramdb.open(a, passphrase="pw") as db:
+        db.add_space("s", dims=2, model="m", normalize=False, auto=False)
+        db.add("alpha", id="a", tags=["x"], metadata={"k": 1}, pinned=True, importance=0.9, created_at=1e9,
+               last_accessed=1.25e9, access_count=4, entities=["Alice"], topics=["t"], quote="q", weight=0.7,
+               flags=["DECISION"], emotions=["joy"], source_start=1, source_end=3, resolved_date="2023-01-01",
+               source="chat", tier="warm", embeddings={"s": [3.0, 4.0]})
+        db.add("beta", id="b", created_at=-5.5, last_accessed=1e12)
+        originals = {n.id: n for n in db}
+    listed = _run("list", str(a), "--json")
+    assert listed.exit_code == 0
+    assert _run("get", str(a), "b").exit_code == 0
+    source = tmp_path / "list.jsonl"
+    source.write_text(listed.output)
+    _init(b)
+    result = _run("import", str(source), str(b))
+    assert result.exit_code == 0, result.output
+    with engramdb.open(b, passphrase="pw") as db:
+        assert {n.id: n for n in db} == originals
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "a", "content": "x", "created_at": 1.0, "createdAt": 5}', "unknown keys createdAt"),
+    ('{"id": "a", "content": "x", "pinned": true, "archived": true}', "archived memory's preview"),
+])
+def test_an_engramdb_shaped_line_that_would_lose_data_is_refused(tmp_path, line, message):
+    source, b = tmp_path / "x.jsonl", tmp_path / "b.engram"
+    source.write_text(line + "\n")
+    _init(b)
+    result = _run("import", str(source), str(b))
+    assert result.exit_code == 1 and message in result.output
+    assert json.loads(_run("stats", str(b), "--json").output)["memories"] == 0
