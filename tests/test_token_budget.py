@@ -309,3 +309,21 @@ def test_an_empty_contexts_tokens_are_the_counters_count_of_the_empty_text(store
         store.recall_context("Alice budget", max_tokens=19, count_tokens=with_overhead)
     assert "max_tokens" in info.value.hint
     assert store.recall_context("zzzqqq", max_tokens=0).tokens == 0  # estimate_tokens("") is 0
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "json", "aaak"])
+def test_inject_context_refuses_a_budget_below_the_counters_count_of_the_empty_text(fmt):
+    """inject_context returned "" when count_tokens("") was over max_token_budget: a text over
+    its hard budget under that counter, without a word. Like recall_context's max_tokens, such
+    a budget is a ValidationError; at the count of "" exactly, "" is returned."""
+    def with_overhead(text):
+        return len(text) + 20
+
+    result = compress("Alice moved to Berlin in 2023. Bob prefers tea. The budget was approved.")
+    with pytest.raises(ValidationError, match="empty text") as info:
+        inject_context(result, max_token_budget=19, count_tokens=with_overhead, format=fmt)
+    assert "max_token_budget" in info.value.hint and "20" in info.value.hint
+    assert inject_context(result, max_token_budget=20, count_tokens=with_overhead, format=fmt) == ""
+    full = inject_context(result, max_token_budget=10_000, count_tokens=with_overhead, format=fmt)
+    assert full and with_overhead(full) <= 10_000
+    assert inject_context(result, max_token_budget=0, format=fmt) == ""  # estimate_tokens("") is 0

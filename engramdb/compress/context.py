@@ -438,8 +438,9 @@ def inject_context(
         The rendered text (``""`` when no zettel is chosen or none fits the budget).
 
     Raises:
-        ValidationError: a bad argument, an unknown flag, or a counter that fails or
-            returns something other than a non-negative int.
+        ValidationError: a bad argument, an unknown flag, a counter that fails or
+            returns something other than a non-negative int, or a ``max_token_budget``
+            below the counter's count of ``""`` (no text fits it).
     """
     result = _check_result(result)
     # NumPy numbers (pandas rows give them) as their Python values, as recall takes them
@@ -471,6 +472,15 @@ def inject_context(
     guarantees = _check_flags("guarantee_flags", guarantee_flags)
     wanted = _check_flags("flags", flags)
     count = token_counter(count_tokens)
+    if max_token_budget is not None:
+        # the budget is a hard limit on the text as returned (spec/recall.md 2), as in
+        # recall_context: under one below the count of "", not even "" fits, and returning it
+        # would exceed the budget without a word
+        empty = count("")
+        if empty > max_token_budget:
+            raise ValidationError(f"count_tokens counts {empty} tokens in the empty text, more than "
+                                  f"max_token_budget={max_token_budget}: no context can fit",
+                                  hint=f"raise max_token_budget to at least {empty} plus the zettels' tokens")
 
     everything = list(result.zettels)
     pos = {id(z): k for k, z in enumerate(everything)}
