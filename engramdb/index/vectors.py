@@ -470,6 +470,26 @@ def _one_space_column(spaces: Mapping[str, EmbeddingSpace],
     return name, [docno for docno, _ in nodes], vecs
 
 
+def _keep_unchanged(rows: dict[str, tuple[list[int], np.ndarray]], added: Sequence[tuple[int, Any]],
+                    removed: Sequence[tuple[int, Any]]) -> None:
+    """Put back, in ``rows`` (:meth:`VectorIndex.vectors_for`'s), the stored vector of each
+    updated memory whose vector in a space is the one it had: float32 normalisation is not
+    idempotent, so normalising a stored unit row again moved it by an ulp (an update of the
+    memory's tags changed its vector)."""
+    old_vectors = {docno: old.embeddings for docno, old in removed if getattr(old, "embeddings", None)}
+    if not old_vectors:
+        return
+    new_nodes = dict(added)
+    for name, (docnos, matrix) in rows.items():
+        for i, docno in enumerate(docnos):
+            old = old_vectors.get(docno, {}).get(name)
+            node = new_nodes.get(docno)
+            new = node.embeddings.get(name) if node is not None else None
+            if (isinstance(old, np.ndarray) and isinstance(new, np.ndarray)
+                    and (new is old or np.array_equal(new, old)) and not np.array_equal(matrix[i], old)):
+                matrix[i] = old
+
+
 def _flags_as_bools(cfg: Any) -> Any:
     """A stored space's settings with ``normalize`` and ``auto`` as bools: before session 11,
     ``add_space(normalize="false")`` was stored as it was and acted by its truthiness (its
@@ -779,6 +799,8 @@ class VectorIndex:
                     self._space(spaces, sorted(node.embeddings)[0])
             return
         new_rows = self.vectors_for(txn, added, texts)
+        if removed and added:
+            _keep_unchanged(new_rows, added, removed)
         for name in sorted(spaces):
             # an auto space may hold a row for any memory; otherwise only where the old
             # record had a vector in this space
