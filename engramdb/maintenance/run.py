@@ -981,6 +981,13 @@ def _finish(txn: Txn, plan: Mapping[str, Any]) -> None:
     prog = txn.get("meta", PROGRESS_KEY)
     if prog is not None:
         report.bytes_dropped = codec.unpack(prog)[2]
+    # A planned delete that _apply_deletes skipped (the duplicate, or its survivor, changed
+    # since the snapshot) left its memory stored (a docno is never given again): the report
+    # lists and counts only the duplicates the pass deleted, not the plan's decisions
+    kept = {e[1] for e in plan["ops"] if e[3].get("delete") and txn.contains("nodes", codec.u64(e[0]))}
+    if kept:
+        report.removed_ids = [i for i in report.removed_ids if i not in kept]
+        report.deduplicated = len(report.removed_ids)
     for d, token in plan["tokens"].items():
         key = DIRTY_PREFIX + codec.u64(d)
         if txn.get("meta", key) == token:
