@@ -115,6 +115,9 @@ def detect_format(head: bytes) -> str:
         return "jsonl"
     if text.startswith(b"FILE:") or text[:1].isdigit():
         return "aaak"
+    if text.startswith(b"["):
+        raise ImportFormatError("the source is a JSON array, not JSON Lines (one memory object a line)",
+                                hint=_ONE_MEMORY_A_LINE)
     raise ImportFormatError("unrecognized file format (expected AAAK, JSONL memories or a Terronex .engram file)")
 
 
@@ -265,6 +268,23 @@ def _vector(value: Any, name: str) -> list[float] | None:
     return [float(x) for x in value]
 
 
+_ONE_MEMORY_A_LINE = ("write one memory object a line (JSON Lines), e.g. `jq -c '.[]' FILE` for an array, "
+                      "`jq -c '.memories[]' FILE` for {\"memories\": [...]}")
+
+
+def _not_one_document(obj: Any) -> None:
+    """Refuse a first line that is a whole JSON document rather than a memory: before, it
+    was called a memory without an id, which did not say what was wrong."""
+    if isinstance(obj, dict) and "id" not in obj:
+        if isinstance(obj.get("zettels"), list):
+            raise ImportFormatError("line 1 is a zettel-compress compress() result (JSON), not a memory",
+                                    hint="import its AAAK text (zettel-compress encode(), or `engramdb.encode`) or "
+                                         "run `engramdb ingest` on the source text")
+        if isinstance(obj.get("memories"), list):
+            raise ImportFormatError("line 1 is one JSON document holding a list of memories, not JSON Lines",
+                                    hint=_ONE_MEMORY_A_LINE)
+
+
 def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
     if not isinstance(obj, dict):
         raise ValidationError("each line must be a JSON object (a Memory)")
@@ -407,6 +427,8 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
             continue
         try:
             obj = json.loads(line)
+            if lineno == 1:
+                _not_one_document(obj)
             if isinstance(obj, dict) and isinstance(obj.get(_ENGRAMDB_BLOCK), dict):
                 obj = tjson_untag(obj)
             node = _memory_to_node(obj, space, ts, id_prefix)
@@ -414,6 +436,11 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
             raise ImportFormatError(f"line {lineno}: JSON nests too deeply") from None
         except AAAKParseError as exc:
             raise ImportFormatError(f"line {lineno}: {exc.message}") from None
+        except json.JSONDecodeError as exc:
+            if lineno == 1 and line.strip() in ("{", "["):
+                raise ImportFormatError("line 1: the source is one JSON document over many lines, not JSON Lines",
+                                        hint=_ONE_MEMORY_A_LINE) from None
+            raise ImportFormatError(f"line {lineno}: {exc}") from None
         except (ValueError, TypeError, OverflowError) as exc:  # JSONDecodeError and ValidationError are
             # ValueErrors; OverflowError: an integer beyond float range (JSON has no size limit)
             message = exc.message if isinstance(exc, EngramError) else str(exc)

@@ -175,6 +175,21 @@ def test_jsonl_errors_name_the_line(line, message):
         list(iter_jsonl(text, now=NOW))
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"now": "2026-06-01", "memories": [{"id": "m1"}]}\n', "one JSON document holding a list of memories"),
+    ('{"zettels": [], "tunnels": [], "entityIndex": {}}\n', "zettel-compress compress\\(\\) result"),
+    ('{\n  "id": "m1",\n  "content": "x"\n}\n', "one JSON document over many lines"),
+    ('[{"id": "m1"}]\n', "JSON array, not JSON Lines"),
+])
+def test_a_json_document_is_told_from_json_lines(text, message):
+    # Trace-Lite's {"now", "memories"} file, a zettel-compress compress() result or a
+    # pretty-printed memory was "line 1: a Memory needs a non-empty string id" (or a JSON
+    # syntax error): it did not say that the file is one JSON document, or how to convert it
+    with pytest.raises(ImportFormatError, match=message) as info:
+        list(iter_import(io.BytesIO(text.encode()), now=NOW))
+    assert "jq -c" in info.value.hint or "AAAK" in info.value.hint
+
+
 @pytest.mark.parametrize("as_bytes", [True, False])
 def test_jsonl_with_a_utf8_bom_is_read(as_bytes):
     """detect_format looks past a BOM (Notepad, PowerShell write one) and calls it JSONL, but
