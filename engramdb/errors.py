@@ -156,7 +156,7 @@ class DuplicateIdError(EngramError):
 class ValidationError(EngramError, ValueError):
     """A record or argument does not satisfy the data model."""
 
-    default_hint = "check the value against the docstring of the call (help(engramdb.Node) for fields)"
+    default_hint = "check the value against the docstring of the function or method you called (help() shows it)"
 
 
 class CorruptFileError(EngramError):

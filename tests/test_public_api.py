@@ -63,3 +63,15 @@ def test_the_header_constants_are_still_importable_from_the_facade():
 
     for name in ("FORMAT_NAME", "FORMAT_VERSION", "RECOVERY_PREFIX", "KEYFILE_MAGIC", "read_key_file"):
         assert getattr(engramdb.engram, name) is getattr(header, name)
+
+
+def test_validation_errors_default_hint_does_not_send_every_error_to_node(tmp_path):
+    """ValidationError's default hint said "help(engramdb.Node) for fields" for every error
+    without a hint of its own, most of them not about a memory's fields (a timeout, a
+    threshold, a count). It points to the docstring of the call that raised it."""
+    import pytest
+    hint = engramdb.ValidationError.default_hint
+    assert "Node" not in hint and "docstring" in hint
+    with pytest.raises(engramdb.ValidationError) as info:
+        engramdb.open(tmp_path / "x.engram", passphrase="pw", timeout="soon")  # type: ignore[arg-type]
+    assert "timeout" in info.value.message and "Node" not in str(info.value)
