@@ -603,6 +603,15 @@ def test_add_space_refuses_settings_it_would_store_wrongly(make_db):
     out = io.StringIO()
     db.dump(out)
     assert "@space s|m|2|float32|1|" in out.getvalue()
+    # normalize=None (add_space took it too) was stored as nil and acted as False: such a
+    # file was called corrupt (the settings "malformed") by every read of its spaces
+    db._store.write(lambda txn: txn.put("meta", SPACES_KEY, msgpack.packb(
+        {"s": {"model": "m", "dims": 2, "dtype": "float32", "normalize": None, "auto": None}})))
+    space = db.spaces()["s"]
+    assert (space.normalize, space.auto) == (False, False)
+    out = io.StringIO()
+    db.dump(out)
+    assert "@space s|m|2|float32|0|" in out.getvalue()
 
 
 def test_an_update_keeps_the_stored_vectors_it_does_not_change_bit_for_bit(make_db):

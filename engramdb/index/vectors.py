@@ -492,10 +492,10 @@ def _keep_unchanged(rows: dict[str, tuple[list[int], np.ndarray]], added: Sequen
 
 def _flags_as_bools(cfg: Any) -> Any:
     """A stored space's settings with ``normalize`` and ``auto`` as bools: before session 11,
-    ``add_space(normalize="false")`` was stored as it was and acted by its truthiness (its
-    vectors were normalised), so such a file reads as what it did."""
+    ``add_space(normalize="false")`` (or ``normalize=None``) was stored as it was and acted
+    by its truthiness (its vectors were normalised, or not), so such a file reads as what it did."""
     if isinstance(cfg, dict):
-        cfg = {k: bool(v) if k in ("normalize", "auto") and isinstance(v, (str, int, float)) else v
+        cfg = {k: bool(v) if k in ("normalize", "auto") and (v is None or isinstance(v, (str, int, float))) else v
                for k, v in cfg.items()}
     return cfg
 
