@@ -13,7 +13,7 @@ import io
 import os
 from functools import partial
 from typing import Any, BinaryIO, NamedTuple, TextIO, TypeVar
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from . import aaak, bulk, codec
 from .engram import Engram, Transaction, open as open_engram
@@ -23,7 +23,7 @@ from .errors import (
     AAAKParseError, AlreadyOpenError, CorruptFileError, DecryptionError, DuplicateIdError, EngramError, NotFoundError,
     ValidationError, shown,
 )
-from .records import CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
+from .records import ARCHIVE_KEY, CompressResult, Edge, EntityIndex, Node, Tunnel, Zettel
 from .store import STORE_SIDECARS, Txn, remove_if_abandoned, replace_store
 
 __all__ = ["dump", "dump_v2", "convert_dump_v2", "zettel_view", "restore", "import_records", "import_resumable",
@@ -153,7 +153,8 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
     Salvage: with ``on_damaged`` given, a value that fails authentication or does not
     decode is reported to it (one line each) and left out, together with the edges and
     archive rows of the memory it belongs to, instead of failing the dump (a damaged
-    vector leaves out only that vector). The dump stays valid and restores into a clean
+    vector leaves out only that vector; a damaged archived original leaves its memory as
+    a truncated stub, its preview kept). The dump stays valid and restores into a clean
     store holding every intact memory.
 
     Raises:
@@ -169,10 +170,25 @@ def dump(engram: Engram, fp: TextIO | BinaryIO, *, progress: Callable[[int], Non
         if table:
             sources[ENTITIES_META] = table
         salvage.attempt("the vector blocks", indexes.vectors.preload, txn)  # nodes are read in id order
-        nodes = _counting((_read_node(engram, txn, docno, salvage) for docno in docnos), progress)
+        archive = _archive_rows(txn, ids, salvage)
+        nodes: Iterator[Node] = (_read_node(engram, txn, docno, salvage) for docno in docnos)
+        if salvage.on_damaged is not None:
+            nodes = _without_lost_originals(nodes, {id_ for id_, _ in archive})
         return aaak.write_dump(fp, settings={"tokenizer": indexes.tokenizer.settings()}, spaces=spaces,
-                               nodes=nodes, edges=edges, meta=sources, archive=_archive_rows(txn, ids, salvage),
+                               nodes=_counting(nodes, progress), edges=edges, meta=sources, archive=archive,
                                procedures=_procedures(txn, salvage))
+
+
+def _without_lost_originals(nodes: Iterator[Node], kept: set[str]) -> Iterator[Node]:
+    """Under salvage, an archived stub whose original was damaged (left out) becomes a stub
+    of a truncated memory (its preview is what is left), as ``archive(truncate=True)``
+    makes: a stub that claimed its original, without one, failed the restore's verify, so
+    the salvage dump did not restore at all."""
+    for node in nodes:
+        entry = node.metadata.get(ARCHIVE_KEY)
+        if isinstance(entry, Mapping) and entry.get("truncated") is False and node.id not in kept:
+            node = node.replace(metadata={**node.metadata, ARCHIVE_KEY: {**entry, "truncated": True}})
+        yield node
 
 
 # --- the entity table (imported AAAK `E:` lines) --------------------------------------

@@ -297,7 +297,10 @@ def test_a_damaged_record_points_to_the_salvage_path(tmp_path):
         value = txn.get((3).to_bytes(8, "big"))
     env.close()
     data = bytearray(path.read_bytes())
-    data[data.index(value) + len(value) - 1] ^= 0x01
+    at = data.find(value)
+    while at >= 0:  # every copy (a freed page may hold an older one)
+        data[at + len(value) - 1] ^= 0x01
+        at = data.find(value, at + 1)
     path.write_bytes(bytes(data))
     run_env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1", "ENGRAM_PLAINTEXT": None,
                "ENGRAM_KEY_FILE": None}
@@ -325,3 +328,37 @@ def test_restore_keeps_the_vectors_of_a_normalising_space_bit_for_bit(tmp_path):
         assert {n.id: {k: v.tobytes() for k, v in n.embeddings.items()} for n in db} == vectors
         assert _dump(db) == first
         assert db.verify() == []
+
+
+def test_salvage_dump_of_a_damaged_archived_original_restores(tmp_path):
+    # The damaged original was left out, but its stub still said it had one (truncated:
+    # false): the restore's verify refused the salvage dump ("has lost its archive row"),
+    # so the documented way out of a damaged file did not restore at all.
+    import lmdb
+
+    path = tmp_path / "damaged.engram"
+    with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many([{"id": f"m{i}", "content": f"memory number {i} " * 30} for i in range(4)], now=1.0)
+        db.archive("m1", now=2.0)
+        db.archive("m2", now=2.0)
+        kept = db.get("m2", full=True)
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    with env.begin(db=env.open_db(b"t7", create=False)) as txn:  # the archive table; m1 is docno 2
+        value = bytes(txn.get((2).to_bytes(8, "big")))
+    env.close()
+    data = bytearray(path.read_bytes())
+    at = data.find(value)
+    while at >= 0:  # every copy (a freed page may hold an older one)
+        data[at + len(value) - 1] ^= 0x01
+        at = data.find(value, at + 1)
+    path.write_bytes(bytes(data))
+    with engramdb.open(path, passphrase=PASSPHRASE) as db:
+        damaged: list[str] = []
+        buf = io.StringIO()
+        db.dump(buf, on_damaged=damaged.append)
+    assert len(damaged) == 1 and "archived original of memory #2" in damaged[0]
+    engramdb.restore(io.StringIO(buf.getvalue()), tmp_path / "salvaged.engram", passphrase=PASSPHRASE, kdf=TEST_KDF)
+    with engramdb.open(tmp_path / "salvaged.engram", passphrase=PASSPHRASE) as db:
+        assert db.ids() == ["m0", "m1", "m2", "m3"] and db.verify() == []
+        assert db.get("m1").archived and db.get("m1").metadata["engramdb.archive"]["truncated"] is True
+        assert db.get("m2", full=True) == kept  # an intact original stays whole
