@@ -444,7 +444,9 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
         except (ValueError, TypeError, OverflowError) as exc:  # JSONDecodeError and ValidationError are
             # ValueErrors; OverflowError: an integer beyond float range (JSON has no size limit)
             message = exc.message if isinstance(exc, EngramError) else str(exc)
-            raise ImportFormatError(f"line {lineno}: {message}") from None
+            # a hint the line's check wrote for this case says what to do; the generic one does not
+            hint = exc.hint if isinstance(exc, EngramError) and exc.hint != type(exc).default_hint else None
+            raise ImportFormatError(f"line {lineno}: {message}", hint=hint) from None
         yield node
 
 

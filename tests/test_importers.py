@@ -355,3 +355,16 @@ def test_terronex_header_bomb_is_refused():
 def test_terronex_many_honest_nodes_fit_the_limits():
     nodes = [{"id": f"n{i}", "content": "", "embedding": None} for i in range(2_000)]
     assert len([x for x in iter_terronex(terronex_file(nodes)) if isinstance(x, Node)]) == 2_000
+
+
+@pytest.mark.parametrize("line, hint", [
+    ('{"id": "a", "content": "x", "created_at": 1.0, "createdAt": 5}', "one shape a line"),
+    ('{"id": "a", "content": "x", "pinned": true, "archived": true}', "engramdb export"),
+])
+def test_a_refused_jsonl_line_keeps_the_hint_of_its_check(line, hint):
+    """iter_jsonl re-raised a line's ValidationError as an ImportFormatError with only the
+    generic hint ("supported sources: ..."), so the hints 6d7900b wrote for an engramdb-shaped
+    line (use one shape a line; export archived memories whole) never reached the user."""
+    with pytest.raises(ImportFormatError) as info:
+        list(iter_jsonl(io.StringIO(line + "\n"), space="s"))
+    assert hint in info.value.hint
