@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +17,10 @@ from engramdb.agent.hooks import HEADER
 from engramdb.agent.text import content_words, has_noise, scrub
 from engramdb.errors import ValidationError
 from engramdb.records import MAX_CONTENT_BYTES
+
+from conftest import PASSPHRASE
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
 SAMPLE = Path(engramdb.__file__).parent / "data" / "sample_memories.txt"
@@ -560,3 +567,74 @@ def test_a_failing_sleep_says_that_the_tasks_facts_were_stored(make_db, now):
     assert info.value.message.startswith(f"after_task stored this task's facts ({facts[1]}) and its trajectory, "
                                          "then sleep consolidation failed: ")
     assert isinstance(info.value.__cause__, TimeoutError) and str(info.value).startswith(info.value.message)
+
+
+def test_two_processes_saying_the_same_at_once_store_it_once(make_db, now):
+    # two agents (processes) on one file finishing at once: each checked for a duplicate
+    # before the other stored its fact, so both stored it
+    db = make_db()
+    second = """
+import json, sys
+import engramdb
+from engramdb.agent import MemoryHooks
+db = engramdb.open(sys.argv[1], passphrase=sys.argv[2])
+hooks = MemoryHooks(db, procedures=False, sleep_threshold=None)
+print("ready", flush=True)
+print(json.dumps(hooks.after_task([{"role": "user", "content": "Task two: always use tabs. Never use spaces."}],
+                                  now=float(sys.argv[3]))), flush=True)
+"""
+    other: list = []
+
+    class Racing:
+        """The store as the first process sees it: while it stores its fact, the second runs."""
+
+        def __getattr__(self, name):
+            return getattr(db, name)
+
+        def __contains__(self, id):
+            return id in db
+
+        def remember(self, text, **fields):
+            if not other:
+                env = {**os.environ, "PYTHONPATH": str(ROOT)}
+                other.append(subprocess.Popen([sys.executable, "-c", second, db.path, PASSPHRASE, str(now)], env=env,
+                                              stdout=subprocess.PIPE, text=True))
+                assert other[0].stdout.readline() == "ready\n"
+                try:  # done by then (a few reads and a write), unless it waits for this call's transaction
+                    other[0].wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            return db.remember(text, **fields)
+
+    hooks = MemoryHooks(Racing(), procedures=False, sleep_threshold=None)
+    stored = hooks.after_task([{"role": "user", "content": "Task one: always use tabs. Never use spaces."}], now=now)
+    out, _ = other[0].communicate(timeout=60)
+    assert other[0].returncode == 0 and json.loads(out) == [] and len(stored) == 1
+    assert [n.id for n in db.scan()] == stored
+
+
+def test_a_thread_skips_the_sleep_another_thread_of_the_hooks_is_running(make_db, now):
+    # a second after_task at the threshold while the first one's summarizer (a model call)
+    # ran planned a sleep of its own: its groups were stale by the time it wrote them, and the
+    # model was asked for nothing
+    db = make_db()
+    for k in range(4):
+        db.remember(f"The garden note number {k} says to water the basil on day {k}.", tags=["agent"], now=now)
+    callers: list = []
+    second: list = []
+
+    def summarizer(texts):
+        callers.append(threading.current_thread().name)
+        if not second:
+            task = [{"role": "user", "content": "Ship the mobile app. Never ship on a Friday."}]
+            second.append(threading.Thread(target=lambda: second.append(hooks.after_task(task, now=now + 1)),
+                                           name="second"))
+            second[0].start()
+            second[0].join(timeout=20)  # done by then, unless it waits for this sleep
+        return "Summary: " + texts[0]
+
+    hooks = MemoryHooks(db, summarizer=summarizer, sleep_threshold=4)
+    first = hooks.after_task([{"role": "user", "content": "Plan the garden. Always water in the morning."}],
+                             now=now + 2)
+    assert not second[0].is_alive() and len(second[1]) == 1 and len(first) == 1
+    assert callers and "second" not in callers  # the second call left the sleep to the first

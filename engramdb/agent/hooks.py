@@ -100,7 +100,7 @@ class MemoryHooks:
         self.sleep_threshold = sleep_threshold
         self.summarizer = summarizer
         self.tags = list(tags)
-        self._lock = threading.RLock()  # after_task holds it around its own sleep
+        self._sleeping = threading.Lock()  # held by the after_task that runs a sleep consolidation
 
     # -- before ---------------------------------------------------------------------------
     def relevant(self, task_text: str) -> list[Hit]:
@@ -214,12 +214,30 @@ class MemoryHooks:
         conv = serialize_conversation(messages)
         stamp = now_ts(now)
         session = session or "s-" + hashlib.sha256(conv.text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        facts = self._facts(conv, outcome)  # a model call: outside the lock
-        # One thread at a time from here (the MCP server calls its tools in worker threads): the
-        # duplicate check and the write of a fact are one step, or parallel calls saying the same
-        # thing each store it; and a sleep another call started is seen before planning a second.
-        with self._lock:
-            return self._store(conv, facts, outcome, session, stamp)
+        facts = self._facts(conv, outcome)  # a model call: before the write transaction
+        # The duplicate check and the writes in one write transaction: another thread (the MCP
+        # server calls its tools in worker threads) or process saying the same thing at once
+        # waits for it and then finds these facts, instead of storing its own copy.
+        with self.db.transaction():
+            ids = self._store(conv, facts, outcome, session, stamp)
+        # live_candidates >= unconsolidated: below the threshold there, no need to read the cores.
+        # Outside the transaction (a summarizer may take seconds; each group commits alone), and
+        # skipped while another thread's after_task consolidates (its groups would only be stale).
+        if self.sleep_threshold is not None and len(live_candidates(self.db, tags=self.tags)) >= self.sleep_threshold \
+                and self._sleeping.acquire(blocking=False):
+            try:
+                self.consolidate_sleep(now=stamp)
+            except EngramError as exc:
+                # this task's facts and trajectory are stored: a caller told only "the summarizer
+                # raised" would take the task as not done, and the new facts' ids were lost
+                stored = ", ".join(ids) if ids else "no new fact"
+                exc.message = (f"after_task stored this task's facts ({stored}) and its trajectory, then sleep "
+                               f"consolidation failed: {exc.message}")
+                exc.args = (exc.message,)
+                raise
+            finally:
+                self._sleeping.release()
+        return ids
 
     def _store(self, conv: SerializedConversation, facts: list[Fact], outcome: str | None, session: str,
                stamp: float) -> list[str]:
@@ -242,25 +260,11 @@ class MemoryHooks:
             call = json.dumps([conv.text, outcome, session], ensure_ascii=True)
             self.graph.record_trajectory(conv, outcome, now=stamp,
                                          call_id="after_task-" + hashlib.sha256(call.encode()).hexdigest()[:24])
-        # live_candidates >= unconsolidated: below the threshold there, no need to read the cores
-        if self.sleep_threshold is not None and len(live_candidates(self.db, tags=self.tags)) >= self.sleep_threshold:
-            try:
-                self.consolidate_sleep(now=stamp)
-            except EngramError as exc:
-                # this task's facts and trajectory are stored: a caller told only "the summarizer
-                # raised" would take the task as not done, and the new facts' ids were lost
-                stored = ", ".join(ids) if ids else "no new fact"
-                exc.message = (f"after_task stored this task's facts ({stored}) and its trajectory, then sleep "
-                               f"consolidation failed: {exc.message}")
-                exc.args = (exc.message,)
-                raise
         return ids
 
     # -- sleep ----------------------------------------------------------------------------
     def consolidate_sleep(self, *, force: bool = False, now: float | None = None) -> SleepReport:
         """:func:`engramdb.agent.consolidate_sleep` with this object's threshold, summarizer and
-        tags (only the memories carrying every one of :attr:`tags`); one at a time with
-        :meth:`after_task`'s writes of other threads."""
-        with self._lock:
-            return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
-                                     tags=self.tags or None, force=force, now=now)
+        tags (only the memories carrying every one of :attr:`tags`)."""
+        return consolidate_sleep(self.db, threshold=self.sleep_threshold or 50, summarizer=self.summarizer,
+                                 tags=self.tags or None, force=force, now=now)
