@@ -638,3 +638,52 @@ def test_a_thread_skips_the_sleep_another_thread_of_the_hooks_is_running(make_db
                              now=now + 2)
     assert not second[0].is_alive() and len(second[1]) == 1 and len(first) == 1
     assert callers and "second" not in callers  # the second call left the sleep to the first
+
+
+def test_after_task_checks_for_duplicates_outside_its_write_transaction(make_db, now):
+    # since 49a7451 the duplicate check's recalls ran inside after_task's write transaction, where
+    # a recall reads every index uncached (a vector space's whole matrix decoded from its blocks:
+    # 20-50 ms a recall instead of 3 at 20k memories) while holding the writer lock
+    db = make_db()
+    inside: list[bool] = []
+
+    class Watching:
+        def __getattr__(self, name):
+            return getattr(db, name)
+
+        def __contains__(self, id):
+            return id in db
+
+        def recall(self, *args, **kwargs):
+            inside.append(getattr(db._store._local, "txn", None) is not None)
+            return db.recall(*args, **kwargs)
+
+    hooks = MemoryHooks(Watching(), procedures=False, sleep_threshold=None)
+    ids = hooks.after_task(_session1(), now=now)
+    assert len(ids) == 3 and inside and not any(inside)
+    # a fact in the same call that repeats an earlier one is still left out (checked against it)
+    twice = MemoryHooks(Watching(), procedures=False, sleep_threshold=None,
+                        extractor=lambda text: ["Deploys run on Fridays at noon.", "Deploys run on Fridays at noon!"])
+    assert len(twice.after_task([{"role": "user", "content": "deploy"}], now=now)) == 1
+
+
+def test_a_commit_between_the_duplicate_check_and_the_write_is_checked_again(make_db, now):
+    # the check's answers stand only for the state they read: another writer's commit in
+    # between (here: the same fact, stored under another id) makes after_task check inside
+    db = make_db()
+    fact = "The staging database is reset every Monday."
+    hooks = MemoryHooks(db, procedures=False, sleep_threshold=None, extractor=lambda text: [fact])
+    real = hooks._is_duplicate
+    calls: list[bool] = []
+
+    def checking(text):
+        found = real(text)
+        if not calls:  # after the first (outside) check: another process says the same
+            db.remember(fact, id="other-process", now=now)
+        calls.append(found)
+        return found
+
+    hooks._is_duplicate = checking  # type: ignore[method-assign]
+    assert hooks.after_task([{"role": "user", "content": "reset staging"}], now=now) == []
+    assert calls == [False, True]
+    assert [n.id for n in db.scan()] == ["other-process"]
