@@ -299,7 +299,7 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
         if "tags" in fields:
             fields["tags"] = _without_blank_tags(fields["tags"])
         return Node.from_dict(fields)
-    if not _NODE_ONLY_KEYS.isdisjoint(obj):
+    if not _NODE_ONLY_KEYS.isdisjoint(obj) and _MEMORY_ONLY_KEYS.isdisjoint(obj):
         return _node_line(obj, now, id_prefix)
     mem_id = obj.get("id")
     if isinstance(mem_id, bool) or not isinstance(mem_id, (str, int)) or mem_id == "":
@@ -328,6 +328,10 @@ def _memory_to_node(obj: Any, space: str, now: float, id_prefix: str) -> Node:
 # Read as a Memory, its created_at, pinned, entities, weight, ... were dropped without a word.
 _NODE_FIELDS = frozenset(Node.__dataclass_fields__)
 _NODE_ONLY_KEYS = _NODE_FIELDS - {"id", "content", "tags", "importance", "tier", "source", "metadata"}
+# A Trace-Lite Memory's own field names: a line with any of them is a Memory, read as before
+# the engramdb shape existed (keys a Memory does not have are ignored, ``weight`` or ``pinned``
+# included), so a Trace-Lite export with extra keys of its own keeps importing.
+_MEMORY_ONLY_KEYS = frozenset({"createdAt", "lastAccessed", "accessCount", "embedding"})
 
 
 def _node_line(obj: dict[str, Any], now: float, id_prefix: str) -> Node:
@@ -382,7 +386,8 @@ def iter_jsonl(
     ``lastAccessed`` are ISO 8601 strings (or JavaScript milliseconds); ``embedding`` goes
     into the space ``space``. A line with engramdb's own field names (``created_at``,
     ``pinned``, ``embeddings``, ... as ``engramdb list --json`` prints them; timestamps ISO 8601
-    or seconds) is read with those names, every field kept. Blank lines are skipped. Lines written by
+    or seconds) and none of a Memory's own (``createdAt``, ``lastAccessed``, ``accessCount``,
+    ``embedding``) is read with those names, every field kept. Blank lines are skipped. Lines written by
     :func:`export_jsonl` are restored exactly, but for blank tags (an older
     engramdb stored them; the write API refuses them), which are left out, as they are
     from any line.

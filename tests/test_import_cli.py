@@ -468,7 +468,7 @@ def test_list_json_imports_every_field_and_odd_timestamps_print(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"id": "a", "content": "x", "created_at": 1.0, "createdAt": 5}', "unknown keys createdAt"),
+    ('{"id": "a", "content": "x", "created_at": 1.0, "comment": 5}', "unknown keys comment"),
     ('{"id": "a", "content": "x", "pinned": true, "archived": true}', "archived memory's preview"),
 ])
 def test_an_engramdb_shaped_line_that_would_lose_data_is_refused(tmp_path, line, message):
@@ -478,3 +478,24 @@ def test_an_engramdb_shaped_line_that_would_lose_data_is_refused(tmp_path, line,
     result = _run("import", str(source), str(b))
     assert result.exit_code == 1 and message in result.output
     assert json.loads(_run("stats", str(b), "--json").output)["memories"] == 0
+
+
+def test_a_trace_lite_line_with_an_extra_engramdb_named_key_still_imports(tmp_path):
+    # 6d7900b read any line holding one of engramdb's field names in engramdb's shape, so a
+    # Trace-Lite export whose Memories carry an extra key of their own named like one of
+    # engramdb's fields (weight, pinned, quote, ...) stopped importing ("mixes engramdb's field
+    # names with unknown keys accessCount, createdAt, embedding"); it imported before (rev12).
+    import engramdb
+
+    source, b = tmp_path / "t.jsonl", tmp_path / "b.engram"
+    source.write_text(json.dumps({"id": "m1", "content": "Alice moved to Berlin", "createdAt": "2026-01-01T00:00:00Z",
+                                  "accessCount": 2, "weight": 0.5, "pinned": True}) + "\n"
+                      + json.dumps({"id": "m2", "content": "x", "created_at": 1.0, "createdAt": 5000}) + "\n")
+    _init(b)
+    result = _run("import", str(source), str(b))
+    assert result.exit_code == 0, result.output
+    with engramdb.open(b, passphrase="pw") as db:
+        first, second = db.get("m1"), db.get("m2")
+    assert first.content == "Alice moved to Berlin" and first.access_count == 2
+    assert first.created_at == 1767225600.0 and not first.pinned  # read as a Memory: extras ignored
+    assert second.created_at == 5.0  # a Memory's createdAt (JavaScript milliseconds) wins

@@ -358,7 +358,7 @@ def test_terronex_many_honest_nodes_fit_the_limits():
 
 
 @pytest.mark.parametrize("line, hint", [
-    ('{"id": "a", "content": "x", "created_at": 1.0, "createdAt": 5}', "one shape a line"),
+    ('{"id": "a", "content": "x", "created_at": 1.0, "comment": 5}', "one shape a line"),
     ('{"id": "a", "content": "x", "pinned": true, "archived": true}', "engramdb export"),
 ])
 def test_a_refused_jsonl_line_keeps_the_hint_of_its_check(line, hint):
