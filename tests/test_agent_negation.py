@@ -37,3 +37,19 @@ def test_negations_are_normalised_and_sorted():
         ("never", "not", "not", "not", "not", "without")
     assert negations("Do not use X") == negations("don't use x") == ("not",)
     assert negations("Nothing and nobody") == ("nobody", "nothing")
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("Set up the web server. Always listen on port 8080.", "Set up the web server. Always listen on port 9090."),
+    ("Set up the backups. Always run them on Monday at 2am.", "Set up the backups. Always run them on Friday at 2am."),
+    ("Pin the toolchain. Use Python 3.11 only.", "Pin the toolchain. Use Python 3.12 only."),
+])
+def test_a_fact_changing_a_number_or_a_day_is_not_a_duplicate(make_db, now, first, second):
+    # "... port 9090" shares all words but one with "... port 8080" (overlap 7/8 >= 0.8), so the
+    # changed preference was dropped as a duplicate: the agent kept being told the old port
+    db = make_db()
+    hooks = MemoryHooks(db, procedures=False, sleep_threshold=None)
+    [old] = hooks.after_task([{"role": "user", "content": first}], now=now)
+    [new] = hooks.after_task([{"role": "user", "content": second}], now=now + 1)
+    assert old != new
+    assert hooks.after_task([{"role": "user", "content": second}], now=now + 2) == []  # the same one again

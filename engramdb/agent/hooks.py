@@ -25,7 +25,7 @@ from .models import call_model, iterate_model
 from .protocols import AgentMemory
 from .procedures import OUTCOMES, ProceduralGraph
 from .serialize import SerializedConversation, serialize_conversation
-from .text import content_words, negations, overlap, scrub, storable
+from .text import content_words, figures, negations, overlap, scrub, storable
 
 __all__ = ["MemoryHooks", "Extractor", "HEADER", "DEFAULT_MIN_RELEVANCE"]
 
@@ -49,8 +49,10 @@ def _render(lines: Sequence[str], guidance: str) -> str:
 
 def _says_the_same(text: str, other: str) -> bool:
     """Whether ``text`` repeats the memory ``other``: most of its content words, the same
-    negations ("not" is no content word: "Do not use X" after "Use X" is a new preference)."""
-    return overlap(content_words(text), content_words(other)) >= DUPLICATE_OVERLAP and negations(other) == negations(text)
+    negations ("not" is no content word: "Do not use X" after "Use X" is a new preference) and
+    the same figures ("port 9090" after "port 8080", one word of eight, is a changed one)."""
+    return overlap(content_words(text), content_words(other)) >= DUPLICATE_OVERLAP and \
+        negations(other) == negations(text) and figures(other) == figures(text)
 
 
 class MemoryHooks:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from ..index.tokenize import negations  # shared with forget(query=)
 
-__all__ = ["content_words", "negations", "overlap", "scrub", "has_noise", "storable"]
+__all__ = ["content_words", "figures", "negations", "overlap", "scrub", "has_noise", "storable"]
 
 # A word: letters and digits of any script (not only ASCII: a Cyrillic or CJK fact has words
 # too), with inner _ + # . - and a final + or # (c++, c#, node.js).
@@ -126,6 +126,23 @@ def storable(text: str) -> str:
 def content_words(text: str) -> set[str]:
     """Lowercased (NFKC) words of ``text`` without stopwords and one-letter words."""
     return {w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower()) if len(w) > 1 and w not in STOPWORDS}
+
+
+# Words that state the fact itself, which an overlap of words cannot weigh: "listen on port 8080"
+# and "... 9090", "deploy on Monday" and "... Friday" share all but one word (as maintain's dedupe
+# has it, spec/maintenance.md)
+_CALENDAR = frozenset((
+    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+    "november", "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))
+_FIGURE = re.compile(r"\w+")
+
+
+def figures(text: str) -> tuple[str, ...]:
+    """The words of ``text`` holding a digit or naming a month or weekday (numbers, versions,
+    ports, dates, times), lowercased (NFKC), sorted, once each: texts whose figures differ say
+    different things."""
+    words = _FIGURE.findall(unicodedata.normalize("NFKC", text).lower())
+    return tuple(sorted({w for w in words if w in _CALENDAR or any(c.isdigit() for c in w)}))
 
 
 def overlap(a: set[str], b: set[str]) -> float:
