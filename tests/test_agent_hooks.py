@@ -661,6 +661,8 @@ def test_after_task_checks_for_duplicates_outside_its_write_transaction(make_db,
     hooks = MemoryHooks(Watching(), procedures=False, sleep_threshold=None)
     ids = hooks.after_task(_session1(), now=now)
     assert len(ids) == 3 and inside and not any(inside)
+    recalls = len(inside)
+    assert hooks.after_task(_session1(), now=now) == [] and len(inside) == recalls  # stored by id: no recall
     # a fact in the same call that repeats an earlier one is still left out (checked against it)
     twice = MemoryHooks(Watching(), procedures=False, sleep_threshold=None,
                         extractor=lambda text: ["Deploys run on Fridays at noon.", "Deploys run on Fridays at noon!"])

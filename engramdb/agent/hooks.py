@@ -47,6 +47,10 @@ def _render(lines: Sequence[str], guidance: str) -> str:
     return "\n\n".join(blocks)
 
 
+def _fact_id(fact: Fact) -> str:
+    return "fact-" + hashlib.sha256(fact.text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def _says_the_same(text: str, other: str) -> bool:
     """Whether ``text`` repeats the memory ``other``: most of its content words, the same
     negations ("not" is no content word: "Do not use X" after "Use X" is a new preference) and
@@ -231,7 +235,10 @@ class MemoryHooks:
         # 20-50 ms instead of 3 at 20k memories), with the writer lock held. Their answers stand
         # when no commit came in between (then the transaction starts from what they read).
         before = self._last_commit()
-        fresh = [not self._is_duplicate(f.text) for f in facts] if before is not None else None
+        # (a fact already stored under its id needs no recall: the transaction skips it, or, gone
+        # meanwhile, sees another commit and checks it again)
+        fresh = None if before is None else \
+            [_fact_id(f) not in self.db and not self._is_duplicate(f.text) for f in facts]
         with self.db.transaction():
             if fresh is not None and self._last_commit() != before:
                 fresh = None  # another write came in between: check again, inside
@@ -264,7 +271,7 @@ class MemoryHooks:
         seen: set[str] = set()
         stored: list[str] = []
         for k, fact in enumerate(facts):
-            fact_id = "fact-" + hashlib.sha256(fact.text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            fact_id = _fact_id(fact)
             if fact_id in seen or fact_id in self.db:
                 continue
             if fresh is None:
