@@ -73,7 +73,7 @@ def _takes_instructions(server: Any) -> bool:
 
 
 # What each tool takes, in its arguments' names: the hint of an error about a value (the library's
-# default hint names Python objects, "help(engramdb.Node) for fields").
+# default hint names Python calls: "... the docstring of the function or method you called").
 _ARGUMENTS = {
     "remember": "text (the fact, as text), tags (a list of non-blank strings) and importance (a number from 0 "
                 "to 1, or left out)",
