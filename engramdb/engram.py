@@ -503,9 +503,14 @@ class Engram:
         """Record operations whose index changes go into one batch, flushed at the end:
         one write transaction makes at most one BM25 segment and one vector block."""
         tx = Transaction(self, txn)
-        tx._index_batch = batch = self.indexes.batch(txn)  # index hook
-        yield tx
-        batch.flush()
+        joined = self.indexes.open_batch(txn)  # a write inside an open transaction joins its batch
+        tx._index_batch = batch = joined or self.indexes.batch(txn)  # index hook
+        try:
+            yield tx
+            batch.flush()
+        finally:
+            if joined is None:
+                self.indexes.close_batch(txn)
 
     def procedure_rows(self) -> list[dict[str, Any]]:
         """The rows of the procedural graph (spec/agent.md); write them with
@@ -1054,8 +1059,9 @@ class Transaction:
             from .maintenance.run import log_changes
 
             log_changes(self._txn, [docno for docno, _ in removed])
-        # Index changes go to the batch when one is open (add_many), else straight in.
-        batch = self._index_batch
+        # Index changes go to the batch when one is open (add_many, a transaction this write
+        # joins: applied straight in, they would index an old vector the batch then re-adds), else straight in.
+        batch = self._index_batch or self._engram.indexes.open_batch(self._txn)
         if batch is None:
             self._engram.indexes.apply(self._txn, list(added), list(removed))
             return

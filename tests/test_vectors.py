@@ -634,3 +634,37 @@ def test_an_update_keeps_the_stored_vectors_it_does_not_change_bit_for_bit(make_
     db.update("n3", embeddings={"s": new})  # a new vector is normalised as ever
     assert db.get("n3").embeddings["s"].tobytes() == db.get(db.add("y", embeddings={"s": new})).embeddings["s"].tobytes()
     assert db.verify() == []
+
+
+def test_a_transaction_reads_and_keeps_the_vectors_it_wrote(make_db):
+    """A transaction's index changes wait for its end, and reads took vectors from the blocks:
+    a memory added with a vector read back as CorruptFileError ("names a vector ... that is
+    not stored"), an updated one with its old vector, and a second update of it (its tags)
+    wrote that old vector back: the new vector was lost."""
+    db = make_db(encrypted=False, passphrase=None)
+    db.add_space("m", dims=3, model="toy", normalize=False)
+    a = db.add("alpha", id="a", embeddings={"m": [1.0, 0.0, 0.0]})
+    with db.transaction() as t:
+        b = t.add("beta", id="b", embeddings={"m": [0.0, 0.0, 2.0]})
+        assert t.get(b).embeddings["m"].tolist() == [0.0, 0.0, 2.0]
+        assert db.get(b).embeddings["m"].tolist() == [0.0, 0.0, 2.0]
+        t.update(a, embeddings={"m": [0.0, 5.0, 0.0]})
+        assert t.get(a).embeddings["m"].tolist() == [0.0, 5.0, 0.0]
+        t.update(a, tags=("x",))
+        db.update(b, tags=("y",))  # the handle's own write joins the transaction
+    assert db.get(a).embeddings["m"].tolist() == [0.0, 5.0, 0.0] and db.get(a).tags == ("x",)
+    assert db.get(b).embeddings["m"].tolist() == [0.0, 0.0, 2.0] and db.get(b).tags == ("y",)
+    with db.transaction() as t:
+        t.update(a, embeddings={"m": [3.0, 0.0, 0.0]})
+        db.update(a, content="alpha two")  # joins: must not write the old vector back
+        t.update(b, content="beta two")
+    assert db.get(a).embeddings["m"].tolist() == [3.0, 0.0, 0.0] and db.get(a).content == "alpha two"
+    with db._store.read() as txn:
+        assert [d for d, _ in db.indexes.vectors.search(txn, "m", np.array([3.0, 0, 0], np.float32), 1)] == [1]
+    assert [h.id for h in db.recall("two", top_k=5)] == ["a", "b"]
+    with db.transaction() as t:  # a delete, an add and an update in one batch
+        t.delete(b)
+        t.add("gamma", id="c", embeddings={"m": [0.0, 1.0, 1.0]})
+        t.update(a, tags=("z",))
+    assert db.get(a).embeddings["m"].tolist() == [3.0, 0.0, 0.0] and db.get("c").embeddings["m"].tolist() == [0, 1, 1]
+    assert db.verify() == []

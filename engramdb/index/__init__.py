@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -147,6 +148,9 @@ class Indexes:
         self.graph = Graph()
         self._node_cache: NodeCache | None = None
         self._recall_expander: Expander | None = None  # recall's query expander, kept per handle
+        # the batch of each open write transaction: its reads take the vectors it wrote from there
+        # (they reach the blocks at its end), and every write of the handle joins it
+        self._batches: weakref.WeakKeyDictionary[Txn, IndexBatch] = weakref.WeakKeyDictionary()
 
     @property
     def node_cache(self) -> NodeCache:
@@ -197,6 +201,10 @@ class Indexes:
         Raises:
             CorruptFileError: the record does not decode, or a vector it names is missing.
         """
+        batch = self._batches.get(txn) if txn.write else None
+        pending = batch.pending(docno) if batch is not None else None
+        if pending is not None:  # written in this transaction: its vectors are not in the blocks yet
+            return decode_node(data, fetch=lambda names: {name: pending.embeddings[name] for name in names})
         return decode_node(data, fetch=lambda names: self.vectors.fetch(txn, docno, names))
 
     def removal_reads_records(self, txn: Txn) -> bool:
@@ -215,8 +223,21 @@ class Indexes:
 
     def batch(self, txn: Txn) -> IndexBatch:
         """A buffer of changes for one transaction, flushed by :meth:`IndexBatch.flush` as
-        one :meth:`apply` call (one segment however many memories the transaction adds)."""
-        return IndexBatch(self, txn)
+        one :meth:`apply` call (one segment however many memories the transaction adds). A
+        transaction has one until :meth:`close_batch`: asked again, the same."""
+        batch = self._batches.get(txn)
+        if batch is None:
+            batch = self._batches[txn] = IndexBatch(self, txn)
+        return batch
+
+    def open_batch(self, txn: Txn) -> IndexBatch | None:
+        """The batch of the write transaction ``txn``, when it has one."""
+        return self._batches.get(txn)
+
+    def close_batch(self, txn: Txn) -> None:
+        """Forget the batch of ``txn`` (flushed, or its transaction aborted): it holds the
+        transaction, so the weak mapping alone would keep both."""
+        self._batches.pop(txn, None)
 
     def terms(self, node: Node) -> list[str]:
         """The index terms of a node."""
@@ -373,6 +394,10 @@ class IndexBatch:
             return
         for docno, node in items:
             self.add(docno, node)
+
+    def pending(self, docno: int) -> Node | None:
+        """The version of ``docno`` this batch will index (written in its transaction), or None."""
+        return self._added.get(docno)
 
     def remove(self, docno: int, node: Indexed) -> None:
         """Drop the indexed version of ``docno`` (``node``: that version, or what

@@ -476,7 +476,8 @@ def _keep_unchanged(rows: dict[str, tuple[list[int], np.ndarray]], added: Sequen
     updated memory whose vector in a space is the one it had: float32 normalisation is not
     idempotent, so normalising a stored unit row again moved it by an ulp (an update of the
     memory's tags changed its vector)."""
-    old_vectors = {docno: old.embeddings for docno, old in removed if getattr(old, "embeddings", None)}
+    old_vectors = {docno: old.embeddings for docno, old in removed  # a deleted one's: only names
+                   if isinstance(getattr(old, "embeddings", None), Mapping) and old.embeddings}
     if not old_vectors:
         return
     new_nodes = dict(added)
