@@ -91,6 +91,11 @@ RELEASE_MAP_ABOVE = 8 << 20
 _REWRITE_CHUNK_BYTES = 8 << 20
 _SCRATCH_TABLE = b"scratch"
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
+# How long a new read of a deferred handle waits for a pending reopen (Store.read) before it
+# goes ahead anyway: long beside a read, so a stream of short reads lets the reopen through,
+# and bounded, because a read open now may itself wait for the new one (a thread handing work
+# to a pool inside its read): the reopen waits for that read, and unbounded this never ended.
+_READ_WAITS_FOR_REOPEN = 5.0
 _libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
@@ -2726,7 +2731,7 @@ class Store:
         with env.resize_lock:
             own = env.thread_reads.get(ident, 0)
             if env.upgrading and not own:  # a thread with a read open goes on: the reopen waits for it
-                env.resize_lock.wait_for(lambda: not env.upgrading)
+                env.resize_lock.wait_for(lambda: not env.upgrading, timeout=_READ_WAITS_FOR_REOPEN)
             env.active_readers += 1
             env.thread_reads[ident] = own + 1
         txn = Txn(self, write=False)

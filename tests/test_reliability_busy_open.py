@@ -223,6 +223,41 @@ def test_new_reads_wait_for_a_pending_reopen_of_a_deferred_handle(deferred):
     assert seen == [False] and not env.deferred and env.thread_reads == {}
 
 
+def test_a_read_that_an_open_read_waits_for_is_not_held_off_for_ever_by_a_reopen(deferred):
+    """A thread holding a read can wait for another thread's read (an embedder or a callback
+    handing work to a pool). New reads wait for a pending reopen, and the reopen waits for the
+    open read: with timeout=None the waiting read never began and the three threads hung for
+    ever (rev12, after 5aaac1d). A new read waits for a reopen only a bounded while."""
+    import threading
+    import time
+    db = deferred
+    store = db._store
+    env = store._env
+    store.timeout = None
+    got = threading.Event()
+    out: list[str] = []
+
+    def writer() -> None:
+        db.add(id="second", content="written meanwhile", now=2.0)
+
+    def worker() -> None:  # the read the holder of the open read waits for
+        out.append(db.get("first").content)
+        got.set()
+
+    with store.read():
+        w = threading.Thread(target=writer, daemon=True)
+        w.start()
+        end = time.monotonic() + 60
+        while not getattr(env, "upgrading", False) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert env.upgrading, "the write's reopen never waited for the open read"
+        threading.Thread(target=worker, daemon=True).start()
+        assert got.wait(120), "the read the open read waits for never began"
+    w.join(60)
+    assert not w.is_alive() and out == ["kept"]
+    assert not env.deferred and db.get("second").content == "written meanwhile"
+
+
 def test_last_txnid_and_env_info_during_a_deferred_reopen(deferred, monkeypatch):
     """The reopen closes the environment for a moment: last_txnid()/env_info() of another
     thread then raised a raw lmdb.Error; they wait for the reopen instead."""
