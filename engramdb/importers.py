@@ -414,8 +414,15 @@ def iter_jsonl(
                 pass
 
 
+_TOO_LARGE_HINT = ("numbers must fit a float (magnitude below about 1.8e308): correct the value on the line named "
+                   "(an embedding value, a timestamp or the importance)")
+
+
 def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line_chars: int) -> Iterator[Node]:
     lineno = 0
+    # space -> (dims, line) of the source's first embedding in it: a later line of another length
+    # failed only at insert time, with a message that named no line.
+    first_dims: dict[str, tuple[int, int]] = {}
     while True:
         try:
             line = source.readline(max_line_chars + 1)
@@ -446,12 +453,23 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
                 raise ImportFormatError("line 1: the source is one JSON document over many lines, not JSON Lines",
                                         hint=_ONE_MEMORY_A_LINE) from None
             raise ImportFormatError(f"line {lineno}: {exc}") from None
-        except (ValueError, TypeError, OverflowError) as exc:  # JSONDecodeError and ValidationError are
+        except OverflowError:  # an integer beyond float range (JSON has no size limit)
+            raise ImportFormatError(f"line {lineno}: a number is too large for a float",
+                                    hint=_TOO_LARGE_HINT) from None
+        except (ValueError, TypeError) as exc:  # JSONDecodeError and ValidationError are
             # ValueErrors; OverflowError: an integer beyond float range (JSON has no size limit)
             message = exc.message if isinstance(exc, EngramError) else str(exc)
             # a hint the line's check wrote for this case says what to do; the generic one does not
             hint = exc.hint if isinstance(exc, EngramError) and exc.hint != type(exc).default_hint else None
             raise ImportFormatError(f"line {lineno}: {message}", hint=hint) from None
+        for name, vec in sorted(node.embeddings.items()):
+            dims, where = first_dims.setdefault(name, (len(vec), lineno))
+            if len(vec) != dims:
+                raise ImportFormatError(
+                    f"line {lineno}: an embedding of {len(vec)} values, but space {name!r} has {dims} dims "
+                    f"(set by line {where})",
+                    hint=f"every embedding of a space must have the same length (one model): fix or drop line "
+                         f"{lineno}'s embedding, or import the other model's memories on their own with --space")
         yield node
 
 

@@ -368,3 +368,22 @@ def test_a_refused_jsonl_line_keeps_the_hint_of_its_check(line, hint):
     with pytest.raises(ImportFormatError) as info:
         list(iter_jsonl(io.StringIO(line + "\n"), space="s"))
     assert hint in info.value.hint
+
+
+def test_jsonl_embedding_of_another_length_names_its_line():
+    # It failed at insert time: "space 'default' has 3 dims, got a vector of 2", no line named.
+    src = ('{"id":"a","content":"a","embedding":[1,2,3]}\n\n'
+           '{"id":"b","content":"b","embedding":[1,2]}\n')
+    expected = r"line 3: an embedding of 2 values, but space 'default' has 3 dims \(set by line 1\)"
+    with pytest.raises(ImportFormatError, match=expected) as info:
+        list(iter_jsonl(io.StringIO(src)))
+    assert "same length" in info.value.hint and "line 3" in info.value.hint
+
+
+@pytest.mark.parametrize("field", ['"embedding":[1,2,1%s]', '"createdAt":1%s'])
+def test_jsonl_huge_integer_names_its_line_and_says_what_to_do(field):
+    # It said "line 1: int too large to convert to float" under the generic "supported sources" hint.
+    line = '{"id":"a","content":"a",' + field % ("0" * 400) + "}"
+    with pytest.raises(ImportFormatError, match=r"^line 2: a number is too large") as info:
+        list(iter_jsonl(io.StringIO('{"id":"z","content":"z"}\n' + line + "\n")))
+    assert "1.8e308" in info.value.hint and "supported sources" not in info.value.hint
