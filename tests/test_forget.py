@@ -332,3 +332,23 @@ def test_compact_zeroes_the_tail_of_an_overflow_run_longer_than_its_value(make_d
     data = Path(db.path).read_bytes()
     assert [p for p in pieces if p in data] == []
     assert db.verify() == [] and len(db.get("a").content) == 40_000
+
+
+@pytest.mark.parametrize("query", ["", "  \n"])
+def test_an_empty_query_is_refused_as_empty(make_db, now, query):
+    # It said "no embedding space of this file can compare the query text": true of no query, and misleading.
+    from click.testing import CliRunner
+
+    from engramdb.cli import cli
+    from engramdb.errors import ValidationError
+
+    db = make_db("q.engram", encrypted=False)
+    db.add("a note to keep", id="k", now=now)
+    with pytest.raises(ValidationError, match="the query is empty") as info:
+        db.forget(query=query)
+    assert "query=" in info.value.hint
+    db.close()
+    result = CliRunner().invoke(cli, ["forget", str(db.path), "--query", query], env={"ENGRAM_PLAINTEXT": "1"})
+    assert result.exit_code != 0 and "the query is empty" in result.output
+    with engramdb.open(db.path, encrypted=False) as again:
+        assert again.ids() == ["k"]

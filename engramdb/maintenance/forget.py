@@ -332,7 +332,8 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         space: compare ``query``/``embedding`` in this space only.
 
     Raises:
-        ValidationError: nothing to choose by, a bad threshold, or no space can compare the query.
+        ValidationError: nothing to choose by, an empty query, a bad threshold, or no space can
+            compare the query.
         NotFoundError: an id is missing (nothing is forgotten).
         AlreadyOpenError: the memories were removed but another handle keeps the file from
             being compacted (run ``engramdb compact FILE`` once it is closed).
@@ -346,6 +347,10 @@ def forget(engram: Any, *, ids: Sequence[str] | None = None, query: str | None =
         raise ValidationError("ids must be a list of ids, not a string", hint=f"write ids=[{ids!r}]")
     if query is not None and not isinstance(query, str):
         raise ValidationError("query must be a string")
+    if query is not None and not query.strip():  # it said no space "can compare the query text": misleading
+        raise ValidationError("the query is empty",
+                              hint="give the text whose similar memories to forget, e.g. query='my old address', "
+                                   "or choose them by ids")
     if not isinstance(dry_run, (bool, np.bool_)):  # a truthy "no" or 0.0 must not decide whether data goes
         raise ValidationError(f"dry_run must be True or False, got {dry_run!r}",
                               hint="pass dry_run=True to only report what would be forgotten, dry_run=False to forget")
