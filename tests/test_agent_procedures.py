@@ -3,6 +3,7 @@ rejected proposals), guidance, and the graph surviving a dump and restore."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 
 import pytest
@@ -254,3 +255,42 @@ def test_a_proposer_that_raises_is_a_validation_error_and_nothing_is_decided(tmp
         graph.refine(proposer=proposer, now=now)
     assert isinstance(info.value.__cause__, ZeroDivisionError) and "nothing of what it was called for was written" in info.value.hint
     assert graph.decided() == {} and tmp_engram.procedure_rows() == rows
+
+
+def test_a_proposer_returning_an_endless_generator_is_refused_after_a_bounded_read(tmp_engram, now):
+    # refine read the generator to its end: an endless one hung it
+    MAX_PROPOSALS = 1000  # spec/agent.md 4.3
+
+    read = []
+
+    def endless(contrast):
+        for i in itertools.count():
+            if i > MAX_PROPOSALS:  # the old code read on; stop it here instead of hanging the test
+                raise AssertionError("read past the limit")
+            read.append(i)
+            yield {"op": "add_pitfall", "src": "start", "dst": f"t{i}"}
+
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    rows = tmp_engram.procedure_rows()
+    with pytest.raises(ValidationError, match=f"the proposer returned more than {MAX_PROPOSALS} proposals") as info:
+        graph.refine(proposer=endless, now=now)
+    assert "nothing was written" in info.value.hint and len(read) == MAX_PROPOSALS + 1
+    assert graph.decided() == {} and tmp_engram.procedure_rows() == rows
+
+
+@pytest.mark.parametrize("key", ["text", "condition"])
+def test_a_proposal_text_over_a_memorys_limit_is_refused_and_nothing_written(tmp_engram, now, key):
+    # a 17 MB text was applied and stored twice (the edge and the proposal row)
+    from engramdb.records import MAX_CONTENT_BYTES as MAX_PROPOSAL_TEXT  # a memory's limit (spec/agent.md 4.3)
+
+    graph = ProceduralGraph(tmp_engram, min_trajectories=2)
+    _record_synthetic(graph, now, good=2, bad=2)
+    rows = tmp_engram.procedure_rows()
+    proposal = {"op": "add_guidance", "src": "read_file", "dst": "edit_file", key: "x" * (MAX_PROPOSAL_TEXT + 1)}
+    with pytest.raises(ValidationError, match=f"the proposer's proposal 0: {key} is {MAX_PROPOSAL_TEXT + 1} "
+                                              f"characters, more than {MAX_PROPOSAL_TEXT}"):
+        graph.refine(proposer=lambda contrast: [proposal], now=now)
+    assert graph.decided() == {} and tmp_engram.procedure_rows() == rows
+    short = {**proposal, key: "x" * 50}  # a text within the limit is still taken
+    assert graph.refine(proposer=lambda contrast: [short], now=now).proposed

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from .. import codec
 from ..errors import ValidationError
 from ..recall import as_int
-from ..records import now_ts
+from ..records import MAX_CONTENT_BYTES, now_ts
 from .models import call_model, iterate_model
 from .protocols import AgentMemory, AgentTransaction
 from .serialize import SerializedConversation, serialize_conversation
@@ -53,6 +53,11 @@ _TOOL_ESCAPE = "tool:"
 _ESCAPED = re.compile(r"(?:tool:)*(?:start|end)")
 _VERIFIERS = ("test", "pytest", "unittest", "check", "verify", "lint", "mypy", "ruff")
 _MAX_TASK = 300
+# A proposer is a model: an endless generator hung refine, and a 17 MB text was stored twice (the edge and
+# the proposal row). At most this many proposals are read, each string at most a memory's limit
+# (as a summarizer's core memory, spec/agent.md 4.3).
+MAX_PROPOSALS = 1000
+MAX_PROPOSAL_TEXT = MAX_CONTENT_BYTES
 
 Proposer = Callable[[Mapping[str, Any]], Iterable[Mapping[str, Any]]]
 
@@ -163,6 +168,11 @@ class Proposal:
             if not isinstance(value, str) or (default is None and not value):
                 raise ValidationError(f"proposal {n}: {key} must be a non-empty string" if default is None
                                       else f"proposal {n}: {key} must be a string", hint=hint)
+            if len(value) > MAX_PROPOSAL_TEXT:
+                raise ValidationError(f"the proposer's proposal {n}: {key} is {len(value)} characters, more than "
+                                      f"{MAX_PROPOSAL_TEXT} (a memory's limit)",
+                                      hint="make the proposer return short texts (a pitfall or guidance line); "
+                                           "nothing was written")
             # a model's JSON may hold half an escaped surrogate pair: the file cannot encode it
             values[key] = storable(value)
         if values["op"] not in OPS:
@@ -536,8 +546,9 @@ class ProceduralGraph:
         proposed again. A proposal that no held-out trajectory can test stays undecided.
 
         Raises:
-            ValidationError: the proposer raised (its exception is the cause) or returned a
-                malformed proposal; nothing is written then.
+            ValidationError: the proposer raised (its exception is the cause), returned a
+                malformed proposal, more than ``MAX_PROPOSALS`` proposals or a string longer
+                than ``MAX_PROPOSAL_TEXT`` characters; nothing is written then.
         """
         _check_proposer(proposer)
         proposer = proposer or self.proposer
@@ -564,7 +575,13 @@ class ProceduralGraph:
                 raise ValidationError(f"the proposer returned a {type(produced).__name__}; it must return a list "
                                       "of proposals", hint="return e.g. [{'op': 'add_pitfall', 'src': 'edit_file', "
                                                            "'dst': 'run_tests', 'text': 'run the linter first'}]")
-            proposals = [Proposal.parse(p, n) for n, p in enumerate(iterate_model(produced, "proposer"))]
+            proposals = []
+            for n, p in enumerate(iterate_model(produced, "proposer")):
+                if n == MAX_PROPOSALS:  # an endless generator is never read to its end
+                    raise ValidationError(f"the proposer returned more than {MAX_PROPOSALS} proposals",
+                                          hint=f"make the proposer return at most {MAX_PROPOSALS} proposals (a list, "
+                                               "or a generator that ends); nothing was written")
+                proposals.append(Proposal.parse(p, n))
         seen: set[str] = set()
         decisions: list[tuple[Proposal, str, str]] = []
         for proposal in proposals:
