@@ -273,6 +273,10 @@ def restore(fp: TextIO | BinaryIO | str | bytes, path: str | os.PathLike[str], *
     is it renamed over ``path``. Anything that fails
     leaves ``path`` as it was.
 
+    Memories are added in id order (the dump's), not the order they were first added, and
+    recall breaks equal scores by insertion order: memories with exactly equal scores can
+    rank in another order than in the original store (spec/aaak.md section 4.2).
+
     Args:
         fp: the dump (a text or binary stream, or str/bytes). Decrypt an encrypted dump
             first with :func:`engramdb.aaak.decrypt_dump`.

@@ -1259,6 +1259,9 @@ def restore(ctx: click.Context, dump_file: str, file: str, force: bool, allow_ed
             dump_passphrase_file: str | None, as_json: bool) -> None:
     """Rebuild a store from a dump. FILE is replaced only once the new store is complete and verified.
 
+    Memories are added in id order, so recall may rank memories with exactly equal scores in
+    another order than in the original store (spec/aaak.md section 4.2).
+
     Example:
 
         engramdb restore notes.aaak restored.engram
