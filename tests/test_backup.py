@@ -284,7 +284,6 @@ def test_a_damaged_record_points_to_the_salvage_path(tmp_path):
     """With a record that fails authentication, `verify --fix` (and every reading command)
     said "run `engramdb verify FILE` and restore from a backup": verify had just been run,
     and the way out without a backup (dump --skip-damaged, then restore) went unnamed."""
-    import lmdb
     from click.testing import CliRunner
 
     from engramdb.cli import cli
@@ -292,16 +291,7 @@ def test_a_damaged_record_points_to_the_salvage_path(tmp_path):
     path = tmp_path / "damaged.engram"
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
         db.add_many([{"id": f"m{i}", "content": f"memory number {i}"} for i in range(5)])
-    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
-    with env.begin(db=env.open_db(b"t1", create=False)) as txn:
-        value = txn.get((3).to_bytes(8, "big"))
-    env.close()
-    data = bytearray(path.read_bytes())
-    at = data.find(value)
-    while at >= 0:  # every copy (a freed page may hold an older one)
-        data[at + len(value) - 1] ^= 0x01
-        at = data.find(value, at + 1)
-    path.write_bytes(bytes(data))
+    _damage_value(path, b"t1", 3)  # the nodes table
     run_env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1", "ENGRAM_PLAINTEXT": None,
                "ENGRAM_KEY_FILE": None}
     for args in (["verify", "--fix", str(path)], ["list", str(path)]):
@@ -334,7 +324,6 @@ def test_salvage_dump_of_a_damaged_archived_original_restores(tmp_path):
     # The damaged original was left out, but its stub still said it had one (truncated:
     # false): the restore's verify refused the salvage dump ("has lost its archive row"),
     # so the documented way out of a damaged file did not restore at all.
-    import lmdb
 
     path = tmp_path / "damaged.engram"
     with engramdb.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
@@ -342,16 +331,7 @@ def test_salvage_dump_of_a_damaged_archived_original_restores(tmp_path):
         db.archive("m1", now=2.0)
         db.archive("m2", now=2.0)
         kept = db.get("m2", full=True)
-    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
-    with env.begin(db=env.open_db(b"t7", create=False)) as txn:  # the archive table; m1 is docno 2
-        value = bytes(txn.get((2).to_bytes(8, "big")))
-    env.close()
-    data = bytearray(path.read_bytes())
-    at = data.find(value)
-    while at >= 0:  # every copy (a freed page may hold an older one)
-        data[at + len(value) - 1] ^= 0x01
-        at = data.find(value, at + 1)
-    path.write_bytes(bytes(data))
+    _damage_value(path, b"t7", 2)  # the archive table; m1 is docno 2
     with engramdb.open(path, passphrase=PASSPHRASE) as db:
         damaged: list[str] = []
         buf = io.StringIO()
@@ -362,3 +342,20 @@ def test_salvage_dump_of_a_damaged_archived_original_restores(tmp_path):
         assert db.ids() == ["m0", "m1", "m2", "m3"] and db.verify() == []
         assert db.get("m1").archived and db.get("m1").metadata["engramdb.archive"]["truncated"] is True
         assert db.get("m2", full=True) == kept  # an intact original stays whole
+
+
+def _damage_value(path, table: bytes, docno: int) -> None:
+    """Flip the last byte of every copy of ``docno``'s value in ``table`` (a freed page
+    may hold an older copy), as a bad sector would."""
+    import lmdb
+
+    env = lmdb.open(str(path), subdir=False, max_dbs=32, readonly=True)
+    with env.begin(db=env.open_db(table, create=False)) as txn:
+        value = bytes(txn.get(docno.to_bytes(8, "big")))
+    env.close()
+    data = bytearray(path.read_bytes())
+    at = data.find(value)
+    while at >= 0:
+        data[at + len(value) - 1] ^= 0x01
+        at = data.find(value, at + 1)
+    path.write_bytes(bytes(data))

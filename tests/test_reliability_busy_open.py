@@ -151,6 +151,15 @@ def deferred(tmp_path):
         db.close()
 
 
+def _wait_until_the_reopen_waits(env) -> None:
+    """Until the deferred environment's first write waits for the reads open now."""
+    import time
+    end = time.monotonic() + 60
+    while not getattr(env, "upgrading", False) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert env.upgrading, "the write's reopen never waited for the open read"
+
+
 def test_a_write_inside_the_same_thread_s_read_of_a_deferred_handle_fails_at_once(deferred):
     """The reopen waits for every read of the process to end: a thread writing inside its own
     read waited for itself until the timeout (for ever with timeout=None), then blamed "other
@@ -185,7 +194,6 @@ def test_new_reads_wait_for_a_pending_reopen_of_a_deferred_handle(deferred):
     wait for the reopen instead of holding it off (a steady stream of overlapping reads of other
     threads made that write time out)."""
     import threading
-    import time
     db = deferred
     store = db._store
     env = store._env
@@ -208,10 +216,7 @@ def test_new_reads_wait_for_a_pending_reopen_of_a_deferred_handle(deferred):
     with store.read():  # open before the write: the reopen waits for it
         writer = threading.Thread(target=write)
         writer.start()
-        end = time.monotonic() + 60
-        while not getattr(env, "upgrading", False) and time.monotonic() < end:
-            time.sleep(0.01)
-        assert env.upgrading, "the write's reopen never waited for the open read"
+        _wait_until_the_reopen_waits(env)
         with store.read():  # this thread's own read still begins: the reopen waits for it anyway
             pass
         reader = threading.Thread(target=read)
@@ -229,7 +234,6 @@ def test_a_read_that_an_open_read_waits_for_is_not_held_off_for_ever_by_a_reopen
     open read: with timeout=None the waiting read never began and the three threads hung for
     ever (rev12, after 5aaac1d). A new read waits for a reopen only a bounded while."""
     import threading
-    import time
     db = deferred
     store = db._store
     env = store._env
@@ -247,10 +251,7 @@ def test_a_read_that_an_open_read_waits_for_is_not_held_off_for_ever_by_a_reopen
     with store.read():
         w = threading.Thread(target=writer, daemon=True)
         w.start()
-        end = time.monotonic() + 60
-        while not getattr(env, "upgrading", False) and time.monotonic() < end:
-            time.sleep(0.01)
-        assert env.upgrading, "the write's reopen never waited for the open read"
+        _wait_until_the_reopen_waits(env)
         threading.Thread(target=worker, daemon=True).start()
         assert got.wait(120), "the read the open read waits for never began"
     w.join(60)
