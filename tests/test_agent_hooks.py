@@ -689,3 +689,18 @@ def test_a_commit_between_the_duplicate_check_and_the_write_is_checked_again(mak
     assert hooks.after_task([{"role": "user", "content": "reset staging"}], now=now) == []
     assert calls == [False, True]
     assert [n.id for n in db.scan()] == ["other-process"]
+
+
+def test_one_call_s_facts_saying_the_same_are_stored_once_when_checked_inside(make_db, now):
+    # When another commit came in between (or the AgentMemory does not say its last commit),
+    # the duplicate check runs inside after_task's write transaction, whose recall does not
+    # see the facts stored earlier in it (their index changes wait for its end): two facts of
+    # one call saying the same thing were both stored.
+    db = make_db()
+    hooks = MemoryHooks(db, extractor=lambda text: ["Always use tabs for indentation in Python files.",
+                                                    "Always use tabs for indentation in Python files!!"])
+    hooks._last_commit = lambda: None  # the check inside the transaction
+    ids = hooks.after_task([{"role": "user", "content": "Task: format the code."}], now=now)
+    assert len(ids) == 1 and [n.content for n in db if "fact" in n.tags] == [
+        "Always use tabs for indentation in Python files."]
+

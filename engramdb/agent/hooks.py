@@ -266,7 +266,7 @@ class MemoryHooks:
                stamp: float, fresh: list[bool] | None = None) -> list[str]:
         """Store the facts that say something new, in the caller's write transaction.
         ``fresh``: per fact, the duplicate check's answer from the state this transaction
-        starts from (None: check here); a fact is then also compared with this call's earlier ones."""
+        starts from (None: check here); a fact is also compared with this call's earlier ones."""
         ids: list[str] = []
         seen: set[str] = set()
         stored: list[str] = []
@@ -274,10 +274,10 @@ class MemoryHooks:
             fact_id = _fact_id(fact)
             if fact_id in seen or fact_id in self.db:
                 continue
-            if fresh is None:
-                if self._is_duplicate(fact.text):
-                    continue
-            elif not fresh[k] or any(_says_the_same(fact.text, text) for text in stored):
+            # this call's earlier facts are compared directly: a recall in the transaction does
+            # not see them (its index changes are applied at its end)
+            new = fresh[k] if fresh is not None else not self._is_duplicate(fact.text)
+            if not new or any(_says_the_same(fact.text, text) for text in stored):
                 continue
             seen.add(fact_id)
             provenance = {"session": session, "at": stamp, "tool_sequence": [storable(t) for t in conv.tool_sequence],
