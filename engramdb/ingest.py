@@ -181,12 +181,21 @@ def ingest(engram: Engram, source: str | Iterable[Any], *, source_name: str | No
     def store(txn: Txn) -> list[str]:
         stored_name = _free_source_name(engram, txn, name, key, encoded)
         nodes = [_node_from_zettel(z, normalized, stored_name, f"{key}:", stamp, fields) for z in result.zettels]
+        new: set[str] = set()
         with engram._batched(txn) as tx:
             for node in nodes:
                 if tx.find(node.id) is None:
                     tx._put_new(node)
-        txn.put("sources", engram._store.blind(b"source", stored_name.encode("utf-8", "surrogatepass")), encoded)
+                    new.add(node.id)
+        # The same text again (under any name) stores nothing: a row under a new name that no
+        # memory reads would outlive a forget() of the memories, text and all, and a tunnel
+        # between two stored memories is theirs already, or was unlinked, or was replaced by
+        # the user's own tunnel edge, which a derived one would overwrite.
+        if new:
+            txn.put("sources", engram._store.blind(b"source", stored_name.encode("utf-8", "surrogatepass")), encoded)
         for src, dst, label in tunnels:
+            if src not in new and dst not in new:
+                continue
             a, b = tx._docno(src), tx._docno(dst)
             if a is None or b is None:  # both ends were stored just above, in this transaction
                 raise StoreError(f"a tunnel end ({src!r} or {dst!r}) is missing from the transaction")

@@ -112,3 +112,35 @@ def test_cli_ingest_inject_wakeup(tmp_path):
     bad.write_text("{not json\n")
     failed = runner.invoke(cli, ["ingest", store, str(bad), "--format", "jsonl"], env=env)
     assert failed.exit_code == 1 and "not JSON" in failed.output
+
+
+def test_the_same_text_under_another_name_leaves_nothing_after_forget(tmp_path):
+    # the second ingest stored no memory but kept the text under "copy.md", a row no memory
+    # read: forget() of every memory left the whole document in the file
+    path = tmp_path / "f.engram"
+    with engramdb.open(path, encrypted=False) as db:
+        ids = db.ingest(DOC, source_name="atlas.md", now=NOW)
+        assert db.ingest(DOC, source_name="copy.md", now=NOW + 5) == ids
+        assert db.stats()["tables"]["sources"]["entries"] == 1
+        db.forget(ids=ids)
+        assert db.stats()["tables"]["sources"]["entries"] == 0
+    assert b"ledger" not in path.read_bytes()
+
+
+def test_ingesting_again_leaves_the_stored_tunnels_alone(make_db):
+    # every tunnel was written again: a new created_at (dumps differed), an unlinked tunnel
+    # came back, and a user's own tunnel edge became a derived one (dropped by the next
+    # link_tunnels)
+    db = make_db()
+    doc = DOC + "\n\nAlice Johnson and Bob Smith reviewed Project Atlas again.\n"
+    ids = db.ingest(doc, chunk_size=150, now=NOW)
+    edges = sorted((e.src, e.dst, e.label) for i in ids for e in db.edges(i))
+    assert len(edges) >= 2
+    (a, b, _), (c, d, _) = edges[:2]
+    db.unlink(a, b, "tunnel")
+    db.link(c, d, "tunnel", weight=7.0, label="mine")
+    before = {(e.src, e.dst): e for i in ids for e in db.edges(i)}
+    assert db.ingest(doc, chunk_size=150, now=NOW + 100) == ids
+    assert {(e.src, e.dst): e for i in ids for e in db.edges(i)} == before
+    db.link_tunnels(now=NOW)
+    assert db.edges(c) and any(e.dst == d and e.label == "mine" and e.weight == 7.0 for e in db.edges(c))
