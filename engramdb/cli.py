@@ -497,6 +497,11 @@ def _text_arg(text: str) -> str:
     stores "hi", as the shell's $(...) would (issue 12, bug 8)."""
     if text != "-":
         return text
+    if _SHELL.get("script"):
+        # `engramdb shell F < script`: stdin is the shell's own lines; reading it took the rest
+        # of the script (past what input() had buffered) as the memory's text
+        raise click.UsageError("in a shell reading its commands from stdin, - cannot read the text: "
+                               "give it on the line, in quotes")
     data = sys.stdin.buffer.read()  # bytes: the stream's own decoding raised, or smuggled surrogates in
     try:
         decoded = data.decode("utf-8")
@@ -2383,7 +2388,8 @@ def shell(ctx: click.Context, file: str) -> None:
     --top-k 3`; `help` lists them; `exit`, `quit` or Ctrl-D ends. The line history (arrow
     keys) lives in memory only: it is never written to disk, since lines hold memories.
     Lines can also come from stdin (`engramdb shell F < commands.txt`); the exit code is
-    then that of the last failing line (0 if none failed).
+    then that of the last failing line (0 if none failed), and `add -` is refused (stdin
+    holds the lines).
 
     Example:
 
@@ -2395,7 +2401,7 @@ def shell(ctx: click.Context, file: str) -> None:
             import readline  # noqa: F401  (input() gets line editing and history)
     worst = 0
     with _open(ctx, file) as db:
-        _SHELL.update(db=db, path=os.path.realpath(file))
+        _SHELL.update(db=db, path=os.path.realpath(file), script=not interactive)
         try:
             if interactive:
                 _note(ctx, f"{file} unlocked; type help for the commands, exit to leave")

@@ -255,6 +255,18 @@ def test_shell_unlocks_once_and_runs_commands_from_stdin(run, tmp_path, monkeypa
     assert run("shell", str(tmp_path / "missing.engram"), input="get a\n").exit_code == 1
 
 
+def test_shell_from_stdin_refuses_add_dash_instead_of_eating_the_script(run, tmp_path):
+    # `add -` read the rest of stdin, which is the script: its later lines became one memory
+    # and never ran, and the shell exited 0
+    f = str(tmp_path / "sh.engram")
+    run("init", f, "--kdf", KDF)
+    result = run("shell", f, input="add -\nadd \"kept as a command\" --id k\nupdate k --content -\nget k\n")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("cannot read the text") == 2
+    assert [json.loads(line)["id"] for line in run("list", f, "--json").stdout.splitlines()] == ["k"]
+    assert "kept as a command" in result.stdout
+
+
 def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_path):
     a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
     pa, pb = tmp_path / "pa", tmp_path / "pb"
