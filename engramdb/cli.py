@@ -1366,7 +1366,15 @@ def diff(ctx: click.Context, /, a: str, b: str, **side_options: Any) -> None:  #
     """
     import difflib
 
-    texts = [_canonical_lines(ctx, path, _side_override(side_options, side)) for path, side in ((a, "a"), (b, "b"))]
+    texts = []
+    for path, side in ((a, "a"), (b, "b")):
+        try:
+            texts.append(_canonical_lines(ctx, path, _side_override(side_options, side)))
+        except (WrongPassphraseError, ModeMismatchError) as exc:
+            # two files, maybe two keys: say which side failed and how to key that side alone
+            raise type(exc)(f"{side.upper()} ({path}): {exc.message}",
+                            hint=f"{exc.hint}; to key {side.upper()} alone: --{side}-passphrase-file, "
+                                 f"--{side}-key-file or --{side}-plaintext") from None
     changed = False
     for line in difflib.unified_diff(texts[0], texts[1], fromfile=a, tofile=b):
         changed = True

@@ -267,6 +267,24 @@ def test_shell_from_stdin_refuses_add_dash_instead_of_eating_the_script(run, tmp
     assert "kept as a command" in result.stdout
 
 
+def test_diff_says_which_side_its_key_does_not_unlock(run, tmp_path):
+    # "the passphrase does not unlock this file": of two files, which one, and that the
+    # side's own --b-passphrase-file was the way out, went unsaid
+    a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
+    run("init", a, "--kdf", KDF)
+    run("init", b, "--kdf", KDF, env={"ENGRAM_PASSPHRASE": "other"})
+    result = run("diff", a, b)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert f"error: B ({b}): " in result.stderr and "--b-passphrase-file" in result.stderr
+    pb = tmp_path / "pb"
+    pb.write_text("other\n")
+    assert run("diff", a, b, "--b-passphrase-file", str(pb)).exit_code == 0
+    plain = str(tmp_path / "p.engram")
+    run("init", plain, "--plaintext")
+    result = run("diff", plain, a)
+    assert result.exit_code == 1 and f"error: A ({plain}): " in result.stderr and "--a-plaintext" in result.stderr
+
+
 def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_path):
     a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
     pa, pb = tmp_path / "pa", tmp_path / "pb"
