@@ -1524,7 +1524,7 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
     When memories qualify but not even one fits --max-tokens, nothing is printed and the
     command fails (exit 1) saying how many tokens the most important memory needs. When no memory
     qualifies (an empty store, or filters that match nothing), it says so on stderr and
-    prints nothing (exit 0), as `recall` does when nothing matches.
+    prints nothing (exit 0; with --json, {"text": ""}), as `recall` does when nothing matches.
 
     Example:
 
@@ -1541,6 +1541,8 @@ def inject(ctx: click.Context, file: str, max_zettels: int, max_tokens: int | No
         if not first:
             click.echo("no memories to inject" + (" (none match --source/--tag)" if source or tags else ""),
                        err=True)
+            if as_json:  # a JSON reader gets a document, as from wakeup and context
+                _emit({"text": ""}, True, str)
             return
         raise ValidationError(f"nothing fits in --max-tokens {max_tokens}: the most important memory alone needs "
                               f"{estimate_tokens(first)} tokens (--format {fmt})",

@@ -131,3 +131,14 @@ def test_cli_inject_when_nothing_fits_fails_with_a_message(run, tmp_path):
 
 def test_public_surface_unchanged_by_default_format():
     assert engramdb.inject_context.__kwdefaults__["format"] == "markdown"
+
+
+def test_cli_inject_json_with_nothing_to_inject_prints_a_document(run, tmp_path):
+    # `inject --json` on an empty store printed nothing, so `json.loads(stdout)` failed where
+    # `wakeup --json` and `context --json` give a document
+    store = tmp_path / "s.engram"
+    assert run("init", store).exit_code == 0
+    empty = run("inject", store, "--json")
+    assert empty.exit_code == 0 and json.loads(empty.stdout) == {"text": ""}
+    assert "no memories to inject" in empty.stderr
+    assert json.loads(run("wakeup", store, "--json").stdout) == {"text": ""}
