@@ -213,6 +213,15 @@ def _emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         click.echo(text(data))
 
 
+def _json_loads(text: str) -> Any:
+    """json.loads, with JSON nested past the interpreter's recursion limit a JSONDecodeError
+    (a raw RecursionError traceback otherwise) for the caller's usual message."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("JSON nests too deeply", text, 0) from None
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
@@ -756,7 +765,7 @@ def update(ctx: click.Context, file: str, id_: str, content: str | None, importa
         changes["content"] = _text_arg(content)
     if metadata_json is not None:
         try:
-            changes["metadata"] = json.loads(metadata_json)
+            changes["metadata"] = _json_loads(metadata_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON ({exc.msg})", param_hint="--metadata") from None
         if not isinstance(changes["metadata"], dict):
@@ -1400,7 +1409,7 @@ def _chat_messages(path: str, raw: str) -> list[dict[str, Any] | str]:
     """The messages of a JSON chat document: a list of messages, or ``{"messages": [...]}``."""
     hint = 'give a JSON list of messages (objects with speaker, text and date), or {"messages": [...]}'
     try:
-        doc = json.loads(raw)
+        doc = _json_loads(raw)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{path}, line {exc.lineno}: not JSON ({exc.msg})", hint=hint) from None
     messages = doc.get("messages") if isinstance(doc, dict) else doc
@@ -1441,7 +1450,7 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = _json_loads(line)
         except json.JSONDecodeError as exc:
             raise ValidationError(f"{path}, line {n}: not JSON ({exc.msg})",
                                   hint="each line must be a JSON object with a content or text field") from None
@@ -2058,10 +2067,10 @@ def _read_transcript(path: str) -> Any:
     except UnicodeDecodeError:
         raise ValidationError(f"{path} is not UTF-8 text", hint="a transcript is JSON") from None
     try:
-        data = json.loads(text)
+        data = _json_loads(text)
     except ValueError:
         try:
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+            data = [_json_loads(line) for line in text.splitlines() if line.strip()]
         except ValueError as exc:
             raise ValidationError(f"{path} is neither JSON nor JSON Lines: {exc}",
                                   hint="give a JSON list of OpenAI or Anthropic messages") from None

@@ -329,3 +329,22 @@ def test_kdf_without_a_passphrase_is_a_usage_error(run, tmp_path):
     restored = run("restore", dump, str(tmp_path / "r.engram"), "--plaintext", "--kdf", KDF)
     assert restored.exit_code == 2 and "--kdf" in restored.output
     assert run("restore", dump, str(tmp_path / "r.engram"), "--kdf", KDF).exit_code == 0  # a passphrase: taken
+
+
+def test_json_nested_past_the_recursion_limit_is_a_clear_error(run, tmp_path):
+    # update --metadata, ingest of a .jsonl or .json chat and agent after's transcript raised a
+    # raw RecursionError (a traceback) on JSON nested some thousands deep
+    f = str(tmp_path / "d.engram")
+    run("init", f, "--kdf", KDF)
+    run("add", f, "a memory", "--id", "x")
+    deep = "[" * 20000 + "]" * 20000
+    result = run("update", f, "x", "--metadata", deep)
+    assert result.exit_code == 2 and "nests too deeply" in result.stderr
+    for name in ("deep.jsonl", "deep.json"):
+        (tmp_path / name).write_text(deep + "\n")
+        result = run("ingest", f, str(tmp_path / name))
+        assert result.exit_code == 1 and f"{name}, line 1: not JSON (JSON nests too deeply)" in result.stderr
+    result = run("agent", "after", f, str(tmp_path / "deep.json"))
+    assert result.exit_code == 1 and "nests too deeply" in result.stderr
+    with engramdb.open(f, passphrase="pw", readonly=True) as db:
+        assert len(db) == 1 and db.get("x").metadata == {}
