@@ -733,6 +733,7 @@ def delete(ctx: click.Context, file: str, ids: tuple[str, ...], as_json: bool) -
 
         engramdb delete notes.engram 3f2a...
     """
+    ids = tuple(dict.fromkeys(ids))  # `delete F a a` (ids from a pipe) deletes a: the second one found it gone
     with _open(ctx, file) as db, db.transaction() as tx:
         for id_ in ids:
             tx.delete(id_)

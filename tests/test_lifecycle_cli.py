@@ -139,3 +139,11 @@ def test_wakeup_with_nothing_to_tell_prints_nothing_and_says_why(run, tmp_path):
     result = run("wakeup", empty)  # only archived memories: says how to include them
     assert (result.exit_code, result.stdout) == (0, "") and "--include-archived" in result.stderr
     assert "Alice" in run("wakeup", empty, "--include-archived").stdout
+
+
+def test_delete_of_an_id_given_twice_deletes_it(run, store):
+    # the second delete of the id in one transaction found it gone: "no memory with id 'a'"
+    # (it was there) and nothing was deleted
+    result = run("delete", store, "a", "b", "a", "--json")
+    assert result.exit_code == 0 and json.loads(result.output) == {"deleted": ["a", "b"]}
+    assert run("list", store).output == ""
