@@ -784,7 +784,7 @@ def _retag(ctx: click.Context, file: str, id_: str, tags: tuple[str, ...], add: 
         new = tuple(dict.fromkeys(old + tags)) if add else tuple(t for t in old if t not in tags)
         if new != old:
             tx.update(id_, tags=new)
-    _emit({"id": id_, "tags": list(new)}, as_json, lambda d: f"{id_}: {', '.join(d['tags']) or '(no tags)'}")
+    _emit({"id": id_, "tags": list(new)}, as_json, lambda d: f"{_escaped(id_)}: {', '.join(map(_escaped, d['tags'])) or '(no tags)'}")
 
 
 @cli.command()
@@ -2027,7 +2027,7 @@ def stats(ctx: click.Context, file: str, as_json: bool) -> None:
 def _stats_text(d: dict[str, Any]) -> str:
     def counts(values: dict[str, int], limit: int = 10) -> str:
         items = list(values.items())
-        shown = ", ".join(f"{k}={v}" for k, v in items[:limit])
+        shown = ", ".join(f"{_escaped(k)}={v}" for k, v in items[:limit])  # a tag's newline would end the line
         return (shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")) or "-"
 
     bm25 = d["index"]["bm25"]

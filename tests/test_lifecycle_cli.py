@@ -147,3 +147,14 @@ def test_delete_of_an_id_given_twice_deletes_it(run, store):
     result = run("delete", store, "a", "b", "a", "--json")
     assert result.exit_code == 0 and json.loads(result.output) == {"deleted": ["a", "b"]}
     assert run("list", store).output == ""
+
+
+def test_stats_shows_a_tag_or_source_with_a_newline_on_its_line(run, store):
+    # stats printed tags and sources raw: a tag "bad\ntag" broke its line in two, where list
+    # and edges show \n
+    assert run("tag", store, "b", "bad\ntag").output == "b: bad\\ntag\n"
+    assert run("update", store, "a", "--source", "two\rlines").exit_code == 0
+    lines = run("stats", store).output.splitlines()
+    assert any(line.startswith("tags ") and "bad\\ntag=1" in line for line in lines)
+    assert any(line.startswith("sources ") and "two\\rlines=1" in line for line in lines)
+    assert len(lines) == 9
