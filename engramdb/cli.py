@@ -1438,6 +1438,12 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
         shown_name = "UTF-8" if codec == "utf-8" else encoding
         raise ValidationError(f"{path} is not {shown_name} text (byte {exc.start} cannot be decoded)",
                               hint="name its encoding, e.g. --encoding latin-1 (or cp1252)") from None
+    if "\x00" in raw:
+        # text never holds NUL: a binary file that happens to decode (zeros, UTF-16 without a
+        # byte-order mark) was stored as memories no query finds
+        at = raw.index("\x00")
+        raise ValidationError(f"{path} is not text: it holds a NUL character (at character {at})",
+                              hint="give a text file; for UTF-16 text, name it: --encoding utf-16")
     name = "stdin" if path == "-" else os.path.basename(path)
     if fmt == "auto":
         fmt = {".jsonl": "jsonl", ".json": "chat", ".md": "markdown", ".markdown": "markdown"}.get(

@@ -144,3 +144,22 @@ def test_ingesting_again_leaves_the_stored_tunnels_alone(make_db):
     assert {(e.src, e.dst): e for i in ids for e in db.edges(i)} == before
     db.link_tunnels(now=NOW)
     assert db.edges(c) and any(e.dst == d and e.label == "mine" and e.weight == 7.0 for e in db.edges(c))
+
+
+def test_cli_ingest_refuses_a_binary_file_that_decodes(tmp_path):
+    # zeros, or UTF-16 text without a byte-order mark, are valid UTF-8: they were stored as
+    # memories of NULs and letters between NULs, which no query finds
+    runner = CliRunner()
+    env = {"ENGRAM_PLAINTEXT": "1"}
+    store = str(tmp_path / "s.engram")
+    assert runner.invoke(cli, ["init", store], env=env).exit_code == 0
+    (tmp_path / "zeros.bin").write_bytes(b"\x00" * 1000)
+    (tmp_path / "utf16.txt").write_bytes("Alice moved to Berlin in 2023.".encode("utf-16-le"))
+    for name in ("zeros.bin", "utf16.txt"):
+        result = runner.invoke(cli, ["ingest", store, str(tmp_path / name)], env=env)
+        assert result.exit_code == 1 and "holds a NUL character" in result.stderr
+        assert "--encoding utf-16" in result.stderr
+    ok = runner.invoke(cli, ["ingest", store, str(tmp_path / "utf16.txt"), "--encoding", "utf-16-le"], env=env)
+    assert ok.exit_code == 0, ok.output
+    with engramdb.open(store, encrypted=False) as db:
+        assert [n.content for n in db.scan()] == ["Alice moved to Berlin in 2023."]
