@@ -1449,7 +1449,7 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
         fmt = {".jsonl": "jsonl", ".json": "chat", ".md": "markdown", ".markdown": "markdown"}.get(
             os.path.splitext(path)[1].lower(), "text")
     if fmt == "chat":
-        return _chat_messages(path, raw), name
+        return _checked_messages(path, _chat_messages(path, raw)), name
     if fmt != "jsonl":
         return raw, name
     messages = []
@@ -1465,7 +1465,19 @@ def _read_ingest_input(path: str, fmt: str, encoding: str = "utf-8") -> tuple[st
             raise ValidationError(f"{path}, line {n}: a JSON {type(item).__name__}, not a message",
                                   hint="each line must be a JSON object with a content or text field")
         messages.append(item)
-    return messages, name
+    return _checked_messages(path, messages), name
+
+
+def _checked_messages(path: str, messages: list[dict[str, Any] | str]) -> list[dict[str, Any] | str]:
+    """``messages``, once each has been read as ingest will (its text, its date): a bad one
+    found by ingest itself failed that input after the inputs before it were stored."""
+    from .ingest import messages_to_text
+
+    try:
+        messages_to_text(messages)
+    except ValidationError as exc:
+        raise ValidationError(f"{path}: {exc.message}", hint=exc.hint) from None
+    return messages
 
 
 @cli.command()

@@ -163,3 +163,21 @@ def test_cli_ingest_refuses_a_binary_file_that_decodes(tmp_path):
     assert ok.exit_code == 0, ok.output
     with engramdb.open(store, encrypted=False) as db:
         assert [n.content for n in db.scan()] == ["Alice moved to Berlin in 2023."]
+
+
+def test_cli_ingest_checks_every_message_before_storing_any_input(tmp_path):
+    # a message without text or with an unreadable date was found by ingest itself: the
+    # inputs before it were stored already (the help says an input that cannot be read
+    # changes nothing), and the error did not name the file
+    runner = CliRunner()
+    env = {"ENGRAM_PLAINTEXT": "1"}
+    store = str(tmp_path / "s.engram")
+    assert runner.invoke(cli, ["init", store], env=env).exit_code == 0
+    (tmp_path / "good.md").write_text(DOC)
+    (tmp_path / "bad.json").write_text(json.dumps([{"text": "hello", "date": "not a date"}]))
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"speaker": "Alice"}) + "\n")
+    for bad in ("bad.json", "bad.jsonl"):
+        result = runner.invoke(cli, ["ingest", store, str(tmp_path / "good.md"), str(tmp_path / bad)], env=env)
+        assert result.exit_code == 1 and f"{tmp_path / bad}: message 0" in result.stderr
+    with engramdb.open(store, encrypted=False) as db:
+        assert len(db) == 0
