@@ -764,6 +764,10 @@ def update(ctx: click.Context, file: str, id_: str, content: str | None, importa
                                if v is not None}
     if content is not None:
         changes["content"] = _text_arg(content)
+        if not changes["content"].strip():  # as add: `failing-cmd | engramdb update F ID --content -` wiped the text
+            raise ValidationError("nothing to store: the new content is empty",
+                                  hint="pass the memory's new text, or - to read it from stdin; to remove the "
+                                       "memory, `engramdb delete`")
     if metadata_json is not None:
         try:
             changes["metadata"] = _json_loads(metadata_json)

@@ -158,3 +158,12 @@ def test_stats_shows_a_tag_or_source_with_a_newline_on_its_line(run, store):
     assert any(line.startswith("tags ") and "bad\\ntag=1" in line for line in lines)
     assert any(line.startswith("sources ") and "two\\rlines=1" in line for line in lines)
     assert len(lines) == 9
+
+
+def test_update_refuses_empty_content_as_add_does(run, store):
+    # `failing-command | engramdb update F ID --content -` replaced the text by "" (exit 0),
+    # where `add` refuses an empty text
+    for args, stdin in ((("--content", "-"), ""), (("--content", "-"), "\n\n"), (("--content", "  "), None)):
+        result = run("update", store, "b", *args, input=stdin)
+        assert result.exit_code == 1 and "the new content is empty" in result.output
+    assert json.loads(run("get", store, "b", "--json").output)["content"] == "Bob likes green tea"
