@@ -1501,10 +1501,14 @@ def _checked_messages(path: str, messages: list[dict[str, Any] | str]) -> list[d
                    "messages) and a paragraph over 20 chunk sizes (cut).")
 @click.option("--encoding", default="utf-8", show_default=True,
               help="Text encoding of the inputs, e.g. latin-1 or cp1252 (a leading byte-order mark is dropped).")
-@click.option("--json", "as_json", is_flag=True, help="Print the new ids as JSON.")
+@click.option("--now", "now_text", metavar="ISO",
+              help="The new memories' creation time, an ISO 8601 time (default: now): the same inputs and --now "
+                   "store the same content.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: each input's memory ids (those stored before included).")
 @click.pass_context
 def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, title: str | None, date: str | None,
-           tags: tuple[str, ...], chunk_size: int, encoding: str, as_json: bool) -> None:
+           tags: tuple[str, ...], chunk_size: int, encoding: str, now_text: str | None, as_json: bool) -> None:
     """Compress documents or conversations into memories (zettels) and store them.
 
     Ingesting the same text again stores nothing new. Every input is read and checked
@@ -1514,7 +1518,11 @@ def ingest(ctx: click.Context, file: str, inputs: tuple[str, ...], fmt: str, tit
 
         engramdb ingest notes.engram meeting.md chat.jsonl --date 2024-05-02
     """
+    from .maintenance.lifecycle import parse_iso
+
     options: dict[str, Any] = {"chunk_size": chunk_size}
+    if now_text is not None:
+        options["now"] = parse_iso(now_text)
     if date:
         options["date"] = date
     if title:

@@ -181,3 +181,25 @@ def test_cli_ingest_checks_every_message_before_storing_any_input(tmp_path):
         assert result.exit_code == 1 and f"{tmp_path / bad}: message 0" in result.stderr
     with engramdb.open(store, encrypted=False) as db:
         assert len(db) == 0
+
+
+def test_cli_ingest_now_gives_the_same_content_twice(tmp_path):
+    # without a clock to inject, two ingests of the same inputs differed in every created_at
+    runner = CliRunner()
+    env = {"ENGRAM_PLAINTEXT": "1"}
+    doc = tmp_path / "atlas.md"
+    doc.write_text(DOC + "\n\nAlice Johnson and Bob Smith reviewed Project Atlas again.\n")
+    dumps = []
+    for n in range(2):
+        store = str(tmp_path / f"s{n}.engram")
+        assert runner.invoke(cli, ["init", store], env=env).exit_code == 0
+        result = runner.invoke(cli, ["ingest", store, str(doc), "--chunk-size", "150", "--now", "2024-05-02T09:30:00Z"],
+                               env=env)
+        assert result.exit_code == 0, result.output
+        assert runner.invoke(cli, ["dump", store, "-o", f"{store}.aaak"], env=env).exit_code == 0
+        dumps.append(Path(f"{store}.aaak").read_text())
+    assert dumps[0] == dumps[1] and "@e " in dumps[0]
+    with engramdb.open(tmp_path / "s0.engram", encrypted=False) as db:
+        assert {n.created_at for n in db.scan()} == {1714642200.0}
+    bad = runner.invoke(cli, ["ingest", str(tmp_path / "s0.engram"), str(doc), "--now", "noon"], env=env)
+    assert bad.exit_code == 1 and "not an ISO 8601 time" in bad.stderr
