@@ -22,25 +22,30 @@ def test_lucene_stopwords_are_bm25s_english_list():
     assert tuple(sorted(LUCENE_EN_STOPWORDS)) == tuple(sorted(bm25s.stopwords.STOPWORDS_EN))
 
 
-@settings(max_examples=100, deadline=None)
-@given(texts)
-def test_tokens_equal_bm25s_without_stemming(text):
-    # bm25s does no Unicode normalisation; compare on text NFKC leaves unchanged.
+def _comparable(text: str, cjk: str | None) -> str:
+    """``text`` as bm25s can be compared on: bm25s does no Unicode normalisation, so text NFKC
+    leaves unchanged, and it has no CJK bigrams, so with them text without CJK characters
+    (tests/test_tokenize_cjk.py checks that they change nothing else)."""
     import unicodedata
 
     text = unicodedata.normalize("NFKC", text)
-    ours = Tokenizer(stemmer=None)(text)
+    return text if cjk is None else "".join(c for c in text if tk._HAS_CJK(c) is None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts, st.sampled_from([None, "bigram"]))
+def test_tokens_equal_bm25s_without_stemming(text, cjk):
+    text = _comparable(text, cjk)
+    ours = Tokenizer(stemmer=None, cjk=cjk)(text)
     theirs = bm25s.tokenize([text], stopwords="en", return_ids=False, show_progress=False)[0]
     assert ours == theirs
 
 
 @settings(max_examples=100, deadline=None)
-@given(texts)
-def test_tokens_equal_bm25s_with_stemming(text):
-    import unicodedata
-
-    text = unicodedata.normalize("NFKC", text)
-    ours = Tokenizer(stemmer="english")(text)
+@given(texts, st.sampled_from([None, "bigram"]))
+def test_tokens_equal_bm25s_with_stemming(text, cjk):
+    text = _comparable(text, cjk)
+    ours = Tokenizer(stemmer="english", cjk=cjk)(text)
     stemmer = Stemmer.Stemmer("english")
     theirs = bm25s.tokenize([text], stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)[0]
     assert ours == theirs
@@ -60,7 +65,8 @@ def test_stemming_maps_inflections_together():
 
 
 def test_settings_round_trip_and_are_plain_data():
-    for tok in (Tokenizer(stemmer=None), Tokenizer(stemmer="english", stopwords="none", normalize=None)):
+    for tok in (Tokenizer(stemmer=None), Tokenizer(stemmer="english", stopwords="none", normalize=None),
+                Tokenizer(cjk=None)):
         again = Tokenizer.from_settings(tok.settings())
         assert again.settings() == tok.settings()
         assert again("Moving the Boxes") == tok("Moving the Boxes")
@@ -70,7 +76,7 @@ def test_auto_stemmer_resolves_to_a_concrete_setting():
     assert Tokenizer().settings()["stemmer"] == "english"  # PyStemmer is a test dependency
 
 
-@pytest.mark.parametrize("change", [{"version": 2}, {"pattern": r"\w+"}, {"lowercase": False}])
+@pytest.mark.parametrize("change", [{"version": 3}, {"pattern": r"\w+"}, {"lowercase": False}])
 def test_unsupported_settings_are_refused(change):
     settings_ = dict(Tokenizer(stemmer=None).settings(), **change)
     with pytest.raises(ConfigMismatchError):

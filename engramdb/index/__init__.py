@@ -94,13 +94,14 @@ def init_meta(txn: Txn, tokenizer: Tokenizer | None = None) -> Tokenizer:
     tokenizer = tokenizer or Tokenizer()
     existing = txn.get("meta", TOKENIZER_KEY)
     if existing is not None:
-        return load_tokenizer(txn, tokenizer.settings())
+        return load_tokenizer(txn, tokenizer)
     txn.put("meta", TOKENIZER_KEY, msgpack.packb(tokenizer.settings(), use_bin_type=True))
     return tokenizer
 
 
-def load_tokenizer(txn: Txn, expected: Mapping[str, Any] | None = None) -> Tokenizer:
-    """The tokenizer a file was created with (checked against ``expected`` when given).
+def load_tokenizer(txn: Txn, expected: Tokenizer | Mapping[str, Any] | None = None) -> Tokenizer:
+    """The tokenizer a file was created with (checked against ``expected`` when given: a
+    requested tokenizer (:meth:`Tokenizer.accepts`) or exact settings).
 
     Raises:
         ConfigMismatchError: no or unsupported settings, a mismatch with ``expected``, or
@@ -114,7 +115,11 @@ def load_tokenizer(txn: Txn, expected: Mapping[str, Any] | None = None) -> Token
         settings = msgpack.unpackb(data, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptFileError("the tokenizer settings in meta do not decode") from exc
-    if expected is not None and dict(expected) != settings:
+    if isinstance(expected, Tokenizer):
+        if not expected.accepts(settings):
+            raise ConfigMismatchError(f"the file was created with tokenizer {settings!r}, not {expected.settings()!r}",
+                                      hint="a file keeps its tokenizer for life: open it without tokenizer=")
+    elif expected is not None and dict(expected) != settings:
         raise ConfigMismatchError(f"the file was created with tokenizer {settings!r}, not {dict(expected)!r}")
     return Tokenizer.from_settings(settings)
 
@@ -174,7 +179,7 @@ class Indexes:
         """
         with store.read() as txn:
             if txn.get("meta", TOKENIZER_KEY) is not None:
-                return cls(store, load_tokenizer(txn, tokenizer.settings() if tokenizer else None), cache_mb=cache_mb)
+                return cls(store, load_tokenizer(txn, tokenizer), cache_mb=cache_mb)
         return cls(store, tokenizer or Tokenizer(), cache_mb=cache_mb)
 
     def ensure_meta(self, txn: Txn) -> None:

@@ -5,8 +5,11 @@ The contract (spec/bm25.md, section "Tokenizer"):
 1. Unicode NFKC normalisation, then ``str.lower()``.
 2. Terms are the matches of ``(?u)\\b\\w\\w+\\b`` (Unicode word characters, two or more):
    the scikit-learn / bm25s pattern, so engramdb and bm25s agree token for token.
-3. Stopwords (Lucene's 33-word English set by default) are removed before stemming.
-4. Optional Snowball stemming through PyStemmer (``stemmer="english"``).
+3. With ``cjk="bigram"`` (new files' default), a run of Han, Hiragana, Katakana or Hangul
+   characters inside a word becomes its overlapping bigrams (a lone character: itself), as
+   Lucene's CJKBigramFilter; text without such characters is tokenized as without it.
+4. Stopwords (Lucene's 33-word English set by default) are removed before stemming.
+5. Optional Snowball stemming through PyStemmer (``stemmer="english"``).
 
 The settings are written into the file's ``meta`` at creation
 (:meth:`Tokenizer.settings`) and read back on open (:meth:`Tokenizer.from_settings`),
@@ -40,7 +43,32 @@ __all__ = [
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 _NormalForm = Literal["NFC", "NFD", "NFKC", "NFKD"]
 _FAST_PATTERN = r"\w\w+"
-SETTINGS_VERSION = 1
+# version 1: no "cjk" key (every file before CJK bigrams); version 2 adds it. A tokenizer
+# without CJK bigrams records version 1, so its settings are those of files before them.
+SETTINGS_VERSION = 2
+_VERSION_WITHOUT_CJK = 1
+CJK_MODES = ("bigram",)
+
+# The characters bigrammed: the scripts Lucene's CJKBigramFilter handles (Han, Hiragana,
+# Katakana, Hangul), as blocks. Only those that are word characters (\w) count, so
+# punctuation inside a block (the radicals U+2E80-U+2FDF, symbols) still splits words.
+# Han: CJK radicals, iteration and number marks (U+3005, U+3007, U+3021-3029, U+3038-303B),
+# Extension A, Unified Ideographs, compatibility ideographs, Extensions B-H; Hiragana and
+# Katakana (U+30FC, the prolonged sound mark, with them as in Lucene), their phonetic
+# extensions, half-width forms and the Kana supplements; Hangul Jamo, compatibility Jamo,
+# Jamo extensions, syllables and half-width forms.
+_CJK_CLASS = ("\u1100-\u11ff\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3038-\u303b\u3041-\u309f"
+              "\u30a1-\u30ff\u3131-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97f"
+              "\uac00-\ud7ff\uf900-\ufaff\uff66-\uffdc\U0001b000-\U0001b16f\U00020000-\U0003134f")
+# Whether a text may hold CJK characters: the blocks' span in three ranges, faster to test
+# than the class (a text in the gaps takes the CJK split, which gives its words as
+# TOKEN_PATTERN does). Latin, Greek, Cyrillic, ..., the punctuation of U+2000-2E7F (curly
+# quotes, dashes) and the emoji (U+1F000-1FAFF) are outside them.
+_MAY_HOLD_CJK = re.compile("[\u1100-\u11ff\u2e80-\U0001b16f\U00020000-\U0003134f]").search
+_HAS_CJK = re.compile(f"[{_CJK_CLASS}]").search
+_WORD_RUNS = re.compile(r"\w+").findall
+# the pieces of a run of word characters: CJK characters (group 1) or others
+_CJK_PIECES = re.compile(f"([{_CJK_CLASS}]+)|[^{_CJK_CLASS}]+").finditer
 
 # Negation words: "not" is a stopword, so two texts that differ only in it have the same
 # terms ("Use argparse" / "Do not use argparse"), hence the same built-in vector. Used by
@@ -96,6 +124,13 @@ _CHUNK_DOCS = 4096
 # Bound the per-tokenizer stem memo so a long-lived handle over an open vocabulary
 # cannot grow without limit; clearing is cheap and keeps results identical.
 _STEM_CACHE_MAX = 200_000
+
+
+def _is_word(word: str) -> bool:
+    """Whether a word of the batch scan is a word, not a one-character run: ASCII texts'
+    one-character runs are scanned, non-ASCII texts were split by the reference path, whose
+    only one-character words are lone CJK characters (not ASCII)."""
+    return len(word) >= 2 or not word.isascii()
 
 
 def stemming_available() -> bool:
@@ -253,14 +288,18 @@ class Tokenizer:
             stemming, or ``"auto"`` (the default): ``"english"`` when PyStemmer is
             installed, else ``None``. The resolved value is what :meth:`settings` records.
         normalize: a :func:`unicodedata.normalize` form, or ``None``.
+        cjk: ``"bigram"`` (the default): a run of Han, Hiragana, Katakana or Hangul
+            characters gives its overlapping bigrams (a lone one itself), so text without
+            spaces is searchable; ``None``: every run of word characters is one word, as in
+            files made before (spec/bm25.md, "Tokenizer").
 
     Raises:
-        ValidationError: an unknown stopword set or normalisation form.
+        ValidationError: an unknown stopword set, normalisation form or CJK mode.
         ConfigMismatchError: stemming is asked for but PyStemmer is missing.
     """
 
     def __init__(self, *, stopwords: str = "lucene_en", stemmer: str | None = "auto",
-                 normalize: str | None = "NFKC") -> None:
+                 normalize: str | None = "NFKC", cjk: str | None = "bigram") -> None:
         if stopwords not in STOPWORD_SETS:
             raise ValidationError(
                 f"unknown stopword set {stopwords!r}",
@@ -268,6 +307,8 @@ class Tokenizer:
             )
         if normalize not in (None, "NFC", "NFKC", "NFD", "NFKD"):
             raise ValidationError(f"unknown Unicode normalisation {normalize!r}", hint="use 'NFKC', 'NFC' or None")
+        if cjk is not None and cjk not in CJK_MODES:
+            raise ValidationError(f"unknown CJK mode {cjk!r}", hint="use 'bigram' or None")
         if stemmer == "auto":
             stemmer = "english" if stemming_available() else None
         if stemmer is not None and (not isinstance(stemmer, str) or not stemmer):
@@ -275,12 +316,16 @@ class Tokenizer:
         self.stopwords_name = stopwords
         self.stemmer_name = stemmer
         self.normalize = cast("_NormalForm | None", normalize)  # one of the four forms, checked above
+        self.cjk = cjk
+        # whether a request named its CJK mode (see accepts): from_settings clears it
+        self._cjk_named = True
         self._stop = frozenset(STOPWORD_SETS[stopwords])
         self._stop_keys = _stop_table(self._stop)
         # Same matches as TOKEN_PATTERN (maximal runs of two or more word characters: a
         # match can only start inside a run after failing at a one-character run), ~35%
         # faster without the \b assertions. test_tokenize checks it against bm25s.
         self._findall = re.compile(_FAST_PATTERN).findall
+        self._split = self._split_cjk if cjk else self._findall
         self._stem: Callable[[str], str] | None = None
         self._stem_words: Callable[[list[str]], list[str]] | None = None
         if stemmer:
@@ -290,22 +335,44 @@ class Tokenizer:
     # --- settings persisted in meta ---------------------------------------------------
 
     def settings(self) -> dict[str, Any]:
-        """The settings to record in the file's meta (plain JSON-like data)."""
-        return {
-            "version": SETTINGS_VERSION,
+        """The settings to record in the file's meta (plain JSON-like data).
+
+        Without CJK bigrams: version 1 and no ``cjk`` key, exactly the settings of files
+        made before them (their dumps and meta stay byte for byte the same)."""
+        settings: dict[str, Any] = {
+            "version": SETTINGS_VERSION if self.cjk else _VERSION_WITHOUT_CJK,
             "pattern": TOKEN_PATTERN,
             "lowercase": True,
             "normalize": self.normalize,
             "stopwords": self.stopwords_name,
             "stemmer": self.stemmer_name,
         }
+        if self.cjk:
+            settings["cjk"] = self.cjk
+        return settings
+
+    def accepts(self, recorded: Mapping[str, Any]) -> bool:
+        """Whether a file that records ``recorded`` has the tokenizer this one asks for.
+
+        Equal settings, or, when the request did not name ``cjk``, the same settings on a
+        file made before CJK bigrams (version 1): such a file keeps its tokenizer, and
+        opening it with the settings it was opened with before stays possible."""
+        mine = self.settings()
+        if recorded == mine:
+            return True
+        if self._cjk_named or not self.cjk:
+            return False
+        mine.pop("cjk")
+        mine["version"] = _VERSION_WITHOUT_CJK
+        return dict(recorded) == mine
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> Tokenizer:
         """Rebuild the tokenizer a file was created with, or build one from options.
 
         Missing keys take the defaults, so ``{"stemmer": None}`` is a valid request; keys
-        that are present must match what this version implements.
+        that are present must match what this version implements. Settings that name their
+        ``version`` are a file's: version 1 (files before CJK bigrams) means ``cjk=None``.
 
         Raises:
             ConfigMismatchError: unknown keys, settings from a newer tokenizer version, a
@@ -313,32 +380,67 @@ class Tokenizer:
         """
         if not isinstance(settings, Mapping):
             raise ConfigMismatchError(f"tokenizer settings must be a mapping, got {type(settings).__name__}")
-        unknown = sorted(set(settings) - {"version", "pattern", "lowercase", "normalize", "stopwords", "stemmer"})
+        unknown = sorted(set(settings) - {"version", "pattern", "lowercase", "normalize", "stopwords", "stemmer", "cjk"})
         if unknown:
             raise ConfigMismatchError(f"unknown tokenizer settings: {', '.join(map(str, unknown))}",
-                                      hint="known: stopwords, stemmer, normalize")
+                                      hint="known: stopwords, stemmer, normalize, cjk")
         version = settings.get("version", SETTINGS_VERSION)
-        if (version != SETTINGS_VERSION or settings.get("pattern", TOKEN_PATTERN) != TOKEN_PATTERN
+        old = type(version) is int and version == _VERSION_WITHOUT_CJK  # (True == 1: a bool is no version)
+        if ((not old and (type(version) is not int or version != SETTINGS_VERSION))
+                or (old and "cjk" in settings)
+                or settings.get("pattern", TOKEN_PATTERN) != TOKEN_PATTERN
                 or settings.get("lowercase", True) is not True):
             raise ConfigMismatchError(
                 f"the file's tokenizer (version {version!r}) is not supported by this engramdb",
                 hint="upgrade engramdb to open this file",
             )
         try:
-            return cls(stopwords=settings.get("stopwords", "lucene_en"), stemmer=settings.get("stemmer", "auto"),
-                       normalize=settings.get("normalize", "NFKC"))
+            tokenizer = cls(stopwords=settings.get("stopwords", "lucene_en"), stemmer=settings.get("stemmer", "auto"),
+                            normalize=settings.get("normalize", "NFKC"), cjk=None if old else settings.get("cjk", "bigram"))
         except ValidationError as exc:
             raise ConfigMismatchError(f"the tokenizer settings are not supported: {exc.message}") from exc
+        if not old and "version" in settings and tokenizer.cjk is None:  # version 2 always names its mode
+            raise ConfigMismatchError(f"the file's tokenizer (version {version!r}) has no CJK mode",
+                                      hint="a version 2 tokenizer records cjk='bigram'; run `engramdb verify FILE`")
+        tokenizer._cjk_named = "cjk" in settings or "version" in settings
+        return tokenizer
 
     def __repr__(self) -> str:
-        return f"Tokenizer(stopwords={self.stopwords_name!r}, stemmer={self.stemmer_name!r}, normalize={self.normalize!r})"
+        return (f"Tokenizer(stopwords={self.stopwords_name!r}, stemmer={self.stemmer_name!r}, "
+                f"normalize={self.normalize!r}, cjk={self.cjk!r})")
 
     # --- tokenizing ---------------------------------------------------------------
 
     def words(self, text: str) -> list[str]:
         """Normalised, lowercased words with stopwords removed, before stemming."""
         stop = self._stop
-        return [w for w in self._findall(self._normal_lower(text)) if w not in stop]
+        return [w for w in self._split(self._normal_lower(text)) if w not in stop]
+
+    def _split_cjk(self, text: str) -> list[str]:
+        """The words of normalised, lowercased ``text`` with CJK bigrams (before stopwords).
+
+        A maximal run of word characters splits where CJK characters (``_CJK_CLASS``) start
+        or stop; a CJK piece gives its overlapping bigrams (one character: itself, Lucene's
+        lone unigram), any other piece of two or more characters is a word. Text without
+        CJK characters gives exactly the matches of ``TOKEN_PATTERN``."""
+        if text.isascii() or _MAY_HOLD_CJK(text) is None:
+            return self._findall(text)
+        words: list[str] = []
+        for run in _WORD_RUNS(text):
+            if _HAS_CJK(run) is None:
+                if len(run) >= 2:
+                    words.append(run)
+                continue
+            for m in _CJK_PIECES(run):
+                piece = m.group()
+                if m.group(1) is None:
+                    if len(piece) >= 2:
+                        words.append(piece)
+                elif len(piece) == 1:
+                    words.append(piece)
+                else:
+                    words.extend([piece[i:i + 2] for i in range(len(piece) - 1)])
+        return words
 
     def stem(self, word: str) -> str:
         """The index term for one already-lowercased word (identity without a stemmer)."""
@@ -376,7 +478,7 @@ class Tokenizer:
             bad = next(text for text in texts if not isinstance(text, str))
             raise ValidationError(f"can only tokenize strings, got {type(bad).__name__}") from None
         for i in itertools.compress(range(len(texts)), map(operator.not_, ascii_)):
-            texts[i] = " ".join(self._findall(self._normal_lower(texts[i])))  # the reference path
+            texts[i] = " ".join(self._split(self._normal_lower(texts[i])))  # the reference path
         native = _accel.NATIVE
         if native is not None:
             return self._encode_native(native, texts, ascii_)
@@ -390,7 +492,7 @@ class Tokenizer:
             new = [key for key in keys if key not in kinds]
             if new:
                 words = [(_unpack_key(k) if isinstance(k, int) else k).decode("utf-8", "surrogatepass") for k in new]
-                stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
+                stems = self._stem_all([w for w in words if _is_word(w) and w not in stop])
                 for key, word in zip(new, words):
                     term = stems.get(word)
                     kinds[key] = _DROP if term is None else numbers.setdefault(term, len(numbers))
@@ -430,7 +532,7 @@ class Tokenizer:
             [text if is_ascii else text.encode("utf-8", "surrogatepass") for text, is_ascii in zip(texts, ascii_)]
         words, inverse, firsts = native.scan_texts(items, _BATCH_TABLE)
         stop = self._stop
-        stems = self._stem_all([w for w in words if len(w) >= 2 and w not in stop])
+        stems = self._stem_all([w for w in words if _is_word(w) and w not in stop])
         terms = sorted(set(stems.values()))
         rank = dict(zip(terms, range(len(terms))))
         get = stems.get
