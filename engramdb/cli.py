@@ -88,7 +88,8 @@ def _global_options() -> list[click.Option]:
     path = click.Path(dir_okay=False)
     return [
         click.Option(["--passphrase-file"], type=path, callback=_record_option, expose_value=False,
-                     help=f"Read the passphrase from this file (else ${PASSPHRASE_ENV}, else a prompt)."),
+                     help=f"Read the passphrase from this file (else ${PASSPHRASE_ENV}, else a prompt): UTF-8 "
+                          "text; line breaks at its end are dropped, spaces kept."),
         click.Option(["--key-file"], type=path, envvar=KEY_FILE_ENV, show_envvar=True, callback=_record_option,
                      expose_value=False,
                      help="Read a raw key or recovery key (ERK1-...) from this file instead of a passphrase."),
@@ -1042,7 +1043,8 @@ def maintain(ctx: click.Context, file: str, plan: bool, now_text: str | None, su
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--new-passphrase-file", type=click.Path(dir_okay=False), help="Read the new passphrase from here.")
+@click.option("--new-passphrase-file", type=click.Path(dir_okay=False),
+              help="Read the new passphrase from here: UTF-8 text; line breaks at its end are dropped, spaces kept.")
 @click.option("--kdf", "kdf_text", metavar="t=N,m=KIB,p=N", help="argon2id cost for the new passphrase.")
 @click.option("--no-compact", is_flag=True, help="Skip compacting (the old wrapped key stays in free pages).")
 @click.pass_context
@@ -1122,9 +1124,14 @@ def export_key(ctx: click.Context, file: str, out: str, force: bool) -> None:
 @cli.command(name="import-key")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.argument("keyfile", type=click.Path(dir_okay=False, exists=True))
+@click.option("--force", is_flag=True,
+              help="Replace an intact header that holds other keys (a passphrase or recovery key made since the "
+                   "export then stops working).")
 @click.pass_context
-def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
+def import_key(ctx: click.Context, file: str, keyfile: str, force: bool) -> None:
     """Restore a damaged header from a key file written by export-key.
+
+    A file whose header is intact but holds other keys than KEYFILE is left alone without --force.
 
     Example:
 
@@ -1133,7 +1140,7 @@ def import_key(ctx: click.Context, file: str, keyfile: str) -> None:
     keys = _key_kwargs(ctx)
     if "encrypted" in keys:
         raise click.UsageError("a plaintext file has no key header to import")
-    engram_mod.import_key(file, keyfile, allow_unsafe_fs=_allow_unsafe_fs(ctx), **keys)
+    engram_mod.import_key(file, keyfile, allow_unsafe_fs=_allow_unsafe_fs(ctx), force=force, **keys)
     click.echo(f"restored the header of {file}")
 
 

@@ -75,8 +75,10 @@ class KDFParams:
         """The cheapest profile: only accepted with ENGRAM_TEST_WEAK_KDF=1. Never use it for real data."""
         return cls(t=1, m_kib=8, p=1)
 
-    def check(self) -> None:
+    def check(self, *, floor: bool = True) -> None:
         """Refuse weak or resource-exhausting parameters before running the KDF.
+
+        ``floor=False`` checks all but the floor (whether a header's parameters are well formed).
 
         Raises:
             WeakKDFError: below the floor (without the test switch) or above the cap.
@@ -94,6 +96,8 @@ class KDFParams:
             )
         if self.m_kib < 8 * self.p:
             raise WeakKDFError("argon2id needs m_kib >= 8 * p")
+        if not floor:
+            return
         floor_t, floor_m, floor_p = self.FLOOR
         weak = self.t < floor_t or self.m_kib < floor_m or self.p < floor_p
         if weak and os.environ.get(WEAK_KDF_ENV) != "1":

@@ -24,7 +24,7 @@ from .header import (
 from .verify import Problem as Problem
 from .errors import (
     CorruptFileError, DecryptionError, DuplicateIdError, FileMissingError, ForeignFileError,
-    ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, shown,
+    ModeMismatchError, NotFoundError, ReadOnlyError, StoreError, ValidationError, WrongPassphraseError, shown,
 )
 from .records import Edge, Node, check_written, now_ts
 from .fusion import FusionWeights, check_fusion
@@ -161,6 +161,14 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         raise
 
 
+def _repair_header(txn: Txn) -> None:
+    """Write the good copy of the header over a damaged one, as the file has it now: the copy
+    read before the write may be older than another process's rekey since."""
+    header, _, needs_repair = hdr.read_header(txn, txn.store.path)
+    if needs_repair:
+        hdr.write_header(txn, header)
+
+
 def _fresh(txn: Txn) -> bool:
     """Whether the file holds nothing of engramdb yet (a new file, to be initialised)."""
     return txn.get_header(b"header") is None and txn.get_header(b"header.bak") is None \
@@ -193,6 +201,10 @@ class Engram:
     def __init__(self, store: Store, header: dict[str, Any]) -> None:
         self._store = store
         self._header = header
+        # the passphrase slot this handle knows the passphrase of (opened with, or set by its
+        # own rekey): a rekey is refused when the file's has changed since (see _put_slot)
+        self._passphrase_slots = [s for s in header.get("slots", ()) if isinstance(s, dict)
+                                  and s.get("kind") == "passphrase"]
         self._tokenizer_settings: dict[str, Any] | None = None
         self._cache_mb: float | None = None
         #: the FusionWeights of this handle's recalls (``open(fusion=)``; a call's ``fusion=`` wins)
@@ -220,7 +232,7 @@ class Engram:
             txn.state  # the sealed state record must open under this key  # noqa: B018
             format_features.check(txn, store.path, store.readonly)
         if needs_repair and not store.readonly:
-            store.write(lambda t: hdr.write_header(t, header))
+            store.write(_repair_header)
         return engram
 
     @classmethod
@@ -769,17 +781,16 @@ class Engram:
         """Change the passphrase: re-wraps the data key in one transaction; no data is re-encrypted.
 
         The old wrapped key stays in free pages until reused; call :meth:`compact` to drop it.
+        Slots another handle or process added meanwhile (a recovery key) are kept.
 
         Raises:
             ModeMismatchError: the file is plaintext.
+            WrongPassphraseError: another handle or process changed the passphrase since
+                this handle opened the file (or last rekeyed it); nothing was changed.
         """
         self._require_encrypted()
-        dek = self._dek()
-        header = dict(self._header)
-        slot = hdr.make_slot(header, dek, passphrase=new_passphrase, kdf=kdf)  # argon2 outside the write lock
-        header["slots"] = [s for s in header["slots"] if s["kind"] != "passphrase"] + [slot]
-        self._store.write(lambda txn: hdr.write_header(txn, header))
-        self._header = header
+        slot = hdr.make_slot(self._header, self._dek(), passphrase=new_passphrase, kdf=kdf)  # argon2 outside the lock
+        self._put_slot(slot, lambda s: s.get("kind") == "passphrase", rekey=True)
 
     def add_recovery_key(self) -> str:
         """Add a recovery-key slot and return the key (``ERK1-...``). Store it somewhere safe:
@@ -788,12 +799,49 @@ class Engram:
         """
         self._require_encrypted()
         raw = os.urandom(32)
-        header = dict(self._header)
-        slot = hdr.make_slot(header, self._dek(), raw_key=raw, label="recovery")
-        header["slots"] = [s for s in header["slots"] if s.get("label") != "recovery"] + [slot]
-        self._store.write(lambda txn: hdr.write_header(txn, header))
-        self._header = header
+        slot = hdr.make_slot(self._header, self._dek(), raw_key=raw, label="recovery")
+        self._put_slot(slot, lambda s: s.get("label") == "recovery")
         return hdr.format_recovery_key(raw)
+
+    def _put_slot(self, slot: dict[str, Any], replaces: Callable[[dict[str, Any]], bool], *,
+                  rekey: bool = False) -> None:
+        """Write ``slot`` into the file's header in place of the slots ``replaces`` picks.
+
+        The header is read again inside the write: another handle or process may have
+        changed its other slots since this handle opened the file, and a header built from
+        this handle's copy would undo that (a new passphrase or recovery key would stop
+        working). A ``rekey`` whose handle is older than the file's passphrase is refused:
+        it would silently undo a passphrase change another user was told had worked.
+
+        Raises:
+            WrongPassphraseError: ``rekey`` and the file's passphrase changed since this
+                handle read the header.
+        """
+        mine = self._header
+
+        def write(txn: Txn) -> dict[str, Any]:
+            current, _, _ = hdr.read_header(txn, self.path)
+            if any(current.get(k) != mine.get(k) for k in hdr.SLOT_BOUND_FIELDS):
+                raise CorruptFileError(f"the header of {self.path} was replaced since this handle opened it "
+                                       "(another store id, format or cipher); nothing was changed",
+                                       hint="open the file again, then retry")
+            if rekey and [s for s in current["slots"] if replaces(s)] != self._passphrase_slots:
+                raise WrongPassphraseError(f"the passphrase of {self.path} was changed by another handle or "
+                                           "process since this one opened it; nothing was changed",
+                                           hint="open the file again with its current passphrase, then retry")
+            header = dict(current)
+            header["slots"] = [s for s in current["slots"] if not replaces(s)] + [slot]
+            hdr.write_header(txn, header)
+            return header
+
+        self._header = self._store.write(write)
+        if rekey:
+            self._passphrase_slots = [slot]
+
+    def _file_header(self) -> dict[str, Any]:
+        """The header as the file has it now (another process may have changed its slots)."""
+        with self._store.read() as txn:
+            return hdr.read_header(txn, self.path)[0]
 
     def export_key(self, path: str | os.PathLike[str]) -> None:
         """Write the header (salt, KDF parameters, wrapped data keys; no secrets) to ``path``.
@@ -810,7 +858,7 @@ class Engram:
             # O_TRUNC on the data file itself would destroy the store the key is meant to save
             raise ValidationError(f"{os.fspath(path)} is this store's own file; the key file must go elsewhere",
                                   hint="choose another path, ideally on another disk than the data")
-        data = hdr.pack_key_file(self._header)
+        data = hdr.pack_key_file(self._file_header())
         try:
             fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
@@ -895,7 +943,7 @@ class Engram:
         with self._store.read() as txn:
             counts = {t: txn.count(t) for t in TABLES}
             state = txn.state
-        header = self._header
+        header = self._file_header()
         slots = [{"kind": s["kind"], "label": s.get("label", ""), "kdf": s.get("kdf")} for s in header["slots"]]
         return {
             "path": self.path, "format": header["format"], "format_version": ".".join(map(str, header["version"])),
@@ -1012,17 +1060,23 @@ class Engram:
 
 
 def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
-               key: bytes | str | None = None, allow_unsafe_fs: bool = False) -> None:
+               key: bytes | str | None = None, allow_unsafe_fs: bool = False, force: bool = False) -> None:
     """Put an exported header back into a file whose header is damaged.
 
     The key file must unlock with ``passphrase`` (or ``key``) and its data key must open
-    the file's sealed state record; otherwise nothing is written. ``allow_unsafe_fs``: as
-    :func:`open`'s.
+    the file's sealed state record; otherwise nothing is written. A file whose header is
+    intact but holds other key slots than the key file (the passphrase was changed or a
+    recovery key added since the export) is left alone unless ``force=True``: the
+    exported header would replace its keys, so the current passphrase and recovery key
+    would stop opening it. ``allow_unsafe_fs``: as :func:`open`'s.
 
     Raises:
         ForeignFileError: ``keyfile`` is not an engramdb key file.
         WrongPassphraseError: the passphrase does not unlock the key file.
         DecryptionError: the key file belongs to another store.
+        ValidationError: the file's header is intact and differs from the key file's
+            (without ``force``).
+        ModeMismatchError: the file is a plaintext file (it has no keys).
     """
     try:
         with builtins.open(keyfile, "rb") as fh:
@@ -1034,6 +1088,24 @@ def import_key(path: str | os.PathLike[str], keyfile: str | os.PathLike[str], *,
     dek = hdr.unlock(header, passphrase=passphrase, raw_key=hdr.parse_raw_key(key) if key is not None else None)
     store = Store.open(path, create=False, allow_unsafe_fs=allow_unsafe_fs)
     try:
+        with store.read() as txn:
+            try:
+                current: dict[str, Any] | None = hdr.read_header(txn, store.path)[0]
+            except CorruptFileError:  # damaged, missing or unreadable: what import_key is for
+                current = None
+        if current is not None and current.get("format") == hdr.FORMAT_NAME and not current.get("encrypted"):
+            raise ModeMismatchError(f"{store.path} is a plaintext file; it has no key header to import",
+                                    hint="import the key file into the encrypted store it was exported from")
+        # intact: it reads, is of the same store as the key file, and its slots are well formed
+        intact = current is not None and hdr.usable(current) \
+            and all(current.get(k) == header.get(k) for k in hdr.SLOT_BOUND_FIELDS)
+        if intact and current != header and not force:
+            raise ValidationError(f"the header of {store.path} is intact and holds other keys than "
+                                  f"{os.fspath(keyfile)} (its passphrase or recovery key changed since the export, "
+                                  "or the key file is of another copy); nothing was changed",
+                                  hint="open the file with its current passphrase or recovery key; to put the "
+                                       "exported header back anyway (its passphrase opens the file again, keys "
+                                       "added since stop working), pass --force (import_key(..., force=True))")
         store.sealer = crypto.Sealer(dek)
         with store.read() as txn:
             try:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from . import codec, crypto
 from .errors import CorruptFileError, ForeignFileError, FormatVersionError, ModeMismatchError, ValidationError, \
-    WrongPassphraseError
+    WeakKDFError, WrongPassphraseError
 from .store import HEADER_KEYS, Txn
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "KEYFILE_MAGIC", "format_recovery_key", "make_slot", "new_header",
@@ -28,6 +28,13 @@ FORMAT_NAME = "engramdb"
 FORMAT_VERSION = (1, 0)  # (major, minor): a newer major is refused; a newer minor opens
 RECOVERY_PREFIX = "ERK1-"
 KEYFILE_MAGIC = b"ENGRAMDB-KEY\x00\x01"
+# the header fields every slot's wrap is bound to (besides the slot's own): a slot made for
+# one header unwraps under another only when these are equal
+SLOT_BOUND_FIELDS = ("format", "version", "cipher", "store_id")
+# What to do about a damaged header. Not "run `engramdb verify`": verify opens the file
+# first, and fails the same way.
+DAMAGED_HEADER_HINT = ("put the header back with `engramdb import-key FILE KEYFILE` (engramdb.import_key) from the key "
+                       "file `engramdb export-key` wrote; without one, restore from a dump or backup")
 
 
 def _slot_aad(header: Mapping[str, Any], slot: Mapping[str, Any]) -> bytes:
@@ -53,10 +60,35 @@ def make_slot(header: Mapping[str, Any], dek: bytes, *, passphrase: str | bytes 
     return slot
 
 
+def _slot_kdf(slot: Mapping[str, Any], *, floor: bool = True) -> crypto.KDFParams:
+    """A passphrase slot's argon2id parameters, checked before they cost anything
+    (``floor=False``: all but the floor).
+
+    Raises:
+        WeakKDFError: malformed, above the cap, or below the floor (a file made with the
+            test-only parameters), each with what to do about it.
+    """
+    try:
+        params = crypto.KDFParams.from_dict(slot["kdf"])
+        params.check(floor=False)
+    except WeakKDFError as exc:
+        raise WeakKDFError(f"the passphrase slot in the header: {exc.message}",
+                           hint="the header may be hostile or damaged: " + DAMAGED_HEADER_HINT) from None
+    if floor:
+        try:
+            params.check()
+        except WeakKDFError as exc:  # a file made with ENGRAM_TEST_WEAK_KDF=1
+            raise WeakKDFError(f"the passphrase slot in the header: {exc.message}",
+                               hint=f"the file was made with test-only parameters: open it with "
+                                    f"{crypto.WEAK_KDF_ENV}=1 set and `engramdb rekey` it (db.rekey) with the "
+                                    "default ones; if its header is damaged, " + DAMAGED_HEADER_HINT) from None
+    return params
+
+
 def unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_key: bytes | None) -> bytes:
     kind = "passphrase" if passphrase is not None else "key"
     if not isinstance(header.get("slots"), list):
-        raise CorruptFileError("the header's key slots are malformed")
+        raise CorruptFileError("the header's key slots are malformed", hint=DAMAGED_HEADER_HINT)
     slots = [s for s in header["slots"] if isinstance(s, dict) and s.get("kind") == kind]
     if not slots:
         raise WrongPassphraseError(f"this file has no {kind} slot",
@@ -64,25 +96,46 @@ def unlock(header: Mapping[str, Any], *, passphrase: str | bytes | None, raw_key
     if kind == "passphrase" and len(slots) > 1:
         # engramdb writes one passphrase slot (rekey replaces it); each would cost a full KDF run,
         # so a header listing thousands of them could make open() run for hours
-        raise CorruptFileError(f"the header lists {len(slots)} passphrase slots; engramdb writes one")
+        raise CorruptFileError(f"the header lists {len(slots)} passphrase slots; engramdb writes one",
+                               hint=DAMAGED_HEADER_HINT)
     for slot in slots:
         salt = slot.get("salt")
         if not isinstance(salt, bytes) or not 8 <= len(salt) <= 1024:  # argon2 needs >= 8 bytes
-            raise CorruptFileError("a key slot in the header has a malformed salt")
+            raise CorruptFileError("a key slot in the header has a malformed salt", hint=DAMAGED_HEADER_HINT)
         try:
             if passphrase is not None:
-                kek = crypto.derive_kek(passphrase, slot["salt"], crypto.KDFParams.from_dict(slot["kdf"]))
+                kek = crypto.derive_kek(passphrase, slot["salt"], _slot_kdf(slot))
             elif raw_key is not None:
                 kek = crypto.kek_from_raw_key(raw_key, slot["salt"])
             else:
                 raise ValidationError("give a passphrase or a raw key")
             dek = crypto.unwrap_key(kek, slot["nonce"], slot["wrapped"], _slot_aad(header, slot))
         except (KeyError, TypeError):
-            raise CorruptFileError("a key slot in the header is malformed") from None
+            raise CorruptFileError("a key slot in the header is malformed", hint=DAMAGED_HEADER_HINT) from None
         if dek is not None:
             return dek
     raise WrongPassphraseError("the passphrase does not unlock this file" if kind == "passphrase"
                                else "the key does not unlock this file")
+
+
+def usable(header: Mapping[str, Any]) -> bool:
+    """Whether every key slot of ``header`` has the shape engramdb writes (without trying a
+    key). A header whose checksum matches can still be malformed: edited, checksum and all."""
+    slots = header.get("slots")
+    if not isinstance(slots, list) or not slots:
+        return False
+    for slot in slots:
+        if not (isinstance(slot, dict) and slot.get("kind") in ("passphrase", "key")
+                and isinstance(slot.get("salt"), bytes) and 8 <= len(slot["salt"]) <= 1024
+                and isinstance(slot.get("nonce"), bytes) and len(slot["nonce"]) == crypto.NONCE_BYTES
+                and isinstance(slot.get("wrapped"), bytes)):
+            return False
+        if slot["kind"] == "passphrase":
+            try:
+                _slot_kdf(slot, floor=False)  # the floor is no damage: ENGRAM_TEST_WEAK_KDF=1 opens it
+            except WeakKDFError:
+                return False
+    return True
 
 
 def parse_raw_key(key: bytes | str) -> bytes:
@@ -140,7 +193,8 @@ def read_header(txn: Txn, path: str) -> tuple[dict[str, Any], bytes, bool]:
     """(header, its bytes, needs_repair). Prefers the primary copy; falls back to the backup."""
     primary, backup, digest = (txn.get_header(k) for k in HEADER_KEYS)
     if primary is None and backup is None:
-        raise ForeignFileError(f"{path} has no engramdb header")
+        # the opener found engramdb's tables holding data (else it initialises the file): lost, not foreign
+        raise CorruptFileError(f"the header of {path} is missing", hint=DAMAGED_HEADER_HINT)
     chosen = None
     for candidate in (primary, backup):
         if candidate is not None and digest is not None and hashlib.sha256(candidate).digest() == digest:
@@ -148,17 +202,16 @@ def read_header(txn: Txn, path: str) -> tuple[dict[str, Any], bytes, bool]:
             break
     if chosen is None:
         raise CorruptFileError(f"the header of {path} is damaged (its checksum does not match)",
-                               hint="restore the header with `engramdb import-key` from an exported key file, "
-                                    "or restore from a dump")
+                               hint=DAMAGED_HEADER_HINT)
     try:
         header = codec.unpack(chosen)
     except CorruptFileError:
-        raise CorruptFileError(f"the header of {path} does not decode") from None
+        raise CorruptFileError(f"the header of {path} does not decode", hint=DAMAGED_HEADER_HINT) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise ForeignFileError(f"{path} is not an engramdb file")
     version = header.get("version")
     if not (isinstance(version, list) and len(version) == 2 and all(isinstance(v, int) for v in version)):
-        raise CorruptFileError(f"the header of {path} has a malformed version")
+        raise CorruptFileError(f"the header of {path} has a malformed version", hint=DAMAGED_HEADER_HINT)
     if version[0] > FORMAT_VERSION[0]:
         raise FormatVersionError(f"{path} uses format {version[0]}.{version[1]}; this engramdb reads "
                                  f"{FORMAT_VERSION[0]}.x")
@@ -225,7 +278,7 @@ def sealer_for(header: Mapping[str, Any], path: str, *, passphrase: str | bytes 
             raise CorruptFileError("the plaintext header lacks its index key")
         sealer = crypto.Sealer(None, plain_blind_key=blind_key)
     if header.get("cipher") != crypto.CIPHER_ID:
-        raise CorruptFileError(f"unknown cipher {header.get('cipher')!r}")
+        raise CorruptFileError(f"unknown cipher {header.get('cipher')!r}", hint=DAMAGED_HEADER_HINT)
     return sealer
 
 

@@ -2879,6 +2879,12 @@ class Store:
         try:
             fd = create_private(tmp)
         except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise ReadOnlyError(f"cannot create the compacting copy {tmp}: {exc.strerror}; the original is "
+                                    "untouched",
+                                    hint="compact writes a copy beside the file and renames it over the file: make "
+                                         "the directory writable (chmod u+w), or copy the store to a writable "
+                                         "directory and compact it there") from None
             raise _os_error(exc, "cannot create the compacting copy; the original is untouched") from None
         replaced = False
         try:

@@ -1,0 +1,139 @@
+"""import-key onto a file whose header is not damaged, and what a damaged header tells the user."""
+from __future__ import annotations
+
+import hashlib
+
+import lmdb
+import msgpack
+import pytest
+from click.testing import CliRunner
+from conftest import PASSPHRASE, TEST_KDF
+
+import engramdb.engram as engram
+from engramdb.cli import cli
+from engramdb.errors import CorruptFileError, EngramError, ModeMismatchError, ValidationError, WrongPassphraseError
+
+
+@pytest.fixture
+def run():
+    def invoke(*args):
+        env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "ENGRAM_TEST_WEAK_KDF": "1"}
+        return CliRunner().invoke(cli, [str(a) for a in args], env=env, catch_exceptions=False)
+
+    return invoke
+
+
+def _opens(path, **keys) -> bool:
+    try:
+        engram.open(path, readonly=True, **keys).close()
+    except WrongPassphraseError:
+        return False
+    return True
+
+
+@pytest.fixture
+def exported(tmp_path):
+    """A file, its key file exported, then the passphrase changed and a recovery key added."""
+    path, keyfile = tmp_path / "k.engram", tmp_path / "k.key"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("kept", id="kept")
+        db.export_key(keyfile)
+        db.rekey("the new passphrase", kdf=TEST_KDF)
+        recovery = db.add_recovery_key()
+    return path, keyfile, recovery
+
+
+def test_import_key_onto_a_healthy_file_with_other_keys_is_refused(exported):
+    """It replaced the header all the same: the current passphrase and the recovery key
+    stopped working, and the old passphrase came back, with "restored the header"."""
+    path, keyfile, recovery = exported
+    with pytest.raises(ValidationError, match="intact") as info:
+        engram.import_key(path, keyfile, passphrase=PASSPHRASE)
+    assert "force" in info.value.hint
+    assert _opens(path, passphrase="the new passphrase") and _opens(path, key=recovery)
+    assert not _opens(path, passphrase=PASSPHRASE)
+
+
+def test_import_key_with_force_puts_the_exported_header_back(exported):
+    path, keyfile, recovery = exported
+    engram.import_key(path, keyfile, passphrase=PASSPHRASE, force=True)
+    assert _opens(path, passphrase=PASSPHRASE)
+    assert not _opens(path, passphrase="the new passphrase") and not _opens(path, key=recovery)
+
+
+def test_import_key_of_the_file_s_own_current_header_is_a_no_op(tmp_path):
+    path, keyfile = tmp_path / "k.engram", tmp_path / "k.key"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.export_key(keyfile)
+    engram.import_key(path, keyfile, passphrase=PASSPHRASE)
+    assert _opens(path, passphrase=PASSPHRASE)
+
+
+def test_cli_import_key_refuses_a_healthy_file_and_takes_force(run, exported):
+    path, keyfile, _ = exported
+    result = run("import-key", path, keyfile)
+    assert result.exit_code == 1 and "intact" in result.output and "--force" in result.output
+    assert run("import-key", path, keyfile, "--force").exit_code == 0
+    assert _opens(path, passphrase=PASSPHRASE)
+
+
+def test_import_key_onto_a_plaintext_file_says_it_is_plaintext(tmp_path):
+    """It said "this key file belongs to another store"."""
+    plain, enc = tmp_path / "p.engram", tmp_path / "e.engram"
+    engram.open(plain, encrypted=False).close()
+    with engram.open(enc, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.export_key(tmp_path / "e.key")
+    with pytest.raises(ModeMismatchError, match="plaintext"):
+        engram.import_key(plain, tmp_path / "e.key", passphrase=PASSPHRASE, force=True)
+
+
+def _edit_header(path, edit):
+    env = lmdb.open(str(path), subdir=False, max_dbs=32)
+    meta = env.open_db(b"t0", create=False)
+    with env.begin(write=True) as txn:
+        header = msgpack.unpackb(txn.get(b"header", db=meta), raw=False)
+        edit(header)
+        data = msgpack.packb(header, use_bin_type=True)
+        for key in (b"header", b"header.bak"):
+            txn.put(key, data, db=meta)
+        txn.put(b"header.sha256", hashlib.sha256(data).digest(), db=meta)
+        if header.get("gone"):
+            for key in (b"header", b"header.bak", b"header.sha256"):
+                txn.delete(key, db=meta)
+    env.close()
+
+
+@pytest.mark.parametrize("edit", [
+    lambda h: h.update(slots="x"),
+    lambda h: h.update(version="x"),
+    lambda h: h["slots"][0].pop("nonce"),
+    lambda h: h["slots"][0].update(salt=b"s"),
+    lambda h: h.update(gone=True),
+], ids=["slots", "version", "slot-field", "salt", "missing"])
+def test_a_damaged_header_hints_at_import_key_not_at_verify(run, tmp_path, edit):
+    """Each said "run `engramdb verify FILE`", which fails the same way (it opens the file
+    first); a file whose header was lost said "not an engramdb file ... use `engramdb import`".
+    Each now names import-key, and import-key repairs it."""
+    path = tmp_path / "d.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("kept", id="kept")
+        db.export_key(tmp_path / "d.key")
+    _edit_header(path, edit)
+    with pytest.raises(CorruptFileError) as info:
+        engram.open(path, passphrase=PASSPHRASE, repair=True)
+    assert "import-key" in info.value.hint and "verify" not in info.value.hint
+    result = run("verify", path)
+    assert result.exit_code == 1 and "import-key" in result.output
+    engram.import_key(path, tmp_path / "d.key", passphrase=PASSPHRASE)
+    with engram.open(path, passphrase=PASSPHRASE, repair=True) as db:
+        assert db.get("kept").content == "kept"
+
+
+def test_a_header_below_the_kdf_floor_says_how_to_open_it(tmp_path, monkeypatch):
+    """Its hint was how to choose parameters for a new file ("use at least t=2 ...")."""
+    path = tmp_path / "weak.engram"
+    engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF).close()
+    monkeypatch.delenv("ENGRAM_TEST_WEAK_KDF")
+    with pytest.raises(EngramError) as info:
+        engram.open(path, passphrase=PASSPHRASE)
+    assert "rekey" in info.value.hint
