@@ -121,6 +121,13 @@ def open(path: str | os.PathLike[str], *, passphrase: str | bytes | None = None,
         raise ValidationError("a raw key must be exactly 32 bytes", hint="generate one with os.urandom(32)")
     if kdf is not None:
         kdf.check()
+    # refused before LMDB creates anything: a failed open must not leave an empty store behind
+    if passphrase is not None:
+        crypto.normalize_passphrase(passphrase)
+    if encrypted and passphrase is None and raw_key is None and create and not readonly \
+            and not os.path.lexists(os.fspath(path)):
+        raise ModeMismatchError("a new encrypted file needs a passphrase or key",
+                                hint="pass passphrase=..., or encrypted=False for a plaintext file")
     cache_mb = _check_cache_mb(cache_mb)
     fusion = check_fusion(fusion)
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))

@@ -31,7 +31,7 @@ from . import engram, errors
 from .errors import (
     AlreadyOpenError, ConfigMismatchError, EngramError, ModeMismatchError, ValidationError, WriteConflictError,
 )
-from .store import DEFAULT_TIMEOUT, atomic_file
+from .store import COMPACT_SUFFIX, DEFAULT_TIMEOUT, PARTIAL_SUFFIX, RESTORE_SUFFIX, atomic_file
 
 if TYPE_CHECKING:  # annotations only
     from .maintenance.lifecycle import MaintenanceConfig
@@ -44,6 +44,7 @@ __all__ = [
 INSTALL_HINT = "install the fleet extra: pip install 'engramdb[fleet]'"
 JOBS = ("maintain", "verify", "compact", "dump", "stats")
 KEY_SUFFIX = ".key"
+_NOT_STORES = ("-lock", "-maint", COMPACT_SUFFIX, RESTORE_SUFFIX, PARTIAL_SUFFIX)
 
 
 # --- key sources ------------------------------------------------------------------------
@@ -350,15 +351,18 @@ def _short(result: Any) -> str:
 
 def expand_paths(paths_or_glob: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
     """The store paths named by a glob pattern or a list (sorted for a glob, as given for a list).
-    A glob leaves out the stores' sidecars (``-lock``, ``-maint``) and their key files beside
-    them (``NAME.engram.key``).
+    A glob leaves out the stores' sidecars (``-lock``, ``-maint``), their key files beside
+    them (``NAME.engram.key``) and engramdb's temporary files (``.compact-tmp``,
+    ``.restore-tmp``, ``.partial``).
 
     Raises:
         ValidationError: nothing matches, or a file is named twice (under any spelling).
     """
     if isinstance(paths_or_glob, (str, os.PathLike)):
         pattern = os.fspath(paths_or_glob)
-        matched = {p for p in glob.glob(pattern, recursive=True) if not p.endswith(("-lock", "-maint"))}
+        # a store's sidecars, and engramdb's files in the making: a compacting copy, a restore's
+        # new store (a task would write into it while the restore does), a dump's partial file
+        matched = {p for p in glob.glob(pattern, recursive=True) if not p.endswith(_NOT_STORES)}
         # a store's key file beside it (KeyFileBeside) is no store: 'tenants/*' matches both
         paths = sorted(p for p in matched if not (p.endswith(KEY_SUFFIX) and p[:-len(KEY_SUFFIX)] in matched))
         if not paths:

@@ -173,12 +173,20 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes | str:
                               hint="check the path and its permissions") from None
     if len(data) == 32:
         return data
+    if data.startswith(KEYFILE_MAGIC):
+        raise ValidationError(f"{path} is a key header backup (written by `engramdb export-key`); it holds no key",
+                              hint="pass the recovery key (ERK1-..., as `engramdb recovery-key` printed it) or the "
+                                   "32 raw key bytes; a header backup goes to `engramdb import-key FILE KEYFILE`")
     try:
         text = data.decode("utf-8-sig").strip()  # a key saved by an editor that writes a byte-order mark
-        if len(parse_raw_key(text)) == 32:
-            return text
-    except (UnicodeDecodeError, ValidationError):
-        pass
+    except UnicodeDecodeError:
+        text = ""
+    if text.upper().startswith(RECOVERY_PREFIX[:4]):  # a recovery key: say what is wrong with it
+        try:
+            parse_raw_key(text)
+        except ValidationError as exc:
+            raise ValidationError(f"{path}: {exc.message}", hint=exc.hint) from None
+        return text
     raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
                           hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
                                "(ERK1-...), or the 32 raw key bytes")
@@ -298,7 +306,12 @@ def unpack_key_file(data: bytes, keyfile: str | os.PathLike[str]) -> dict[str, A
     keyfile_hint = "pass the file written by export_key() / `engramdb export-key`; the store's path comes first"
     if not data.startswith(KEYFILE_MAGIC):
         raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
-    header = codec.unpack(data[len(KEYFILE_MAGIC):])
+    try:
+        header = codec.unpack(data[len(KEYFILE_MAGIC):])
+    except CorruptFileError:
+        raise CorruptFileError(f"{keyfile} is truncated or damaged (it does not decode)",
+                               hint="use another copy of the key file, or export it again from the store with "
+                                    "`engramdb export-key` while the store's header is intact") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
     return header

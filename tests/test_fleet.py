@@ -532,3 +532,16 @@ def test_allow_unsafe_fs_reaches_each_task(tmp_path, monkeypatch):
     assert [o.get("allow_unsafe_fs", False) for o in seen] == [True, False]
     with pytest.raises(ValidationError, match="allow_unsafe_fs"):
         fleet.run([path], "stats", client=object(), allow_unsafe_fs="yes")
+
+
+def test_a_glob_leaves_out_the_temporary_files_of_a_compaction_restore_or_dump(tmp_path):
+    """`engramdb fleet maintain 'tenants/*'` ran a restore's new store in the making
+    (NAME.engram.restore-tmp) as a tenant of its own, writing into it while the restore
+    wrote it; the same for a compacting copy and a dump's partial file."""
+    path = str(tmp_path / "a.engram")
+    with engramdb.open(path, passphrase="pw", kdf=TEST_KDF) as db:
+        db.add("hello")
+    for suffix in (".restore-tmp", ".compact-tmp"):
+        shutil.copyfile(path, path + suffix)
+    (tmp_path / "a.aaak.partial").write_text("AAAK")
+    assert fleet.expand_paths(str(tmp_path / "*")) == [path]

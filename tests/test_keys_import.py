@@ -137,3 +137,34 @@ def test_a_header_below_the_kdf_floor_says_how_to_open_it(tmp_path, monkeypatch)
     with pytest.raises(EngramError) as info:
         engram.open(path, passphrase=PASSPHRASE)
     assert "rekey" in info.value.hint
+
+
+def test_a_truncated_key_file_is_named_as_such(run, tmp_path):
+    """It said "a record does not decode: ValueError" with the hint to run verify on the store."""
+    path, keyfile = tmp_path / "k.engram", tmp_path / "k.key"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.export_key(keyfile)
+    keyfile.write_bytes(keyfile.read_bytes()[:40])
+    with pytest.raises(CorruptFileError, match=r"k\.key is truncated") as info:
+        engram.import_key(path, keyfile, passphrase=PASSPHRASE)
+    assert "export" in info.value.hint
+    result = run("import-key", path, keyfile)
+    assert result.exit_code == 1 and "k.key is truncated" in result.output and "verify" not in result.output
+
+
+def test_key_file_mistakes_say_what_is_wrong(run, tmp_path):
+    """A header backup passed as --key-file, and a recovery key cut short, both said only
+    "holds neither a 32-byte raw key nor a recovery key"."""
+    path, backup = tmp_path / "k.engram", tmp_path / "k.key"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.export_key(backup)
+        recovery = db.add_recovery_key()
+    result = run("info", path, "--key-file", backup)
+    assert result.exit_code == 1 and "key header backup" in result.output and "import-key" in result.output
+    short = tmp_path / "short.txt"
+    short.write_text(recovery[:30] + "\n")
+    result = run("info", path, "--key-file", short)
+    assert result.exit_code == 1 and "incomplete" in result.output
+    whole = tmp_path / "whole.txt"
+    whole.write_text(recovery + "\n")
+    assert run("info", path, "--key-file", whole).exit_code == 0
