@@ -857,9 +857,14 @@ class Engram:
         :func:`import_key` puts it back. It is useless without the passphrase.
 
         Raises:
+            ModeMismatchError: the file is plaintext (import_key could not use its header).
             ValidationError: ``path`` is the store's own data file or one of its sidecars.
             StoreError: ``path`` cannot be written.
         """
+        if not self.encrypted:
+            raise ModeMismatchError(f"{self.path} is a plaintext file; it has no keys to export",
+                                    hint="back a plaintext file up with `engramdb dump FILE -o F.aaak` "
+                                         "(db.dump) or a copy of the closed file")
         target = os.path.realpath(os.fspath(path))
         if target in {self._store.path + suffix for suffix in ("", "-lock", "-maint")}:
             # O_TRUNC on the data file itself would destroy the store the key is meant to save

@@ -168,3 +168,15 @@ def test_key_file_mistakes_say_what_is_wrong(run, tmp_path):
     whole = tmp_path / "whole.txt"
     whole.write_text(recovery + "\n")
     assert run("info", path, "--key-file", whole).exit_code == 0
+
+
+def test_export_key_of_a_plaintext_file_is_refused(run, tmp_path):
+    """It wrote a key file that import-key refuses in every way (no passphrase slot, and
+    `--plaintext` is a usage error): a header backup that could never be used."""
+    path = tmp_path / "p.engram"
+    engram.open(path, encrypted=False).close()
+    with engram.open(path, encrypted=False) as db, pytest.raises(ModeMismatchError, match="plaintext"):
+        db.export_key(tmp_path / "p.key")
+    result = run("export-key", path, tmp_path / "p.key", "--plaintext")
+    assert result.exit_code == 1 and "engramdb dump" in result.output
+    assert not (tmp_path / "p.key").exists()
