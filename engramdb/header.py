@@ -187,6 +187,11 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes | str:
         except ValidationError as exc:
             raise ValidationError(f"{path}: {exc.message}", hint=exc.hint) from None
         return text
+    try:  # the recovery key's groups without ERK1- (as open(key=) takes them)
+        if text and len(parse_raw_key(text)) == 32:
+            return text
+    except ValidationError:
+        pass
     raise ValidationError(f"{path} holds neither a 32-byte raw key nor a recovery key",
                           hint="put the recovery key there exactly as `engramdb recovery-key` printed it "
                                "(ERK1-...), or the 32 raw key bytes")

@@ -180,3 +180,23 @@ def test_export_key_of_a_plaintext_file_is_refused(run, tmp_path):
     result = run("export-key", path, tmp_path / "p.key", "--plaintext")
     assert result.exit_code == 1 and "engramdb dump" in result.output
     assert not (tmp_path / "p.key").exists()
+
+
+def test_a_key_file_with_the_recovery_key_s_groups_only_still_opens(run, tmp_path):
+    """Regression (678225f..257586e's read_key_file): a key file holding the recovery key
+    without its ERK1- prefix (or without its dashes), which open(key=) takes and --key-file
+    took before, was refused as holding "neither a 32-byte raw key nor a recovery key"."""
+    path = tmp_path / "k.engram"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        recovery = db.add_recovery_key()
+    groups = recovery.removeprefix("ERK1-")
+    for name, text in (("groups", groups), ("bare", groups.replace("-", "")), ("lower", groups.lower())):
+        keyfile = tmp_path / f"{name}.txt"
+        keyfile.write_text(text + "\n")
+        assert engram.read_key_file(keyfile) == text
+        assert _opens(path, key=engram.read_key_file(keyfile))
+        assert run("info", path, "--key-file", keyfile).exit_code == 0, name
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a key at all\n")
+    with pytest.raises(ValidationError, match="holds neither"):
+        engram.read_key_file(junk)
