@@ -386,10 +386,14 @@ def _parse_kdf(text: str | None) -> KDFParams | None:
     if not text:
         return None
     try:
-        parts = dict(item.split("=", 1) for item in text.split(","))
-        return KDFParams(t=int(parts.pop("t")), m_kib=int(parts.pop("m")), p=int(parts.pop("p")))
+        pairs = [item.split("=", 1) for item in text.split(",")]
+        parts = dict((name.strip(), value) for name, value in pairs)
+        if len(parts) != len(pairs) or set(parts) != {"t", "m", "p"}:  # a typo is not a default
+            raise KeyError
+        return KDFParams(t=int(parts["t"]), m_kib=int(parts["m"]), p=int(parts["p"]))
     except (KeyError, ValueError):
-        raise click.BadParameter("expected t=N,m=KIB,p=N, e.g. t=3,m=65536,p=4", param_hint="--kdf") from None
+        raise click.BadParameter("expected t=N,m=KIB,p=N (each once, nothing else), e.g. t=3,m=65536,p=4",
+                                 param_hint="--kdf") from None
 
 
 def _refuse_same_file(target: str | None, store: str, what: str) -> None:
@@ -1059,6 +1063,8 @@ def rekey(ctx: click.Context, file: str, new_passphrase_file: str | None, kdf_te
         ENGRAM_PASSPHRASE=old ENGRAM_NEW_PASSPHRASE=new engramdb rekey notes.engram
     """
     kdf = _parse_kdf(kdf_text)
+    if kdf is not None:
+        kdf.check()  # before the unlock and the prompts, not after the new passphrase was typed twice
     with _open(ctx, file) as db:
         _require_encrypted(db, file)
         new = _secret("new passphrase", new_passphrase_file, NEW_PASSPHRASE_ENV, "--new-passphrase-file",
@@ -1086,9 +1092,13 @@ def _require_encrypted(db: engram_mod.Engram, file: str) -> None:
 @cli.command(name="recovery-key")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--no-compact", is_flag=True,
+              help="Skip compacting after replacing a recovery key (the old one's wrapped key stays in free pages).")
 @click.pass_context
-def recovery_key(ctx: click.Context, file: str, as_json: bool) -> None:
+def recovery_key(ctx: click.Context, file: str, as_json: bool, no_compact: bool) -> None:
     """Create (or replace) the recovery key and print it once.
+
+    Replacing one compacts the file, as rekey does, so the old key's slot leaves it.
 
     Example:
 
@@ -1096,7 +1106,17 @@ def recovery_key(ctx: click.Context, file: str, as_json: bool) -> None:
     """
     with _open(ctx, file) as db:
         _require_encrypted(db, file)
+        replaced = any(slot["label"] == "recovery" for slot in db.info()["key_slots"])
         _emit({"recovery_key": db.add_recovery_key()}, as_json, lambda d: d["recovery_key"])
+        if replaced and not no_compact:
+            sys.stdout.flush()  # the new key is out before anything else can fail
+            try:
+                db.compact()
+            except EngramError as exc:  # the new key is committed and printed: never let it look lost
+                raise type(exc)(f"the recovery key was replaced (the new one is printed above), but the file was "
+                                f"not compacted: {exc.message}",
+                                hint=f"run `engramdb compact {file}` when no other process has it open: until then "
+                                     "the old recovery key's slot stays in the file's free pages") from None
 
 
 @cli.command(name="export-key")
