@@ -309,6 +309,10 @@ def unpack_key_file(data: bytes, keyfile: str | os.PathLike[str]) -> dict[str, A
         ForeignFileError: ``data`` is not an engramdb key file.
     """
     keyfile_hint = "pass the file written by export_key() / `engramdb export-key`; the store's path comes first"
+    family = KEYFILE_MAGIC[:-1]  # the magic's last byte is the key file's version
+    if data.startswith(family) and len(data) > len(family) and data[len(family)] > KEYFILE_MAGIC[-1]:
+        raise FormatVersionError(f"{keyfile} is a key file of a newer engramdb (key file version "
+                                 f"{data[len(family)]}; this engramdb reads {KEYFILE_MAGIC[-1]})")
     if not data.startswith(KEYFILE_MAGIC):
         raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
     try:
@@ -319,4 +323,9 @@ def unpack_key_file(data: bytes, keyfile: str | os.PathLike[str]) -> dict[str, A
                                     "`engramdb export-key` while the store's header is intact") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise ForeignFileError(f"{keyfile} is not an engramdb key file", hint=keyfile_hint)
+    version = header.get("version")
+    if isinstance(version, list) and version and isinstance(version[0], int) and version[0] > FORMAT_VERSION[0]:
+        # put into the file, it would leave a header this engramdb cannot read
+        raise FormatVersionError(f"{keyfile} holds the header of a format {version[0]}.x file; this engramdb reads "
+                                 f"{FORMAT_VERSION[0]}.x")
     return header

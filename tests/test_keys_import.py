@@ -200,3 +200,28 @@ def test_a_key_file_with_the_recovery_key_s_groups_only_still_opens(run, tmp_pat
     junk.write_text("not a key at all\n")
     with pytest.raises(ValidationError, match="holds neither"):
         engram.read_key_file(junk)
+
+
+def test_a_key_file_of_a_newer_engramdb_says_to_upgrade(tmp_path):
+    """A newer key-file version said "not an engramdb key file"; a key file holding a newer
+    format's header was put into the file, which then no longer opened."""
+    from engramdb.errors import FormatVersionError
+    from engramdb.header import KEYFILE_MAGIC
+
+    path, keyfile = tmp_path / "k.engram", tmp_path / "k.key"
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add("kept", id="kept")
+        db.export_key(keyfile)
+    data = keyfile.read_bytes()
+    newer = tmp_path / "newer.key"
+    newer.write_bytes(KEYFILE_MAGIC[:-1] + bytes([KEYFILE_MAGIC[-1] + 1]) + data[len(KEYFILE_MAGIC):])
+    with pytest.raises(FormatVersionError, match="newer"):
+        engram.import_key(path, newer, passphrase=PASSPHRASE)
+    header = msgpack.unpackb(data[len(KEYFILE_MAGIC):], raw=False)
+    header["version"] = [2, 0]
+    future = tmp_path / "future.key"
+    future.write_bytes(KEYFILE_MAGIC + msgpack.packb(header, use_bin_type=True))
+    with pytest.raises(FormatVersionError, match="format 2"):
+        engram.import_key(path, future, passphrase=PASSPHRASE)
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        assert db.get("kept").content == "kept"
