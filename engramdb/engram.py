@@ -1335,6 +1335,11 @@ class Transaction:
             new = keep_entry(self._txn, docno, old, new)
         if old.archived and new.archived and new.content != old.content:
             # the archive row holds the full text of the preview: a new text would be lost on unarchive
+            from .maintenance.archive import info
+
+            if (info(old) or {}).get("truncated"):  # unarchive refuses it: do not send the user there
+                raise ValidationError(f"memory {id!r} was archived with truncation; its content is what is left",
+                                      hint="add the new text as a new memory (and delete this one)")
             raise ValidationError(f"memory {id!r} is archived; its content is a preview",
                                   hint="unarchive it first, then change its content")
         self._txn.put("nodes", codec.u64(docno), codec.encode_node(new))

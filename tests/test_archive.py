@@ -439,3 +439,18 @@ def test_a_memory_in_the_archive_tier_before_the_pass_keeps_that_tier_in_its_ent
     db.add(LONG, id="m", tier="archive", now=now)
     assert db.maintain(now=now).archived_ids == ["m"]
     assert db.get("m", full=True).tier == "archive"
+
+
+def test_new_content_for_a_truncated_archive_is_refused_with_a_way_that_works(tmp_engram, now):
+    # the hint said "unarchive it first", which a truncated archive refuses: a loop
+    db = tmp_engram
+    db.add(LONG, id="t", now=now)
+    db.archive("t", truncate=True)
+    with pytest.raises(engramdb.ValidationError) as exc:
+        db.update("t", content="a new text")
+    assert "truncation" in exc.value.message and "unarchive" not in exc.value.hint
+    db.add(LONG, id="u", now=now)
+    db.archive("u")
+    with pytest.raises(engramdb.ValidationError) as exc:
+        db.update("u", content="a new text")
+    assert "unarchive it first" in exc.value.hint
