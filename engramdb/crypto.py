@@ -91,8 +91,8 @@ class KDFParams:
             raise WeakKDFError(
                 f"argon2id parameters t={self.t}, m={self.m_kib} KiB, p={self.p} exceed the cap "
                 f"(t<={cap_t}, m<={cap_m} KiB, p<={cap_p}, t*m<={self.CAP_WORK_KIB} KiB)",
-                hint="the file or dump header may be hostile or corrupt; the cap is fixed: choose t and m "
-                     "within it for a new file",
+                hint="for a new file or passphrase, choose t, m and p within the cap (the default is t=3, "
+                     "m=65536, p=4); a file or dump header asking for more may be hostile or corrupt",
             )
         if self.m_kib < 8 * self.p:
             raise WeakKDFError("argon2id needs m_kib >= 8 * p")

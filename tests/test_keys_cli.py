@@ -110,3 +110,10 @@ def test_rekey_refuses_a_weak_kdf_before_asking_for_the_new_passphrase(tmp_path)
     result = CliRunner().invoke(cli, ["rekey", str(f), "--kdf", KDF],  # no new passphrase given at all
                                 env={"ENGRAM_PASSPHRASE": "pw", "ENGRAM_TEST_WEAK_KDF": ""})
     assert result.exit_code == 1 and "below the floor" in result.output
+
+
+def test_init_with_a_kdf_above_the_cap_hints_at_the_choice_not_at_a_hostile_header(tmp_path):
+    """`init --kdf t=20,...` hinted "the file or dump header may be hostile or corrupt" first."""
+    result = _run("init", tmp_path / "s.engram", "--kdf", "t=20,m=8,p=1", env={"ENGRAM_PASSPHRASE": "pw"})
+    assert result.exit_code == 1 and "exceed the cap" in result.output and not (tmp_path / "s.engram").exists()
+    assert result.output.split("hint: ", 1)[1].startswith("for a new file or passphrase, choose")
