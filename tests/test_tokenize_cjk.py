@@ -8,7 +8,7 @@ import unicodedata
 
 import msgpack
 import pytest
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import GOLDEN, PASSPHRASE, TEST_KDF, golden_copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -244,6 +244,22 @@ def test_a_file_with_the_old_settings_keeps_its_tokens(make_db, tmp_path):
     new.close()
     with pytest.raises(ConfigMismatchError):
         make_db("new.engram", tokenizer={"cjk": None})
+
+
+def test_the_golden_file_of_the_first_release_keeps_its_tokenizer(tmp_path):
+    """A file written by the first release: its settings, and so its dump's header, are
+    unchanged, and CJK text added to it is indexed as it always was (one word a run)."""
+    with engramdb.open(golden_copy(tmp_path), passphrase="golden-passphrase") as db:
+        with db._store.read() as txn:
+            assert msgpack.unpackb(txn.get("meta", TOKENIZER_KEY)) == OLD_SETTINGS
+        assert db.indexes.tokenizer.settings() == OLD_SETTINGS
+        db.add("日本語のメモ", id="jp")
+        assert _found(db, "日本語") == []
+        assert _found(db, "日本語のメモ") == ["日本語のメモ"]
+        buf = io.StringIO()
+        db.dump(buf)
+    golden_header = (GOLDEN / "store-v1.aaak").read_text(encoding="utf-8").split("\n", 2)[:2]  # @set tokenizer
+    assert buf.getvalue().split("\n", 2)[:2] == golden_header
 
 
 @pytest.mark.parametrize("tokenizer", [None, OLD_SETTINGS])
