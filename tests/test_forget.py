@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 import engramdb
@@ -352,3 +353,42 @@ def test_an_empty_query_is_refused_as_empty(make_db, now, query):
     assert result.exit_code != 0 and "the query is empty" in result.output
     with engramdb.open(db.path, encrypted=False) as again:
         assert again.ids() == ["k"]
+
+
+def test_equal_vectors_are_forgotten_together_at_the_threshold_recall_scores_them(make_db):
+    """forget scored a space that does not normalise with BLAS (``rows @ q``), whose kernel
+    depends on the number of rows: of 50 equal vectors, 48 scored a float32 ulp below the
+    other two, so at a threshold equal to their score forget took 2 of the 50 copies. Each
+    row is now scored on its own, as recall scores a normalised space (bit for bit)."""
+    from engramdb.index.vectors import row_dots, unit_rows
+
+    rng = np.random.default_rng(37)  # one of many cases where BLAS splits the rows (here: 48 + 2)
+    v = rng.standard_normal(8).astype(np.float32)
+    u = rng.standard_normal(8).astype(np.float32)
+    db = make_db()
+    db.add_space("raw", dims=8, model="m", normalize=False)
+    db.add_space("unit", dims=8, model="m")
+    ids = [db.add(f"copy {i}", id=f"c{i:02}", embeddings={"raw": v, "unit": v}) for i in range(50)]
+    score = float(row_dots(unit_rows(v[None])[0], unit_rows(u[None])[0][0])[0])
+    with db._store.read() as txn:  # recall's scores in the normalised space
+        assert set(db.indexes.vectors.scores(txn, "unit", u)[1].tolist()) == {score}
+    for space in ("raw", "unit"):
+        assert db.forget(embedding=u, threshold=score, space=space, dry_run=True).ids == tuple(ids), space
+    assert db.forget(embedding=u, threshold=np.nextafter(np.float32(score), np.float32(2)).item(), space="raw",
+                     dry_run=True).ids == ()
+
+
+def test_an_archived_original_scores_the_same_in_any_batch():
+    """Archived originals are embedded and scored in batches; BLAS scored a text an ulp
+    otherwise by how many texts shared its batch (here the last 2 of 50 copies)."""
+    from engramdb.index.vectors import EmbeddingSpace, row_dots, unit_rows
+    from engramdb.maintenance.forget import _original_scores
+
+    rng = np.random.default_rng(37)
+    v = rng.standard_normal(8).astype(np.float32)
+    q = unit_rows(rng.standard_normal(8).astype(np.float32)[None])[0][0]
+    space = EmbeddingSpace("s", "m", 8)
+    one = float(row_dots(unit_rows(v[None])[0], q)[0])
+    for n in (1, 7, 50, 300):
+        scores, zero = _original_scores(lambda texts: np.tile(v, (len(texts), 1)), space, ["t"] * n, q)
+        assert scores.tolist() == [one] * n and not zero.any(), n

@@ -40,7 +40,7 @@ from .archive import has_original, iter_originals
 from ..errors import AlreadyOpenError, EmbeddingError, EngramError, NotFoundError, ValidationError
 from ..index import node_text
 from ..index.tokenize import negations
-from ..index.vectors import HASHED_MODEL, EmbeddingSpace, unit_rows
+from ..index.vectors import HASHED_MODEL, EmbeddingSpace, row_dots, unit_rows
 from ..records import as_float32
 from ..store import Txn
 
@@ -118,8 +118,9 @@ def _cosines(vectors: Any, txn: Txn, name: str, vec: np.ndarray) -> tuple[np.nda
         raise EmbeddingError("a zero vector has no direction to compare")
     docnos, matrix = vectors.live_rows(txn, name)
     rows, _ = unit_rows(np.asarray(matrix, dtype=np.float32))
-    scores: np.ndarray = rows @ q[0]
-    return docnos, scores
+    # each row on its own, as recall scores: BLAS (`@`) moved a score by an ulp with the
+    # number of rows, so equal copies fell on both sides of a threshold equal to their score
+    return docnos, row_dots(rows, q[0])
 
 
 def _original_scores(embedder: Any, space: EmbeddingSpace, texts: list[str],
@@ -141,8 +142,7 @@ def _original_scores(embedder: Any, space: EmbeddingSpace, texts: list[str],
                              f"of {space.dims} dims (got an array of shape {mat.shape})",
                              hint="an embedder returns a float32 array (n, dims) for n texts")
     rows, zero = unit_rows(mat)
-    scores: np.ndarray = rows @ q
-    return scores, zero
+    return row_dots(rows, q), zero  # each text on its own, whatever the batch (see _cosines)
 
 
 def _by_originals(engram: Any, txn: Txn, queries: dict[str, np.ndarray], threshold: float,
