@@ -6,9 +6,12 @@ rebuild of what derives from the records (``verify --fix``).
 from __future__ import annotations
 
 import hashlib
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
 
 from . import codec, crypto
 from .errors import CorruptFileError, DecryptionError, EngramError
@@ -66,14 +69,17 @@ def digest_problems(txn: Txn) -> list[str]:
 
 
 class _Records(Mapping[int, Node]):
-    """Every docno of the file, but only the archived stubs' records (what the archive check
-    reads), so verify does not keep every decoded record."""
+    """Every docno of the file (increasing), but only the archived stubs' records (what the
+    archive check reads), so verify does not keep every decoded record."""
 
-    def __init__(self, docnos: Mapping[int, bytes], archived: dict[int, Node]) -> None:
+    def __init__(self, docnos: np.ndarray, archived: dict[int, Node]) -> None:
         self._docnos, self._archived = docnos, archived
 
     def __contains__(self, docno: object) -> bool:
-        return docno in self._docnos
+        if not isinstance(docno, int) or not 0 <= docno < 2**64 or not self._docnos.size:
+            return False
+        pos = min(int(np.searchsorted(self._docnos, np.uint64(docno))), self._docnos.size - 1)
+        return int(self._docnos[pos]) == docno
 
     def __getitem__(self, docno: int) -> Node:
         return self._archived[docno]
@@ -85,10 +91,29 @@ class _Records(Mapping[int, Node]):
         return len(self._archived)
 
 
+_CHUNK = 4096  # id entries checked at once
+
+
+def _check_id_entries(problems: list[Problem], entries: list[tuple[bytes, int]], docnos: np.ndarray,
+                      keys: np.ndarray, mapped: np.ndarray) -> None:
+    """Each id entry (blind key, docno) must name a record whose id has that blind key;
+    marks the records named in ``mapped``, then empties ``entries``."""
+    if not entries:
+        return
+    want = np.fromiter((docno for _, docno in entries), np.uint64, len(entries))
+    pos = np.minimum(np.searchsorted(docnos, want), max(docnos.size - 1, 0))
+    found = docnos[pos] == want if docnos.size else np.zeros(want.size, bool)
+    mapped[pos[found]] = True
+    for i, (key, _) in enumerate(entries):
+        if not found[i] or len(key) != keys.shape[1] or keys[pos[i]].tobytes() != key:
+            problems.append(Problem("ids", f"id entry {key.hex()} points at a missing or different record"))
+    entries.clear()
+
+
 def check_contents(txn: Txn, indexes: Indexes, id_key: Callable[[str], bytes]) -> list[Problem]:
     """Everything below the structure (``id_key``: a node id's blind key). It streams: per
-    record only its docno and blind id key are kept, so memory grows with the number of
-    records by tens of bytes each."""
+    record only its docno and blind id key are kept, in flat arrays (8 bytes + the key's
+    length each), and the id map is checked against them in chunks."""
     sealer = txn.store.sealer
     problems: list[Problem] = []
     header_bytes = [txn.get_header(k) for k in HEADER_KEYS]
@@ -111,7 +136,9 @@ def check_contents(txn: Txn, indexes: Indexes, id_key: Callable[[str], bytes]) -
                 problems.append(Problem("decrypt", f"meta/{key.hex()} does not authenticate"))
     from .maintenance.archive import info as archive_info, problems as archive_problems
 
-    id_keys: dict[int, bytes] = {}  # docno -> blind id key of the record's id
+    docnos = array("Q")  # the records' docnos, increasing (the table's key order) ...
+    id_keys = bytearray()  # ... and the blind key of each one's id, one after another
+    key_len = len(id_key("x"))  # every blind key has this length
     archived: dict[int, Node] = {}  # only archived stubs are kept decoded (for the archive check)
     archive_rows: list[tuple[bytes, bytes]] = []
 
@@ -134,7 +161,8 @@ def check_contents(txn: Txn, indexes: Indexes, id_key: Callable[[str], bytes]) -
                 except EngramError as exc:
                     problems.append(Problem("record", f"node {key.hex()}: {exc.message}"))
                     return
-                id_keys[docno] = id_key(node.id)
+                docnos.append(docno)
+                id_keys.extend(id_key(node.id))
                 if archive_info(node) is not None:
                     archived[docno] = node
                 if docno >= state.next_docno:
@@ -145,21 +173,24 @@ def check_contents(txn: Txn, indexes: Indexes, id_key: Callable[[str], bytes]) -
                                     state.digests.get(table, [0, 0]))
         if mismatch:
             problems.append(Problem("digest", mismatch))
-    mapped: set[int] = set()
+    record_docnos = np.frombuffer(docnos, np.uint64)
+    record_keys = np.frombuffer(id_keys, np.uint8).reshape(-1, key_len)
+    mapped = np.zeros(record_docnos.size, bool)
+    entries: list[tuple[bytes, int]] = []
     for key, envelope in txn.raw_items("ids"):
         try:
-            docno = codec.from_u64(sealer.open(b"ids", key, envelope))
+            entries.append((key, codec.from_u64(sealer.open(b"ids", key, envelope))))
         except DecryptionError:
             continue  # reported above
         except CorruptFileError:
             problems.append(Problem("ids", f"id entry {key.hex()} is malformed"))
             continue
-        if id_keys.get(docno) != key:
-            problems.append(Problem("ids", f"id entry {key.hex()} points at a missing or different record"))
-        mapped.add(docno)
-    for docno in sorted(id_keys.keys() - mapped):
+        if len(entries) >= _CHUNK:
+            _check_id_entries(problems, entries, record_docnos, record_keys, mapped)
+    _check_id_entries(problems, entries, record_docnos, record_keys, mapped)
+    for docno in record_docnos[~mapped].tolist():
         problems.append(Problem("ids", f"record {docno} has no id entry"))
-    problems += [Problem("archive", p) for p in archive_problems(_Records(id_keys, archived), archive_rows)]
+    problems += [Problem("archive", p) for p in archive_problems(_Records(record_docnos, archived), archive_rows)]
     try:
         problems += [Problem("index", p) for p in indexes.verify(txn)]  # index hook
     except EngramError as exc:  # e.g. a record that does not decrypt (reported above): verify reports, never raises

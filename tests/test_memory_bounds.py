@@ -16,6 +16,7 @@ from conftest import PASSPHRASE, TEST_KDF
 import engramdb.engram as engram
 from engramdb import bulk
 from engramdb import store as store_mod
+from engramdb import verify as verify_mod
 from engramdb.index import bm25 as bm25_mod
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -185,3 +186,33 @@ def test_a_bulk_import_releases_the_map_as_it_writes(tmp_path, monkeypatch):
     released = resident_after_import("released.engram", 0)
     assert kept > 256 * 1024, kept  # the measure sees the map's pages
     assert released < kept / 4, (released, kept)
+
+
+def _verify_peak(path, n: int, monkeypatch) -> int:
+    """tracemalloc's peak during a clean verify of ``n`` memories (with a few edges)."""
+    with engram.open(path, passphrase=PASSPHRASE, kdf=TEST_KDF) as db:
+        db.add_many(_items(n, 7), now=1.0)
+        for i in range(0, n - 1, 97):
+            db.link(f"m{i}", f"m{i + 1}", kind="related")
+        assert db.verify() == []  # warms what a handle caches (bounded by cache_mb), outside the measure
+        # smaller chunks than the default, so that both sizes below span many of them
+        monkeypatch.setattr(bm25_mod, "VERIFY_CHUNK_DOCS", 128)
+        monkeypatch.setattr(verify_mod, "_CHUNK", 128)
+        tracemalloc.start()
+        try:
+            assert db.verify() == []
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            monkeypatch.undo()
+
+
+def test_verify_holds_a_chunk_and_a_few_bytes_per_memory(tmp_path, monkeypatch):
+    """verify (and restore, which runs it) streams the records: 4x the memories adds a few
+    dozen bytes per memory to its peak (flat arrays of docnos, digests and id keys), not
+    their terms. Before, BM25's check held every document's term counts twice and the
+    records were all decoded at once: ~2.4 KB per memory, 2-3 GB for a 1M-memory restore."""
+    small = _verify_peak(tmp_path / "small.engram", 1000, monkeypatch)
+    large = _verify_peak(tmp_path / "large.engram", 4000, monkeypatch)
+    per_memory = (large - small) / 3000
+    assert per_memory < 400, (small, large, per_memory)

@@ -14,17 +14,19 @@ from __future__ import annotations
 import operator
 import struct
 import weakref
+from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import msgpack
+import numpy as np
 
 from ..codec import decode_node, encode_node, record_spaces
-from ..errors import ConfigMismatchError, CorruptFileError
+from ..errors import ConfigMismatchError, CorruptFileError, EngramError
 from ..records import Node
 from .bm25 import SegmentedBM25, TermDocs
-from .graph import Graph
+from .graph import Graph, NodeIds
 from .nodecache import NodeCache
 from .synonyms import Expander
 from .tokenize import Tokenizer
@@ -134,6 +136,12 @@ def iter_nodes(txn: Txn) -> Iterator[tuple[int, Node]]:
         if len(key) != 8:
             raise CorruptFileError("a node key is not an 8-byte docno")
         yield _U64.unpack(key)[0], decode_node(value)
+
+
+class _Embedded(NamedTuple):
+    """A record's embeddings alone, which is what the vector check reads of it."""
+
+    embeddings: Mapping[str, Any]
 
 
 class Indexes:
@@ -341,14 +349,47 @@ class Indexes:
         self.graph.link_tunnels(txn, nodes, now=now)
 
     def verify(self, txn: Txn) -> list[str]:
-        """Problems where the indexes disagree with the node records (empty when consistent)."""
+        """Problems where the indexes disagree with the node records (empty when consistent).
+
+        One pass over the records: BM25 takes each one's terms as it goes, and only ~16
+        bytes per memory are kept for the graph check (docno, hash of its id). The vector
+        check gets the embeddings of the records that have some (every record and its text
+        when an ``auto`` space exists).
+        """
         try:
-            nodes = list(iter_nodes(txn))
-        except CorruptFileError as exc:
-            return [f"nodes: {exc.message}"]
-        problems = self.bm25.verify(txn, [(docno, self.terms(node)) for docno, node in nodes])
-        problems += self.vectors.verify(txn, nodes, [node_text(n) for _, n in nodes])
-        problems += self.graph.verify(txn, [docno for docno, _ in nodes], {docno: n.id for docno, n in nodes})
+            spaces = self.vectors.spaces(txn)
+        except EngramError:
+            spaces = {}  # the vector check below reports it
+        auto = any(space.auto for space in spaces.values())
+        docnos, hashes = array("Q"), array("q")
+        with_vectors: list[tuple[int, Any]] = []  # what the vector check reads of a record
+        texts: list[str] = []
+        failed: list[CorruptFileError] = []
+
+        def docs() -> Iterator[tuple[int, list[str]]]:
+            try:
+                for docno, node in iter_nodes(txn):
+                    docnos.append(docno)
+                    hashes.append(hash(node.id))
+                    if auto:  # every record's text is embedded again
+                        with_vectors.append((docno, node))
+                        texts.append(node_text(node))
+                    elif node.embeddings:  # only which vectors it names (or holds, first layout)
+                        with_vectors.append((docno, _Embedded(node.embeddings)))
+                        texts.append("")
+                    yield docno, self.terms(node)
+            except CorruptFileError as exc:
+                failed.append(exc)
+
+        stream = docs()
+        problems = self.bm25.verify(txn, stream)
+        for _ in stream:  # BM25 stops early when its own records are damaged; the others need every node
+            pass
+        if failed:
+            return [f"nodes: {failed[0].message}"]
+        problems += self.vectors.verify(txn, with_vectors, texts)
+        ids = NodeIds(np.frombuffer(docnos, np.uint64), np.frombuffer(hashes, np.int64))
+        problems += self.graph.verify(txn, ids)
         return problems
 
     def merge(self, txn: Txn, max_steps: int = 1, *, force: bool = False) -> int:

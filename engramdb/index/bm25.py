@@ -33,6 +33,7 @@ break by docno ascending.
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
 import itertools
 import math
@@ -2887,8 +2888,14 @@ class SegmentedBM25:
         self._write_segment(txn, d, docs)
         self._put_directory(txn, d)
 
-    def verify(self, txn: Txn, docs: Sequence[tuple[int, Sequence[str]]]) -> list[str]:
-        """Compare the index with ``docs`` (every live docno and its terms).
+    def verify(self, txn: Txn, docs: Iterable[tuple[int, Sequence[str]]]) -> list[str]:
+        """Compare the index with ``docs`` (every live docno and its terms, best in docno
+        order, consumed once).
+
+        Memory stays small: the postings are read one block at a time and summed into one
+        64-bit digest per indexed document (sum of tf x hash(term)), then the documents are
+        read in chunks and their digests compared, so verify holds ~24 bytes per indexed
+        document instead of every document's terms (issue 15).
 
         Returns:
             Human-readable problems; empty when postings, lengths and statistics agree.
@@ -2898,9 +2905,9 @@ class SegmentedBM25:
             d = self._write_directory(txn) if txn.write else _Dir.decode(txn.get("segments", DIR_KEY))
         except CorruptFileError as exc:
             return [f"bm25: {exc.message}"]
-        expected: dict[int, Counter[bytes]] = {docno: Counter(self.blind(t) for t in terms) for docno, terms in docs}
-        actual: dict[int, Counter[bytes]] = {}
-        lengths: dict[int, int] = {}
+        seg_docnos: list[np.ndarray] = []
+        seg_lens: list[np.ndarray] = []
+        seg_digests: list[np.ndarray] = []
         try:
             for segno in sorted(d.segs):
                 seg = self._segment(txn, segno)
@@ -2912,36 +2919,102 @@ class SegmentedBM25:
                 if np.unique(dead).size != dead.size or not np.isin(dead, seg.docnos).all():
                     problems.append(f"bm25: segment {segno} has tombstones repeated or of documents it lacks")
                 live = ~np.isin(seg.docnos, dead)
-                seg_live = set(seg.docnos[live].tolist())
-                for docno, ln in zip(seg.docnos[live].tolist(), seg.lens[live].tolist()):
-                    if docno in lengths:
-                        problems.append(f"bm25: document {docno} is live in two segments")
-                    lengths[docno] = ln
-                    actual.setdefault(docno, Counter())
+                docnos = seg.docnos[live].astype(np.uint64)  # increasing, as the segment keeps them
+                digests = np.zeros(docnos.size, np.uint64)
                 for blind, data in self._segment_blocks(txn, d, segno):
                     if data is None:
                         problems.append(f"bm25: segment {segno} lists a term with no posting block")
                         continue
                     pd, pt = decode_block(data)
-                    for docno, tf in zip(pd.tolist(), pt.tolist()):
-                        if docno in seg_live:
-                            actual[docno][blind] += tf
+                    pos = np.minimum(np.searchsorted(docnos, pd), max(docnos.size - 1, 0))
+                    hit = docnos[pos] == pd if docnos.size else np.zeros(pd.size, bool)
+                    # a block's docnos increase, so ``pos[hit]`` has no repeats: += adds each once
+                    digests[pos[hit]] += pt[hit].astype(np.uint64) * np.uint64(_term_hash(blind))
+                seg_docnos.append(docnos)
+                seg_lens.append(seg.lens[live].astype(np.int64))
+                seg_digests.append(digests)
         except CorruptFileError as exc:
             return problems + [f"bm25: {exc.message}"]
-        missing = sorted(set(expected) - set(actual))
-        extra = sorted(set(actual) - set(expected))
+        act_docnos, act_lens, act_digests = _live_documents(problems, seg_docnos, seg_lens, seg_digests)
+        del seg_docnos, seg_lens, seg_digests
+        seen = np.zeros(act_docnos.size, bool)
+        missing = wrong = n_exp = len_exp = 0
+        first_missing = first_wrong = -1
+        for chunk in _chunks(docs, VERIFY_CHUNK_DOCS):
+            docnos = np.fromiter((docno for docno, _ in chunk), np.uint64, len(chunk))
+            lens = np.fromiter((len(terms) for _, terms in chunk), np.int64, len(chunk))
+            digests = self._doc_digests([terms for _, terms in chunk])
+            n_exp += len(chunk)
+            len_exp += int(lens.sum())
+            pos = np.minimum(np.searchsorted(act_docnos, docnos), max(act_docnos.size - 1, 0))
+            found = act_docnos[pos] == docnos if act_docnos.size else np.zeros(docnos.size, bool)
+            seen[pos[found]] = True
+            if not found.all():
+                missing += int((~found).sum())
+                first = int(docnos[~found].min())
+                first_missing = first if first_missing < 0 else min(first_missing, first)
+            bad = found.copy()
+            bad[found] = (act_digests[pos[found]] != digests[found]) | (act_lens[pos[found]] != lens[found])
+            if bad.any():
+                wrong += int(bad.sum())
+                first = int(docnos[bad].min())
+                first_wrong = first if first_wrong < 0 else min(first_wrong, first)
+        extra = act_docnos[~seen]
         if missing:
-            problems.append(f"bm25: {len(missing)} documents are not indexed (first docno {missing[0]})")
-        if extra:
-            problems.append(f"bm25: {len(extra)} indexed documents no longer exist (first docno {extra[0]})")
-        wrong = [docno for docno in sorted(set(expected) & set(actual))
-                 if expected[docno] != actual[docno] or lengths[docno] != sum(expected[docno].values())]
+            problems.append(f"bm25: {missing} documents are not indexed (first docno {first_missing})")
+        if extra.size:
+            problems.append(f"bm25: {extra.size} indexed documents no longer exist (first docno {int(extra[0])})")
         if wrong:
-            problems.append(f"bm25: {len(wrong)} documents have postings that differ from their text "
-                            f"(first docno {wrong[0]})")
-        n_exp = len(expected)
-        len_exp = sum(sum(c.values()) for c in expected.values())
+            problems.append(f"bm25: {wrong} documents have postings that differ from their text "
+                            f"(first docno {first_wrong})")
         if (d.n_docs, d.total_len) != (n_exp, len_exp):
             problems.append(f"bm25: statistics say {d.n_docs} documents / {d.total_len} terms, "
                             f"the records give {n_exp} / {len_exp}")
         return problems
+
+    def _doc_digests(self, docs: Sequence[Sequence[str]]) -> np.ndarray:
+        """Per document, the sum of tf x hash(blind term) (mod 2**64) that :meth:`verify`
+        sums from the postings."""
+        counts = [Counter(terms) for terms in docs]
+        vocab = list({term: None for c in counts for term in c})
+        hashes = dict(zip(vocab, map(_term_hash, self.blind_all(vocab))))
+        out = np.zeros(len(docs), np.uint64)
+        for i, c in enumerate(counts):
+            out[i] = sum(tf * hashes[term] for term, tf in c.items()) & _U64_MASK
+        return out
+
+
+VERIFY_CHUNK_DOCS = 4096  # documents whose terms verify holds at once
+_U64_MASK = 2**64 - 1
+
+
+def _term_hash(blind: bytes) -> int:
+    """A blinded term's 64-bit hash, for verify's per-document digests."""
+    return int.from_bytes(hashlib.blake2b(blind, digest_size=8).digest(), "little")
+
+
+
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def _live_documents(problems: list[str], docnos: list[np.ndarray], lens: list[np.ndarray],
+                    digests: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The segments' live documents in docno order: (docnos, lengths, digests). A document
+    live in two segments is reported and counted once, with its postings of both and the
+    length of the later segment."""
+    if not docnos:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    all_docnos, all_lens, all_digests = np.concatenate(docnos), np.concatenate(lens), np.concatenate(digests)
+    order = np.argsort(all_docnos, kind="stable")  # equal docnos stay in segment order
+    all_docnos, all_lens, all_digests = all_docnos[order], all_lens[order], all_digests[order]
+    dup = all_docnos[1:] == all_docnos[:-1]
+    if dup.any():
+        problems += [f"bm25: document {docno} is live in two segments" for docno in all_docnos[1:][dup].tolist()]
+        starts = np.flatnonzero(np.concatenate([[True], ~dup]))
+        ends = np.concatenate([starts[1:], [all_docnos.size]]) - 1
+        all_digests = np.add.reduceat(all_digests, starts)
+        all_docnos, all_lens = all_docnos[starts], all_lens[ends]
+    return all_docnos, all_lens, all_digests
