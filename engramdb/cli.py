@@ -1746,10 +1746,14 @@ def context(ctx: click.Context, file: str, query: str, max_tokens: int, top_k: i
               help="Stream the source in chunks, each committed on its own, skipping memories whose id is "
                    "stored already or came earlier in the source: running it again completes an interrupted "
                    "import (not all or nothing).")
+@click.option("--now", "now_text", metavar="ISO",
+              help="The clock for memories the source gives no time (an ISO 8601 time; default: now), so two "
+                   "imports of the same source give the same store.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphrase_file: str | None,
-            id_prefix: str, create: bool, space: str, skip_bad_embeddings: bool, resume: bool, as_json: bool) -> None:
+            id_prefix: str, create: bool, space: str, skip_bad_embeddings: bool, resume: bool, now_text: str | None,
+            as_json: bool) -> None:
     """Import memories from AAAK v1/v2 text, JSONL (Trace-Lite memories) or a Terronex .engram 1.x/2.x file.
 
     By default the import is all or nothing: it refuses a source with an id that is stored
@@ -1767,7 +1771,9 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
     """
     from .backup import import_records
     from .importers import ImportReport, iter_import
+    from .maintenance.lifecycle import parse_iso
 
+    now = parse_iso(now_text) if now_text is not None else None
     source_pw: str | None
     if source_passphrase_file:
         source_pw = _read_secret_file(source_passphrase_file)
@@ -1775,19 +1781,22 @@ def import_(ctx: click.Context, source: str, file: str, fmt: str, source_passphr
         source_pw = os.environ.get("ENGRAM_SOURCE_PASSPHRASE") or None
     if resume:
         _import_resumable(ctx, source, file, fmt=fmt, passphrase=source_pw, space=space, id_prefix=id_prefix,
-                          create=create, skip_bad_embeddings=skip_bad_embeddings, as_json=as_json)
+                          create=create, skip_bad_embeddings=skip_bad_embeddings, now=now, as_json=as_json)
         return
     with click.open_file(source, "rb") as fh:
         data = io.BytesIO(fh.read())  # detection needs a seekable source
     from .records import Node
 
     report = ImportReport()
-    items = list(iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
-                             id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings, report=report))
-    total = sum(isinstance(item, Node) for item in items)
-    with _removed_on_failure(file, create), _open(ctx, file, create=create) as db, \
-            _progress(ctx, desc="importing", unit=" memories", total=total) as bar:
-        nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
+    with _removed_on_failure(file, create), _open(ctx, file, create=create) as db:
+        # read with the target's spaces: an embedding of another length is refused naming its line
+        dims = {name: sp.dims for name, sp in db.spaces().items()}
+        items = list(iter_import(data, fmt=None if fmt == "auto" else fmt, passphrase=source_pw, space=space,
+                                 now=now, id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings,
+                                 report=report, dims=dims))
+        total = sum(isinstance(item, Node) for item in items)
+        with _progress(ctx, desc="importing", unit=" memories", total=total) as bar:
+            nodes, edges = import_records(db, items, progress=lambda n: bar.update(n - bar.n))
     bad = report.bad_embeddings
     _report_source_warnings(source, report)
 
@@ -1814,7 +1823,8 @@ def _source_warnings_note(report: ImportReport) -> str:
 
 
 def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, passphrase: str | None, space: str,
-                      id_prefix: str, create: bool, skip_bad_embeddings: bool, as_json: bool) -> None:
+                      id_prefix: str, create: bool, skip_bad_embeddings: bool, now: float | None,
+                      as_json: bool) -> None:
     """`engramdb import --resume`: the source read as it is stored (backup.import_resumable).
     A failure keeps FILE, created or not: its committed chunks are what a re-run skips."""
     from .backup import import_resumable
@@ -1826,9 +1836,10 @@ def _import_resumable(ctx: click.Context, source: str, file: str, *, fmt: str, p
             peeked = _Peeked(fh)
             fmt = detect_format(peeked.head)
             fh = io.BufferedReader(peeked)
-        items = iter_import(cast(BinaryIO, fh), fmt=fmt, passphrase=passphrase, space=space, id_prefix=id_prefix,
-                            skip_bad_embeddings=skip_bad_embeddings, report=report)
         with _open(ctx, file, create=create) as db, _progress(ctx, desc="importing", unit=" memories") as bar:
+            items = iter_import(cast(BinaryIO, fh), fmt=fmt, passphrase=passphrase, space=space, now=now,
+                                id_prefix=id_prefix, skip_bad_embeddings=skip_bad_embeddings, report=report,
+                                dims={name: sp.dims for name, sp in db.spaces().items()})
             done = import_resumable(db, items, progress=lambda a, s: bar.update(a + s - bar.n))
     bad = report.bad_embeddings
     _report_source_warnings(source, report)

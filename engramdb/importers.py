@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, NamedTuple, TextIO, cast
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -124,7 +124,7 @@ def detect_format(head: bytes) -> str:
 def iter_import(
     source: BinaryIO, *, fmt: str | None = None, passphrase: str | bytes | None = None,
     space: str = "default", now: float | None = None, id_prefix: str = "", skip_bad_embeddings: bool = False,
-    report: ImportReport | None = None,
+    report: ImportReport | None = None, dims: Mapping[str, int] | None = None,
 ) -> Iterator[ImportItem]:
     """Read any supported source; ``fmt`` is detected from the first bytes when omitted.
 
@@ -136,6 +136,8 @@ def iter_import(
         now: the clock for records that carry no timestamps.
         id_prefix: prepended to every imported id (to keep several imports apart).
         skip_bad_embeddings, report: see :func:`iter_terronex`.
+        dims: the target store's spaces (name -> dims): a JSONL embedding of another length
+            is refused naming its line (:func:`iter_jsonl`).
 
     Raises:
         ImportFormatError: unknown or malformed input (AAAK dumps are restored, not imported).
@@ -149,7 +151,7 @@ def iter_import(
     if fmt == "aaak":
         return iter_aaak(source, now=now, id_prefix=id_prefix, report=report)
     if fmt == "jsonl":
-        return iter_jsonl(source, space=space, now=now, id_prefix=id_prefix)
+        return iter_jsonl(source, space=space, now=now, id_prefix=id_prefix, dims=dims)
     if fmt == "terronex":
         return iter_terronex(source, passphrase=passphrase, space=space, id_prefix=id_prefix,
                              skip_bad_embeddings=skip_bad_embeddings, report=report)
@@ -377,7 +379,7 @@ def _without_blank_tags(tags: Any) -> Any:
 
 def iter_jsonl(
     source: str | bytes | TextIO | BinaryIO, *, space: str = "default", now: float | None = None,
-    id_prefix: str = "", max_line_chars: int = _MAX_JSONL_LINE,
+    id_prefix: str = "", max_line_chars: int = _MAX_JSONL_LINE, dims: Mapping[str, int] | None = None,
 ) -> Iterator[Node]:
     """One node per JSONL line of Trace-Lite ``Memory`` objects.
 
@@ -392,6 +394,10 @@ def iter_jsonl(
     engramdb stored them; the write API refuses them), which are left out, as they are
     from any line.
 
+    ``dims``: the dimensions of the target store's spaces (name -> dims), so that an
+    embedding of another length is refused naming its line, as one that disagrees with an
+    earlier line is.
+
     Raises:
         ImportFormatError: a line that is not JSON, is too long, or is not a valid Memory
             (the message names the line).
@@ -405,7 +411,8 @@ def iter_jsonl(
         # a binary stream (an open mode with "b" is one, whatever its class)
         wrapper = io.TextIOWrapper(cast(BinaryIO, source), encoding="utf-8", errors="strict", newline="")
     try:
-        yield from _jsonl_lines(wrapper or cast(TextIO, source), space, now_ts(now), id_prefix, max_line_chars)
+        yield from _jsonl_lines(wrapper or cast(TextIO, source), space, now_ts(now), id_prefix, max_line_chars,
+                                dims or {})
     finally:
         if wrapper is not None:  # give the caller's binary file back open
             try:
@@ -418,11 +425,13 @@ _TOO_LARGE_HINT = ("numbers must fit a float (magnitude below about 1.8e308): co
                    "(an embedding value, a timestamp or the importance)")
 
 
-def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line_chars: int) -> Iterator[Node]:
+def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line_chars: int,
+                 target_dims: Mapping[str, int]) -> Iterator[Node]:
     lineno = 0
-    # space -> (dims, line) of the source's first embedding in it: a later line of another length
-    # failed only at insert time, with a message that named no line.
-    first_dims: dict[str, tuple[int, int]] = {}
+    # space -> (dims, line) of the source's first embedding in it (line 0: the target store's
+    # space): a later line of another length failed only at insert time, with a message that
+    # named no line.
+    first_dims: dict[str, tuple[int, int]] = {name: (n, 0) for name, n in target_dims.items()}
     while True:
         try:
             line = source.readline(max_line_chars + 1)
@@ -464,6 +473,12 @@ def _jsonl_lines(source: TextIO, space: str, ts: float, id_prefix: str, max_line
             raise ImportFormatError(f"line {lineno}: {message}", hint=hint) from None
         for name, vec in sorted(node.embeddings.items()):
             dims, where = first_dims.setdefault(name, (len(vec), lineno))
+            if len(vec) != dims and not where:
+                raise ImportFormatError(
+                    f"line {lineno}: an embedding of {len(vec)} values, but space {name!r} of the target store has "
+                    f"{dims} dims",
+                    hint=f"every embedding of a space must have the same length (one model): fix or drop line "
+                         f"{lineno}'s embedding, or import into a space of its own with --space NAME")
             if len(vec) != dims:
                 raise ImportFormatError(
                     f"line {lineno}: an embedding of {len(vec)} values, but space {name!r} has {dims} dims "

@@ -499,3 +499,52 @@ def test_a_trace_lite_line_with_an_extra_engramdb_named_key_still_imports(tmp_pa
     assert first.content == "Alice moved to Berlin" and first.access_count == 2
     assert first.created_at == 1767225600.0 and not first.pinned  # read as a Memory: extras ignored
     assert second.created_at == 5.0  # a Memory's createdAt (JavaScript milliseconds) wins
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_import_now_gives_the_same_store_twice(tmp_path, resume):
+    """A source without timestamps got the wall clock, so two imports of it differed in
+    created_at; --now (as iter_import(now=) has) makes them identical."""
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"id": "a", "content": "apples and pears"}\n{"id": "b", "content": "plums", "tags": ["x"]}\n')
+    dumps = []
+    for run in ("one", "two"):
+        db = tmp_path / f"{run}.engram"
+        _init(db)
+        result = _run("import", *(["--resume"] if resume else []), "--now", "2026-06-01T12:00:00Z", str(src), str(db))
+        assert result.exit_code == 0, result.output
+        assert _run("dump", str(db), "-o", str(tmp_path / f"{run}.aaak")).exit_code == 0
+        dumps.append((tmp_path / f"{run}.aaak").read_bytes())
+        got = json.loads(_run("get", str(db), "a", "--json").output)
+        assert got["created_at"].startswith("2026-06-01T12:00:00")
+    assert dumps[0] == dumps[1]
+
+
+def test_import_now_refuses_a_time_that_is_not_iso(tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"id": "a", "content": "apples"}\n')
+    result = CliRunner().invoke(cli, ["import", "--create", "--now", "yesterday", str(src), str(tmp_path / "n.engram")],
+                                env=ENV)
+    assert result.exit_code != 0
+    assert "not an ISO 8601 time" in result.output and "2026-06-01T12:00:00Z" in result.output
+    assert not (tmp_path / "n.engram").exists()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_jsonl_embedding_of_another_length_than_the_target_space_names_its_line(tmp_path, resume):
+    """An embedding whose length differs from the TARGET store's space (not an earlier line)
+    failed at insert time with "space 'default' has 4 dims, got a vector of 3": no line."""
+    db = tmp_path / "t.engram"
+    _init(db)
+    first = tmp_path / "v4.jsonl"
+    first.write_text('{"id": "a", "content": "apples", "embedding": [1, 2, 3, 4]}\n')
+    assert _run("import", str(first), str(db)).exit_code == 0
+    src = tmp_path / "v3.jsonl"
+    src.write_text('{"id": "b", "content": "plums"}\n{"id": "c", "content": "pears", "embedding": [1, 2, 3]}\n')
+    result = CliRunner().invoke(cli, ["import", *(["--resume"] if resume else []), str(src), str(db)], env=ENV)
+    assert result.exit_code == 1
+    assert "line 2: an embedding of 3 values, but space 'default' of the target store has 4 dims" in result.output
+    assert "--space" in result.output  # what to do
+    assert "Traceback" not in result.output
+    # into a space of its own it imports
+    assert _run("import", "--space", "other", str(src), str(tmp_path / "t.engram")).exit_code == 0
