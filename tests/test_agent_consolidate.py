@@ -373,3 +373,23 @@ def test_a_summarizer_that_raises_is_a_validation_error_and_nothing_is_written(t
     assert len(unconsolidated(tmp_engram)) == 10 and list(tmp_engram.scan(tags=["core"])) == []
     with pytest.raises(ValidationError, match="the summarizer returned an empty text"):
         consolidate_sleep(tmp_engram, threshold=10, summarizer=lambda texts: " \n", now=now)
+
+
+def test_copies_of_a_memory_as_near_to_two_groups_join_the_same_one():
+    """Memories outside the clusters join the group whose centroid is nearest; BLAS
+    (``vectors @ centroids.T``) scored copies of one vector an ulp apart by their row, so
+    copies as near to two groups were split between them (here 8 of 60 such spaces at the
+    built-in 512 dims). Each pair is now computed as recall computes it (row_dots)."""
+    from engramdb.agent import consolidate as mod
+    from engramdb.index.vectors import row_dots
+
+    for seed in (4, 5, 7, 12, 21):
+        rng = np.random.default_rng(seed)
+        a, b = mod._unit(rng.standard_normal((2, 512)).astype(np.float32))
+        x = mod._unit((a + b)[None])[0]  # the copies: as near to a as to b (cosine ~0.7, no cluster with them)
+        vectors = np.vstack([a, a, b, b] + [x] * 7).astype(np.float32)
+        groups = mod._groups([f"m{i}" for i in range(len(vectors))], vectors, 2)
+        assert sorted(len(g) for g in groups) == [2, 9], seed  # clusters {a, a} and {b, b}; the copies together
+        centroids = mod._centroids(vectors, [[0, 1], [2, 3]])
+        sims = mod._sims(vectors[4:], centroids)
+        assert all(np.array_equal(sims[:, k], row_dots(vectors[4:], centroids[k])) for k in range(2))

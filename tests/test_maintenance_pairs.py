@@ -50,3 +50,26 @@ def test_pivot_pruning_is_exact_on_random_spaces(monkeypatch, n, dims, centres, 
     rows = np.arange(n) if triangle else np.nonzero(rng.random(n) < 0.5)[0]
     want = _pairs(run._block_pairs(space, rows, cols, threshold, strict, triangle=triangle))
     assert _pairs(run._pivot_pairs(space, rows, cols, threshold, strict, triangle=triangle)) == want
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_equal_copies_are_decided_together_at_the_threshold_whatever_the_block(monkeypatch, strict):
+    """A float32 product (BLAS) moves by an ulp with the block's shape: with 50 copies of one
+    vector, some score an ulp apart from the others, and a one-row block otherwise than a
+    whole matrix. A threshold equal to their score must still
+    take all copies or none, whichever block they sit in: products near a threshold are
+    decided on the exact cosine (SIM_BAND; with it 0 this test splits the copies here)."""
+    from engramdb.index.vectors import row_dots
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 8)).astype(np.float32)
+    for n in (1, 7, 50, 300):
+        for block_rows in (64, 2048):
+            monkeypatch.setattr(run, "BLOCK_ROWS", block_rows)
+            space = run._Space(np.arange(n + 1, dtype=np.uint64), np.vstack([a[None], np.tile(b, (n, 1))]))
+            threshold = float(row_dots(space.unit[1:], space.unit[0])[0])  # recall's score of the pair
+            cols = np.ones(n + 1, bool)
+            got = _pairs(run._block_pairs(space, np.array([0]), cols, threshold, strict, triangle=False))
+            assert got in ([], [(0, c) for c in range(1, n + 1)]), (n, block_rows)
+            both = _pairs(run._block_pairs(space, np.arange(n + 1), cols, threshold, strict, triangle=True))
+            assert [p for p in both if p[0] == 0] == got, (n, block_rows)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..errors import DuplicateIdError, ValidationError
-from ..index.vectors import HashedTfidfEmbedder
+from ..index.vectors import HashedTfidfEmbedder, row_dots
 from ..recall import as_int
 from ..records import MAX_CONTENT_BYTES, Node, now_ts
 from .models import call_model
@@ -86,6 +86,13 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.where(norms == 0, 1.0, norms)
 
 
+def _sims(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``rows @ cols.T``, each pair's dot product computed as recall computes it (row_dots):
+    BLAS moved a product by an ulp with the matrix's shape, so copies of one memory that
+    lay as near to two groups went to either."""
+    return np.stack([row_dots(rows, col) for col in cols], axis=1)
+
+
 def _centroids(vectors: np.ndarray, groups: list[list[int]]) -> np.ndarray:
     return _unit(np.stack([vectors[g].sum(axis=0) for g in groups]))
 
@@ -103,7 +110,7 @@ def _groups(ids: list[str], vectors: np.ndarray, target: int) -> list[list[int]]
     while len(groups) < target and len(assigned) < len(ids):
         rest = [i for i in range(len(ids)) if i not in assigned]
         if groups:
-            sims = vectors[rest] @ _centroids(vectors, groups).T
+            sims = _sims(vectors[rest], _centroids(vectors, groups))
             seed = rest[int(np.argmin(sims.max(axis=1)))]  # the least covered; argmin takes the first tie
         else:
             seed = rest[0]
@@ -111,13 +118,13 @@ def _groups(ids: list[str], vectors: np.ndarray, target: int) -> list[list[int]]
         assigned.add(seed)
     rest = [i for i in range(len(ids)) if i not in assigned]
     if rest:
-        nearest = np.argmax(vectors[rest] @ _centroids(vectors, groups).T, axis=1)
+        nearest = np.argmax(_sims(vectors[rest], _centroids(vectors, groups)), axis=1)
         for i, g in zip(rest, nearest.tolist()):
             groups[g].append(i)
     while len(groups) > target:
         smallest = min(range(len(groups)), key=lambda k: (len(groups[k]), -k))
         moving = groups.pop(smallest)
-        sims = _centroids(vectors, groups) @ _centroids(vectors, [moving])[0]
+        sims = row_dots(_centroids(vectors, groups), _centroids(vectors, [moving])[0])
         groups[int(np.argmax(sims))].extend(moving)
     return [sorted(g) for g in sorted(groups, key=lambda g: (-len(g), min(g)))]
 
@@ -129,6 +136,7 @@ def _extractive(texts: list[str], embed: HashedTfidfEmbedder) -> str:
         return " ".join(texts)[:MAX_CORE]
     vectors = _unit(embed(sentences))
     centroid = _unit(vectors.sum(axis=0, keepdims=True))[0]
+    # one dot product per sentence, alone: its value does not depend on the other sentences
     order = sorted(range(len(sentences)), key=lambda k: (-float(vectors[k] @ centroid), k))
     chosen: list[int] = []
     size = 0
