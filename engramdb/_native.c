@@ -1578,6 +1578,7 @@ static PyObject *idf_values(PyObject *self, PyObject *args);  /* at the end of t
 static PyObject *term_values(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *fresh_delta(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *top_terms(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *query_top(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1601,6 +1602,7 @@ static PyMethodDef methods[] = {
     {"term_values", term_values, METH_VARARGS, "A query's BM25 idfs and term parts in one call (see term_values)."},
     {"fresh_delta", fresh_delta, METH_VARARGS, "A BM25 delta grown by this handle's new segments (see fresh_delta)."},
     {"top_terms", top_terms, METH_VARARGS, "BM25 top()'s adds and selection for two or more terms (see top_terms)."},
+    {"query_top", query_top, METH_VARARGS, "BM25 _Term.of and top() for two or more terms in one call (see query_top)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3113,6 +3115,315 @@ done:
     PyMem_Free(cand);
     PyMem_Free(tmp);
     PyMem_Free(heap);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* query_top(found, n_docs, total_len, cached, call_info, k1, b, ratio, k, acc, grow, best_of,
+ *           empty, uint64) -> (docnos uint64, scores)
+ * engramdb/index/bm25.py's _Term.of and the rest of SegmentedBM25.top for two or more terms,
+ * in one call: `found` holds the query's (postings, w) in summation order (_TermPostings
+ * objects and float weights). Per term its values under the state (n_docs, total_len):
+ * postings.memo[(n_docs, total_len, w)] when `cached` holds them, else computed by
+ * term_values (the same operations, the same bits) and, when `cached`, memoised as _Term.of
+ * does ((base values or base.docnos, delta values or delta.tf, {}); a memo of 4 states is
+ * cleared first). Then top()'s steps: the longest term (the first of the largest size),
+ * looked up instead of scanned when its size > ratio * the others' (its best k docnos:
+ * best_of(postings, w, memo, k), bm25's _Term.best), the accumulator (acc, or grow(size)
+ * when acc is None or shorter than the largest docno + 1) and top_terms. Memos are only
+ * ever stored whole and right, and top_terms leaves acc zero on any error: a failure leaves
+ * the caches as consistent as before. On the CPU a commit leaves cold, the Python of
+ * _Term.of and top()'s tail (~25 function calls for 4 terms) is what this replaces. */
+static PyObject *
+query_top(PyObject *self, PyObject *args)
+{
+    static PyObject *s_memo = NULL, *s_base = NULL, *s_delta = NULL, *s_docnos = NULL, *s_codes = NULL, *s_pairs = NULL,
+                    *s_tf = NULL, *s_dl = NULL;
+    PyObject *found, *n_docs_obj, *total_obj, *capsule, *acc, *grow, *best_of, *empty, *uint64;
+    PyObject *seq = NULL, *key = NULL, *specs = NULL, *values = NULL, *runs = NULL, *best = Py_None, *result = NULL;
+    PyObject **memos = NULL, **bases = NULL, **deltas = NULL, **bdocs = NULL, **ddocs = NULL, **postings = NULL;
+    Py_ssize_t *sizes = NULL, *bsz = NULL, *dsz = NULL;
+    long long n_docs, total_len;
+    unsigned long long max_docno = 0;
+    int cached, any_docno = 0;
+    double k1, b, ratio, avgdl;
+    Py_ssize_t k, n, i, longest = 0, total = 0, nmiss = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!O!pOdddnOOOOO", &found, &PyLong_Type, &n_docs_obj, &PyLong_Type, &total_obj, &cached,
+                          &capsule, &k1, &b, &ratio, &k, &acc, &grow, &best_of, &empty, &uint64))
+        return NULL;
+    if (s_memo == NULL) {
+        s_memo = PyUnicode_InternFromString("memo");
+        s_base = PyUnicode_InternFromString("base");
+        s_delta = PyUnicode_InternFromString("delta");
+        s_docnos = PyUnicode_InternFromString("docnos");
+        s_codes = PyUnicode_InternFromString("codes");
+        s_pairs = PyUnicode_InternFromString("pairs");
+        s_tf = PyUnicode_InternFromString("tf");
+        s_dl = PyUnicode_InternFromString("dl");
+        if (!s_memo || !s_base || !s_delta || !s_docnos || !s_codes || !s_pairs || !s_tf || !s_dl)
+            return NULL;
+    }
+    n_docs = PyLong_AsLongLong(n_docs_obj);
+    total_len = n_docs == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(total_obj);
+    if (PyErr_Occurred())
+        return NULL;
+    if (n_docs <= 0 || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "query_top: n_docs and k must be positive");
+        return NULL;
+    }
+    avgdl = (double)total_len / (double)n_docs;  /* Python's int / int: exact operands below 2**53 */
+    seq = PySequence_Fast(found, "query_top: found must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 2) {
+        PyErr_SetString(PyExc_ValueError, "query_top: found must hold two or more terms");
+        goto done;
+    }
+    memos = (PyObject **)PyMem_Calloc((size_t)n * 6, sizeof(PyObject *));
+    sizes = (Py_ssize_t *)PyMem_Calloc((size_t)n * 3, sizeof(Py_ssize_t));
+    if (memos == NULL || sizes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    bases = memos + n;
+    deltas = memos + 2 * n;
+    bdocs = memos + 3 * n;
+    ddocs = memos + 4 * n;
+    postings = memos + 5 * n;
+    bsz = sizes + n;
+    dsz = sizes + 2 * n;
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *p, *w;
+        int s;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !PyFloat_Check(PyTuple_GET_ITEM(item, 1))) {
+            PyErr_SetString(PyExc_TypeError, "query_top: found holds (postings, float weight) tuples");
+            goto done;
+        }
+        p = PyTuple_GET_ITEM(item, 0);
+        w = PyTuple_GET_ITEM(item, 1);
+        Py_INCREF(p);
+        postings[i] = p;
+        if ((bases[i] = PyObject_GetAttr(p, s_base)) == NULL || (deltas[i] = PyObject_GetAttr(p, s_delta)) == NULL
+            || (bdocs[i] = PyObject_GetAttr(bases[i], s_docnos)) == NULL
+            || (ddocs[i] = PyObject_GetAttr(deltas[i], s_docnos)) == NULL)
+            goto done;
+        if ((bsz[i] = PyObject_Length(bdocs[i])) < 0 || (dsz[i] = PyObject_Length(ddocs[i])) < 0)
+            goto done;
+        sizes[i] = bsz[i] + dsz[i];
+        if (sizes[i] == 0) {
+            PyErr_SetString(PyExc_ValueError, "query_top: a term without postings");
+            goto done;
+        }
+        if (sizes[i] > sizes[longest])
+            longest = i;
+        total += sizes[i];
+        for (s = 0; s < 2; s++) {  /* the largest docno: each run's last (docnos increase) */
+            PyObject *docs = s == 0 ? bdocs[i] : ddocs[i];
+            Py_buffer db = {0};
+            int kind;
+            if ((s == 0 ? bsz[i] : dsz[i]) == 0)
+                continue;
+            if (!get_buffer(docs, &db, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS, "query_top", "docnos"))
+                goto done;
+            kind = buffer_kind(&db, "query_top", "docnos");
+            if (kind == 0 || kind == 'f' || db.shape[0] == 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "query_top: docnos must be an integer array");
+                PyBuffer_Release(&db);
+                goto done;
+            }
+            {
+                unsigned long long last = fb_read(&db, kind, db.shape[0] - 1);
+                if (kind == 'i' && (long long)last < 0) {
+                    PyErr_SetString(PyExc_ValueError, "query_top: a negative docno");
+                    PyBuffer_Release(&db);
+                    goto done;
+                }
+                if (!any_docno || last > max_docno)
+                    max_docno = last;
+                any_docno = 1;
+            }
+            PyBuffer_Release(&db);
+        }
+        if (cached) {
+            PyObject *memo_dict = PyObject_GetAttr(p, s_memo);
+            if (memo_dict == NULL)
+                goto done;
+            if (!PyDict_Check(memo_dict)) {
+                Py_DECREF(memo_dict);
+                PyErr_SetString(PyExc_TypeError, "query_top: postings.memo must be a dict");
+                goto done;
+            }
+            key = PyTuple_Pack(3, n_docs_obj, total_obj, w);
+            if (key == NULL) {
+                Py_DECREF(memo_dict);
+                goto done;
+            }
+            memos[i] = PyDict_GetItemWithError(memo_dict, key);
+            Py_XINCREF(memos[i]);
+            Py_CLEAR(key);
+            Py_DECREF(memo_dict);
+            if (memos[i] == NULL && PyErr_Occurred())
+                goto done;
+            if (memos[i] != NULL && (!PyTuple_Check(memos[i]) || PyTuple_GET_SIZE(memos[i]) != 3)) {
+                PyErr_SetString(PyExc_TypeError, "query_top: a memo is a (base, delta, best) tuple");
+                goto done;
+            }
+        }
+        if (memos[i] == NULL)
+            nmiss++;
+    }
+    if (nmiss) {
+        /* the missing values in one term_values call, as _Term.of makes it */
+        PyObject *tv_args;
+        Py_ssize_t at = 0;
+        specs = PyList_New(nmiss);
+        if (specs == NULL)
+            goto done;
+        for (i = 0; i < n; i++) {
+            PyObject *spec, *pairs = NULL, *ptf = NULL, *pdl = NULL, *dtf = NULL, *ddl = NULL;
+            if (memos[i] != NULL)
+                continue;
+            if ((pairs = PyObject_GetAttr(postings[i], s_pairs)) == NULL
+                || (pdl = PyObject_GetAttr(pairs, s_dl)) == NULL
+                || (ddl = PyObject_GetAttr(deltas[i], s_dl)) == NULL
+                || (bsz[i] && (ptf = PyObject_GetAttr(pairs, s_tf)) == NULL)
+                || (dsz[i] && (dtf = PyObject_GetAttr(deltas[i], s_tf)) == NULL)) {
+                Py_XDECREF(pairs);
+                Py_XDECREF(pdl);
+                Py_XDECREF(ddl);
+                Py_XDECREF(ptf);
+                goto done;
+            }
+            spec = Py_BuildValue("(nOOOOO)", sizes[i], PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, i), 1),
+                                 ptf ? ptf : Py_None, pdl, dtf ? dtf : Py_None, ddl);
+            Py_DECREF(pairs);
+            Py_DECREF(pdl);
+            Py_DECREF(ddl);
+            Py_XDECREF(ptf);
+            Py_XDECREF(dtf);
+            if (spec == NULL)
+                goto done;
+            PyList_SET_ITEM(specs, at++, spec);
+        }
+        tv_args = Py_BuildValue("(OLdddOO)", capsule, n_docs, avgdl, k1, b, specs, empty);
+        if (tv_args == NULL)
+            goto done;
+        values = term_values(NULL, tv_args);
+        Py_DECREF(tv_args);
+        if (values == NULL)
+            goto done;
+        at = 0;
+        for (i = 0; i < n; i++) {
+            PyObject *pair, *vb, *vd, *best_memo, *memo;
+            if (memos[i] != NULL)
+                continue;
+            pair = PyList_GET_ITEM(values, at++);
+            vb = PyTuple_GET_ITEM(pair, 0);
+            vd = PyTuple_GET_ITEM(pair, 1);
+            if (vd == Py_None) {
+                vd = PyObject_GetAttr(deltas[i], s_tf);
+                if (vd == NULL)
+                    goto done;
+            } else {
+                Py_INCREF(vd);
+            }
+            best_memo = PyDict_New();
+            if (best_memo == NULL) {
+                Py_DECREF(vd);
+                goto done;
+            }
+            memo = PyTuple_Pack(3, vb == Py_None ? bdocs[i] : vb, vd, best_memo);
+            Py_DECREF(vd);
+            Py_DECREF(best_memo);
+            if (memo == NULL)
+                goto done;
+            memos[i] = memo;
+            if (cached) {
+                PyObject *memo_dict = PyObject_GetAttr(postings[i], s_memo);
+                int rc;
+                if (memo_dict == NULL)
+                    goto done;
+                key = PyTuple_Pack(3, n_docs_obj, total_obj, PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, i), 1));
+                rc = key == NULL ? -1 : 0;
+                if (rc == 0 && PyDict_Size(memo_dict) >= 4)
+                    PyDict_Clear(memo_dict);
+                if (rc == 0)
+                    rc = PyDict_SetItem(memo_dict, key, memo);
+                Py_CLEAR(key);
+                Py_DECREF(memo_dict);
+                if (rc < 0)
+                    goto done;
+            }
+        }
+    }
+    /* top(): lookup or scan, the accumulator, top_terms */
+    {
+        PyObject *tt_args, *lookup_w;
+        int lookup = (double)sizes[longest] > ratio * (double)(total - sizes[longest]);
+        if (lookup) {
+            lookup_w = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, longest), 1);
+            best = PyObject_CallFunction(best_of, "OOOn", postings[longest], lookup_w, memos[longest], k);
+            if (best == NULL)
+                goto done;
+        }
+        runs = PyList_New(n);
+        if (runs == NULL)
+            goto done;
+        for (i = 0; i < n; i++) {
+            PyObject *term_runs = PyList_New(0), *run;
+            int rc = 0;
+            if (term_runs == NULL)
+                goto done;
+            PyList_SET_ITEM(runs, i, term_runs);
+            if (bsz[i]) {
+                PyObject *codes = PyObject_GetAttr(bases[i], s_codes);
+                if (codes == NULL)
+                    goto done;
+                run = PyTuple_Pack(3, bdocs[i], codes, PyTuple_GET_ITEM(memos[i], 0));
+                Py_DECREF(codes);
+                rc = run == NULL ? -1 : PyList_Append(term_runs, run);
+                Py_XDECREF(run);
+            }
+            if (rc == 0 && dsz[i]) {
+                run = PyTuple_Pack(3, ddocs[i], Py_None, PyTuple_GET_ITEM(memos[i], 1));
+                rc = run == NULL ? -1 : PyList_Append(term_runs, run);
+                Py_XDECREF(run);
+            }
+            if (rc < 0)
+                goto done;
+        }
+        if (acc == Py_None || PyObject_Length(acc) <= (Py_ssize_t)max_docno) {
+            if (PyErr_Occurred())
+                goto done;
+            acc = PyObject_CallFunction(grow, "n", (Py_ssize_t)max_docno + 1);
+            if (acc == NULL)
+                goto done;
+        } else {
+            Py_INCREF(acc);
+        }
+        tt_args = Py_BuildValue("(OOnOnOO)", acc, runs, lookup ? longest : (Py_ssize_t)-1, best, k, empty, uint64);
+        Py_DECREF(acc);
+        if (tt_args == NULL)
+            goto done;
+        result = top_terms(NULL, tt_args);
+        Py_DECREF(tt_args);
+    }
+done:
+    if (memos != NULL) {
+        for (i = 0; i < 6 * n; i++)
+            Py_XDECREF(memos[i]);
+        PyMem_Free(memos);
+    }
+    PyMem_Free(sizes);
+    if (best != Py_None)
+        Py_XDECREF(best);  /* NULL when best_of raised */
+    Py_XDECREF(key);
+    Py_XDECREF(specs);
+    Py_XDECREF(values);
+    Py_XDECREF(runs);
     Py_XDECREF(seq);
     return result;
 }

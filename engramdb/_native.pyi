@@ -1,5 +1,5 @@
 # Types of the optional C extension engramdb/_native.c (see engramdb/_accel.py).
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def seal_many(key: bytes, header: bytes, aad_prefix: bytes, nonces: bytes,
@@ -30,3 +30,6 @@ def fresh_delta(blind: bytes, docnos: Any, tf: Any, dl: Any, fresh: Sequence[Any
                 int64: Any) -> tuple[Any, Any, Any, tuple[int, ...], bool]: ...
 def top_terms(acc: Any, terms: Sequence[Sequence[tuple[Any, Any, Any]]], longest: int, best: Any, k: int, empty: Any,
               uint64: Any) -> tuple[Any, Any]: ...
+def query_top(found: Sequence[tuple[Any, float]], n_docs: int, total_len: int, cached: bool, call_info: Any, k1: float,
+              b: float, ratio: float, k: int, acc: Any, grow: Callable[[int], Any], best_of: Callable[..., Any],
+              empty: Any, uint64: Any) -> tuple[Any, Any]: ...

@@ -79,3 +79,51 @@ def test_loop_with_the_extension_answers_as_the_pure_path(store, monkeypatch: py
     assert idx.deltas_built > 0
     fronts = [e.base.front is not None for key, (e, _) in idx.cache._data.items() if key[0] == "t"]
     assert any(fronts)  # long runs ranked from their frontiers
+
+
+@pytest.mark.skipif(NATIVE is None, reason="engramdb._native is not built")
+def test_reader_with_the_extension_answers_as_the_pure_path_while_another_process_writes(store, tmp_path) -> None:
+    # the long-lived reader catches up from the file alone (no state of its own writes):
+    # query_top's memos and values against a fresh handle on the numpy path, every step
+    from test_bm25_cache import _Writer
+
+    rng = np.random.default_rng(11)
+    words = [f"w{i}" for i in range(40)]
+    weights = 1.0 / np.arange(1, len(words) + 1)
+    weights /= weights.sum()
+
+    def doc() -> list[str]:
+        return [str(w) for w in rng.choice(words, size=int(rng.integers(2, 41)), p=weights)]
+
+    writer = _Writer(tmp_path / "raw.engram")
+    try:
+        n0 = bm25.SMALL_SEGMENT_DOCS + 100  # a large segment: base runs with pair codes
+        writer.send(op="apply", add=[[d, doc()] for d in range(1, n0 + 1)], remove=[])
+        reader = SegmentedBM25(store.blind, store.last_txnid)
+        queries: list[object] = [["w0", "w1"], ["w2", "w9", "w30"], {"w0": 2.0, "w5": 0.5}, ["w3", "w3", "w11"]]
+        live, nxt = set(range(1, n0 + 1)), n0 + 1
+        for step in range(30):
+            op = float(rng.random())
+            if op < 0.6:
+                writer.send(op="apply", add=[[nxt, doc()]], remove=[])
+                live.add(nxt)
+                nxt += 1
+            elif op < 0.75:
+                victim = int(rng.choice(sorted(live)))
+                writer.send(op="apply", add=[[victim, doc()]], remove=[victim])
+            elif op < 0.9:
+                victim = int(rng.choice(sorted(live)))
+                writer.send(op="apply", add=[], remove=[victim])
+                live.discard(victim)
+            else:
+                writer.send(op="merge", steps=3, force=True)
+            with store.read() as txn:
+                for query in (queries[step % len(queries)], queries[(step + 1) % len(queries)]):
+                    for k in (1, 10, 300):
+                        got = _search(NATIVE, reader, txn, query, k)
+                        want = _search(None, SegmentedBM25(store.blind, store.last_txnid), txn, query, k)
+                        assert got == want, (step, query, k)
+        assert any(e.base.docnos.size and e.delta.docnos.size for key, (e, _) in reader.cache._data.items()
+                   if key[0] == "t")
+    finally:
+        writer.close()

@@ -1172,6 +1172,12 @@ class _Term:
         return float(self.best(k)[1][k - 1])
 
 
+def _lookup_best(postings: _TermPostings, w: float,
+                 memo: tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]], k: int) -> np.ndarray:
+    """The docnos of :meth:`_Term.best` of ``k`` (``query_top``'s looked-up term)."""
+    return _Term(postings, w, memo).best(k)[0]
+
+
 # --- the directory --------------------------------------------------------------------
 
 
@@ -2265,8 +2271,10 @@ class SegmentedBM25:
         d = self._directory(txn)
         return d.n_docs, d.total_len
 
-    def _weighted(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> list[_Term]:
-        """The query's terms that match something, in sorted order (the summation order)."""
+    def _found(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]
+               ) -> tuple[list[tuple[_TermPostings, float]], _Dir]:
+        """The query's terms that match something as (postings, weight), in sorted order (the
+        summation order), and the state."""
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
         found = []
@@ -2277,6 +2285,11 @@ class SegmentedBM25:
             postings = self._term_postings(txn, d, self.blind(term))
             if postings.size:
                 found.append((postings, w))
+        return found, d
+
+    def _weighted(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str]) -> list[_Term]:
+        """The query's terms that match something, in sorted order (the summation order)."""
+        found, d = self._found(txn, query_terms)
         return _Term.of(found, d.n_docs, d.total_len, not txn.write) if found else []
 
     def ceiling(self, txn: Txn, query_terms: Mapping[str, float] | Sequence[str],
@@ -2407,7 +2420,20 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
-        parts = self._weighted(txn, query_terms)
+        native = _accel.NATIVE
+        if native is None:
+            parts = self._weighted(txn, query_terms)
+        else:
+            found, d = self._found(txn, query_terms)
+            loop = _LOG1P_LOOP[0] if _LOG1P_LOOP else _log1p_loop(native)
+            if len(found) > 1 and k > 0 and loop is not None:
+                # _Term.of and the rest of this method in one C call (query_top: the same
+                # memos, values and top_terms call): on the CPU a commit leaves cold, their
+                # Python (~25 function calls for 4 terms) costs more than the work
+                return native.query_top(found, d.n_docs, d.total_len, not txn.write, loop, K1, B, LOOKUP_RATIO, k,
+                                        getattr(self._local, "acc", None), self._accumulator, _lookup_best,
+                                        np.empty, np.uint64)
+            parts = _Term.of(found, d.n_docs, d.total_len, not txn.write) if found else []
         if not parts or k <= 0:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64)
         if len(parts) == 1:
@@ -2419,7 +2445,6 @@ class SegmentedBM25:
         best = parts[longest].best(k)[0] if lookup else None
         acc = self._accumulator(max(p.max_docno for p in parts) + 1)
         runs = [p.runs for p in parts]
-        native = _accel.NATIVE
         if native is not None:
             # the adds and the selection of _top_numpy in one C call (top_terms: the same
             # additions in the same order, and the k best distinct candidates, which is what
