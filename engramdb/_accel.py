@@ -49,6 +49,7 @@ class Native(NamedTuple):
     top_terms: Callable[[Any, Sequence[Sequence[tuple[Any, Any, Any]]], int, Any, int, Callable[..., Any], Any],
                         tuple[Any, Any]]
     query_top: Callable[..., tuple[Any, Any]]
+    query_found: Callable[..., list[tuple[Any, float]]]
 
 
 def load(environ: dict[str, str] | None = None) -> Native | None:
@@ -60,12 +61,13 @@ def load(environ: dict[str, str] | None = None) -> Native | None:
     try:
         from ._native import (accumulate, best_runs, columns_pass, concat_postings, count_postings, frontier_best,
                               hmac_many, idf_values, keep_tokens, new_nodes, pair_values, plain_records, posting_blocks,
-                              scan_texts, seal_many, state_sum, term_holders, term_values, fresh_delta, top_terms, query_top)
+                              query_found, query_top, scan_texts, seal_many, state_sum, term_holders, term_values,
+                              fresh_delta, top_terms)
     except ImportError:
         return None
     return Native(seal_many, hmac_many, state_sum, scan_texts, keep_tokens, plain_records, new_nodes, posting_blocks,
                   count_postings, columns_pass, accumulate, pair_values, frontier_best, best_runs, concat_postings,
-                  term_holders, idf_values, term_values, fresh_delta, top_terms, query_top)
+                  term_holders, idf_values, term_values, fresh_delta, top_terms, query_top, query_found)
 
 
 # What new Sealers use (tests swap it to run both paths in one process).

@@ -1579,6 +1579,7 @@ static PyObject *term_values(PyObject *self, PyObject *args);  /* at the end of 
 static PyObject *fresh_delta(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *top_terms(PyObject *self, PyObject *args);  /* at the end of the file */
 static PyObject *query_top(PyObject *self, PyObject *args);  /* at the end of the file */
+static PyObject *query_found(PyObject *self, PyObject *args);  /* at the end of the file */
 
 static PyMethodDef methods[] = {
     {"seal_many", seal_many, METH_VARARGS, "AES-256-GCM envelopes of (key, plaintext) items (see the module comment)."},
@@ -1603,6 +1604,7 @@ static PyMethodDef methods[] = {
     {"fresh_delta", fresh_delta, METH_VARARGS, "A BM25 delta grown by this handle's new segments (see fresh_delta)."},
     {"top_terms", top_terms, METH_VARARGS, "BM25 top()'s adds and selection for two or more terms (see top_terms)."},
     {"query_top", query_top, METH_VARARGS, "BM25 _Term.of and top() for two or more terms in one call (see query_top)."},
+    {"query_found", query_found, METH_VARARGS, "BM25 _found: a query's (postings, weight), warm terms in C (see query_found)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3426,4 +3428,136 @@ done:
     Py_XDECREF(runs);
     Py_XDECREF(seq);
     return result;
+}
+
+/* query_found(terms, weights, check, blinds, blind, cache_get, serial, term_postings, txn, d)
+ *   -> list[(postings, w)]
+ * engramdb/index/bm25.py's SegmentedBM25._found over a read state with documents: per term
+ * of `terms` (sorted: the summation order) its weight as a float (an int or float that is
+ * positive and finite as it is; anything else goes to check(term, w), bm25's _check_weight,
+ * which raises or converts), its blinded key (blinds[term], else blind(term)), and its
+ * postings: the cache's entry (cache_get(("t", blind))) when it was found to cover this
+ * state (entry.seen == serial), else term_postings(txn, d, blind) (which catches it up);
+ * terms without postings are left out. The same answers as _found, minus the Python a term
+ * whose entry is marked right needs (~5 functions per term). A catch-up in here too (the
+ * entry proving right after a commit, _term_postings' term_holders checks) was measured
+ * and dropped: no gain after a commit (its checks ran twice for the terms the new memory
+ * holds), ~90 lines of _term_postings' logic twice. */
+static PyObject *
+query_found(PyObject *self, PyObject *args)
+{
+    static PyObject *s_t = NULL, *s_seen = NULL, *s_base = NULL, *s_delta = NULL, *s_docnos = NULL;
+    PyObject *terms, *weights, *check, *blinds, *blind_fn, *cache_get, *term_postings, *txn, *d;
+    PyObject *seq = NULL, *result = NULL;
+    long long serial;
+    Py_ssize_t n, i;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!OO!OOLOOO", &terms, &PyDict_Type, &weights, &check, &PyDict_Type, &blinds,
+                          &blind_fn, &cache_get, &serial, &term_postings, &txn, &d))
+        return NULL;
+    if (s_t == NULL) {
+        s_t = PyUnicode_InternFromString("t");
+        s_seen = PyUnicode_InternFromString("seen");
+        s_base = PyUnicode_InternFromString("base");
+        s_delta = PyUnicode_InternFromString("delta");
+        s_docnos = PyUnicode_InternFromString("docnos");
+        if (!s_t || !s_seen || !s_base || !s_delta || !s_docnos)
+            return NULL;
+    }
+    seq = PySequence_Fast(terms, "query_found: terms must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    result = PyList_New(0);
+    if (result == NULL)
+        goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *term = PySequence_Fast_GET_ITEM(seq, i), *w_obj, *w = NULL, *bl, *key, *entry = NULL, *pair;
+        Py_ssize_t size = 0;
+        int s, rc;
+        w_obj = PyDict_GetItemWithError(weights, term);
+        if (w_obj == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, term);
+            goto fail;
+        }
+        if (PyFloat_CheckExact(w_obj) || PyLong_CheckExact(w_obj)) {
+            double v = PyFloat_CheckExact(w_obj) ? PyFloat_AS_DOUBLE(w_obj) : PyLong_AsDouble(w_obj);
+            if (v == -1.0 && PyErr_Occurred())
+                PyErr_Clear();  /* too large for a float: check() says so */
+            else if (v > 0.0 && isfinite(v))
+                w = PyFloat_CheckExact(w_obj) ? (Py_INCREF(w_obj), w_obj) : PyFloat_FromDouble(v);
+        }
+        if (w == NULL && !PyErr_Occurred())
+            w = PyObject_CallFunctionObjArgs(check, term, w_obj, NULL);
+        if (w == NULL)
+            goto fail;
+        bl = PyDict_GetItemWithError(blinds, term);
+        if (bl != NULL)
+            Py_INCREF(bl);
+        else if (!PyErr_Occurred())
+            bl = PyObject_CallOneArg(blind_fn, term);
+        if (bl == NULL) {
+            Py_DECREF(w);
+            goto fail;
+        }
+        key = PyTuple_Pack(2, s_t, bl);
+        if (key != NULL) {
+            entry = PyObject_CallOneArg(cache_get, key);
+            Py_DECREF(key);
+        }
+        if (entry != NULL && entry != Py_None) {
+            PyObject *seen = PyObject_GetAttr(entry, s_seen);
+            long long got = seen == NULL ? -1 : PyLong_AsLongLong(seen);
+            Py_XDECREF(seen);
+            if (got == -1 && PyErr_Occurred())
+                Py_CLEAR(entry);
+            else if (got != serial) {
+                Py_DECREF(entry);
+                Py_INCREF(Py_None);
+                entry = Py_None;
+            }
+        }
+        if (entry == Py_None) {
+            Py_DECREF(entry);
+            entry = PyObject_CallFunctionObjArgs(term_postings, txn, d, bl, NULL);
+        }
+        Py_DECREF(bl);
+        if (entry == NULL) {
+            Py_DECREF(w);
+            goto fail;
+        }
+        for (s = 0; s < 2; s++) {  /* postings.size */
+            PyObject *part = PyObject_GetAttr(entry, s == 0 ? s_base : s_delta), *docs;
+            Py_ssize_t len;
+            docs = part == NULL ? NULL : PyObject_GetAttr(part, s_docnos);
+            Py_XDECREF(part);
+            len = docs == NULL ? -1 : PyObject_Length(docs);
+            Py_XDECREF(docs);
+            if (len < 0) {
+                Py_DECREF(entry);
+                Py_DECREF(w);
+                goto fail;
+            }
+            size += len;
+        }
+        if (size == 0) {
+            Py_DECREF(entry);
+            Py_DECREF(w);
+            continue;
+        }
+        pair = PyTuple_Pack(2, entry, w);
+        Py_DECREF(entry);
+        Py_DECREF(w);
+        rc = pair == NULL ? -1 : PyList_Append(result, pair);
+        Py_XDECREF(pair);
+        if (rc < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return result;
+fail:
+    Py_XDECREF(result);
+    Py_DECREF(seq);
+    return NULL;
 }

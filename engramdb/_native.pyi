@@ -33,3 +33,6 @@ def top_terms(acc: Any, terms: Sequence[Sequence[tuple[Any, Any, Any]]], longest
 def query_top(found: Sequence[tuple[Any, float]], n_docs: int, total_len: int, cached: bool, call_info: Any, k1: float,
               b: float, ratio: float, k: int, acc: Any, grow: Callable[[int], Any], best_of: Callable[..., Any],
               empty: Any, uint64: Any) -> tuple[Any, Any]: ...
+def query_found(terms: Sequence[str], weights: dict[str, Any], check: Callable[[str, Any], float],
+                blinds: dict[str, bytes], blind: Callable[[str], bytes], cache_get: Callable[[Any], Any], serial: int,
+                term_postings: Callable[[Any, Any, bytes], Any], txn: Any, d: Any) -> list[tuple[Any, float]]: ...

@@ -7,6 +7,9 @@ equal to ``_Term.of``'s). The long-lived handle against a fresh one on the pure 
 adds, updates, deletes and merges between queries, own or another process's:
 tests/test_bm25_native_loop.py.
 
+And ``_found``'s loop in C, ``query_found``: the same (postings, weight) list as the Python
+loop (the same cached entries, float weights), the same weight errors, errors passed on.
+
 Skip without the extension unless ENGRAMDB_REQUIRE_NATIVE=1, as tests/test_native.py does."""
 from __future__ import annotations
 
@@ -203,3 +206,85 @@ def test_query_top_keeps_the_latest_states_memos_as_term_of_does(built) -> None:
         _call(idx, txn, found, 10)
         assert list(found[0][0].memo) == [(d.n_docs, d.total_len, 1.0)]
         assert len(found[1][0].memo) == 4 and (d.n_docs, d.total_len, 1.0) in found[1][0].memo
+
+
+# --- query_found: the query's terms and their cached postings --------------------------------
+
+
+def _found_both(idx: SegmentedBM25, txn: Any, query: Any) -> tuple[Any, Any]:
+    """``_found`` with the extension (query_found) and on the Python loop, one handle."""
+    got, _ = idx._found(txn, query)
+    saved = _accel.NATIVE
+    try:
+        _accel.NATIVE = None
+        want, _ = idx._found(txn, query)
+    finally:
+        _accel.NATIVE = saved
+    return got, want
+
+
+def test_query_found_is_the_python_loop(built) -> None:
+    idx = SegmentedBM25(built.blind, built.last_txnid)
+    queries = [*QUERIES, ["nowhere", "w0"], {"w1": 3, "w2": 0.25}, ["w0"] * 3, []]
+    with built.read() as txn:
+        for _ in range(2):  # entries built by the Python loop, then found marked in C
+            for query in queries:
+                idx._blinds.clear()  # blind() for each term, then the memo
+                for _ in range(2):
+                    got, want = _found_both(idx, txn, query)
+                    assert [(id(p), w, type(w)) for p, w in got] == [(id(p), w, type(w)) for p, w in want]
+    # a new state: every entry is caught up by _term_postings, then marked
+    built.write(lambda txn: idx.apply(txn, [(10_000, ["w0", "w2", "zz"])], [3]))
+    with built.read() as txn:
+        fresh = SegmentedBM25(built.blind, built.last_txnid)
+        for query in queries:
+            got, _ = idx._found(txn, query)
+            want, _ = fresh._found(txn, query)
+            assert [(p.live, p.base.docnos.tolist(), p.delta.docnos.tolist(), w) for p, w in got] == \
+                [(p.live, p.base.docnos.tolist(), p.delta.docnos.tolist(), w) for p, w in want]
+            got2, want2 = _found_both(idx, txn, query)
+            assert [id(p) for p, _ in got2] == [id(p) for p, _ in want2] == [id(p) for p, _ in got]
+
+
+def test_query_found_checks_weights_as_the_python_loop(built) -> None:
+    idx = SegmentedBM25(built.blind, built.last_txnid)
+    with built.read() as txn:
+        for w in (1, 2, 0.5, np.float64(2.0), 10**300):
+            got, want = _found_both(idx, txn, {"w0": w, "w1": 1.0})
+            assert [(id(p), v, type(v)) for p, v in got] == [(id(p), v, type(v)) for p, v in want]
+        for w in (0, -1, 0.0, -0.5, float("nan"), float("inf"), True, "2", None, 10**400, np.int64(3)):
+            errors = []
+            for native in (NATIVE, None):
+                saved = _accel.NATIVE
+                try:
+                    _accel.NATIVE = native
+                    with pytest.raises(Exception) as info:
+                        idx._found(txn, {"w0": 1.0, "w5": w})
+                finally:
+                    _accel.NATIVE = saved
+                errors.append((type(info.value), str(info.value)))
+            assert errors[0] == errors[1], w
+
+
+def test_query_found_passes_errors_on(built, monkeypatch: pytest.MonkeyPatch) -> None:
+    idx = SegmentedBM25(built.blind, built.last_txnid)
+
+    def boom(*args: Any) -> Any:
+        raise ZeroDivisionError("boom")
+
+    with built.read() as txn:
+        d = idx._directory(txn)
+        args = [["w0", "w1"], {"w0": 1, "w1": 1}, bm25._check_weight, {}, idx.blind, idx._cache.get, d.serial,
+                idx._term_postings, txn, d]
+        assert NATIVE is not None
+        assert len(NATIVE.query_found(*args)) == 2
+        for at, value, error in ((4, boom, ZeroDivisionError), (5, boom, ZeroDivisionError),
+                                 (7, boom, ZeroDivisionError), (1, {"w0": 1}, KeyError), (1, [], TypeError),
+                                 (0, 5, TypeError), (3, None, TypeError)):
+            bad = list(args)
+            bad[at] = value
+            if at == 7:
+                bad[6] = -1  # no entry is marked for this state: every term asks term_postings
+            with pytest.raises(error):
+                NATIVE.query_found(*bad)
+        assert [p for p, _ in NATIVE.query_found(*args)] == [p for p, _ in idx._found(txn, ["w0", "w1"])[0]]

@@ -2277,6 +2277,12 @@ class SegmentedBM25:
         summation order), and the state."""
         weights = dict(query_terms) if isinstance(query_terms, Mapping) else dict(Counter(query_terms))
         d = self._directory(txn)
+        native = _accel.NATIVE
+        if native is not None and not txn.write and d.n_docs > 0:
+            # the loop below in C (query_found: the same calls, minus the Python a term whose
+            # cached entry covers this state needs; ~5 functions per term)
+            return native.query_found(sorted(weights), weights, _check_weight, self._blinds, self.blind, self._cache.get,
+                                      d.serial, self._term_postings, txn, d), d
         found = []
         for term in sorted(weights):  # a fixed order keeps float sums identical everywhere
             w = _check_weight(term, weights[term])
