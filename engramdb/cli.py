@@ -141,10 +141,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except EngramError as exc:
-            click.echo(f"error: {exc.message}", err=True)
-            hint = _cli_hint(exc, ctx.invoked_subcommand)
-            if hint:
-                click.echo(f"hint: {hint}", err=True)
+            _report(exc, ctx.invoked_subcommand)
             ctx.exit(1)
         except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl-C, or EOF at a prompt
             click.echo("error: interrupted; the transaction in progress was not committed", err=True)
@@ -170,6 +167,14 @@ _CLI_HINTS: dict[type[EngramError], str] = {
                            "other process or machine uses the file at the same time, pass --allow-unsafe-fs (or set "
                            "ENGRAM_ALLOW_UNSAFE_FS=1)",
 }
+
+
+def _report(exc: EngramError, command: str | None, where: str = "") -> None:
+    """An EngramError on stderr: its message (after ``where``), then the hint (the command line's own, if any)."""
+    click.echo(f"error: {where}{exc.message}", err=True)
+    hint = _cli_hint(exc, command)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
 
 
 def _cli_hint(exc: EngramError, command: str | None) -> str:
@@ -1399,7 +1404,8 @@ def diff(ctx: click.Context, /, a: str, b: str, **side_options: Any) -> None:  #
 
     Both sides use the global key options unless --a-* or --b-* name one for that side; an
     encrypted dump takes --a/--b-passphrase-file, else $ENGRAM_DUMP_PASSPHRASE. Exit code
-    0 when they hold the same content, 1 when they differ.
+    0 when they hold the same content, 1 when they differ, 2 when a side cannot be read
+    (as diff(1): a script's `engramdb diff a b || alert` must not take a wrong key for a change).
 
     Example:
 
@@ -1413,9 +1419,13 @@ def diff(ctx: click.Context, /, a: str, b: str, **side_options: Any) -> None:  #
             texts.append(_canonical_lines(ctx, path, _side_override(side_options, side)))
         except (WrongPassphraseError, ModeMismatchError) as exc:
             # two files, maybe two keys: say which side failed and how to key that side alone
-            raise type(exc)(f"{side.upper()} ({path}): {exc.message}",
-                            hint=f"{exc.hint}; to key {side.upper()} alone: --{side}-passphrase-file, "
-                                 f"--{side}-key-file or --{side}-plaintext") from None
+            exc.hint = (f"{exc.hint}; to key {side.upper()} alone: --{side}-passphrase-file, "
+                        f"--{side}-key-file or --{side}-plaintext")
+            _report(exc, "diff", where=f"{side.upper()} ({path}): ")
+            ctx.exit(2)
+        except EngramError as exc:
+            _report(exc, "diff", where=f"{side.upper()} ({path}): ")
+            ctx.exit(2)
     changed = False
     for line in difflib.unified_diff(texts[0], texts[1], fromfile=a, tofile=b):
         changed = True

@@ -274,7 +274,7 @@ def test_diff_says_which_side_its_key_does_not_unlock(run, tmp_path):
     run("init", a, "--kdf", KDF)
     run("init", b, "--kdf", KDF, env={"ENGRAM_PASSPHRASE": "other"})
     result = run("diff", a, b)
-    assert result.exit_code == 1 and result.stdout == ""
+    assert result.exit_code == 2 and result.stdout == ""
     assert f"error: B ({b}): " in result.stderr and "--b-passphrase-file" in result.stderr
     pb = tmp_path / "pb"
     pb.write_text("other\n")
@@ -282,7 +282,23 @@ def test_diff_says_which_side_its_key_does_not_unlock(run, tmp_path):
     plain = str(tmp_path / "p.engram")
     run("init", plain, "--plaintext")
     result = run("diff", plain, a)
-    assert result.exit_code == 1 and f"error: A ({plain}): " in result.stderr and "--a-plaintext" in result.stderr
+    assert result.exit_code == 2 and f"error: A ({plain}): " in result.stderr and "--a-plaintext" in result.stderr
+
+
+def test_diff_exits_2_when_a_side_cannot_be_read_and_1_only_when_they_differ(run, tmp_path):
+    # exit 1 meant both "they differ" and "an error", so `engramdb diff a b || alert` took a
+    # wrong key or a damaged dump for a change; as diff(1), trouble is 2
+    a, b = str(tmp_path / "a.engram"), str(tmp_path / "b.engram")
+    run("init", a, "--plaintext")
+    run("init", b, "--plaintext")
+    run("add", a, "only in a", "--id", "m1", "--plaintext")
+    differ = run("diff", a, b, "--plaintext")
+    assert differ.exit_code == 1 and "only in a" in differ.stdout
+    broken = tmp_path / "broken.aaak"
+    broken.write_text("this is not a dump\n")
+    result = run("diff", a, str(broken), "--plaintext")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"error: B ({broken}): " in result.stderr and "hint: " in result.stderr
 
 
 def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_path):
@@ -310,7 +326,7 @@ def test_diff_takes_a_store_or_a_dump_on_either_side_with_its_own_key(run, tmp_p
     pd.write_text("sealed")
     assert run("diff", str(tmp_path / "a.aaak"), enc, "--b-passphrase-file", str(pd)).exit_code == 1
     wrong = run("diff", a, b, "--b-passphrase-file", str(pb))  # A with the global passphrase "pw": wrong
-    assert wrong.exit_code == 1 and "error:" in wrong.stderr
+    assert wrong.exit_code == 2 and "error:" in wrong.stderr
     both = run("diff", a, b, "--a-plaintext", "--a-key-file", str(pa))
     assert both.exit_code == 2
 
