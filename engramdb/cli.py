@@ -2447,6 +2447,8 @@ def _shell_line(file: str, line: str) -> int:
     """Run one shell line; returns its exit code (errors are printed, never raised)."""
     import shlex
 
+    if line.lstrip().startswith("#"):  # a comment line, as in a shell script (a "#" later in a line is text)
+        return 0
     try:
         words = shlex.split(line)
     except ValueError as exc:
@@ -2487,7 +2489,7 @@ def shell(ctx: click.Context, file: str) -> None:
     keys) lives in memory only: it is never written to disk, since lines hold memories.
     Lines can also come from stdin (`engramdb shell F < commands.txt`); the exit code is
     then that of the last failing line (0 if none failed), and `add -` is refused (stdin
-    holds the lines).
+    holds the lines). A line starting with # is a comment.
 
     Example:
 

@@ -255,6 +255,16 @@ def test_shell_unlocks_once_and_runs_commands_from_stdin(run, tmp_path, monkeypa
     assert run("shell", str(tmp_path / "missing.engram"), input="get a\n").exit_code == 1
 
 
+def test_shell_script_lines_starting_with_a_hash_are_comments(run, tmp_path):
+    # a commented script failed with "'#' is not a shell command" (exit 2) for each comment
+    f = str(tmp_path / "sh.engram")
+    run("init", f, "--kdf", KDF)
+    script = "# set up\n   # indented comment\nadd \"tea # not a comment\" --id t\nget t\n"
+    result = run("shell", f, input=script)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "" and "tea # not a comment" in result.stdout
+
+
 def test_shell_from_stdin_refuses_add_dash_instead_of_eating_the_script(run, tmp_path):
     # `add -` read the rest of stdin, which is the script: its later lines became one memory
     # and never ran, and the shell exited 0
