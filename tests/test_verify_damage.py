@@ -92,3 +92,15 @@ def test_verify_names_a_record_the_index_lacks(tmp_path):
         problems = [str(p) for p in db.verify()]
     assert any("1 documents are not indexed" in p for p in problems), problems
     assert any("bm25: statistics say" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGE))
+def test_verify_fix_repairs_each_kind_of_damage(tmp_path, name):
+    """verify --fix left an edge naming other ids than its memories' as it was, so the next
+    verify reported it again (the rebuild rewrote only the reverse index)."""
+    damage, _ = DAMAGE[name]
+    with _store(tmp_path / "d.engram") as db:
+        db._store.write(lambda txn: damage(db, txn))
+        assert db.verify(fix=True)
+        assert db.verify() == []
+        assert [(e.src, e.dst) for e in db.edges("m3")] == [("m3", "m4")]

@@ -345,7 +345,7 @@ class Indexes:
         texts = [node_text(n) for _, n in nodes]
         self.bm25.rebuild(txn, self.term_docs([docno for docno, _ in nodes], texts))
         self._rebuild_vectors(txn, nodes, texts)
-        self.graph.repair(txn, [docno for docno, _ in nodes])
+        self.graph.repair(txn, [docno for docno, _ in nodes], {docno: node.id for docno, node in nodes})
         self.graph.link_tunnels(txn, nodes, now=now)
 
     def verify(self, txn: Txn) -> list[str]:

@@ -419,8 +419,10 @@ class Graph:
             problems.append(f"edges: the reverse index disagrees with the edges ({len(fwd ^ rev)} entries)")
         return problems
 
-    def repair(self, txn: Txn, live: Iterable[int]) -> None:
-        """Drop dangling edges and rebuild the reverse index from the forward edges."""
+    def repair(self, txn: Txn, live: Iterable[int], ids: Mapping[int, str] | None = None) -> None:
+        """Drop dangling edges, rebuild the reverse index from the forward edges, and (with
+        ``ids``: docno -> the record's id) make each edge name the ids of the memories it
+        links, as :meth:`verify` checks (an edge value that does not decode is left as it is)."""
         live_set = set(live)
         for key in list(txn.keys("edges", b"r")):
             txn.delete("edges", key)
@@ -428,8 +430,19 @@ class Graph:
             _, src, k, dst = _KEY.unpack(key)
             if src in live_set and dst in live_set:
                 txn.put("edges", _KEY.pack(b"r", dst, k, src), b"")
+                if ids is not None:
+                    self._rename_ends(txn, key, ids[src], ids[dst])
             else:
                 txn.delete("edges", key)
+
+    @staticmethod
+    def _rename_ends(txn: Txn, key: bytes, src_id: str, dst_id: str) -> None:
+        try:
+            edge, derived = _edge_from(txn.get("edges", key) or b"")
+        except CorruptFileError:
+            return
+        if (edge.src, edge.dst) != (src_id, dst_id):
+            txn.put("edges", key, _edge_value(replace(edge, src=src_id, dst=dst_id), derived))
 
 
 class NodeIds:
