@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import engramdb.engram as engram_mod
 from engramdb.crypto import KDFParams, Sealer
 from engramdb.index import bm25
-from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, TIERS, Node
+from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, ARCHIVE_KEY, TIERS, Node
 from engramdb.store import Store
 
 PASSPHRASE = "correct horse battery staple"
@@ -143,6 +143,11 @@ metadata_values = st.recursive(
 )
 
 
+# The write API refuses the archive's reserved entry (records.ARCHIVE_KEY), and hypothesis
+# draws string constants found in the code under test, so it does find it: a red run.
+_metadata_keys = _text.filter(lambda key: key != ARCHIVE_KEY)
+
+
 @st.composite
 def nodes(draw) -> Node:
     """Arbitrary valid nodes: unicode, empty fields, large content, nested metadata, embeddings."""
@@ -159,7 +164,7 @@ def nodes(draw) -> Node:
         resolved_date=draw(st.none() | _text), tier=draw(st.sampled_from(TIERS)),
         importance=draw(st.floats(0, 1)), created_at=draw(_floats), last_accessed=draw(_floats),
         access_count=draw(st.integers(0, 2**63 - 1)), pinned=draw(st.booleans()), tags=draw(_tags),
-        source=draw(_text), metadata=draw(st.dictionaries(_text, metadata_values, max_size=5)),
+        source=draw(_text), metadata=draw(st.dictionaries(_metadata_keys, metadata_values, max_size=5)),
         embeddings=draw(st.dictionaries(st.text(min_size=1, max_size=10),
                                         st.lists(_f32, min_size=1, max_size=16), max_size=2)),
     )
