@@ -11,7 +11,7 @@ from engramdb.crypto import ENVELOPE_OVERHEAD, Sealer
 from engramdb.errors import ConfigMismatchError, CorruptFileError, EmbeddingError, ValidationError
 from engramdb.index.vectors import (
     HASHED_MODEL, EmbeddingSpace, HashedTfidfEmbedder, VectorIndex, decode_vector_block, encode_vector_block,
-    rows_per_block, unit_rows,
+    row_dots, rows_per_block, unit_rows,
 )
 from engramdb.records import Node
 from engramdb.store import Store
@@ -528,6 +528,32 @@ def test_equal_vectors_score_equal_wherever_they_sit_so_ties_go_by_docno(store):
             assert np.all(scores == scores[0]), space
             assert np.array_equal(streamed.scores(txn, space, q)[1], scores)
             assert [d for d, _ in vi.search(txn, space, q, 50)] == list(range(1, 51))
+
+
+
+@pytest.mark.parametrize("stream_rows", [1, 256, 300])
+def test_a_streamed_space_scores_as_a_held_one_bit_for_bit(store, monkeypatch, stream_rows):
+    """The streamed search gathers blocks (42 rows each at 384 dims, some with deleted rows)
+    into a buffer scored at once; every score and docno equals the held matrix's."""
+    from engramdb.index import vectors as vec_mod
+
+    monkeypatch.setattr(vec_mod, "STREAM_ROWS", stream_rows)
+    vi = VectorIndex(store.blind, store.last_txnid)
+    streamed = VectorIndex(store.blind, store.last_txnid, cache_mb=0)
+    store.write(lambda txn: vi.add_space(txn, EmbeddingSpace("s", "test-model", 384, normalize=False)))
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((1000, 384)).astype(np.float32)
+    batch = [(i + 1, _node(i + 1, rows[i])) for i in range(1000)]
+    store.write(lambda txn: vi.apply(txn, batch, ["" for _ in batch], []))
+    dead = sorted({int(d) for d in rng.integers(1, 1001, 150)})
+    store.write(lambda txn: vi.apply(txn, [], [], [(d, _node(d, rows[d - 1])) for d in dead]))
+    q = rng.standard_normal(384).astype(np.float32)
+    with store.read() as txn:
+        held_docnos, held = vi.scores(txn, "s", q)
+        docnos, got = streamed.scores(txn, "s", q)
+        assert streamed._matrix(txn, "s") is None  # it did stream
+    assert len(got) == 1000 - len(dead) and np.array_equal(docnos, held_docnos)
+    assert got.tobytes() == held.tobytes() == row_dots(rows[np.asarray(docnos, np.int64) - 1], q).tobytes()
 
 
 def test_the_builtin_embedder_remembers_a_bounded_number_of_terms():
