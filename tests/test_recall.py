@@ -84,6 +84,19 @@ def test_filters(db, make_db):
     assert db.recall("Melanie", top_k=0) == []
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
+def test_a_top_k_beyond_a_c_size_answers_as_a_large_one(db, monkeypatch, native):
+    # top_k=2**62 raised a raw OverflowError ("Python int too large to convert to C ssize_t")
+    # from the C extension's query_top, where the pure path answered
+    from engramdb import _accel
+    if not native:
+        monkeypatch.setattr(_accel, "NATIVE", None)
+    expected = [(h.id, h.score) for h in db.recall("Melanie concert", top_k=1000)]
+    assert expected
+    for top_k in (2**62, 2**63, 2**64):
+        assert [(h.id, h.score) for h in db.recall("Melanie concert", top_k=top_k)] == expected
+
+
 def test_tier_boost_and_superseded_penalty(make_db):
     db = make_db()
     db.add("the meeting is on Monday", id="a", now=NOW)

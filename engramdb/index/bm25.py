@@ -38,6 +38,7 @@ import heapq
 import itertools
 import math
 import struct
+import sys
 import threading
 import weakref
 from collections import Counter, defaultdict
@@ -2426,6 +2427,7 @@ class SegmentedBM25:
         Raises:
             ValidationError: a weight is not a positive finite number.
         """
+        k = min(k, sys.maxsize)  # the C calls take a Py_ssize_t; no answer holds more documents
         native = _accel.NATIVE
         if native is None:
             parts = self._weighted(txn, query_terms)
