@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ["ENGRAM_TEST_WEAK_KDF"] = "1"
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import engramdb.engram as engram_mod
 from engramdb.crypto import KDFParams, Sealer
+from engramdb.errors import ReadOnlyError, WrongPassphraseError
 from engramdb.index import bm25
 from engramdb.records import ALL_EMOTIONS, ALL_FLAGS, ARCHIVE_KEY, TIERS, Node
 from engramdb.store import Store
@@ -125,6 +127,38 @@ def postings_to_term_first(txn) -> None:
     txn.rekey("postings", lambda key: key[4:] + key[:4])
     d.version = 2
     txn.put("segments", bm25.DIR_KEY, d.encode())
+
+
+def opens(path, **keys) -> bool:
+    """Whether ``keys`` (passphrase=, key=, ...) open the store at ``path``."""
+    try:
+        engram_mod.open(path, readonly=True, **keys).close()
+    except WrongPassphraseError:
+        return False
+    return True
+
+
+NOBODY = 65534
+
+
+def unprivileged(fn: Callable[[], int]) -> int:
+    """``fn()``'s exit code, run in a child without root's powers over permissions
+    (90 when it raised, 93 a ReadOnlyError: a test never sees the child's output)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            if os.geteuid() == 0:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            code = fn()
+        except BaseException as exc:
+            code = 90 + (3 if isinstance(exc, ReadOnlyError) else 0)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), status
+    return os.WEXITSTATUS(status)
 
 
 # --- hypothesis strategies shared by the round-trip tests ----------------------------

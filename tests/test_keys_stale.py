@@ -8,18 +8,10 @@ longer opened the file), and a stale rekey dropped a recovery key just handed to
 from __future__ import annotations
 
 import pytest
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import PASSPHRASE, TEST_KDF, opens
 
 import engramdb.engram as engram
 from engramdb.errors import WrongPassphraseError
-
-
-def _opens(path, **keys) -> bool:
-    try:
-        engram.open(path, readonly=True, **keys).close()
-    except WrongPassphraseError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -45,9 +37,9 @@ def test_a_recovery_key_added_through_a_stale_handle_keeps_the_new_passphrase(pa
     db.rekey("the new passphrase", kdf=TEST_KDF)
     recovery = stale.add_recovery_key()
     db.close()
-    assert _opens(path, passphrase="the new passphrase")
-    assert not _opens(path, passphrase=PASSPHRASE)
-    assert _opens(path, key=recovery)
+    assert opens(path, passphrase="the new passphrase")
+    assert not opens(path, passphrase=PASSPHRASE)
+    assert opens(path, key=recovery)
 
 
 def test_a_rekey_through_a_stale_handle_keeps_a_recovery_key_added_meanwhile(path):
@@ -55,8 +47,8 @@ def test_a_rekey_through_a_stale_handle_keeps_a_recovery_key_added_meanwhile(pat
     recovery = db.add_recovery_key()
     stale.rekey("the new passphrase", kdf=TEST_KDF)
     db.close()
-    assert _opens(path, key=recovery)
-    assert _opens(path, passphrase="the new passphrase")
+    assert opens(path, key=recovery)
+    assert opens(path, passphrase="the new passphrase")
 
 
 def test_a_rekey_through_a_handle_older_than_another_rekey_is_refused(path):
@@ -71,8 +63,8 @@ def test_a_rekey_through_a_handle_older_than_another_rekey_is_refused(path):
     with pytest.raises(WrongPassphraseError, match="changed"):
         stale.rekey("second", kdf=TEST_KDF)
     db.close()
-    assert _opens(path, passphrase="first")
-    assert not _opens(path, passphrase="second")
+    assert opens(path, passphrase="first")
+    assert not opens(path, passphrase="second")
 
 
 def test_a_handle_rekeys_twice_and_export_key_and_info_show_the_file_s_current_slots(path, tmp_path):
@@ -84,4 +76,4 @@ def test_a_handle_rekeys_twice_and_export_key_and_info_show_the_file_s_current_s
     stale.export_key(tmp_path / "k.key")  # the file's header, not the one the handle opened with
     db.close()
     engram.import_key(path, tmp_path / "k.key", passphrase="second")
-    assert _opens(path, passphrase="second")
+    assert opens(path, passphrase="second")

@@ -13,12 +13,11 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import NOBODY, PASSPHRASE, TEST_KDF, unprivileged
 
 import engramdb.engram as engram
 from engramdb.errors import ReadOnlyError
 
-NOBODY = 65534
 
 
 @pytest.fixture
@@ -40,35 +39,23 @@ def store_in_a_read_only_dir() -> Iterator[str]:
     shutil.rmtree(where)
 
 
-def _unprivileged_compact(path: str) -> int:
+def _compact_says_to_make_the_directory_writable(path: str) -> int:
     """0 when compact fails with a ReadOnlyError whose hint says to make the directory
     writable; 1 with another error or hint; 2 when it succeeds."""
-    pid = os.fork()
-    if pid == 0:
-        code = 99
+    with engram.open(path, passphrase=PASSPHRASE) as db:
+        db.rekey("new passphrase", kdf=TEST_KDF)  # the key change itself needs no new file
         try:
-            if os.geteuid() == 0:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-            with engram.open(path, passphrase=PASSPHRASE) as db:
-                db.rekey("new passphrase", kdf=TEST_KDF)  # the key change itself needs no new file
-                try:
-                    db.compact()
-                    code = 2
-                except ReadOnlyError as exc:
-                    code = 0 if "directory" in exc.hint and "writable" in exc.hint and "verify" not in exc.hint else 1
-                except Exception:
-                    code = 1
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status), status
-    return os.WEXITSTATUS(status)
+            db.compact()
+            return 2
+        except ReadOnlyError as exc:
+            return 0 if "directory" in exc.hint and "writable" in exc.hint and "verify" not in exc.hint else 1
+        except Exception:
+            return 1
 
 
 def test_compact_in_a_read_only_directory_says_to_make_it_writable(store_in_a_read_only_dir):
     path = store_in_a_read_only_dir
-    assert _unprivileged_compact(path) == 0
+    assert unprivileged(lambda: _compact_says_to_make_the_directory_writable(path)) == 0
     inner = os.path.dirname(path)
     assert sorted(os.listdir(inner)) == ["s.engram", "s.engram-lock", "s.engram-maint"]
     if os.geteuid() == 0:  # root refuses a -maint file of another user

@@ -17,12 +17,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import PASSPHRASE, TEST_KDF
+from conftest import NOBODY, PASSPHRASE, TEST_KDF, unprivileged
 
 import engramdb.engram as engram
 from engramdb.errors import ReadOnlyError
 
-NOBODY = 65534
 
 
 @pytest.fixture
@@ -35,25 +34,6 @@ def place() -> Iterator[str]:
         for d in dirs:
             os.chmod(os.path.join(root, d), 0o755)
     shutil.rmtree(where)
-
-
-def _unprivileged(fn: Callable[[], int]) -> int:
-    """``fn()``'s exit code, run in a child without root's powers over permissions."""
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            if os.geteuid() == 0:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-            code = fn()
-        except BaseException as exc:  # reported through the exit code (a test never sees the child's output)
-            code = 90 + (3 if isinstance(exc, ReadOnlyError) else 0)
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status), status
-    return os.WEXITSTATUS(status)
 
 
 def _backup(place: str) -> str:
@@ -86,10 +66,10 @@ def test_a_read_only_copy_in_a_directory_this_user_cannot_write_opens_read_only(
     path = _backup(place)
     os.chmod(os.path.dirname(path), 0o555)
     os.chmod(path, 0o400)
-    assert _unprivileged(lambda: _reads(path)) == 0
+    assert unprivileged(lambda: _reads(path)) == 0
     assert os.listdir(os.path.dirname(path)) == ["live.engram"]  # no lock file, no -maint
     # a writable open is refused, saying what to do
-    assert _unprivileged(lambda: engram.open(path, passphrase=PASSPHRASE) and 0) == 90  # a StoreError
+    assert unprivileged(lambda: engram.open(path, passphrase=PASSPHRASE) and 0) == 90  # a StoreError
 
 
 def test_a_0400_file_in_a_writable_directory_opens_read_only_and_refuses_writes(place):
@@ -103,8 +83,8 @@ def test_a_0400_file_in_a_writable_directory_opens_read_only_and_refuses_writes(
             return 0 if "chmod" in exc.hint else 2
         return 1
 
-    assert _unprivileged(lambda: _reads(path)) == 0
-    assert _unprivileged(write) == 0
+    assert unprivileged(lambda: _reads(path)) == 0
+    assert unprivileged(write) == 0
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o400
 
 
@@ -125,10 +105,10 @@ def test_a_copy_whose_lock_file_cannot_be_written_is_refused_while_another_proce
                 return 0 if "another process" in exc.message and "-lock" in exc.message else 2
             return 1
 
-        assert _unprivileged(read) == 0
+        assert unprivileged(read) == 0
     finally:
         os.close(other)
-    assert _unprivileged(lambda: _reads(path)) == 0  # alone again: it opens
+    assert unprivileged(lambda: _reads(path)) == 0  # alone again: it opens
 
 
 def _change_under_a_lockless_reader(place: str, change: Callable[[str], None]) -> int:
@@ -155,7 +135,7 @@ def _change_under_a_lockless_reader(place: str, change: Callable[[str], None]) -
 
     pid = os.fork()
     if pid == 0:  # the reader, as _unprivileged runs it
-        os._exit(_unprivileged(read_across_a_change))
+        os._exit(unprivileged(read_across_a_change))
     try:
         assert os.read(opened_r, 1) == b"1"
         os.chmod(os.path.dirname(path), 0o755)  # the owner (root, or this user) changes it meanwhile
@@ -208,7 +188,7 @@ def test_a_0400_file_is_refused_a_writable_open_while_another_process_writes_too
     # and only its first write was refused.
     path = _backup(place)
     os.chmod(path, 0o400)
-    assert _unprivileged(lambda: _reads(path)) == 0  # creates the -maint beside it
+    assert unprivileged(lambda: _reads(path)) == 0  # creates the -maint beside it
     held = os.open(path + "-maint", os.O_RDWR)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process's write transaction
@@ -220,6 +200,6 @@ def test_a_0400_file_is_refused_a_writable_open_while_another_process_writes_too
                 return 0 if "chmod" in exc.hint else 2
             return 1
 
-        assert _unprivileged(write) == 0
+        assert unprivileged(write) == 0
     finally:
         os.close(held)
