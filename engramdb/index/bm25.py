@@ -3026,7 +3026,6 @@ def _term_hash(blind: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(blind, digest_size=8).digest(), "little")
 
 
-
 def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     it = iter(items)
     while chunk := list(itertools.islice(it, size)):
