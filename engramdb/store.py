@@ -96,6 +96,10 @@ _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 # and bounded, because a read open now may itself wait for the new one (a thread handing work
 # to a pool inside its read): the reopen waits for that read, and unbounded this never ended.
 _READ_WAITS_FOR_REOPEN = 5.0
+# How long a map growth (or the adoption of another process's) waits for this process's
+# reads to end. It never remaps under them: py-lmdb ends every open transaction of the
+# environment when the map changes, so a read in another thread (a dump) would fail midway.
+_RESIZE_WAITS_FOR_READS = 30.0
 _libc: Any = None
 # (magic, what it is, what to do); the key file's magic must come before Terronex's "ENGRAM".
 _SNIFF = (
@@ -1227,9 +1231,15 @@ class _Env:
             self.release_writer()
 
     def grow(self, *, to_at_least: int = 0) -> None:
-        """Double the map (or more), once no read transaction of this process is open."""
+        """Double the map (or more), once no read transaction of this process is open.
+
+        Raises:
+            BusyError: this thread has a read open (it would wait for itself), or other
+                threads' reads did not end within ``_RESIZE_WAITS_FOR_READS`` (remapping
+                under them would end them midway).
+        """
         with self.resize_lock:
-            self.resize_lock.wait_for(lambda: self.active_readers == 0, timeout=30)
+            self._wait_for_reads(0, "grow for this write")
             size = self.env.info()["map_size"]
             new = max(size * 2, to_at_least)
             self.env.set_mapsize(new)
@@ -1239,10 +1249,26 @@ class _Env:
 
         ``own_readers`` is the caller's own slot in ``active_readers`` (a read transaction
         that failed to begin): waiting for it would stall until the timeout.
+
+        Raises:
+            BusyError: other threads' reads did not end within ``_RESIZE_WAITS_FOR_READS``.
         """
         with self.resize_lock:
-            self.resize_lock.wait_for(lambda: self.active_readers <= own_readers, timeout=30)
+            self._wait_for_reads(own_readers, "adopt the larger map another process gave it")
             self.env.set_mapsize(0)
+
+    def _wait_for_reads(self, own: int, what: str) -> None:
+        """Wait (under ``resize_lock``) until only ``own`` reads of this process are open:
+        at once a BusyError when this thread has more open (it would wait for itself)."""
+        if self.thread_reads.get(get_ident(), 0) > own:
+            raise BusyError(f"{self.path}: the file must {what}, which waits for every read of this process to "
+                            "end, and this thread has a read of the file open",
+                            hint="write after the read's block has ended, or begin the write first (reads inside "
+                                 "a write transaction see its changes)")
+        if not self.resize_lock.wait_for(lambda: self.active_readers <= own, timeout=_RESIZE_WAITS_FOR_READS):
+            raise BusyError(f"{self.path}: the file must {what}, and other threads' reads of it stayed open for "
+                            f"{_RESIZE_WAITS_FOR_READS:g} s (a change of the map would end them midway)",
+                            hint="retry once those reads (a long dump, export or iteration) are done")
 
     def headroom_check(self, reserve: int = 0) -> None:
         """Grow the map before a write transaction when it is nearly full, or would be

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 
 import pytest
 from conftest import PASSPHRASE, TEST_KDF
 
 import engramdb.engram as engram
+import engramdb.store as store_mod
+from engramdb.errors import BusyError
 
 MiB = 1024 * 1024
 BLOB = 4000  # random bytes per record: incompressible, and no text for the indexes to chew on
@@ -95,3 +98,55 @@ def test_one_mib_map_accepts_512_mib(tmp_path):
         assert len(db) == 131_072
         assert db.verify() == []
     assert os.path.getsize(path) > 512 * MiB
+
+
+def test_a_write_that_must_grow_inside_its_own_threads_read_fails_at_once(tmp_path, monkeypatch):
+    # the growth waited 30 s for this very read, then remapped under it (py-lmdb ends every
+    # open transaction of the environment when the map changes)
+    monkeypatch.setattr(store_mod, "_RESIZE_WAITS_FOR_READS", 60.0, raising=False)
+    with engram.open(tmp_path / "own.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, map_size=MiB) as db:
+        db.add("first", id="first")
+        store = db._store
+        size = store.env_info()["map_size"]
+        with store.read() as txn:
+            with pytest.raises(BusyError, match="this thread has a read of the file open"), store.transaction(reserve=8 * MiB):
+                pass
+            assert txn.count("nodes") == 1  # the read goes on
+        with store.transaction(reserve=8 * MiB):  # after the read: it grows
+            pass
+        assert store.env_info()["map_size"] > size
+        assert db.get("first").content == "first"
+
+
+def test_growth_never_remaps_under_another_threads_read(tmp_path, monkeypatch):
+    # after 30 s the growth remapped anyway: the other thread's read (a long dump) failed midway
+    monkeypatch.setattr(store_mod, "_RESIZE_WAITS_FOR_READS", 0.2, raising=False)
+    with engram.open(tmp_path / "other.engram", passphrase=PASSPHRASE, kdf=TEST_KDF, map_size=MiB) as db:
+        db.add("first", id="first")
+        store = db._store
+        reading, done = threading.Event(), threading.Event()
+        counted: list[object] = []
+
+        def reader() -> None:
+            try:
+                with store.read() as txn:
+                    reading.set()
+                    done.wait(60)
+                    counted.append(txn.count("nodes"))
+            except Exception as exc:  # reported to the test below
+                counted.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            assert reading.wait(10)
+            with pytest.raises(BusyError, match="other threads' reads of it stayed open"), store.transaction(reserve=8 * MiB):
+                pass
+        finally:
+            done.set()
+            thread.join()
+        assert counted == [1]
+        db.add("second", id="second")  # the read has ended: writes grow the map again as needed
+        with store.transaction(reserve=8 * MiB):
+            pass
+        assert len(db) == 2
